@@ -1,0 +1,1 @@
+"""Ray plumbing only (knows nothing of LLMs): connect, groups of actors, collectives, weight transport."""

@@ -1,0 +1,156 @@
+"""A group of N members of one plain class, hosted as Ray actors (N >= 1) or in-process (N = 0).
+
+Every call carries a deadline. Failures name the member (`<name>:<index>`) and the method, so a hung or
+dead actor is attributable. Object refs never leave this package: callers get values, or `Pending`
+handles they can wait on or hand to another group's call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+
+class GroupError(RuntimeError):
+    """A member call failed; the message names the member and the method."""
+
+
+class GroupTimeout(GroupError):
+    """A member call missed its deadline."""
+
+
+@dataclass
+class MemberOptions:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+
+
+class Pending:
+    """Results of one call on some members, not yet awaited."""
+
+    def __init__(self, group: Group, method: str, indices: list[int], items: list[Any]):
+        self._group, self._method, self._indices, self._items = group, method, indices, items
+
+    def result(self, timeout: float) -> list[Any]:
+        if self._group.local:
+            return self._group._get_local(self._items, self._indices, self._method, timeout)
+        return self._group._get(self._items, self._indices, self._method, timeout)
+
+    def payload(self, timeout: float) -> Any:
+        """The first member's result as an argument for another group's call: a remote group's object ref
+        (not fetched), or an in-process member's value (awaited with the deadline)."""
+        if self._group.local:
+            return self.result(timeout)[0]
+        return self._items[0]
+
+
+class Group:
+    """N members of `cls`. Members of a remote group are named `<name>:<index>` in the Ray dashboard."""
+
+    def __init__(self, cls: type, n: int, name: str, args: Sequence[Any] = (),
+                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict] | None = None):
+        self.name, self.n = name, n
+        kwargs = list(per_member_kwargs or [{} for _ in range(max(n, 1))])
+        if n == 0:
+            self._members: list[Any] = [cls(*args, **kwargs[0])]
+            # One thread per in-process member gives it an actor's semantics (one call at a time, in
+            # submission order) and lets the caller stop waiting at a deadline.
+            self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}:0")]
+            return
+        opts = options or MemberOptions()
+        remote_cls = ray.remote(cls)
+        self._members = [
+            remote_cls.options(
+                name=f"{name}:{i}", num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
+                max_restarts=opts.max_restarts, runtime_env={"env_vars": dict(opts.env)},
+            ).remote(*args, **kwargs[i])
+            for i in range(n)
+        ]
+
+    @property
+    def local(self) -> bool:
+        return self.n == 0
+
+    @property
+    def size(self) -> int:
+        return len(self._members)
+
+    def submit(self, method: str, *args: Any, indices: Sequence[int] | None = None, **kwargs: Any) -> Pending:
+        idx = list(range(self.size)) if indices is None else list(indices)
+        if self.local:
+            items = [self._call_local(i, method, args, kwargs) for i in idx]
+        else:
+            items = [getattr(self._members[i], method).remote(*args, **kwargs) for i in idx]
+        return Pending(self, method, idx, items)
+
+    def submit_each(self, method: str, args_per_member: Sequence[tuple]) -> Pending:
+        """Member i receives args_per_member[i] (scatter)."""
+        if self.local:
+            items = [self._call_local(i, method, a, {}) for i, a in enumerate(args_per_member)]
+        else:
+            items = [getattr(self._members[i], method).remote(*a) for i, a in enumerate(args_per_member)]
+        return Pending(self, method, list(range(len(args_per_member))), items)
+
+    def call(self, method: str, *args: Any, timeout: float, **kwargs: Any) -> list[Any]:
+        return self.submit(method, *args, **kwargs).result(timeout)
+
+    async def acall(self, index: int, method: str, *args: Any, timeout: float) -> Any:
+        """Await one member's call from asyncio code, with a deadline."""
+        try:
+            if self.local:
+                coro = asyncio.wrap_future(self._call_local(index, method, args, {}))
+            else:
+                coro = asyncio.wrap_future(getattr(self._members[index], method).remote(*args).future())
+            return await asyncio.wait_for(coro, timeout)
+        except asyncio.TimeoutError:
+            raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:.0f}s deadline") from None
+        except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
+            raise GroupError(f"{self.name}:{index}.{method} failed: {e}") from e
+
+    def _call_local(self, index: int, method: str, args: tuple, kwargs: dict) -> Future:
+        return self._executors[index].submit(getattr(self._members[index], method), *args, **kwargs)
+
+    def _get_local(self, futures: list[Future], indices: list[int], method: str, timeout: float) -> list[Any]:
+        _, not_done = wait_futures(futures, timeout=timeout)
+        if not_done:
+            late = [f"{self.name}:{i}" for i, f in zip(indices, futures, strict=True) if f in not_done]
+            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:.0f}s deadline")
+        for i, fut in zip(indices, futures, strict=True):
+            if fut.exception() is not None:
+                raise GroupError(f"{self.name}:{i}.{method} failed: {fut.exception()}") from fut.exception()
+        return [f.result() for f in futures]
+
+    def _get(self, refs: list[Any], indices: list[int], method: str, timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if not_ready:
+            late = [f"{self.name}:{indices[refs.index(r)]}" for r in not_ready]
+            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:.0f}s deadline")
+        out = []
+        for i, ref in zip(indices, refs, strict=True):
+            try:
+                out.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0)))
+            except GetTimeoutError:
+                raise GroupTimeout(f"{self.name}:{i}.{method} missed its {timeout:.0f}s deadline") from None
+            except (RayActorError, RayTaskError) as e:
+                raise GroupError(f"{self.name}:{i}.{method} failed: {e}") from e
+        return out
+
+    def shutdown(self) -> None:
+        if self.local:
+            for ex in self._executors:
+                ex.shutdown(wait=False, cancel_futures=True)
+        else:
+            for m in self._members:
+                ray.kill(m, no_restart=True)
+        self._members = []

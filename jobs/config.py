@@ -1,0 +1,234 @@
+"""The one config schema: OmegaConf structured dataclasses, YAML + `key=value` overrides, validated once.
+
+`load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
+OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
+returns a read-only config. Each component receives only its own section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the offending key."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    rank: int = 64
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+
+
+@dataclass
+class ModelConfig:
+    # An HF model folder, or `builtin:tiny` / `builtin:smollm2-135m-instruct` (built offline, cached).
+    path: str = MISSING
+    dtype: str = "float32"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class DataConfig:
+    task: str = "math"  # task family: math | digit
+    # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns
+    train: str = "reasoning_gym:basic_arithmetic"
+    train_size: int = 2000
+    eval: str = "gsm8k"
+    eval_size: int = 64
+
+
+@dataclass
+class MarlConfig:
+    workflow: str = "voting"  # single_agent | eval_opt | voting | orch_workers
+    sharing: str = "isolated"  # shared | isolated | custom
+    policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
+    num_generators: int = 3
+    max_rounds: int = 3
+    max_strategies: int = 3
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"  # hf (transformers generate stand-in)
+    engines_per_role: int = 0  # 0 = one in-process engine per role (tests, debugging)
+    engine_num_cpus: float = 0.5
+    torch_threads: int = 2
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eval_temperature: float = 0.7
+    call_timeout_s: float = 300.0
+    max_batch_size: int = 64
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"  # grpo | rloo
+    group_by: list[str] = field(default_factory=lambda: ["task", "agent"])
+    norm_std: bool = True
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    max_len: int = 2048
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    warmup_steps: int = 15
+    schedule: str = "cosine"  # cosine | constant
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+
+
+@dataclass
+class LearnerConfig:
+    backend: str = "torch"
+    ranks: int = 0  # data-parallel ranks per policy; 0 = one in-process learner
+    rank_num_cpus: float = 0.5
+    torch_threads: int = 2
+    micro_batch_size: int = 16
+    gradient_checkpointing: bool = False
+    update_timeout_s: float = 1800.0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class RayConfig:
+    address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
+    num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
+    include_dashboard: bool = False
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "run"
+    out_dir: str = "runs"
+    seed: int = 0
+    steps: int = 10
+    eval_every: int = 0  # 0: evaluate only before and after training
+    sync_timeout_s: float = 300.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    marl: MarlConfig = field(default_factory=MarlConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Schema ← YAML ← `key=value` overrides, validated, then frozen. Raises ConfigError naming the key."""
+    try:
+        cfg = OmegaConf.structured(TrainConfig)
+        if path:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(f"config: missing required value for {', '.join(missing)}")
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config: {_omegaconf_message(e)}") from None
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg  # type: ignore[return-value]  # a DictConfig typed by the schema
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{key}: {first}" if key else first
+
+
+def to_yaml(cfg: Any) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def section(cfg: Any) -> DictConfig:
+    """A component's own section (read-only view), for passing across process boundaries as a dict."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+_CHOICES = {
+    "data.task": ("math", "digit"),
+    "marl.workflow": ("single_agent", "eval_opt", "voting", "orch_workers"),
+    "marl.sharing": ("shared", "isolated", "custom"),
+    "rollout.backend": ("hf",),
+    "algo.advantage": ("grpo", "rloo"),
+    "algo.loss_agg": ("token_mean", "seq_mean_token_mean"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
+    "learner.backend": ("torch",),
+    "learner.optim.schedule": ("cosine", "constant"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+}
+_POSITIVE = (
+    "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
+    "rollout.call_timeout_s", "rollout.max_batch_size", "rollout.torch_threads", "learner.micro_batch_size",
+    "learner.optim.lr", "learner.torch_threads", "learner.update_timeout_s", "sync_timeout_s",
+    "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "data.train_size",
+    "model.lora.rank", "model.lora.alpha",
+)
+_NON_NEGATIVE = (
+    "eval_every", "data.eval_size", "rollout.engines_per_role", "learner.ranks", "algo.kl_coef",
+    "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
+    "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
+)
+_GROUP_FIELDS = ("task", "agent", "role", "round")
+
+
+def validate(cfg: Any) -> None:
+    """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}; got {value!r}")
+    for key in _POSITIVE:
+        if not OmegaConf.select(cfg, key) > 0:
+            raise ConfigError(f"config: {key} must be > 0; got {OmegaConf.select(cfg, key)!r}")
+    for key in _NON_NEGATIVE:
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
+    _check_ranges(cfg)
+
+
+def _check_ranges(cfg: Any) -> None:
+    s = cfg.rollout.sampling
+    if not 0.0 < s.top_p <= 1.0:
+        raise ConfigError(f"config: rollout.sampling.top_p must be in (0, 1]; got {s.top_p}")
+    if s.temperature < 0 or cfg.rollout.eval_temperature < 0:
+        raise ConfigError("config: rollout.sampling.temperature and rollout.eval_temperature must be >= 0")
+    if cfg.algo.clip_low >= 1.0:
+        raise ConfigError(f"config: algo.clip_low must be < 1; got {cfg.algo.clip_low}")
+    bad = [f for f in cfg.algo.group_by if f not in _GROUP_FIELDS]
+    if bad or not cfg.algo.group_by:
+        raise ConfigError(f"config: algo.group_by takes a non-empty subset of {_GROUP_FIELDS}; got {bad}")
+    if cfg.marl.sharing == "custom" and not cfg.marl.policy_map:
+        raise ConfigError("config: marl.policy_map must map every role when marl.sharing=custom")
+    if cfg.marl.sharing != "custom" and cfg.marl.policy_map:
+        raise ConfigError("config: marl.policy_map is only used with marl.sharing=custom")
+    if len(cfg.learner.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.learner.optim.betas):
+        raise ConfigError(f"config: learner.optim.betas must be two values in [0, 1); got {cfg.learner.optim.betas}")
+    if not 0 <= cfg.learner.optim.min_lr_ratio <= 1:
+        raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")

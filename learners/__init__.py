@@ -1,0 +1,1 @@
+"""Turning Episodes into updates: batch building, advantages and losses as pure functions, learners."""

@@ -1,0 +1,99 @@
+"""Advantage estimation: grouping turns into comparison groups and group-relative baselines.
+
+Turns are addressed in one *flattened order* used everywhere learner-side: episodes in order, each
+episode's turns in order. `group_keys` gives one key per turn in that order, `keys_to_ids` turns keys
+into dense group ids, and an estimator from `ADVANTAGE_ESTIMATORS` maps (rewards, group ids) to one
+advantage per turn. Everything here is a pure function; nothing reads global state.
+
+    keys = group_keys(episodes, ("task", "agent"))
+    adv = ADVANTAGE_ESTIMATORS["grpo"](flat_rewards(episodes), keys_to_ids(keys), norm_std=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from marl.types import Episode, Turn
+
+GROUP_FIELDS: dict[str, Callable[[Episode, Turn], Hashable]] = {
+    "task": lambda ep, turn: ep.task.task_id,
+    "agent": lambda ep, turn: turn.agent,
+    "role": lambda ep, turn: turn.role,
+    "round": lambda ep, turn: turn.round,
+}
+DEFAULT_GROUP_BY = ("task", "agent")
+
+
+def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple]:
+    """One key per (episode, turn) in flattened order; the key holds the `group_by` fields in order.
+
+    Fields: 'task' (episode.task.task_id), 'agent' (turn.agent), 'role' (turn.role), 'round'.
+    With the default ('task', 'agent') the n samples of one prompt form one group per agent
+    instance: generator0 and generator1 are separate groups, while one agent's repeated turns
+    (eval_opt rounds) pool into a single group.
+    """
+    unknown = [f for f in group_by if f not in GROUP_FIELDS]
+    if unknown or not group_by:
+        raise ValueError(f"group_by must be a non-empty subset of {list(GROUP_FIELDS)}, got {list(group_by)}")
+    getters = [GROUP_FIELDS[f] for f in group_by]
+    return [tuple(get(ep, turn) for get in getters) for ep in episodes for turn in ep.turns]
+
+
+def keys_to_ids(keys: Sequence[Hashable]) -> Tensor:
+    """Dense group ids [N] (long), numbered in order of first appearance of each key."""
+    index: dict[Hashable, int] = {}
+    return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
+
+
+def _group_stats(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-element (group count, group sum, unbiased group std), each [N], without python loops.
+
+    Std uses Bessel's correction (n − 1), as torch.std and verl's GRPO do; it is 0 for singletons.
+    """
+    _, dense = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(dense.max()) + 1 if dense.numel() else 0
+    values = values.to(torch.float32)
+    counts = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, dense, torch.ones_like(values))
+    sums = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, dense, values)
+    mean = (sums / counts)[dense]
+    sq_dev = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, dense, (values - mean) ** 2)
+    std = (sq_dev / (counts - 1).clamp(min=1)).sqrt()
+    return counts[dense], sums[dense], std[dense]
+
+
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO: A_i = (r_i − mean_g) / (std_g + eps) if norm_std else r_i − mean_g.
+
+    rewards [N] float, group_ids [N] long (any values; equal id = same group) → advantages [N] float32.
+    std_g is the unbiased (n − 1) group std. Singleton groups get advantage 0; a group whose
+    rewards are all equal gets 0 too (0 / eps), never NaN.
+    """
+    counts, sums, std = _group_stats(rewards, group_ids)
+    adv = rewards.to(torch.float32) - sums / counts
+    if norm_std:
+        adv = adv / (std + eps)
+    return torch.where(counts > 1, adv, torch.zeros_like(adv))
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, eps: float = 1e-6) -> Tensor:
+    """RLOO: A_i = r_i − mean of the other members of i's group; optionally / (std_g + eps).
+
+    rewards [N] float, group_ids [N] long → advantages [N] float32. Singleton groups get 0.
+    Equals n / (n − 1) · (r_i − mean_g), i.e. GRPO's centring rescaled per group size.
+    """
+    counts, sums, std = _group_stats(rewards, group_ids)
+    r = rewards.to(torch.float32)
+    adv = r - (sums - r) / (counts - 1).clamp(min=1)
+    if norm_std:
+        adv = adv / (std + eps)
+    return torch.where(counts > 1, adv, torch.zeros_like(adv))
+
+
+# Selected by name from config (validated at load): fn(rewards, group_ids, norm_std, eps) -> [N].
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+}

@@ -1,0 +1,240 @@
+"""TrainBatch, the learner-side data contract, and `build_batches`, which makes one per policy.
+
+Every turn of every episode becomes one row of the batch of the policy its role maps to. Rows are
+right-padded token sequences (prompt + response) with a loss mask over the response tokens and the
+engine's sampled logprobs aligned to it. Rows keep the flattened turn order (episodes in order,
+turns in order) that `learners.advantages.group_keys` uses.
+
+Alignment: position t of `loss_mask` / `rollout_logprobs` describes token input_ids[:, t], which the
+model predicts from position t − 1. A learner therefore computes
+    lp = token_logprobs(logits[:, :-1], input_ids[:, 1:])
+and compares it with rollout_logprobs[:, 1:] under loss_mask[:, 1:]; position 0 is never a loss token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from marl.policy_map import PolicyMap
+from marl.types import Episode, Turn
+
+
+@dataclass
+class TrainBatch:
+    """B rows of one policy, T positions. See the module docstring for the t / t − 1 alignment."""
+
+    policy_id: str
+    input_ids: Tensor  # [B, T] long, right-padded with pad_id
+    attention_mask: Tensor  # [B, T] bool
+    loss_mask: Tensor  # [B, T] bool, True where input_ids[:, t] is a response token; never at t = 0
+    rollout_logprobs: Tensor  # [B, T] float, engine logprob of input_ids[:, t] at loss positions, else 0
+    advantages: Tensor  # [B] float
+    rewards: Tensor  # [B] float
+    roles: list[str]  # role of each row
+    agents: list[str]  # agent instance of each row
+    pad_id: int = 0  # the token id filling input_ids where attention_mask is False
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.input_ids.shape)
+        for name in ("attention_mask", "loss_mask", "rollout_logprobs"):
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"TrainBatch.{name} has shape {got}, want {shape}")
+        for name in ("advantages", "rewards", "roles", "agents"):
+            if len(getattr(self, name)) != shape[0]:
+                raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} rows, want {shape[0]}")
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def select(self, idx: list[int] | range | Tensor) -> TrainBatch:
+        """The rows `idx` (positions, or a bool mask [B]) in that order; trailing all-padding columns
+        are trimmed, keeping at least one column (no rows → shape [0, 1])."""
+        idx = idx if isinstance(idx, Tensor) else torch.tensor(list(idx), dtype=torch.long)
+        idx = idx.nonzero().squeeze(-1) if idx.dtype == torch.bool else idx.to(torch.long)
+        used = self.attention_mask[idx].any(0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 1
+        rows = idx.tolist()
+        return TrainBatch(
+            policy_id=self.policy_id,
+            input_ids=self.input_ids[idx, :width],
+            attention_mask=self.attention_mask[idx, :width],
+            loss_mask=self.loss_mask[idx, :width],
+            rollout_logprobs=self.rollout_logprobs[idx, :width],
+            advantages=self.advantages[idx],
+            rewards=self.rewards[idx],
+            roles=[self.roles[i] for i in rows],
+            agents=[self.agents[i] for i in rows],
+            pad_id=self.pad_id,
+        )
+
+    def shard(self, rank: int, world_size: int) -> TrainBatch:
+        """Rank's contiguous slice; row counts differ by at most one (the first B % world_size ranks
+        get one more). With B < world_size some ranks get no rows: an empty batch of shape [0, 1],
+        which still goes through `ppo_clip_loss` (loss 0 with a graph) so collectives stay matched."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        base, extra = divmod(len(self), world_size)
+        start = rank * base + min(rank, extra)
+        return self.select(range(start, start + base + (rank < extra)))
+
+    def micro_batches(self, size: int, min_count: int = 1) -> list[TrainBatch]:
+        """Consecutive chunks of ≤ `size` rows, padded with empty batches up to `min_count` chunks.
+
+        Ranks must run the same number of forward/backward passes; pass the global maximum,
+        ceil(ceil(B_global / world_size) / size), as `min_count` when shards can differ in size.
+        """
+        if size < 1:
+            raise ValueError(f"micro-batch size must be ≥ 1, got {size}")
+        chunks = [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+        return chunks + [self.select([]) for _ in range(min_count - len(chunks))]
+
+    @staticmethod
+    def concat(batches: list[TrainBatch]) -> TrainBatch:
+        """Rows of all batches in order, right-padded to the widest."""
+        if not batches or len({(b.policy_id, b.pad_id) for b in batches}) != 1:
+            got = [(b.policy_id, b.pad_id) for b in batches]
+            raise ValueError(f"concat needs ≥ 1 batch of one (policy_id, pad_id), got {got}")
+        width = max(b.input_ids.shape[1] for b in batches)
+
+        def cat(name: str, pad: float | bool | int) -> Tensor:
+            parts = [getattr(b, name) for b in batches]
+            return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in parts])
+
+        return TrainBatch(
+            policy_id=batches[0].policy_id,
+            input_ids=cat("input_ids", batches[0].pad_id),
+            attention_mask=cat("attention_mask", False),
+            loss_mask=cat("loss_mask", False),
+            rollout_logprobs=cat("rollout_logprobs", 0.0),
+            advantages=torch.cat([b.advantages for b in batches]),
+            rewards=torch.cat([b.rewards for b in batches]),
+            roles=[r for b in batches for r in b.roles],
+            agents=[a for b in batches for a in b.agents],
+            pad_id=batches[0].pad_id,
+        )
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
+        return TrainBatch(**moved)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain {field: tensor | list | str} (no copies), e.g. for moving through Ray."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> TrainBatch:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # absent pad_id → 0
+
+
+def empty_batch(policy_id: str, pad_id: int = 0) -> TrainBatch:
+    """A batch with no rows (shape [0, 1]): what a policy whose roles produced no turn this step
+    hands its learners, so every policy still takes its one optimizer step."""
+    zeros = torch.zeros(0, 1)
+    return TrainBatch(
+        policy_id=policy_id,
+        input_ids=torch.full((0, 1), pad_id, dtype=torch.long),
+        attention_mask=zeros.bool(),
+        loss_mask=zeros.bool(),
+        rollout_logprobs=zeros,
+        advantages=torch.zeros(0),
+        rewards=torch.zeros(0),
+        roles=[],
+        agents=[],
+        pad_id=pad_id,
+    )
+
+
+def flat_rewards(episodes: list[Episode]) -> Tensor:
+    """turn.reward for every turn in flattened order → [N] float32."""
+    return torch.tensor([t.reward for ep in episodes for t in ep.turns], dtype=torch.float32)
+
+
+class _Row(NamedTuple):
+    turn: Turn
+    tokens: list[int]  # prompt + response, cut to max_len
+    prompt_len: int
+    logprobs: list[float]  # of the response tokens kept
+    truncated: bool
+    advantage: float
+
+
+def _row(turn: Turn, advantage: float, max_len: int | None) -> _Row:
+    c = turn.completion
+    if len(c.response_ids) != len(c.logprobs):
+        raise ValueError(f"{turn.agent}: {len(c.response_ids)} response ids but {len(c.logprobs)} logprobs")
+    if c.response_ids and not c.prompt_ids:
+        raise ValueError(f"{turn.agent}: empty prompt_ids; the first response token has no predictor")
+    tokens = list(c.prompt_ids) + list(c.response_ids)
+    cut = tokens[:max_len] if max_len is not None else tokens
+    kept = max(0, len(cut) - len(c.prompt_ids))
+    return _Row(turn, cut, len(c.prompt_ids), list(c.logprobs[:kept]), len(cut) < len(tokens), advantage)
+
+
+def _stack_rows(policy_id: str, rows: list[_Row], pad_id: int) -> TrainBatch:
+    """One right-padded TrainBatch from rows."""
+    shape = (len(rows), max(len(r.tokens) for r in rows))
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(shape, dtype=torch.bool)
+    loss_mask = torch.zeros(shape, dtype=torch.bool)
+    rollout_logprobs = torch.zeros(shape, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        end = len(r.tokens)
+        input_ids[i, :end] = torch.tensor(r.tokens, dtype=torch.long)
+        attention_mask[i, :end] = True
+        loss_mask[i, r.prompt_len : end] = True
+        rollout_logprobs[i, r.prompt_len : end] = torch.tensor(r.logprobs, dtype=torch.float32)
+    return TrainBatch(
+        policy_id=policy_id,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        rollout_logprobs=rollout_logprobs,
+        advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+        rewards=torch.tensor([r.turn.reward for r in rows], dtype=torch.float32),
+        roles=[r.turn.role for r in rows],
+        agents=[r.turn.agent for r in rows],
+        pad_id=pad_id,
+    )
+
+
+def build_batches(
+    episodes: list[Episode],
+    policy_map: PolicyMap,
+    advantages: Tensor,
+    pad_id: int,
+    max_len: int | None = None,
+) -> tuple[dict[str, TrainBatch], dict[str, int]]:
+    """One TrainBatch per policy from every turn; returns (batches, stats).
+
+    advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes
+    a row of batch policy_map[turn.role]: prompt_ids + response_ids, cut to the first `max_len`
+    tokens if given (loss mask and logprobs cut with them). Turns with no response token left
+    (empty response, or cut away entirely) are dropped. Batches are keyed in policy_map.policies
+    order; a policy with no rows is absent. stats (flat, stable keys, for the driver to log):
+    'batch/rows', 'batch/dropped_empty', 'batch/dropped_truncated', 'batch/truncated' (rows kept
+    with part of their response cut). Raises ValueError on a length mismatch or an empty prompt.
+    """
+    turns = [t for ep in episodes for t in ep.turns]
+    if tuple(advantages.shape) != (len(turns),):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}, want ({len(turns)},)")
+    stats = {"batch/rows": 0, "batch/dropped_empty": 0, "batch/dropped_truncated": 0, "batch/truncated": 0}
+    per_policy: dict[str, list[_Row]] = {p: [] for p in policy_map.policies}
+    for turn, adv in zip(turns, advantages.tolist(), strict=True):
+        row = _row(turn, adv, max_len)
+        if not turn.completion.response_ids:
+            stats["batch/dropped_empty"] += 1
+        elif not row.logprobs:
+            stats["batch/dropped_truncated"] += 1
+        else:
+            stats["batch/rows"] += 1
+            stats["batch/truncated"] += int(row.truncated)
+            per_policy[policy_map[turn.role]].append(row)
+    return {p: _stack_rows(p, rows, pad_id) for p, rows in per_policy.items() if rows}, stats

@@ -1,0 +1,146 @@
+"""Learner: one data-parallel rank owning a policy's model and optimizer (plain torch backend).
+
+One `update` call = one optimizer step: gradients accumulate over micro-batches, every micro-batch's
+loss is normalised by the GLOBAL normaliser handed in by the caller (so ranks and micro-batches sum to the
+whole-batch loss), gradients are summed across ranks, clipped, and the schedule advances once.
+With one optimizer step per batch the "old" logprobs equal the current ones exactly, so they are taken
+detached from the same forward instead of a second pass; the engine's logprobs are only compared.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cluster import collective
+from learners.batch import TrainBatch
+from learners.losses import (
+    LOSS_AGGREGATIONS,
+    entropy_from_logits,
+    kl_penalty,
+    ppo_clip_loss,
+    token_logprobs,
+)
+from learners.schedule import lr_factor
+from learners.weights import export_hf, is_lora, load_policy_model, merged_state_dict
+
+
+class Learner:
+    def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
+                 temperature: float, total_steps: int, seed: int, rank: int = 0):
+        if learner.torch_threads:
+            torch.set_num_threads(learner.torch_threads)
+        torch.manual_seed(seed)
+        self.policy_id, self.model_path, self.dtype = policy_id, model_path, model.dtype
+        self.cfg, self.algo, self.rank = learner, algo, rank
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.model = load_policy_model(model_path, model.dtype, model.lora)
+        if learner.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = learner.optim
+        self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
+                                           weight_decay=opt.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, opt.warmup_steps, total_steps, opt.schedule, opt.min_lr_ratio),
+        )
+        self.reference = self._reference_model(model) if algo.kl_coef > 0 else None
+        self.step = 0
+
+    def _reference_model(self, model: Any) -> torch.nn.Module | None:
+        # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
+        if is_lora(self.model):
+            return None
+        return load_policy_model(self.model_path, model.dtype, model.lora).eval().requires_grad_(False)
+
+    # -- collective membership (delegated to cluster) --
+    def rendezvous_address(self) -> tuple[str, int]:
+        return collective.rendezvous_address()
+
+    def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        collective.join(backend, host, port, rank, world, timeout_s)
+
+    def update(self, batch: dict[str, Any], normalizer: float) -> dict[str, float]:
+        """One optimizer step on this rank's shard. Returns metric sums and this step's grad norm and lr."""
+        data = TrainBatch.from_dict(batch)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
+        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
+        if len(data):
+            for mb in data.micro_batches(self.cfg.micro_batch_size):
+                self._micro_step(mb, normalizer, sums).backward()
+        for p in self.params:
+            if p.grad is None:  # a rank with an empty shard still joins the all-reduce and the step
+                p.grad = torch.zeros_like(p)
+        self._all_reduce_grads()
+        clip = self.cfg.optim.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        sums["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        sums["grad_norm"] = float(grad_norm)
+        return dict(sums)
+
+    def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float]) -> torch.Tensor:
+        logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        logits = logits[:, :-1].float() / self.temperature
+        targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
+        lp = token_logprobs(logits, targets)
+        algo = self.algo
+        loss, m = ppo_clip_loss(lp, lp.detach(), mb.advantages, mask, clip_low=algo.clip_low,
+                                clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
+        if self.algo.kl_coef > 0:
+            kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
+            loss = loss + algo.kl_coef * LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl, mask, max(normalizer, 1))
+            _add_per_role(sums, "kl_sum", kl.detach(), mask, mb.roles)
+        sums["loss"] += float(loss.detach())
+        sums["clip_frac_sum"] += float(m["clip_frac_sum"])
+        sums["tokens"] += float(m["tokens"])
+        with torch.no_grad():
+            _add_per_role(sums, "entropy_sum", entropy_from_logits(logits), mask, mb.roles)
+            diff = (lp.detach() - mb.rollout_logprobs[:, 1:]).abs()
+            _add_per_role(sums, "logprob_diff_sum", diff, mask, mb.roles)
+            _add_per_role(sums, "tokens", torch.ones_like(diff), mask, mb.roles)
+        return loss
+
+    @torch.no_grad()
+    def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        if self.reference is None:
+            with self.model.disable_adapter():
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        else:
+            logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return token_logprobs(logits[:, :-1].float() / self.temperature, mb.input_ids[:, 1:])
+
+    def _all_reduce_grads(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        # One flat buffer: one collective per step instead of one per parameter.
+        grads = [p.grad for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return merged_state_dict(self.model)
+
+    def export(self, out_dir: str) -> str:
+        export_hf(self.model, self.model_path, self.dtype, out_dir)
+        return out_dir
+
+
+def _add_per_role(sums: dict[str, float], key: str, values: torch.Tensor, mask: torch.Tensor,
+                  roles: list[str]) -> None:
+    per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
+    for role, v in zip(roles, per_row.tolist(), strict=True):
+        sums[f"{key}/{role}"] += v
+

@@ -1,0 +1,1 @@
+"""Workflow semantics: types, policy maps, workflows, tasks and reward assignment (pure Python)."""

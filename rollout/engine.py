@@ -1,0 +1,32 @@
+"""The inference-engine interface every backend implements (shaped after vLLM), and its request types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from marl.types import Completion, Message
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call sampling. temperature 0 means greedy; logprobs are of the temperature-scaled distribution."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+
+class InferenceEngine(Protocol):
+    """One inference replica holding one policy's weights."""
+
+    def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+        """One completion per chat request, in order."""
+        ...
+
+    def load_weights(self, weights: dict[str, Any], version: int) -> dict[str, int]:
+        """Serve `weights` (HF parameter names) from now on; returns {"version", "bytes"}."""
+        ...
+
+    def weight_version(self) -> int: ...

@@ -1,0 +1,98 @@
+"""The transformers-generate stand-in engine: same interface as the vLLM adapter, for CPU tests and laptops."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from marl.types import Completion, Message
+from rollout.engine import Sampling
+
+hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine:
+    """Batched left-padded `generate` with per-token logprobs of the sampled tokens."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0,
+                 policy_id: str = "", chat_template_kwargs: dict | None = None):
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.policy_id = policy_id
+        self.chat_kwargs = dict(chat_template_kwargs or {})
+        self.version = 0
+
+    def encode(self, messages: list[Message]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.chat_kwargs
+        )
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    @torch.no_grad()
+    def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+        prompts = [self.encode(m) for m in requests]
+        ids, mask = _left_pad(prompts, self.pad_id)
+        greedy = sampling.temperature == 0
+        torch.manual_seed(sampling.seed)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None, pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids, return_dict_in_generate=True, output_logits=True,
+        )
+        new = out.sequences[:, ids.shape[1]:]
+        logits = torch.stack(out.logits, dim=1).float()  # [B, new, V], raw (before temperature)
+        if not greedy:
+            logits = logits / sampling.temperature
+        lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return [self._completion(p, row, lp, sampling) for p, row, lp in zip(prompts, new, lps, strict=True)]
+
+    def _completion(self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, s: Sampling) -> Completion:
+        tokens = row.tolist()
+        end = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
+        n = end if end is not None else len(tokens)
+        return Completion(
+            text=self.tokenizer.decode(tokens[:n], skip_special_tokens=True),
+            prompt_ids=prompt, response_ids=tokens[:n], logprobs=lp[:n].tolist(),
+            finish_reason="stop" if end is not None else "length", version=self.version,
+            policy_id=self.policy_id,
+        )
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, int]:
+        own = self.model.state_dict()
+        unknown = [k for k in weights if k not in own]
+        if unknown:
+            raise KeyError(f"engine for policy {self.policy_id!r}: unknown weight names {unknown[:3]}")
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                own[name].copy_(tensor)
+        self.version = version
+        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values())}
+
+    def weight_version(self) -> int:
+        return self.version
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids, mask

@@ -1,0 +1,169 @@
+"""cluster.Group: the same calls in-process (n = 0) and on Ray actors (n = 2), deadlines and failures
+attributed to `<name>:<index>.<method>`, and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+import ray
+from ray.exceptions import RayActorError
+
+from cluster.group import Group, GroupError, GroupTimeout, MemberOptions
+
+CPU = MemberOptions(num_cpus=0.5)
+HANG_S = 3.0  # how long a deliberately hanging member sleeps
+DEADLINE_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()
+
+
+class Counter:
+    """A plain member: remembers its construction arguments and the calls it served, in order."""
+
+    def __init__(self, base: int, tag: str = ""):
+        self.base, self.tag, self.seen = base, tag, []
+
+    def add(self, x: int, scale: int = 1) -> int:
+        self.seen.append(x)
+        return self.base + x * scale
+
+    def history(self) -> list[int]:
+        return list(self.seen)
+
+    def ident(self) -> tuple[str, int]:
+        return self.tag, os.getpid()
+
+    def hang(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "woke"
+
+    def boom(self, what: str) -> None:
+        raise ValueError(f"boom: {what}")
+
+
+def _run(coro):
+    """Run `coro` on a fresh loop and close it without joining executor threads that a timed-out local
+    call leaves running (asyncio.run would wait for them at shutdown)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def _make(request, name: str) -> Group:
+    n = request.param
+    if n:
+        request.getfixturevalue("ray_cluster")
+    return Group(Counter, n, f"{name}{n}", args=(100,), options=CPU,
+                 per_member_kwargs=[{"tag": f"m{i}"} for i in range(max(n, 1))])
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["local", "remote"])
+def group(request):
+    g = _make(request, "counter")
+    yield g
+    g.shutdown()
+
+
+@pytest.fixture(params=[0, 2], ids=["local", "remote"])
+def hanging(request):
+    """A fresh group per deadline test: a hung member would delay every later call on it."""
+    g = _make(request, "hanging")
+    yield g
+    g.shutdown()
+
+
+def test_size_and_locality(group):
+    assert group.size == max(group.n, 1)
+    assert group.local == (group.n == 0)
+
+
+def test_per_member_kwargs_reach_each_member(group):
+    idents = group.call("ident", timeout=30)
+    assert [tag for tag, _ in idents] == [f"m{i}" for i in range(group.size)]
+    pids = {pid for _, pid in idents}
+    if group.local:
+        assert pids == {os.getpid()}
+    else:
+        assert os.getpid() not in pids and len(pids) == 2
+
+
+def test_call_returns_one_result_per_member_in_order(group):
+    assert group.call("add", 5, scale=3, timeout=30) == [115] * group.size
+    assert group.call("add", 1, indices=[group.size - 1], timeout=30) == [101]
+
+
+def test_submit_each_scatters_args_in_order(group):
+    args = [(i + 1, 10 * (i + 1)) for i in range(group.size)]
+    assert group.submit_each("add", args).result(30) == [100 + a * s for a, s in args]
+
+
+def test_calls_on_one_member_run_in_submission_order(group):
+    before = len(group.call("history", indices=[0], timeout=30)[0])
+    pendings = [group.submit("add", x, indices=[0]) for x in range(6)]
+    assert [p.result(30) for p in pendings] == [[100 + x] for x in range(6)]
+    assert group.call("history", indices=[0], timeout=30)[0][before:] == list(range(6))
+
+
+def test_acall_from_asyncio(group):
+    async def main():
+        return await asyncio.gather(*(group.acall(i, "add", 7, timeout=30) for i in range(group.size)))
+
+    assert _run(main()) == [107] * group.size
+
+
+def test_call_deadline_names_member_and_method(hanging):
+    index = hanging.size - 1
+    t0 = time.monotonic()
+    with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
+        hanging.call("hang", HANG_S, indices=[index], timeout=DEADLINE_S)
+    assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
+
+
+def test_acall_deadline_names_member_and_method(hanging):
+    index = hanging.size - 1
+    t0 = time.monotonic()
+    with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
+        _run(hanging.acall(index, "hang", HANG_S, timeout=DEADLINE_S))
+    assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
+
+
+def test_a_call_that_finishes_in_time_is_not_a_timeout(hanging):
+    assert hanging.call("hang", 0.0, timeout=30) == ["woke"] * hanging.size
+
+
+def test_failing_member_raises_group_error_naming_it(group):
+    index = group.size - 1
+    with pytest.raises(GroupError, match=rf"(?s)^{group.name}:{index}\.boom failed.*boom: sync") as info:
+        group.call("boom", "sync", indices=[index], timeout=30)
+    assert not isinstance(info.value, GroupTimeout)
+    with pytest.raises(GroupError, match=rf"(?s)^{group.name}:{index}\.boom failed.*boom: async") as info:
+        _run(group.acall(index, "boom", "async", timeout=30))
+    assert not isinstance(info.value, GroupTimeout)
+    # The member survives its method's exception.
+    assert group.call("add", 1, indices=[index], timeout=30) == [101]
+
+
+def test_remote_members_are_named_and_shutdown_kills_them(ray_cluster):
+    g = Group(Counter, 2, "named", args=(0,), options=CPU)
+    assert g.call("add", 1, timeout=30) == [1, 1]
+    handles = [ray.get_actor(f"named:{i}") for i in range(2)]
+    assert ray.get([h.add.remote(2) for h in handles], timeout=30) == [2, 2]
+    g.shutdown()
+    for h in handles:
+        with pytest.raises(RayActorError):
+            ray.get(h.add.remote(3), timeout=30)
+    with pytest.raises(ValueError):
+        ray.get_actor("named:0")

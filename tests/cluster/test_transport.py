@@ -1,0 +1,171 @@
+"""cluster.transport.broadcast (versioned weight sync between groups, in-process and Ray) and
+cluster.collective (a gloo process group among a group's Ray members).
+
+Ray workers import this module to rebuild the member classes, so torch is imported only where it is used:
+the sink processes then start without it (the transport is payload-agnostic; numpy arrays stand in for
+tensors there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+from cluster.group import Group, MemberOptions
+from cluster.transport import SyncError, broadcast, payload_bytes
+
+CPU = MemberOptions(num_cpus=0.5)
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()
+
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": np.arange(5, dtype=np.float64) + seed}
+
+
+STATE_BYTES = 4 * 3 * 4 + 5 * 8
+
+
+class Rank:
+    """A data-parallel rank (stands in for a learner): joins a process group through cluster.collective
+    and exports its state, which differs per rank so a payload taken from the wrong rank is caught."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def state(self) -> dict[str, np.ndarray]:
+        return _state(100 + self.rank)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        from cluster import collective
+
+        return collective.rendezvous_address()
+
+    def join(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        from cluster import collective
+
+        collective.join(backend, host, port, rank, world_size, timeout_s)
+
+    def all_reduce(self, values: list[float]) -> tuple[int, int, list[float]]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values)
+        dist.all_reduce(t)  # SUM by default
+        return dist.get_rank(), dist.get_world_size(), t.tolist()
+
+
+class Sink:
+    """Stands in for an engine: serves what it received. A `stale` member ignores the version it is sent
+    and keeps reporting the one it had."""
+
+    def __init__(self, stale: bool = False):
+        self.stale, self.version, self.weights = stale, 0, None
+
+    def receive(self, weights: dict[str, np.ndarray], version: int) -> dict[str, int]:
+        self.weights = {k: np.array(v) for k, v in weights.items()}
+        if not self.stale:
+            self.version = version
+        return {"version": self.version, "bytes": sum(v.nbytes for v in weights.values())}
+
+    def served(self) -> tuple[int, dict[str, np.ndarray] | None]:
+        return self.version, self.weights
+
+
+def _sinks(n: int, name: str, stale: tuple[int, ...] = ()) -> Group:
+    kwargs = [{"stale": i in stale} for i in range(max(n, 1))]
+    return Group(Sink, n, name, options=CPU, per_member_kwargs=kwargs)
+
+
+@pytest.fixture(scope="module")
+def ranks(ray_cluster):
+    group = Group(Rank, 2, "ranks", options=CPU, per_member_kwargs=[{"rank": r} for r in range(2)])
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sinks(ray_cluster):
+    groups = {0: _sinks(0, "sink0"), 2: _sinks(2, "sink2")}
+    yield groups
+    for g in groups.values():
+        g.shutdown()
+
+
+@pytest.fixture(params=["local", "remote"], ids=["local-src", "remote-src"])
+def source(request, ranks):
+    """(source group, the payload its rank 0 exports)."""
+    if request.param == "remote":
+        return ranks, _state(100)
+    return Group(Rank, 0, "src0", per_member_kwargs=[{"rank": 0}]), _state(100)
+
+
+def _assert_serving(groups: list[Group], version: int, expected: dict[str, np.ndarray]) -> None:
+    for g in groups:
+        for i, (served_version, weights) in enumerate(g.call("served", timeout=TIMEOUT)):
+            assert served_version == version, f"{g.name}:{i}"
+            assert weights.keys() == expected.keys()
+            for k in expected:
+                np.testing.assert_array_equal(weights[k], expected[k], err_msg=f"{g.name}:{i} {k}")
+
+
+@pytest.mark.parametrize("dst_kinds", [(0,), (2,), (0, 2)], ids=["local", "remote", "mixed"])
+def test_broadcast_delivers_rank0_payload_and_counts_bytes(source, sinks, dst_kinds):
+    src, state = source
+    dsts = [sinks[n] for n in dst_kinds]
+    version = 10 * src.n + len(dst_kinds) + dst_kinds[-1]  # distinct per case: a stale sink cannot pass
+    out = broadcast(src, "state", dsts, "receive", version, TIMEOUT)
+    assert out["bytes"] == float(STATE_BYTES * sum(g.size for g in dsts))
+    assert out["sync_s"] > 0
+    _assert_serving(dsts, version, state)
+
+
+@pytest.mark.parametrize("stale_n", [0, 2], ids=["local-stale", "remote-stale"])
+def test_destination_on_wrong_version_raises_sync_error_naming_it(sinks, stale_n):
+    src = Group(Rank, 0, "src-stale", per_member_kwargs=[{"rank": 0}])
+    index = max(stale_n - 1, 0)  # the last member is the stale one
+    stale = _sinks(stale_n, f"stale{stale_n}", stale=(index,))
+    try:
+        with pytest.raises(SyncError, match=rf"^stale{stale_n}:{index} reports weight version 0, expected 42$"):
+            broadcast(src, "state", [sinks[0], stale], "receive", 42, TIMEOUT)
+    finally:
+        stale.shutdown()
+        src.shutdown()
+
+
+def test_payload_bytes_counts_tensor_storage():
+    import torch
+
+    state = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.float64),
+             "h": torch.zeros(2, dtype=torch.bfloat16)}
+    assert payload_bytes(state) == 4 * 3 * 4 + 5 * 8 + 2 * 2
+
+
+def test_init_collective_then_all_reduce_sums_across_ranks(ranks):
+    from cluster.collective import init_collective
+
+    init_collective(ranks, "gloo", TIMEOUT)
+    out = ranks.submit_each("all_reduce", [([1.0, 2.0],), ([10.0, 20.0],)]).result(TIMEOUT)
+    assert out == [(0, 2, [11.0, 22.0]), (1, 2, [11.0, 22.0])]
+
+
+def test_init_collective_is_a_no_op_for_one_member():
+    import torch.distributed as dist
+
+    from cluster.collective import init_collective
+
+    group = Group(Rank, 0, "solo", per_member_kwargs=[{"rank": 0}])
+    init_collective(group, "gloo", TIMEOUT)  # a rendezvous of one would need a port and a process group
+    assert not dist.is_initialized()
+    group.shutdown()

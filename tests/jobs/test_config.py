@@ -1,0 +1,65 @@
+"""Config loading: schema, overrides, read-only result, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf.errors import ReadonlyConfigError
+
+from jobs.config import ConfigError, load_config
+from jobs.train import main
+
+TINY = "jobs/configs/tiny.yaml"
+
+
+def test_yaml_and_overrides_merge_onto_the_schema():
+    cfg = load_config(TINY, ["rollout.sampling.temperature=0.9", "marl.sharing=shared"])
+    assert cfg.rollout.sampling.temperature == 0.9
+    assert cfg.marl.sharing == "shared"
+    assert cfg.model.path == "builtin:tiny"
+    assert cfg.algo.clip_high == 0.28  # schema default survives
+
+
+def test_loaded_config_is_frozen():
+    cfg = load_config(TINY)
+    with pytest.raises(ReadonlyConfigError):
+        cfg.steps = 5
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("rollout.bogus=1", "rollout.bogus"),
+        ("steps=abc", "steps"),
+        ("steps=0", "steps"),
+        ("marl.workflow=debate", "marl.workflow"),
+        ("rollout.sampling.top_p=1.5", "rollout.sampling.top_p"),
+        ("algo.group_by=[task,colour]", "algo.group_by"),
+        ("learner.ranks=-1", "learner.ranks"),
+        ("marl.sharing=custom", "marl.policy_map"),
+        ("algo.clip_low=1.5", "algo.clip_low"),
+    ],
+)
+def test_bad_values_name_their_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(TINY, [override])
+
+
+def test_missing_required_model_path_is_named():
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        load_config(None, [])
+
+
+def test_missing_file_is_named():
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config("nope.yaml")
+
+
+def test_print_config_cli(capsys):
+    assert main(["--config", TINY, "--print-config", "steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out and "path: builtin:tiny" in out and "clip_high: 0.28" in out
+
+
+def test_cli_config_error_exits_2_with_message(capsys):
+    assert main(["--config", TINY, "learner.optim.lr=-1"]) == 2
+    assert "learner.optim.lr" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""The whole cycle on the tiny model: every workflow × sharing through Ray actors, learning, isolation,
+bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+
+from cluster.group import GroupTimeout
+from jobs.config import load_config
+from jobs.models import resolve_model
+from jobs.system import build_system
+from jobs.tracking import read_metrics
+from jobs.train import train, train_step
+from marl.policy_map import PolicyMap
+from marl.tasks import get_family
+from marl.workflows import roles_of
+
+TINY = "jobs/configs/tiny.yaml"
+WORKFLOWS = ["single_agent", "eval_opt", "voting", "orch_workers"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    return load_config(TINY, [f"out_dir={tmp_path}", *overrides])
+
+
+@pytest.mark.parametrize("sharing", ["shared", "isolated"])
+@pytest.mark.parametrize("workflow", WORKFLOWS)
+def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
+    cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}", "rollout.engines_per_role=1",
+               "learner.ranks=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2")
+    summary = train(cfg)
+    run = tmp_path / "tiny"
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    roles = roles_of(workflow)
+    policies = PolicyMap.build(sharing, roles).policies
+    for role in roles:
+        assert f"reward/mean/{role}" in rows[0] and f"rollout/parse_failures/{role}" in rows[0]
+    for pid in policies:
+        assert rows[1][f"grad/norm/{pid}"] >= 0 and f"loss/{pid}" in rows[1]
+        assert (run / "export" / pid / "config.json").exists()
+    # Engines serve the version synced after step 0 when step 1 rolls out.
+    versions = set(pq.read_table(run / "rollouts" / "step_000001.parquet")["version"].to_pylist())
+    assert versions == {1}
+    assert 0.0 <= summary["eval/accuracy_after"] <= 1.0
+    assert _run_actors_gone("tiny:"), "run actors outlive the run"
+
+
+def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
+    # ray.kill is asynchronous: poll the named-actor registry until the run's actors are gone.
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not any(n.startswith(prefix) for n in ray.util.list_named_actors()):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _seven_tasks(tmp_path: Path) -> str:
+    path = tmp_path / "seven.jsonl"
+    path.write_text("".join(json.dumps({"id": f"s{i}", "prompt": "Write the digit 7.", "answer": "7"}) + "\n"
+                            for i in range(8)))
+    return str(path)
+
+
+@pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), ("isolated", 1)])
+def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors):
+    """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.
+
+    Shared runs its groups in-process and isolated through Ray actors, so both placements are covered."""
+    data = _seven_tasks(tmp_path)
+    cfg = _cfg(tmp_path, "marl.workflow=voting", f"marl.sharing={sharing}", "steps=40", f"data.train={data}",
+               f"rollout.engines_per_role={actors}", f"learner.ranks={actors}",
+               f"data.eval={data}", "data.eval_size=8", "learner.optim.lr=1e-2", "rollout.prompts_per_step=4",
+               "rollout.samples_per_prompt=8", "ray.num_cpus=2")
+    summary = train(cfg)
+    rewards = [r["reward/mean"] for r in read_metrics(tmp_path / "tiny") if "reward/mean" in r]
+    assert sum(rewards[:3]) / 3 < 0.3, rewards  # chance level at the start
+    assert max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2)) >= 0.9, rewards
+    assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"]
+
+
+def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
+    cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2")
+    model_path = resolve_model(cfg.model.path)
+    policy_map = PolicyMap.build("isolated", roles_of("voting"))
+    system = build_system(cfg, model_path, policy_map, get_family("digit"))
+    # Only generator turns carry reward signal (varying within each group); the aggregator's is constant.
+    system.collector.shaping = {"aggregator": lambda episode, turn: 0.0,
+                                "generator": lambda episode, turn: float(turn.completion.response_ids[0] % 2)}
+    before = {pid: _weights(system, pid) for pid in policy_map.policies}
+    (tmp_path / "tiny" / "rollouts").mkdir(parents=True)
+    tasks = _load_digit_tasks()[:4]
+    train_step(system, cfg, tasks, 0, pad_id=0, run_dir=tmp_path / "tiny")
+    after = {pid: _weights(system, pid) for pid in policy_map.policies}
+    assert all(torch.equal(before["aggregator"][k], after["aggregator"][k]) for k in before["aggregator"])
+    assert any(not torch.equal(before["generator"][k], after["generator"][k]) for k in before["generator"])
+    system.shutdown()
+
+
+def _weights(system, pid):
+    return {k: v.clone() for k, v in system.learners[pid].group.call("get_weights", indices=[0], timeout=60)[0].items()}
+
+
+def _load_digit_tasks():
+    from marl.tasks.data import digit_tasks
+
+    return digit_tasks(8, 0)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    cfg = _cfg(tmp_path, f"model.path={tmp_path}/no-such-model")
+    with pytest.raises(FileNotFoundError, match=r"model\.path"):
+        train(cfg)
+
+
+def test_data_without_valid_rows_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "Write the digit 3."}\n{"answer": "4"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl"):
+        train(_cfg(tmp_path, f"data.train={bad}"))
+
+
+def test_engine_call_past_its_deadline_names_the_engine(tmp_path):
+    cfg = _cfg(tmp_path, "rollout.call_timeout_s=0.001", "ray.num_cpus=2")
+    with pytest.raises(GroupTimeout, match=r"tiny:engine:generator:0\.generate"):
+        train(cfg)
+
+
+def test_unparsable_outputs_are_counted(tmp_path):
+    train(_cfg(tmp_path, "steps=1", "data.eval_size=0", "ray.num_cpus=2"))
+    row = read_metrics(tmp_path / "tiny")[0]
+    # A random model never writes \boxed{i}: every aggregator turn falls back and is counted.
+    assert row["rollout/parse_failures/aggregator"] == row["rollout/episodes"] > 0

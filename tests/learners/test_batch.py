@@ -1,0 +1,177 @@
+"""Hand-built episodes → TrainBatch: masks, alignment, policy split, truncation, slicing round trips."""
+
+import pytest
+import torch
+
+from learners.batch import TrainBatch, build_batches, empty_batch, flat_rewards
+from marl.policy_map import PolicyMap
+from marl.types import Completion, Episode, Task, Turn
+
+PAD = 0
+ROLES = ["generator", "evaluator"]
+
+
+def _turn(role, prompt, response, logprobs, reward, rnd=0):
+    return Turn(role, role, rnd, [], Completion("", prompt, response, logprobs), reward=reward)
+
+
+def _episodes():
+    """Flat order: gen [1,2|3,4,5], eval [6|7,8], gen [1,2|9], eval [6,7,8|] (empty → dropped)."""
+    task = Task("t1", "q", "a")
+    ep0 = Episode(
+        task,
+        0,
+        "eval_opt",
+        [
+            _turn("generator", [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], 1.0),
+            _turn("evaluator", [6], [7, 8], [-0.4, -0.5], 1.0),
+        ],
+    )
+    ep1 = Episode(
+        task,
+        1,
+        "eval_opt",
+        [
+            _turn("generator", [1, 2], [9], [-0.6], 0.0),
+            _turn("evaluator", [6, 7, 8], [], [], 0.0, rnd=1),
+        ],
+    )
+    return [ep0, ep1]
+
+
+ADV = torch.tensor([0.1, 0.2, 0.3, 0.4])
+
+
+def _assert_same(a: TrainBatch, b: TrainBatch):
+    for k, v in a.to_dict().items():
+        w = b.to_dict()[k]
+        assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, k
+
+
+def _generator_batch() -> TrainBatch:
+    return build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)[0]["generator"]
+
+
+def test_isolated_map_splits_rows_with_masks_over_responses_and_aligned_logprobs():
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)
+    assert list(batches) == ["generator", "evaluator"]
+    assert stats == {
+        "batch/rows": 3,
+        "batch/dropped_empty": 1,
+        "batch/dropped_truncated": 0,
+        "batch/truncated": 0,
+    }
+    gen = batches["generator"]
+    assert gen.input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
+    assert gen.attention_mask.tolist() == [[True] * 5, [True, True, True, False, False]]
+    assert gen.loss_mask.tolist() == [[False, False, True, True, True], [False, False, True, False, False]]
+    assert torch.allclose(gen.rollout_logprobs, torch.tensor([[0, 0, -0.1, -0.2, -0.3], [0, 0, -0.6, 0, 0]]))
+    assert torch.allclose(gen.advantages, torch.tensor([0.1, 0.3]))
+    assert gen.rewards.tolist() == [1.0, 0.0] and gen.roles == ["generator"] * 2
+    assert gen.num_loss_tokens() == 4 and len(gen) == 2 and gen.pad_id == PAD
+    ev = batches["evaluator"]
+    assert ev.input_ids.tolist() == [[6, 7, 8]] and ev.loss_mask.tolist() == [[False, True, True]]
+    assert torch.allclose(ev.rollout_logprobs, torch.tensor([[0.0, -0.4, -0.5]]))
+    assert torch.allclose(ev.advantages, torch.tensor([0.2])) and ev.agents == ["evaluator"]
+
+
+def test_shared_map_gives_one_batch_in_flat_order():
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, pad_id=-1)
+    assert list(batches) == ["shared"]
+    b = batches["shared"]
+    assert b.roles == ["generator", "evaluator", "generator"]
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, -1, -1], [1, 2, 9, -1, -1]]
+    assert torch.allclose(b.advantages, torch.tensor([0.1, 0.2, 0.3]))
+    assert b.num_loss_tokens() == 6 and not b.loss_mask[:, 0].any()
+
+
+def test_policy_without_rows_is_absent():
+    pmap = PolicyMap.isolated(["generator", "evaluator", "aggregator"])
+    assert list(build_batches(_episodes(), pmap, ADV, PAD)[0]) == ["generator", "evaluator"]
+
+
+def test_max_len_truncates_from_the_right_and_drops_rows_without_response():
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_len=4)
+    gen = batches["generator"]
+    assert gen.input_ids.tolist() == [[1, 2, 3, 4], [1, 2, 9, 0]]
+    assert gen.loss_mask.tolist() == [[False, False, True, True], [False, False, True, False]]
+    assert torch.allclose(gen.rollout_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [0, 0, -0.6, 0]]))
+    assert stats["batch/truncated"] == 1
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_len=2)
+    assert list(batches) == ["evaluator"] and batches["evaluator"].input_ids.tolist() == [[6, 7]]
+    assert stats == {
+        "batch/rows": 1,
+        "batch/dropped_empty": 1,
+        "batch/dropped_truncated": 2,
+        "batch/truncated": 1,
+    }
+
+
+def test_build_batches_validates_lengths():
+    with pytest.raises(ValueError, match="advantages"):
+        build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV[:3], PAD)
+    bad = _episodes()
+    bad[0].turns[0].completion.logprobs.pop()
+    with pytest.raises(ValueError, match="logprobs"):
+        build_batches(bad, PolicyMap.isolated(ROLES), ADV, PAD)
+
+
+def test_flat_rewards_in_flat_order():
+    assert flat_rewards(_episodes()).tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_select_reorders_and_trims_trailing_padding():
+    gen = _generator_batch()
+    one = gen.select([1])
+    assert one.input_ids.tolist() == [[1, 2, 9]] and one.loss_mask.tolist() == [[False, False, True]]
+    swapped = gen.select(torch.tensor([1, 0]))
+    assert swapped.input_ids.shape == (2, 5) and torch.allclose(swapped.advantages, torch.tensor([0.3, 0.1]))
+    _assert_same(gen.select(torch.tensor([False, True])), one)
+
+
+def test_shard_is_contiguous_balanced_and_concat_restores():
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PAD)
+    b = batches["shared"]
+    shards = [b.shard(r, 2) for r in range(2)]
+    assert [len(s) for s in shards] == [2, 1] and shards[1].roles == ["generator"]
+    assert shards[1].input_ids.tolist() == [[1, 2, 9]]
+    _assert_same(TrainBatch.concat(shards), b)
+    assert sum(s.num_loss_tokens() for s in shards) == b.num_loss_tokens()
+
+
+def test_empty_shard_has_shape_zero_by_one_and_concat_ignores_it():
+    gen = _generator_batch().select([0])
+    empty = gen.shard(1, 2)
+    assert len(empty) == 0 and empty.input_ids.shape == (0, 1) and empty.loss_mask.shape == (0, 1)
+    assert empty.num_loss_tokens() == 0 and empty.roles == [] and empty.advantages.shape == (0,)
+    _assert_same(TrainBatch.concat([gen.shard(0, 2), empty]), gen)
+    _assert_same(empty_batch("generator", pad_id=PAD), empty)
+    assert not empty_batch("p") and empty_batch("p").shard(0, 3).input_ids.shape == (0, 1)
+    with pytest.raises(ValueError, match="rank"):
+        gen.shard(2, 2)
+
+
+def test_micro_batches_round_trip_and_pad_to_min_count():
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PAD)
+    b = batches["shared"]
+    mbs = b.micro_batches(2)
+    assert [len(m) for m in mbs] == [2, 1]
+    _assert_same(TrainBatch.concat(mbs), b)
+    assert [len(m) for m in b.micro_batches(2, min_count=4)] == [2, 1, 0, 0]
+    assert [m.input_ids.shape for m in b.shard(3, 4).micro_batches(2)] == [(0, 1)]
+
+
+def test_concat_rejects_mixed_policies_and_dict_round_trip():
+    batches, _ = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)
+    with pytest.raises(ValueError, match="policy_id"):
+        TrainBatch.concat([batches["generator"], batches["evaluator"]])
+    d = batches["generator"].to_dict()
+    assert set(d) >= {"policy_id", "input_ids", "loss_mask", "rollout_logprobs", "advantages", "roles"}
+    _assert_same(TrainBatch.from_dict(d), batches["generator"])
+
+
+def test_inconsistent_shapes_are_rejected():
+    gen = _generator_batch()
+    d = gen.to_dict() | {"loss_mask": gen.loss_mask[:, :3]}
+    with pytest.raises(ValueError, match="loss_mask"):
+        TrainBatch.from_dict(d)

@@ -1,0 +1,266 @@
+"""The in-process Learner on the tiny model: direction of the update, one optimizer step per call,
+gradient-accumulation equivalence, the loss mask, metrics, empty batches, KL, LoRA and export."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from jobs.config import load_config
+from jobs.models import resolve_model
+from learners.batch import TrainBatch, empty_batch
+from learners.learner import Learner
+from learners.losses import local_normalizer, token_logprobs
+from learners.schedule import lr_factor
+from learners.weights import merged_state_dict
+
+# Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
+BASE = [
+    "learner.ranks=0", "learner.micro_batch_size=32", "learner.optim.lr=1e-3", "learner.optim.warmup_steps=0",
+    "learner.optim.schedule=cosine", "learner.optim.weight_decay=0.0", "learner.optim.grad_clip=1.0",
+    "algo.loss_agg=token_mean", "algo.kl_coef=0.0", "model.dtype=float32", "model.lora.enabled=false",
+]
+LORA = [
+    "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.0",
+    "model.lora.target_modules=all-linear",
+]
+LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return resolve_model("builtin:tiny")
+
+
+@pytest.fixture
+def make_learner(model_path):
+    def make(*overrides: str, total_steps: int = 10) -> Learner:
+        cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
+        return Learner("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, total_steps, seed=0)
+
+    return make
+
+
+def make_batch(rows, pad_id=0):
+    """rows: (prompt ids, response ids, advantage, role[, tail ids]) → right-padded TrainBatch.
+
+    The loss mask covers the response only; a tail is attended to but never a loss token.
+    """
+    seqs = [list(r[0]) + list(r[1]) + list(r[4] if len(r) > 4 else []) for r in rows]
+    shape = (len(rows), max(len(s) for s in seqs))
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.bool)
+    loss_mask = torch.zeros(shape, dtype=torch.bool)
+    for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = True
+        loss_mask[i, len(row[0]) : len(row[0]) + len(row[1])] = True
+    return TrainBatch(
+        policy_id="p", input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
+        rollout_logprobs=torch.zeros(shape), advantages=torch.tensor([float(r[2]) for r in rows]),
+        rewards=torch.zeros(len(rows)), roles=[r[3] for r in rows], agents=[r[3] + "0" for r in rows],
+        pad_id=pad_id,
+    )
+
+
+# Six rows of different lengths (so micro-batches and padding differ), two roles, mixed advantages.
+ROWS = [
+    ([10, 11, 12], [20, 21, 22, 23], 1.0, "generator"),
+    ([13, 14], [24, 25], -1.0, "evaluator"),
+    ([15, 16, 17, 18], [26, 27, 28], 0.5, "generator"),
+    ([30, 31], [40, 41, 42, 43, 44], -0.5, "evaluator"),
+    ([32, 33, 34], [45], 2.0, "generator"),
+    ([35], [46, 47, 48], -1.5, "generator"),
+]
+
+
+def update(learner: Learner, batch: TrainBatch) -> dict[str, float]:
+    return learner.update(batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
+
+
+@torch.no_grad()
+def response_logprob(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+    """Σ over loss tokens of log π(token) per row → [B] (temperature 1, as the learners here use)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    lp = token_logprobs(logits.float(), batch.input_ids[:, 1:])
+    return torch.where(batch.loss_mask[:, 1:], lp, torch.zeros_like(lp)).sum(-1)
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def grads(learner: Learner) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in learner.params]  # left in place by `update` (after clipping)
+
+
+def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):
+    learner = make_learner()
+    batch = make_batch([([10, 11, 12], [20, 21, 22], 1.0, "generator"), ([50, 51], [60, 61, 62], -1.0, "evaluator")])
+    before = response_logprob(learner.model, batch)
+    update(learner, batch)
+    after = response_logprob(learner.model, batch)
+    assert after[0] > before[0] + 1e-3
+    assert after[1] < before[1] - 1e-3
+
+
+def test_one_optimizer_step_per_update_whatever_the_micro_batches(make_learner):
+    learner = make_learner("learner.micro_batch_size=1", "learner.optim.warmup_steps=4")
+    batch = make_batch(ROWS)  # six micro-batches of one row
+    lrs = [update(learner, batch)["lr"] for _ in range(2)]
+    assert learner.step == 2
+    assert learner.scheduler.last_epoch == 2
+    assert {int(learner.optimizer.state[p]["step"]) for p in learner.params} == {2}
+    # The schedule advanced once per call: lr at call k is LR · (k + 1) / 4, not a per-micro-batch pace.
+    assert lrs == pytest.approx([LR * lr_factor(k, 4, 10, "cosine") for k in range(2)]) == [2.5e-4, 5e-4]
+
+
+def test_micro_batch_size_does_not_change_the_update(make_learner):
+    small, large = make_learner("learner.micro_batch_size=1"), make_learner("learner.micro_batch_size=8")
+    initial = {k: v.clone() for k, v in small.get_weights().items()}
+    batch = make_batch(ROWS)
+    m_small, m_large = update(small, batch), update(large, batch)
+    w_small, w_large = small.get_weights(), large.get_weights()
+    assert max_abs_diff(w_small, initial) > LR / 2  # Adam's first step moves weights by ~lr
+    # Measured 8.6e-7: the gradients differ by ~1e-8 (summation order), which Adam's first step,
+    # lr · g / (|g| + eps), magnifies for the smallest gradients.
+    assert max_abs_diff(w_small, w_large) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(small), grads(large), strict=True))
+    assert m_small["loss"] == pytest.approx(m_large["loss"], rel=1e-5, abs=1e-7)
+    assert m_small["grad_norm"] == pytest.approx(m_large["grad_norm"], rel=1e-5)
+    assert m_small["tokens"] == m_large["tokens"] == 18
+
+
+def test_tokens_outside_the_loss_mask_do_not_change_the_gradient(make_learner):
+    # A tail after the response is attended to but is not a loss token. The model is causal, so the
+    # tail cannot change the logits of response tokens: only the mask decides whether it is trained.
+    rows = [([10, 11, 12], [20, 21, 22], 1.0, "generator"), ([13, 14], [24, 25, 26], -1.0, "evaluator")]
+    tails = ([70, 71, 72], [80, 81, 82])
+    grads_per_tail = []
+    for tail in tails:
+        learner = make_learner()
+        update(learner, make_batch([(*r, tail) for r in rows]))
+        grads_per_tail.append(grads(learner))
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(*grads_per_tail, strict=True))
+
+    learner = make_learner()  # the same tail, now inside the loss mask: the gradient must change
+    batch = make_batch([(*r, tails[0]) for r in rows])
+    batch.loss_mask[:, 3:] = batch.attention_mask[:, 3:]
+    update(learner, batch)
+    diff = max(float((a - b).abs().max()) for a, b in zip(grads(learner), grads_per_tail[0], strict=True))
+    assert diff > 1e-4
+
+
+def test_zero_advantage_rows_contribute_no_gradient(make_learner):
+    trained = ([10, 11, 12], [20, 21, 22], 1.0, "generator")
+    with_zero, alone = make_learner(), make_learner()
+    both = make_batch([trained, ([50, 51, 52, 53], [60, 61, 62, 63, 64], 0.0, "evaluator")])
+    norm = local_normalizer(both.loss_mask[:, 1:], "token_mean")  # the same global normaliser for both
+    with_zero.update(both.to_dict(), norm)
+    alone.update(make_batch([trained]).to_dict(), norm)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(with_zero), grads(alone), strict=True))
+    assert max(float(g.abs().max()) for g in grads(alone)) > 1e-4
+
+
+def test_per_role_metrics(make_learner):
+    learner = make_learner()
+    batch = make_batch(ROWS)
+    lp = token_logprobs(
+        learner.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].detach(),
+        batch.input_ids[:, 1:],
+    )
+    batch.rollout_logprobs[:, 1:] = torch.where(batch.loss_mask[:, 1:], lp, 0.0)  # the engine agrees exactly
+    m = update(learner, batch)
+    assert m["tokens/generator"] == 4 + 3 + 1 + 3
+    assert m["tokens/evaluator"] == 2 + 5
+    assert m["tokens"] == 18
+    for role in ("generator", "evaluator"):
+        assert m[f"logprob_diff_sum/{role}"] == pytest.approx(0.0, abs=1e-4)
+        # A near-uniform random init: per-token entropy close to log(vocab size).
+        mean_entropy = m[f"entropy_sum/{role}"] / m[f"tokens/{role}"]
+        assert 0.9 * torch.log(torch.tensor(104.0)) < mean_entropy <= torch.log(torch.tensor(104.0)) + 1e-4
+    assert {"loss", "clip_frac_sum", "grad_norm", "lr"} <= set(m)
+    assert not any(k.startswith("kl_sum/") for k in m)  # no KL term configured
+
+
+def test_empty_batch_still_steps(make_learner):
+    learner = make_learner()
+    before = {k: v.clone() for k, v in learner.get_weights().items()}
+    m = learner.update(empty_batch("p").to_dict(), 0.0)
+    assert learner.step == 1 and learner.scheduler.last_epoch == 1
+    assert {int(learner.optimizer.state[p]["step"]) for p in learner.params} == {1}
+    assert m["loss"] == 0.0 and m["tokens"] == 0.0 and m["grad_norm"] == 0.0
+    assert max_abs_diff(learner.get_weights(), before) == 0.0  # zero gradient, fresh Adam: no move
+
+
+def test_kl_penalty_full_finetune(make_learner):
+    learner = make_learner("algo.kl_coef=0.5")
+    assert learner.reference is not None
+    reference = {k: v.clone() for k, v in learner.reference.state_dict().items()}
+    batch = make_batch(ROWS[:2])
+    first = update(learner, batch)
+    assert first["kl_sum/generator"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    # With zero advantages the only gradient left is the KL term pulling the moved policy back.
+    batch.advantages.zero_()
+    second = update(learner, batch)
+    assert second["kl_sum/generator"] > 1e-6 and second["kl_sum/evaluator"] > 1e-6
+    assert second["grad_norm"] > 1e-4
+    assert second["loss"] > 0  # k3 ≥ 0 and the PPO term is 0
+    assert all(torch.equal(v, reference[k]) for k, v in learner.reference.state_dict().items())
+
+
+def test_kl_penalty_lora_uses_the_base_as_reference(make_learner):
+    learner = make_learner("algo.kl_coef=0.5", *LORA)
+    assert learner.reference is None  # the adapter is switched off instead of holding a second copy
+    batch = make_batch(ROWS[:2])
+    assert update(learner, batch)["kl_sum/generator"] == pytest.approx(0.0, abs=1e-6)
+    batch.advantages.zero_()
+    second = update(learner, batch)
+    assert second["kl_sum/generator"] > 1e-8 and second["grad_norm"] > 0
+
+
+def test_lora_trains_only_adapters_and_exposes_base_names(make_learner, model_path):
+    learner = make_learner(*LORA)
+    trainable = [n for n, p in learner.model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert len(learner.params) == len(trainable)
+    base = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
+
+    weights = learner.get_weights()
+    assert set(weights) == set(base)
+    assert max_abs_diff(weights, base) == 0.0  # lora_B starts at zero
+
+    update(learner, make_batch(ROWS))
+    weights = learner.get_weights()
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert float((weights[q] - base[q]).abs().max()) > 1e-6
+    for k in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"):
+        assert torch.equal(weights[k], base[k]), k  # not adapted, so not changed
+
+
+def test_export_full_is_a_loadable_hf_folder(make_learner, tmp_path):
+    learner = make_learner()
+    update(learner, make_batch(ROWS))
+    out = learner.export(str(tmp_path / "full"))
+    loaded = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert max_abs_diff(loaded, learner.get_weights()) == 0.0
+    assert AutoTokenizer.from_pretrained(out).pad_token == "<pad>"
+    assert not (tmp_path / "full" / "adapter").exists()
+
+
+def test_export_lora_writes_merged_model_and_adapter(make_learner, model_path, tmp_path):
+    from peft import PeftModel
+
+    learner = make_learner(*LORA)
+    update(learner, make_batch(ROWS))
+    out = learner.export(str(tmp_path / "lora"))
+    merged = learner.get_weights()
+    assert max_abs_diff(AutoModelForCausalLM.from_pretrained(out).state_dict(), merged) == 0.0
+    config = json.loads((tmp_path / "lora" / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (4, 8)
+    # The adapter alone, put back on the untouched base, gives the same merged weights.
+    base = AutoModelForCausalLM.from_pretrained(model_path)
+    reloaded = PeftModel.from_pretrained(base, str(tmp_path / "lora" / "adapter"))
+    assert max_abs_diff(merged_state_dict(reloaded), merged) < 1e-6

@@ -1,0 +1,108 @@
+"""Answer extraction and scoring of the math and digit families."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from marl.tasks import FAMILIES, DigitFamily, MathFamily, get_family
+from marl.tasks.math import MAX_ANSWER_CHARS, last_boxed
+from marl.types import Task
+
+MATH = MathFamily()
+
+
+def task(answer: str) -> Task:
+    return Task(task_id="t", prompt="p", answer=answer)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+        ("first \\boxed{1}, finally \\boxed{ 2 }", "2"),
+        ("\\boxed{7} then truncated \\boxed{8", "7"),
+        ("She makes 9 * 2 = 18.\n#### 1,234", "1234"),
+        ("#### 5\nlater\n#### 18.", "18"),
+        ("no answer here", None),
+        ("\\boxed{}", None),
+    ],
+)
+def test_math_extraction(text, expected):
+    assert MATH.extract_answer(text) == expected
+
+
+def test_last_boxed_prefers_boxed_over_gsm8k_marker():
+    assert MATH.extract_answer("#### 3\n\\boxed{4}") == "4"
+    assert last_boxed("\\fbox{9}") == "9"
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("0.5", "\\frac{1}{2}"),
+        ("\\frac{1}{2}", "0.5"),
+        ("1/2", "0.5"),
+        ("42", "42.0"),
+        ("$42$", "42"),
+        ("1234", "1,234"),
+        ("3/4", "\\dfrac{3}{4}"),
+        ("-4", "-4"),
+        ("True", "true"),
+    ],
+)
+def test_math_equivalences(gold, answer):
+    assert MATH.score(task(gold), answer) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [("42", "43"), ("0.5", "1/3"), ("42", None), ("42", ""), ("listen", "silent"), ("42", "4" * 300)],
+)
+def test_math_mismatches(gold, answer):
+    assert MATH.score(task(gold), answer) == 0.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "x" * (MAX_ANSWER_CHARS + 1),
+        "\\frac{" * 30,
+        "10^{10^{10^{10}}}",
+        "x^x^x^x^x",
+        "10^{100000000}",
+        "(100!)!",
+    ],
+)
+def test_math_explosive_or_runaway_answers_score_zero_fast(answer):
+    start = time.perf_counter()
+    assert MATH.score(task("42"), answer) == 0.0
+    assert time.perf_counter() - start < 0.5
+
+
+def test_math_scores_off_the_main_thread():
+    # math-verify's signal-based timeout is unavailable in threads; scoring must still work there.
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(MATH.score, task("0.5"), "\\frac{1}{2}").result() == 1.0
+        assert pool.submit(MATH.score, task("x^2+y^2"), "y^2 + x^2").result() == 1.0
+
+
+def test_digit_family():
+    digit = DigitFamily()
+    assert digit.instruction() == ""
+    assert digit.extract_answer("  7 is my answer") == "7"
+    assert digit.extract_answer("x-3 then 4") == "3"
+    assert digit.extract_answer("seven") is None and digit.extract_answer("") is None
+    assert digit.score(Task("d", "Write the digit 7.", "7", kind="digit"), "7") == 1.0
+    assert digit.score(Task("d", "Write the digit 7.", "7", kind="digit"), "1") == 0.0
+    assert digit.score(Task("d", "Write the digit 7.", "7", kind="digit"), None) == 0.0
+
+
+def test_get_family():
+    assert set(FAMILIES) == {"math", "digit"}
+    assert get_family("math").name == "math"
+    with pytest.raises(ValueError, match="data.task"):
+        get_family("code")

@@ -1,0 +1,180 @@
+"""Collector batching over a recording fake of EngineGroup, and EngineGroup itself (in-process and two Ray
+replicas) on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import pytest
+import ray
+import torch
+
+from jobs.models import resolve_model
+from marl.tasks import get_family
+from marl.types import Completion, Message, Task
+from marl.workflows.common import WorkflowOptions
+from rollout.collector import Collector
+from rollout.engine import Sampling
+from rollout.engine_group import EngineGroup
+from rollout.hf_engine import HFEngine
+
+SAMPLING = Sampling(temperature=0.9, max_new_tokens=5, seed=17)
+TASKS = [Task(f"digit:t{i}", f"Write the digit {d}.", str(d), kind="digit") for i, d in enumerate((3, 5, 8))]
+WRONG_ON = "5"  # generators answer this task wrongly, so its episodes score 0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()
+
+
+class RecordingEngines:
+    """Stands in for EngineGroup (same `generate` signature): records each batch and replies per request."""
+
+    def __init__(self, reply, error: Exception | None = None):
+        self.reply, self.error = reply, error
+        self.batches: list[tuple[list[list[Message]], Sampling]] = []
+
+    async def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+        self.batches.append(([[dict(m) for m in r] for r in requests], sampling))
+        await asyncio.sleep(0)  # like a real engine call, yields to the loop before answering
+        if self.error is not None:
+            raise self.error
+        texts = [self.reply(r) for r in requests]
+        return [Completion(text=t, prompt_ids=[len(r)], response_ids=[ord(c) for c in t],
+                           logprobs=[-0.1] * len(t)) for r, t in zip(requests, texts, strict=True)]
+
+
+def _generator_reply(messages: list[Message]) -> str:
+    digit = re.search(r"Write the digit (\d)\.", messages[-1]["content"]).group(1)
+    return f"{'4' if digit == WRONG_ON else digit} is my answer"
+
+
+def _engines(**errors: Exception) -> dict[str, RecordingEngines]:
+    return {
+        "generator": RecordingEngines(_generator_reply, errors.get("generator")),
+        "aggregator": RecordingEngines(lambda _: "I pick \\boxed{2}", errors.get("aggregator")),
+    }
+
+
+def _collector(engines) -> Collector:
+    return Collector(engines, "voting", get_family("digit"), WorkflowOptions(num_generators=3))
+
+
+def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
+    engines = _engines()
+    episodes = _collector(engines).collect(TASKS, samples_per_prompt=2, sampling=SAMPLING)
+
+    gen, agg = engines["generator"].batches, engines["aggregator"].batches
+    assert [len(reqs) for reqs, _ in gen] == [18]  # 3 tasks x 2 samples x 3 generators, one call
+    assert [len(reqs) for reqs, _ in agg] == [6]  # one aggregator turn per episode, one call
+    prompts = [r[-1]["content"] for r in gen[0][0]]
+    assert sorted(prompts) == sorted(t.prompt for t in TASKS for _ in range(6))
+    for _, sampling in gen + agg:
+        assert (sampling.temperature, sampling.max_new_tokens) == (SAMPLING.temperature, SAMPLING.max_new_tokens)
+    assert gen[0][1].seed != agg[0][1].seed
+
+    assert [(e.task.task_id, e.sample_index) for e in episodes] == [(t.task_id, i) for t in TASKS for i in range(2)]
+    for ep in episodes:
+        assert ep.workflow == "voting"
+        assert [t.agent for t in ep.turns] == ["generator0", "generator1", "generator2", "aggregator"]
+        right = ep.task.answer != WRONG_ON
+        for turn in ep.turns[:3]:  # each reply came back to the episode that asked
+            assert turn.text == _generator_reply(turn.messages)
+            assert ep.task.prompt in turn.messages[-1]["content"]
+        assert ep.turns[3].text == "I pick \\boxed{2}"
+        assert all(f"Response {i}:\n{t.text}" in ep.turns[3].messages[-1]["content"]
+                   for i, t in enumerate(ep.turns[:3], start=1))
+        assert ep.final_answer == (ep.task.answer if right else "4")
+        assert ep.reward == (1.0 if right else 0.0)
+        assert [t.reward for t in ep.turns] == [ep.reward] * 4
+        assert ep.parse_failures == {}
+
+
+@pytest.mark.parametrize("role", ["generator", "aggregator"])
+def test_engine_exception_propagates_to_collect(role):
+    engines = _engines(**{role: RuntimeError(f"{role} engine down")})
+    with pytest.raises(RuntimeError, match=f"{role} engine down"):
+        _collector(engines).collect(TASKS, samples_per_prompt=2, sampling=SAMPLING)
+    assert len(engines[role].batches) == 1
+
+
+def test_role_without_engine_group_is_an_error():
+    engines = _engines()
+    del engines["aggregator"]
+    with pytest.raises(KeyError, match="aggregator"):
+        _collector(engines).collect(TASKS[:1], samples_per_prompt=1, sampling=SAMPLING)
+
+
+# ---------------------------------------------------------------- EngineGroup on the tiny model
+
+REQUESTS = [[{"role": "user", "content": f"Write the digit {d}." + " x" * d}] for d in range(10)]
+MAX_BATCH = 4
+
+
+def _rollout(engines_per_role: int) -> SimpleNamespace:
+    return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
+                           max_batch_size=MAX_BATCH, call_timeout_s=120.0)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> str:
+    return resolve_model("builtin:tiny")
+
+
+@pytest.fixture(scope="module")
+def expected(tiny):
+    """What EngineGroup.generate must return: chunks of max_batch_size, chunk k sampled with seed + k."""
+    threads = torch.get_num_threads()
+    try:
+        engine = HFEngine(tiny, torch_threads=1, policy_id="pi")  # the replicas' thread count
+        chunks = [REQUESTS[i:i + MAX_BATCH] for i in range(0, len(REQUESTS), MAX_BATCH)]
+        out = [c for k, chunk in enumerate(chunks)
+               for c in engine.generate(chunk, dataclasses.replace(SAMPLING, seed=SAMPLING.seed + k))]
+        return out, {k: v.clone() for k, v in engine.model.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _assert_same(got: list[Completion], want: list[Completion]) -> None:
+    assert len(got) == len(want) == len(REQUESTS)
+    for g, w in zip(got, want, strict=True):
+        assert (g.prompt_ids, g.response_ids, g.finish_reason, g.policy_id) == (
+            w.prompt_ids, w.response_ids, w.finish_reason, w.policy_id)
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+
+
+def test_in_process_engine_group_splits_by_max_batch_size(tiny, expected):
+    want, _ = expected
+    group = EngineGroup("generator", "pi", tiny, _rollout(0), "float32", "t")
+    threads = torch.get_num_threads()
+    try:
+        assert group.group.local
+        _assert_same(asyncio.run(group.generate(REQUESTS, SAMPLING)), want)
+        assert group.versions() == [0]
+    finally:
+        group.shutdown()
+        torch.set_num_threads(threads)
+
+
+def test_two_ray_replicas_take_chunks_round_robin(ray_cluster, tiny, expected):
+    want, state = expected
+    group = EngineGroup("generator", "pi", tiny, _rollout(2), "float32", "t")
+    try:
+        assert group.group.size == 2 and not group.group.local
+        # Same weights, distinct versions: each completion then says which replica produced it.
+        group.group.submit_each("load_weights", [(state, 1), (state, 2)]).result(120)
+        assert group.versions() == [1, 2]
+        got = asyncio.run(group.generate(REQUESTS, SAMPLING))
+        _assert_same(got, want)
+        assert [c.version for c in got] == [1] * 4 + [2] * 4 + [1] * 2
+    finally:
+        group.shutdown()

@@ -113,7 +113,7 @@ class Group:
                 coro = asyncio.wrap_future(getattr(self._members[index], method).remote(*args).future())
             return await asyncio.wait_for(coro, timeout)
         except asyncio.TimeoutError:
-            raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:.0f}s deadline") from None
+            raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:g}s deadline") from None
         except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
             raise GroupError(f"{self.name}:{index}.{method} failed: {e}") from e
 
@@ -124,7 +124,7 @@ class Group:
         _, not_done = wait_futures(futures, timeout=timeout)
         if not_done:
             late = [f"{self.name}:{i}" for i, f in zip(indices, futures, strict=True) if f in not_done]
-            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:.0f}s deadline")
+            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:g}s deadline")
         for i, fut in zip(indices, futures, strict=True):
             if fut.exception() is not None:
                 raise GroupError(f"{self.name}:{i}.{method} failed: {fut.exception()}") from fut.exception()
@@ -135,13 +135,13 @@ class Group:
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if not_ready:
             late = [f"{self.name}:{indices[refs.index(r)]}" for r in not_ready]
-            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:.0f}s deadline")
+            raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:g}s deadline")
         out = []
         for i, ref in zip(indices, refs, strict=True):
             try:
                 out.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0)))
             except GetTimeoutError:
-                raise GroupTimeout(f"{self.name}:{i}.{method} missed its {timeout:.0f}s deadline") from None
+                raise GroupTimeout(f"{self.name}:{i}.{method} missed its {timeout:g}s deadline") from None
             except (RayActorError, RayTaskError) as e:
                 raise GroupError(f"{self.name}:{i}.{method} failed: {e}") from e
         return out

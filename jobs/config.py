@@ -43,6 +43,8 @@ class DataConfig:
     train_size: int = 2000
     eval: str = "gsm8k"
     eval_size: int = 64
+    # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
+    answer_fallback: str = "none"
 
 
 @dataclass
@@ -173,6 +175,7 @@ def section(cfg: Any) -> DictConfig:
 
 _CHOICES = {
     "data.task": ("math", "digit"),
+    "data.answer_fallback": ("none", "last_number"),
     "marl.workflow": ("single_agent", "eval_opt", "voting", "orch_workers"),
     "marl.sharing": ("shared", "isolated", "custom"),
     "rollout.backend": ("hf",),

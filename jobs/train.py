@@ -69,7 +69,7 @@ def train(cfg: Any) -> dict[str, float]:
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     model_path = resolve_model(cfg.model.path)
-    family = get_family(cfg.data.task)
+    family = get_family(cfg.data.task, cfg.data.answer_fallback)
     sampler = PromptSampler(load_tasks(cfg.data.train, cfg.data.train_size, cfg.seed, cfg.data.task), cfg.seed)
     eval_tasks = []
     if cfg.data.eval_size:

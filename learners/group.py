@@ -18,11 +18,11 @@ from learners.losses import local_normalizer
 class UpdateResult:
     """An update in flight; `result()` waits (with the group's deadline) and returns its metrics."""
 
-    def __init__(self, pending: Pending, policy_id: str, timeout: float):
-        self._pending, self.policy_id, self._timeout = pending, policy_id, timeout
+    def __init__(self, pending: Pending, policy_id: str, timeout: float, extra: dict[str, float]):
+        self._pending, self.policy_id, self._timeout, self._extra = pending, policy_id, timeout, extra
 
     def result(self) -> dict[str, float]:
-        return merge_rank_metrics(self._pending.result(self._timeout), self.policy_id)
+        return {**merge_rank_metrics(self._pending.result(self._timeout), self.policy_id), **self._extra}
 
 
 class LearnerGroup:
@@ -31,6 +31,9 @@ class LearnerGroup:
     def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
                  temperature: float, total_steps: int, seed: int, run_name: str):
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
+        # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
+        # forward pass (the normaliser still counts it, so the update is unchanged).
+        self.drop_zero_advantage = algo.kl_coef == 0
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         self.group = Group(
@@ -43,8 +46,13 @@ class LearnerGroup:
 
     def submit_update(self, batch: TrainBatch) -> UpdateResult:
         normalizer = local_normalizer(batch.loss_mask[:, 1:], self.algo_agg)
+        rows = len(batch)
+        if self.drop_zero_advantage:
+            batch = batch.select(batch.advantages != 0)
         shards = [(batch.shard(r, self.group.size).to_dict(), normalizer) for r in range(self.group.size)]
-        return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout)
+        pending = self.group.submit_each("update", shards)
+        return UpdateResult(pending, self.policy_id, self.timeout, {f"batch/dropped_zero_adv/{self.policy_id}":
+                                                                    float(rows - len(batch))})
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         return self.submit_update(batch).result()

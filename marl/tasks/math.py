@@ -87,10 +87,29 @@ def _verify(gold: str, answer: str) -> bool:
         return False
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last integer or decimal in `text` ('... 3 + 1 = is 4.' → '4')."""
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
+
+
+ANSWER_FALLBACKS = ("none", "last_number")
+
+
 class MathFamily:
-    """Extraction: last \\boxed{...}; else GSM8K '#### N'; else None. Scoring: math-verify equivalence."""
+    """Extraction: last \\boxed{...}; else GSM8K '#### N'; else (only with fallback='last_number') the last
+    number in the text, a lenient rule that gives small models that ignore the format a reward signal.
+    Scoring: math-verify equivalence."""
 
     name = "math"
+
+    def __init__(self, fallback: str = "none"):
+        if fallback not in ANSWER_FALLBACKS:
+            raise ValueError(f"data.answer_fallback must be one of {ANSWER_FALLBACKS}, got {fallback!r}")
+        self.fallback = fallback
 
     def instruction(self) -> str:
         return "Put your final answer in \\boxed{}."
@@ -99,7 +118,10 @@ class MathFamily:
         boxed = last_boxed(text)
         if boxed:
             return boxed
-        return gsm8k_answer(text)
+        answer = gsm8k_answer(text)
+        if answer is None and self.fallback == "last_number":
+            return last_number(text)
+        return answer
 
     def score(self, task: Task, answer: str | None) -> float:
         if answer is None:

@@ -91,7 +91,8 @@ def test_in_process_group_steps_on_an_empty_batch():
     # A policy whose roles produced no turn still takes its step (and its lr advances).
     group = make_group("learner.optim.warmup_steps=2")
     first = group.update(empty_batch("p"))
-    assert first == {"loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": pytest.approx(5e-4), "clip_frac/p": 0.0}
+    assert first == {"loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": pytest.approx(5e-4), "clip_frac/p": 0.0,
+                     "batch/dropped_zero_adv/p": 0.0}
     assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
 
@@ -126,7 +127,7 @@ def assert_same_update(one: LearnerGroup, two: LearnerGroup, batch: TrainBatch) 
 def test_two_ranks_match_one_learner(one_and_two_ranks):
     m = assert_same_update(*one_and_two_ranks, make_batch(ROWS))
     assert {"loss/p", "grad/norm/p", "lr/p", "clip_frac/p", "entropy/generator", "entropy/evaluator",
-            "rollout/logprob_diff/generator", "rollout/logprob_diff/evaluator"} == set(m)
+            "rollout/logprob_diff/generator", "rollout/logprob_diff/evaluator", "batch/dropped_zero_adv/p"} == set(m)
 
 
 def test_two_ranks_with_one_row(one_and_two_ranks):
@@ -140,3 +141,21 @@ def test_two_ranks_with_an_empty_batch(one_and_two_ranks):
     m1, m2 = one.update(empty_batch("p")), two.update(empty_batch("p"))
     assert m2 == pytest.approx(m1) and m2["loss/p"] == 0.0 and m2["grad/norm/p"] == 0.0
     assert max_abs_diff(weights(two), weights(one)) < WEIGHT_TOL  # Adam momentum moves both alike
+
+
+def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
+    rows = [*ROWS, ([50, 51], [60, 61, 62, 63, 64, 65], 0.0, "generator"), ([52], [66, 67], 0.0, "evaluator")]
+    batch = make_batch(rows)
+    dropping, keeping = make_group(), make_group()
+    keeping.drop_zero_advantage = False
+    m_drop, m_keep = dropping.update(batch), keeping.update(batch)
+    assert m_drop["batch/dropped_zero_adv/p"] == 2.0 and m_keep["batch/dropped_zero_adv/p"] == 0.0
+    assert m_drop["loss/p"] == pytest.approx(m_keep["loss/p"], rel=1e-5)
+    assert m_drop["grad/norm/p"] == pytest.approx(m_keep["grad/norm/p"], rel=1e-5)
+    assert max_abs_diff(weights(dropping), weights(keeping)) < WEIGHT_TOL
+
+
+def test_zero_advantage_rows_are_kept_when_a_kl_term_needs_them():
+    group = make_group("algo.kl_coef=0.1")
+    assert group.update(make_batch(ROWS))["batch/dropped_zero_adv/p"] == 0.0
+    assert not group.drop_zero_advantage

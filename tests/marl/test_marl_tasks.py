@@ -106,3 +106,15 @@ def test_get_family():
     assert get_family("math").name == "math"
     with pytest.raises(ValueError, match="data.task"):
         get_family("code")
+
+
+def test_math_last_number_fallback_is_opt_in():
+    strict, lenient = MathFamily(), MathFamily("last_number")
+    text = "The final answer to the arithmetic problem of 3 + 1 = is 4."
+    assert strict.extract_answer(text) is None
+    assert lenient.extract_answer(text) == "4"
+    assert lenient.extract_answer("so \\boxed{7} and then 9") == "7"  # boxed still wins
+    assert lenient.extract_answer("no digits") is None
+    assert get_family("math", "last_number").extract_answer("x = -2.5") == "-2.5"
+    with pytest.raises(ValueError, match="data.answer_fallback"):
+        MathFamily("first_word")

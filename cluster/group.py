@@ -58,7 +58,8 @@ class Group:
     """N members of `cls`. Members of a remote group are named `<name>:<index>` in the Ray dashboard."""
 
     def __init__(self, cls: type, n: int, name: str, args: Sequence[Any] = (),
-                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict] | None = None):
+                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict] | None = None,
+                 per_member_env: Sequence[dict[str, str]] | None = None):
         self.name, self.n = name, n
         kwargs = list(per_member_kwargs or [{} for _ in range(max(n, 1))])
         if n == 0:
@@ -68,11 +69,12 @@ class Group:
             self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}:0")]
             return
         opts = options or MemberOptions()
+        envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n
         remote_cls = ray.remote(cls)
         self._members = [
             remote_cls.options(
                 name=f"{name}:{i}", num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
-                max_restarts=opts.max_restarts, runtime_env={"env_vars": dict(opts.env)},
+                max_restarts=opts.max_restarts, runtime_env={"env_vars": envs[i]},
             ).remote(*args, **kwargs[i])
             for i in range(n)
         ]

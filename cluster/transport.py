@@ -2,13 +2,15 @@
 
 The payload travels through the Ray object store once (put by the source actor, fetched by each
 destination); in-process groups hand the object over directly. Every destination reports the version it
-now serves; a member that reports another version is an error naming it, never a silent continue.
+now serves and, when a fingerprint function is given, the fingerprint of the weights it now serves; the
+sender's side fingerprints the payload with the same function. A member that reports another version or
+another fingerprint, or misses the deadline, is an error naming it, never a silent continue.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -21,30 +23,61 @@ class SyncError(RuntimeError):
 
 
 def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: str, version: int,
-              timeout: float) -> dict[str, float]:
+              timeout: float, fingerprint: Callable[[Any], float] | None = None) -> dict[str, float]:
     """Send src[0].<src_method>() to every dst member's <dst_method>(payload, version).
 
-    Destination methods return {"version": int, "bytes": int}. Returns {"sync_s", "bytes"}.
+    Destination methods return {"version": int, "bytes": int} and, with `fingerprint`, "fingerprint":
+    fingerprint(weights they serve). One deadline covers the whole sync.
+    Returns {"sync_s", "bytes", "verified"} (verified: members whose fingerprint matched).
     """
     t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
     payload = src.submit(src_method, indices=[0]).payload(timeout)
     remote_payload = payload if not src.local else None
     pendings = []
     for dst in dsts:
         if dst.local:
-            arg = ray.get(payload, timeout=timeout) if isinstance(payload, ray.ObjectRef) else payload
+            arg = ray.get(payload, timeout=_left(deadline)) if isinstance(payload, ray.ObjectRef) else payload
         else:
             if remote_payload is None:
                 remote_payload = ray.put(payload)  # once, shared by every remote destination
             arg = remote_payload
         pendings.append((dst, dst.submit(dst_method, arg, version)))
-    moved = 0
+    expected = _expected_fingerprint(fingerprint, payload, deadline) if fingerprint else None
+    moved, verified = 0, 0
     for dst, pending in pendings:
-        for i, report in enumerate(pending.result(timeout)):
+        for i, report in enumerate(pending.result(_left(deadline))):
             if report["version"] != version:
                 raise SyncError(f"{dst.name}:{i} reports weight version {report['version']}, expected {version}")
+            if expected is not None:
+                _check_fingerprint(f"{dst.name}:{i}", report, expected, version)
+                verified += 1
             moved += int(report["bytes"])
-    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved)}
+    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
+
+
+def _left(deadline: float) -> float:
+    # A floor keeps an already-finished call collectable after a slow earlier one used the budget up.
+    return max(deadline - time.monotonic(), 0.01)
+
+
+def _expected_fingerprint(fingerprint: Callable[[Any], float], payload: Any, deadline: float) -> float:
+    """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted by a
+    zero-CPU task next to it (engines and learners may hold every CPU), never fetched to the driver."""
+    if not isinstance(payload, ray.ObjectRef):
+        return fingerprint(payload)
+    ref = ray.remote(fingerprint).options(num_cpus=0).remote(payload)
+    try:
+        return ray.get(ref, timeout=_left(deadline))
+    except ray.exceptions.GetTimeoutError:
+        raise SyncError("fingerprinting the sent weights missed the sync deadline") from None
+
+
+def _check_fingerprint(member: str, report: dict, expected: float, version: int) -> None:
+    got = report.get("fingerprint")
+    if got != expected:
+        raise SyncError(f"{member} serves weights with fingerprint {got!r} after loading version {version}; "
+                        f"the sent weights have {expected!r}")
 
 
 def payload_bytes(state: dict[str, Any]) -> int:

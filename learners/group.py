@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from cluster.collective import init_collective
 from cluster.group import Group, MemberOptions, Pending
 from learners.batch import TrainBatch
 from learners.learner import Learner
 from learners.losses import local_normalizer
+from learners.mitigations import parallel_agent_weights, role_balance_weights
+from learners.role_grads import advantage_mass
 
 
 class UpdateResult:
@@ -34,6 +38,7 @@ class LearnerGroup:
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
         self.drop_zero_advantage = algo.kl_coef == 0
+        self.algo, self.diagnostics = algo, learner.role_grad_diagnostics
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         self.group = Group(
@@ -45,14 +50,26 @@ class LearnerGroup:
         init_collective(self.group, "gloo", self.timeout)
 
     def submit_update(self, batch: TrainBatch) -> UpdateResult:
+        """Weights the advantages (mitigations), scatters shards and starts one optimizer step per rank."""
+        tokens = batch.loss_mask[:, 1:].sum(-1)
         normalizer = local_normalizer(batch.loss_mask[:, 1:], self.algo_agg)
+        batch.advantages = batch.advantages * self._mitigation_weights(batch, tokens)
+        extra = advantage_mass(batch.roles, batch.advantages, tokens)
         rows = len(batch)
         if self.drop_zero_advantage:
             batch = batch.select(batch.advantages != 0)
-        shards = [(batch.shard(r, self.group.size).to_dict(), normalizer) for r in range(self.group.size)]
-        pending = self.group.submit_each("update", shards)
-        return UpdateResult(pending, self.policy_id, self.timeout, {f"batch/dropped_zero_adv/{self.policy_id}":
-                                                                    float(rows - len(batch))})
+        extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float(rows - len(batch))
+        roles = sorted(set(batch.roles)) if self.diagnostics else None
+        shards = [(batch.shard(r, self.group.size).to_dict(), normalizer, roles) for r in range(self.group.size)]
+        return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout, extra)
+
+    def _mitigation_weights(self, batch: TrainBatch, tokens) -> Any:
+        weights = torch.ones(len(batch))
+        if self.algo.role_balance:
+            weights = weights * role_balance_weights(batch.roles, tokens)
+        if self.algo.parallel_agent_norm:
+            weights = weights * parallel_agent_weights(batch.roles, batch.agents)
+        return weights
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         return self.submit_update(batch).result()
@@ -73,6 +90,8 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
     out = {f"loss/{policy_id}": total["loss"], f"grad/norm/{policy_id}": per_rank[0]["grad_norm"],
            f"lr/{policy_id}": per_rank[0]["lr"],
            f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0)}
+    # Per-role gradient metrics come from all-reduced gradients: every rank holds the same values.
+    out.update({k: v for k, v in per_rank[0].items() if k.startswith("grad/")})
     for key, value in total.items():
         if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/")):
             metric, role = key.split("_sum/")

@@ -22,8 +22,10 @@ from learners.losses import (
     entropy_from_logits,
     kl_penalty,
     ppo_clip_loss,
+    tis_weights,
     token_logprobs,
 )
+from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
 from learners.weights import export_hf, is_lora, load_policy_model, merged_state_dict
 
@@ -64,20 +66,28 @@ class Learner:
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         collective.join(backend, host, port, rank, world, timeout_s)
 
-    def update(self, batch: dict[str, Any], normalizer: float) -> dict[str, float]:
-        """One optimizer step on this rank's shard. Returns metric sums and this step's grad norm and lr."""
+    def update(self, batch: dict[str, Any], normalizer: float, roles: list[str] | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's shard. Returns metric sums and this step's grad norm and lr.
+
+        With `roles` (the whole batch's roles, identical on every rank) each role's gradient is computed
+        separately and reported; the step uses their sum, which is the plain gradient.
+        """
         data = TrainBatch.from_dict(batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
-        if len(data):
-            for mb in data.micro_batches(self.cfg.micro_batch_size):
+        if roles:
+            role_grads = self._backward_by_role(data, normalizer, sums, roles)
+            _all_reduce(role_grads)
+            assign_flat_grads(self.params, role_grads.sum(0))
+            sums.update(role_grad_metrics(role_grads, roles, self.policy_id))
+        else:
+            for mb in data.micro_batches(self.cfg.micro_batch_size) if len(data) else []:
                 self._micro_step(mb, normalizer, sums).backward()
-        for p in self.params:
-            if p.grad is None:  # a rank with an empty shard still joins the all-reduce and the step
-                p.grad = torch.zeros_like(p)
-        self._all_reduce_grads()
+            flat = flat_grads(self.params)  # zeros on a rank with an empty shard: it still joins the step
+            _all_reduce(flat)
+            assign_flat_grads(self.params, flat)
         clip = self.cfg.optim.grad_clip or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         sums["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -87,13 +97,30 @@ class Learner:
         sums["grad_norm"] = float(grad_norm)
         return dict(sums)
 
+    def _backward_by_role(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
+                          roles: list[str]) -> torch.Tensor:
+        """[R, P]: row r is the gradient of role r's rows' share of the loss on this rank."""
+        out = torch.zeros(len(roles), sum(p.numel() for p in self.params))
+        for r, role in enumerate(roles):
+            rows = [i for i, x in enumerate(data.roles) if x == role]
+            if not rows:
+                continue
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size):
+                self._micro_step(mb, normalizer, sums).backward()
+            out[r] = flat_grads(self.params)
+        return out
+
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float]) -> torch.Tensor:
         logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         logits = logits[:, :-1].float() / self.temperature
         targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
         lp = token_logprobs(logits, targets)
         algo = self.algo
-        loss, m = ppo_clip_loss(lp, lp.detach(), mb.advantages, mask, clip_low=algo.clip_low,
+        advantages = mb.advantages.unsqueeze(-1).expand_as(lp)
+        if algo.tis_cap > 0:
+            advantages = advantages * tis_weights(lp, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
+        loss, m = ppo_clip_loss(lp, lp.detach(), advantages, mask, clip_low=algo.clip_low,
                                 clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
         if self.algo.kl_coef > 0:
             kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
@@ -118,24 +145,18 @@ class Learner:
             logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         return token_logprobs(logits[:, :-1].float() / self.temperature, mb.input_ids[:, 1:])
 
-    def _all_reduce_grads(self) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        # One flat buffer: one collective per step instead of one per parameter.
-        grads = [p.grad for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
     def get_weights(self) -> dict[str, torch.Tensor]:
         return merged_state_dict(self.model)
 
     def export(self, out_dir: str) -> str:
         export_hf(self.model, self.model_path, self.dtype, out_dir)
         return out_dir
+
+
+def _all_reduce(flat: torch.Tensor) -> None:
+    """Sum a flat tensor over the data-parallel ranks (one collective per step), in place."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
 
 
 def _add_per_role(sums: dict[str, float], key: str, values: torch.Tensor, mask: torch.Tensor,

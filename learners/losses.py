@@ -162,3 +162,13 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"kl kind must be one of {list(KL_ESTIMATORS)}, got {kind!r}")
     return KL_ESTIMATORS[kind](logprobs, ref_logprobs)
+
+
+def tis_weights(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance-sampling weights min(π_learner / π_rollout, cap) per token: [B, T] → [B, T].
+
+    Corrects for the rollout engine sampling from a slightly different distribution than the learner
+    computes (numerics, kernels, stale weights). Detached; 1 outside the mask.
+    """
+    log_ratio = torch.where(mask, logprobs.detach() - rollout_logprobs, torch.zeros_like(logprobs))
+    return torch.exp(log_ratio).clamp(max=cap)

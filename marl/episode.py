@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from marl.rewards import RewardShaping, assign
-from marl.tasks.base import TaskFamily
+from marl.tasks.base import AsyncScoring, TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import get_workflow
 from marl.workflows.common import WorkflowOptions
@@ -20,6 +20,14 @@ async def run_episode(
 ) -> Episode:
     """The scored Episode. A failed episode (episode.failure set) scores 0.0 whatever its answer."""
     episode = await get_workflow(workflow_name).run(task, client, family, opts, sample_index)
-    # Scoring runs inline: math-verify is capped (answer length, timeout) and typically takes ms.
-    episode.reward = 0.0 if episode.failure else family.score(task, episode.final_answer)
+    if episode.failure:
+        episode.reward = 0.0
+    elif isinstance(family, AsyncScoring):
+        # Slow scorers (the code sandbox) run off the event loop, so other episodes keep talking to engines.
+        scored = await family.score_async(task, episode.final_answer)
+        episode.reward = scored.reward
+        episode.score_info.update(scored.info)
+    else:
+        # Inline: math-verify is capped (answer length, timeout) and typically takes ms.
+        episode.reward = family.score(task, episode.final_answer)
     return assign(episode, shaping)

@@ -27,4 +27,27 @@ def episode_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, floa
         out[f"response_len/mean/{role}"] = sum(lengths[role]) / n
         out[f"rollout/truncated/{role}"] = sum(truncated[role]) / n
         out[f"rollout/parse_failures/{role}"] = float(sum(e.parse_failures.get(role, 0) for e in episodes))
+    if any(e.task.kind == "code" for e in episodes):
+        out.update(code_metrics(episodes, roles))
+    return out
+
+
+# metric name → the score_info reasons it counts (marl.tasks.code / marl.tasks.sandbox REASONS).
+CODE_PER_ROLE = {"timeouts": ("timeout",), "crashes": ("crash",), "oom": ("oom",),
+                 "no_code_block": ("no_code_block",)}
+CODE_TOTALS = {**CODE_PER_ROLE, "syntax_errors": ("syntax_error",), "output_limits": ("output_limit",),
+               "sandbox_errors": ("error",)}
+
+
+def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
+    """Episode counts by how their code answer ended: code/<name> over all episodes, and code/<name>/<role>
+    for the four CODE_PER_ROLE names, by the role that wrote the final answer (score_info 'answer_role';
+    0 for roles that never answer). Present only when a step holds code tasks, so math runs keep their keys."""
+    out: dict[str, float] = {}
+    reasons = [(e.score_info.get("reason"), e.score_info.get("answer_role")) for e in episodes]
+    for name, counted in CODE_TOTALS.items():
+        out[f"code/{name}"] = float(sum(reason in counted for reason, _ in reasons))
+    for name, counted in CODE_PER_ROLE.items():
+        for role in roles:
+            out[f"code/{name}/{role}"] = float(sum(r in counted and who == role for r, who in reasons))
     return out

@@ -67,6 +67,9 @@ class Episode:
     failure: str | None = None
     # Per-role counts of outputs the workflow could not parse and had to fall back on.
     parse_failures: dict[str, int] = field(default_factory=dict)
+    # How the final answer was produced and scored (JSON-ready): 'answer_role' (the role whose turn it was
+    # extracted from, set by the workflow) and what the family's scorer reported (code: 'reason', times).
+    score_info: dict[str, Any] = field(default_factory=dict)
 
     def note_parse_failure(self, role: str) -> None:
         self.parse_failures[role] = self.parse_failures.get(role, 0) + 1

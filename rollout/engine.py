@@ -25,8 +25,9 @@ class InferenceEngine(Protocol):
         """One completion per chat request, in order."""
         ...
 
-    def load_weights(self, weights: dict[str, Any], version: int) -> dict[str, int]:
-        """Serve `weights` (HF parameter names) from now on; returns {"version", "bytes"}."""
+    def load_weights(self, weights: dict[str, Any], version: int) -> dict[str, float]:
+        """Serve `weights` (HF parameter names) from now on; returns {"version", "bytes", "fingerprint"}, the
+        fingerprint (cluster.fingerprint) taken from the weights the engine now serves, under the same names."""
         ...
 
     def weight_version(self) -> int: ...

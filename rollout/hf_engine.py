@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from cluster.fingerprint import fingerprint
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 
@@ -65,7 +66,7 @@ class HFEngine:
             policy_id=self.policy_id,
         )
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, int]:
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
         own = self.model.state_dict()
         unknown = [k for k in weights if k not in own]
         if unknown:
@@ -74,7 +75,9 @@ class HFEngine:
             for name, tensor in weights.items():
                 own[name].copy_(tensor)
         self.version = version
-        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values())}
+        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+                # Read back from the model itself, so a load that did not land is caught by the sender.
+                "fingerprint": fingerprint({name: own[name] for name in weights})}
 
     def weight_version(self) -> int:
         return self.version

@@ -23,6 +23,7 @@ SCHEMA = pa.schema([
     ("episode_reward", pa.float64()),
     ("failure", pa.string()),
     ("parse_failures", pa.string()),  # JSON {role: count}
+    ("score_info", pa.string()),  # JSON: answer_role and what the scorer reported (code: reason, times)
     ("turn", pa.int64()),
     ("role", pa.string()),
     ("agent", pa.string()),
@@ -45,6 +46,7 @@ def _rows(step: int, index: int, ep: Episode) -> list[dict]:
         "task_prompt": ep.task.prompt, "task_answer": ep.task.answer, "task_kind": ep.task.kind,
         "sample_index": ep.sample_index, "final_answer": ep.final_answer, "episode_reward": ep.reward,
         "failure": ep.failure, "parse_failures": json.dumps(ep.parse_failures),
+        "score_info": json.dumps(ep.score_info),
     }
     return [{
         **base, "turn": k, "role": t.role, "agent": t.agent, "round": t.round,
@@ -74,6 +76,7 @@ def read_episodes(path: str | Path) -> list[Episode]:
             ep = episodes[r["episode"]] = Episode(
                 task, r["sample_index"], r["workflow"], final_answer=r["final_answer"],
                 reward=r["episode_reward"], failure=r["failure"], parse_failures=json.loads(r["parse_failures"]),
+                score_info=json.loads(r["score_info"] or "{}"),
             )
         completion = Completion(r["response"], r["prompt_ids"], r["response_ids"], r["logprobs"],
                                 r["finish_reason"], r["version"], r["policy_id"])

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from marl.tasks.base import TaskFamily
+from marl.tasks.base import AsyncScoring, Scored, TaskFamily
+from marl.tasks.code import CodeFamily
 from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
 
-FAMILIES: dict[str, Callable[..., TaskFamily]] = {"math": MathFamily, "digit": DigitFamily}
+FAMILIES: dict[str, Callable[..., TaskFamily]] = {"math": MathFamily, "digit": DigitFamily, "code": CodeFamily}
 
 
-def get_family(name: str, answer_fallback: str = "none") -> TaskFamily:
+def get_family(name: str, answer_fallback: str = "none", sandbox: Mapping[str, Any] | None = None) -> TaskFamily:
     """A fresh TaskFamily for `name`; unknown names raise ValueError listing the known ones.
-    `answer_fallback` applies to the math family only."""
+    `answer_fallback` applies to the math family only, `sandbox` (the `data.sandbox` section: workers and
+    limits) to the code family only."""
     if name not in FAMILIES:
         raise ValueError(f"data.task must be one of {sorted(FAMILIES)}, got {name!r}")
-    return FAMILIES[name](answer_fallback) if name == "math" else FAMILIES[name]()
+    if name == "math":
+        return MathFamily(answer_fallback)
+    if name == "code":
+        return CodeFamily.from_config(sandbox)
+    return FAMILIES[name]()
 
 
-__all__ = ["FAMILIES", "DigitFamily", "MathFamily", "TaskFamily", "get_family"]
+__all__ = ["FAMILIES", "AsyncScoring", "CodeFamily", "DigitFamily", "MathFamily", "Scored", "TaskFamily",
+           "get_family"]

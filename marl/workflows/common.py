@@ -11,8 +11,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
-from marl.types import Message, PolicyClient, Turn
+from marl.types import Episode, Message, PolicyClient, Turn
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ async def ask_all(
     """Parallel turns of one role (round 0), returned in agent order whatever order they finish in."""
     calls = (ask(client, role, a, 0, p) for a, p in zip(agents, prompts, strict=True))
     return list(await asyncio.gather(*calls))
+
+
+def set_final_answer(episode: Episode, family: TaskFamily, turn: Turn) -> None:
+    """The episode's final answer is the family's reading of `turn`; its role is recorded (score_info
+    'answer_role') so task metrics such as code timeouts can be reported per role."""
+    episode.final_answer = family.extract_answer(turn.text)
+    episode.score_info["answer_role"] = turn.role
 
 
 def parse_verdict(text: str) -> bool | None:

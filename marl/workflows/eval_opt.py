@@ -17,6 +17,7 @@ from marl.workflows.common import (
     ask,
     assistant,
     parse_verdict,
+    set_final_answer,
     system,
     user,
     with_instruction,
@@ -78,5 +79,5 @@ async def run(
             break
         gen_msgs.append(user(_revise(ev.text, instruction)))
     last_generator = [t for t in episode.turns if t.role == "generator"][-1]
-    episode.final_answer = family.extract_answer(last_generator.text)
+    set_final_answer(episode, family, last_generator)
     return episode

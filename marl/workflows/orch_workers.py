@@ -16,6 +16,7 @@ from marl.workflows.common import (
     ask,
     ask_all,
     parse_strategies,
+    set_final_answer,
     system,
     user,
     with_instruction,
@@ -86,5 +87,5 @@ async def run(
     synth_msgs = [system(SYNTHESIZER_SYSTEM), user(synthesis)]
     synth = await ask(client, "synthesizer", "synthesizer", 0, synth_msgs)
     episode.turns.append(synth)
-    episode.final_answer = family.extract_answer(synth.text)
+    set_final_answer(episode, family, synth)
     return episode

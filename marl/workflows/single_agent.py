@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
-from marl.workflows.common import WorkflowOptions, ask, system, user, with_instruction
+from marl.workflows.common import WorkflowOptions, ask, set_final_answer, system, user, with_instruction
 
 NAME = "single_agent"
 ROLES: tuple[str, ...] = ("solver",)
@@ -23,5 +23,5 @@ async def run(
     messages = [system(SOLVER_SYSTEM), user(with_instruction(task.prompt, family.instruction()))]
     turn = await ask(client, "solver", "solver", 0, messages)
     episode.turns.append(turn)
-    episode.final_answer = family.extract_answer(turn.text)
+    set_final_answer(episode, family, turn)
     return episode

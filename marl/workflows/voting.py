@@ -15,6 +15,7 @@ from marl.workflows.common import (
     ask_all,
     first_number_in_range,
     parse_choice,
+    set_final_answer,
     system,
     user,
     with_instruction,
@@ -61,5 +62,5 @@ async def run(
     aggregator = await ask(client, "aggregator", "aggregator", 0, agg_msgs)
     episode.turns.append(aggregator)
     chosen = choose(aggregator.text, len(responses), episode)
-    episode.final_answer = family.extract_answer(responses[chosen - 1])
+    set_final_answer(episode, family, generators[chosen - 1])
     return episode

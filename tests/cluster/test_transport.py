@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import ray
 
-from cluster.group import Group, MemberOptions
+from cluster.fingerprint import fingerprint
+from cluster.group import Group, GroupTimeout, MemberOptions
 from cluster.transport import SyncError, broadcast, payload_bytes
 
 CPU = MemberOptions(num_cpus=0.5)
@@ -141,6 +142,66 @@ def test_destination_on_wrong_version_raises_sync_error_naming_it(sinks, stale_n
             broadcast(src, "state", [sinks[0], stale], "receive", 42, TIMEOUT)
     finally:
         stale.shutdown()
+        src.shutdown()
+
+
+class CheckedSink(Sink):
+    """Reports the fingerprint of what it serves. A `skipping` member keeps its old weights but still claims
+    the new version (the failure only a fingerprint catches); a `hung` one never answers in time."""
+
+    def __init__(self, skipping: bool = False, hung: bool = False):
+        super().__init__()
+        self.skipping, self.hung, self.weights = skipping, hung, _state(0)
+
+    def receive(self, weights: dict[str, np.ndarray], version: int) -> dict[str, float]:
+        if self.hung:
+            import time
+
+            time.sleep(10)
+        if not self.skipping:
+            self.weights = {k: np.array(v) for k, v in weights.items()}
+        self.version = version
+        return {"version": version, "bytes": STATE_BYTES, "fingerprint": fingerprint(self.weights)}
+
+
+def _checked(n: int, name: str, **flags_of_last: bool) -> Group:
+    kwargs = [{} for _ in range(max(n, 1) - 1)] + [flags_of_last]
+    return Group(CheckedSink, n, name, options=CPU, per_member_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("n", [0, 2], ids=["local", "remote"])
+def test_fingerprints_of_every_member_are_verified(source, n):
+    src, state = source
+    dst = _checked(n, f"ok{n}")
+    try:
+        out = broadcast(src, "state", [dst], "receive", 3, TIMEOUT, fingerprint=fingerprint)
+        assert out["verified"] == float(dst.size)
+        _assert_serving([dst], 3, state)
+    finally:
+        dst.shutdown()
+
+
+@pytest.mark.parametrize("n", [0, 2], ids=["local", "remote"])
+def test_member_that_skipped_the_load_is_caught_by_fingerprint_and_named(source, n):
+    src, _ = source
+    dst = _checked(n, f"run:engine:generator{n}", skipping=True)
+    index = max(n - 1, 0)
+    try:
+        with pytest.raises(SyncError, match=rf"^run:engine:generator{n}:{index} serves weights with fingerprint"):
+            broadcast(src, "state", [dst], "receive", 4, TIMEOUT, fingerprint=fingerprint)
+    finally:
+        dst.shutdown()
+
+
+@pytest.mark.parametrize("n", [0, 1], ids=["local", "remote"])
+def test_hung_member_trips_the_sync_deadline_and_is_named(ray_cluster, n):
+    src = Group(Rank, 0, "src-hung", per_member_kwargs=[{"rank": 0}])
+    dst = _checked(n, f"run:engine:aggregator{n}", hung=True)
+    try:
+        with pytest.raises(GroupTimeout, match=rf"run:engine:aggregator{n}:0\.receive missed its [0-9.]+s deadline"):
+            broadcast(src, "state", [dst], "receive", 5, 1.0, fingerprint=fingerprint)
+    finally:
+        dst.shutdown()
         src.shutdown()
 
 

@@ -37,6 +37,10 @@ def test_loaded_config_is_frozen():
         ("learner.ranks=-1", "learner.ranks"),
         ("marl.sharing=custom", "marl.policy_map"),
         ("algo.clip_low=1.5", "algo.clip_low"),
+        ("rollout.backend=sglang", "rollout.backend"),
+        ("rollout.kv_cache_gb=-1", "rollout.kv_cache_gb"),
+        ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
+        ("rollout.max_model_len=-8", "rollout.max_model_len"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -17,7 +17,7 @@ from jobs.config import load_config
 from jobs.models import resolve_model
 from jobs.system import build_system
 from jobs.tracking import read_metrics
-from jobs.train import train, train_step
+from jobs.train import InputError, train, train_step
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.workflows import roles_of
@@ -78,20 +78,25 @@ def _seven_tasks(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), ("isolated", 1)])
-def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors):
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, backend):
     """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.
 
-    Shared runs its groups in-process and isolated through Ray actors, so both placements are covered."""
+    Shared runs its groups in-process and isolated through Ray actors, so both placements are covered;
+    every sync is verified by fingerprint on every engine."""
     data = _seven_tasks(tmp_path)
     cfg = _cfg(tmp_path, "marl.workflow=voting", f"marl.sharing={sharing}", "steps=40", f"data.train={data}",
-               f"rollout.engines_per_role={actors}", f"learner.ranks={actors}",
-               f"data.eval={data}", "data.eval_size=8", "learner.optim.lr=1e-2", "rollout.prompts_per_step=4",
-               "rollout.samples_per_prompt=8", "ray.num_cpus=2")
+               f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", f"rollout.backend={backend}",
+               "rollout.kv_cache_gb=0.25", f"data.eval={data}", "data.eval_size=8", "learner.optim.lr=1e-2",
+               "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "ray.num_cpus=2")
     summary = train(cfg)
-    rewards = [r["reward/mean"] for r in read_metrics(tmp_path / "tiny") if "reward/mean" in r]
+    rows = read_metrics(tmp_path / "tiny")
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert sum(rewards[:3]) / 3 < 0.3, rewards  # chance level at the start
     assert max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2)) >= 0.9, rewards
     assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"]
+    engines = len(roles_of("voting")) * max(actors, 1)
+    assert all(r["sync/verified"] == engines for r in rows if "sync/verified" in r)
 
 
 def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
@@ -124,14 +129,14 @@ def _load_digit_tasks():
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
     cfg = _cfg(tmp_path, f"model.path={tmp_path}/no-such-model")
-    with pytest.raises(FileNotFoundError, match=r"model\.path"):
+    with pytest.raises(InputError, match=r"model\.path"):
         train(cfg)
 
 
 def test_data_without_valid_rows_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "Write the digit 3."}\n{"answer": "4"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl"):
+    with pytest.raises(InputError, match="bad.jsonl"):
         train(_cfg(tmp_path, f"data.train={bad}"))
 
 

@@ -102,10 +102,11 @@ def test_digit_family():
 
 
 def test_get_family():
-    assert set(FAMILIES) == {"math", "digit"}
+    assert set(FAMILIES) == {"math", "digit", "code"}
     assert get_family("math").name == "math"
+    assert get_family("code", sandbox={"timeout_s": 3, "workers": 1}).pool.limits.timeout_s == 3
     with pytest.raises(ValueError, match="data.task"):
-        get_family("code")
+        get_family("chess")
 
 
 def test_math_last_number_fallback_is_opt_in():

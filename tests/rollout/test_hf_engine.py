@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from cluster.fingerprint import fingerprint
 from jobs.models import resolve_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
@@ -138,7 +139,8 @@ def test_load_weights_switches_model_and_restores_exactly(tiny):
     # flipping the final norm's sign makes the other model's greedy text visibly different.
     other_state["model.norm.weight"].neg_()
     report = engine.load_weights(other_state, version=5)
-    assert report == {"version": 5, "bytes": sum(t.numel() * t.element_size() for t in other_state.values())}
+    assert report == {"version": 5, "bytes": sum(t.numel() * t.element_size() for t in other_state.values()),
+                      "fingerprint": fingerprint(other_state)}
     assert engine.weight_version() == 5
     switched = engine.generate(REQUESTS, greedy)
     assert [c.response_ids for c in switched] != [c.response_ids for c in original]

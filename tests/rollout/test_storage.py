@@ -12,7 +12,8 @@ COLUMNS = [
     ("step", pa.int64()), ("episode", pa.int64()), ("workflow", pa.string()), ("task_id", pa.string()),
     ("task_prompt", pa.string()), ("task_answer", pa.string()), ("task_kind", pa.string()),
     ("sample_index", pa.int64()), ("final_answer", pa.string()), ("episode_reward", pa.float64()),
-    ("failure", pa.string()), ("parse_failures", pa.string()), ("turn", pa.int64()), ("role", pa.string()),
+    ("failure", pa.string()), ("parse_failures", pa.string()), ("score_info", pa.string()), ("turn", pa.int64()),
+    ("role", pa.string()),
     ("agent", pa.string()), ("round", pa.int64()), ("messages", pa.string()), ("response", pa.string()),
     ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
     ("logprobs", pa.list_(pa.float32())), ("finish_reason", pa.string()), ("policy_id", pa.string()),
@@ -34,7 +35,8 @@ def _episodes() -> list[Episode]:
                      turns=[_turn("generator", "generator", 0, "2", 1.0), _turn("evaluator", "evaluator", 0,
                                                                                  "\\boxed{Correct}", 0.5),
                             _turn("generator", "generator", 1, "it is 2", 1.0)],
-                     final_answer="2", reward=1.0)
+                     final_answer="2", reward=1.0,
+                     score_info={"answer_role": "generator", "reason": "ok", "wall_s": 0.05})
     failed = Episode(Task("digit:7", "Write the digit 7.", "7", "digit"), 3, "orch_workers",
                      turns=[_turn("orchestrator", "orchestrator", 0, "STRATEGY 1: a\nSTRATEGY 2: b", 0.0, 4)],
                      final_answer=None, reward=0.0, failure="too_many_strategies",

@@ -1,0 +1,59 @@
+"""Per-role gradient diagnostics as pure functions: which role's turns drive a policy's update.
+
+A policy's gradient is the sum of its roles' gradients (the loss is a sum over rows), so computing each
+role's share separately and summing gives the plain update. From the per-role gradients [R, P] we report
+each role's norm, its share of the total norm, the dominance index (largest share: "role capture" under a
+shared policy) and the cosine similarity between roles (do they pull the weights the same way?).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor
+
+
+def flat_grads(params: list[torch.nn.Parameter]) -> Tensor:
+    """[P] concatenation of every parameter's gradient (zeros where a gradient is missing)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def assign_flat_grads(params: list[torch.nn.Parameter], flat: Tensor) -> None:
+    """Write a [P] vector back into the parameters' .grad (inverse of flat_grads)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+
+
+def role_grad_metrics(role_grads: Tensor, roles: list[str], policy_id: str) -> dict[str, float]:
+    """role_grads [R, P] (row r = gradient of role r's share of the loss) → flat metrics.
+
+    grad/norm/<role>, grad/norm_share/<role> (‖g_r‖ / Σ‖g‖), grad/dominance/<policy> (max share),
+    grad/cos/<a>__<b> for each pair of roles with a non-zero gradient.
+    """
+    norms = role_grads.double().norm(dim=1)
+    total = float(norms.sum())
+    out: dict[str, float] = {}
+    for r, role in enumerate(roles):
+        out[f"grad/norm/{role}"] = float(norms[r])
+        out[f"grad/norm_share/{role}"] = float(norms[r]) / total if total > 0 else 0.0
+    out[f"grad/dominance/{policy_id}"] = max((out[f"grad/norm_share/{r}"] for r in roles), default=0.0)
+    for a, b in itertools.combinations(range(len(roles)), 2):
+        if norms[a] > 0 and norms[b] > 0:
+            cos = torch.dot(role_grads[a].double(), role_grads[b].double()) / (norms[a] * norms[b])
+            out[f"grad/cos/{roles[a]}__{roles[b]}"] = float(cos)
+    return out
+
+
+def advantage_mass(roles: list[str], advantages: Tensor, loss_tokens: Tensor) -> dict[str, float]:
+    """Each role's share of Σ tokens × |advantage| (cheap, no backward): advantages, loss_tokens [B]."""
+    mass = advantages.abs().double() * loss_tokens.double()
+    total = float(mass.sum())
+    out: dict[str, float] = {}
+    for role in sorted(set(roles)):
+        rows = torch.tensor([r == role for r in roles])
+        out[f"grad/mass_share/{role}"] = float(mass[rows].sum()) / total if total > 0 else 0.0
+    return out

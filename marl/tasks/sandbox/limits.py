@@ -1,0 +1,108 @@
+"""The sandbox's data contract: what to run (Program), within what (SandboxLimits), and what came of it
+(SandboxResult, with one `reason` from REASONS)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
+# differed. syntax_error: the candidate does not compile. timeout: wall clock or CPU limit. oom: address-space
+# limit (MemoryError) or killed by the kernel. output_limit: stdout/stderr (or a case's output) over the cap.
+# crash: the child ended without a verdict (os._exit, a signal, a broken harness). error: the sandbox itself
+# failed (could not start the child, bad task).
+REASONS = ("ok", "failed", "syntax_error", "timeout", "oom", "output_limit", "crash", "error")
+STYLES = ("functional", "stdio")
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Program:
+    """A candidate plus its tests.
+
+    functional: `prefix` (e.g. the HumanEval prompt: imports and helpers) then `code` run as module
+    'solution'; `test` defines check(candidate), called with the function `entry_point`.
+    stdio: `code` runs as __main__ once per input; the outputs are compared in the parent with `outputs`,
+    which never reach the child."""
+
+    code: str
+    style: str = "functional"
+    test: str = ""
+    entry_point: str = ""
+    prefix: str = ""
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"Program.style must be one of {STYLES}, got {self.style!r}")
+        if self.style == "functional" and not (self.test and self.entry_point):
+            raise ValueError("a functional Program needs `test` and `entry_point`")
+        if self.style == "stdio" and (not self.inputs or len(self.inputs) != len(self.outputs)):
+            raise ValueError("a stdio Program needs one expected output per input, and at least one input")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-execution limits (the `data.sandbox` config section maps onto these).
+
+    `timeout_s` is wall clock for the whole execution (startup and every test), enforced by the parent;
+    the CPU rlimit is one second above it. `max_processes` caps the sandbox uid's tasks, threads included
+    (1 = the harness alone; the default leaves room for a few threads). It binds only when the child runs
+    under its own uid or the parent is not root: the kernel does not apply RLIMIT_NPROC to root."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    max_output_bytes: int = MIB
+    file_size_mb: int = 64
+    open_files: int = 64
+    max_processes: int = 4
+    drop_privileges: bool = True  # when root, run the candidate under a fresh unprivileged uid
+    # False: the stdlib only (`python -S`), which halves interpreter start-up and keeps the project's own
+    # packages (and torch) out of reach; True: the interpreter's site-packages too (numpy, ...).
+    site_packages: bool = False
+    python: str = ""  # interpreter for the child; '' = the running one
+    work_root: str = ""  # parent of the per-execution temp dirs; '' = the system temp dir
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "max_output_bytes", "file_size_mb", "open_files", "max_processes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)!r}")
+
+    def rlimits(self) -> dict[str, tuple[int, int]]:
+        """(soft, hard) per limit, as the child applies them."""
+        cpu = math.ceil(self.timeout_s) + 1
+        return {
+            "cpu_s": (cpu, cpu + 1),  # soft: SIGXCPU; hard: SIGKILL
+            "memory_bytes": (self.memory_mb * MIB,) * 2,
+            "file_bytes": (self.file_size_mb * MIB,) * 2,
+            "open_files": (self.open_files,) * 2,
+            "processes": (self.max_processes,) * 2,
+            "core_bytes": (0, 0),
+        }
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """The outcome of one execution. `passed` is True only with reason 'ok'."""
+
+    passed: bool
+    reason: str
+    detail: str = ""  # the first failure, the harness's message, or how the child ended
+    wall_s: float = 0.0  # spawn to reap
+    cpu_s: float = 0.0  # user + system CPU of the child
+    startup_s: float = 0.0  # spawn until the child had confined itself (0 if it never reported)
+    stdout: str = ""  # the first KEEP_BYTES of each stream
+    stderr: str = ""
+    returncode: int | None = None
+    network_isolation: str = "unknown"  # namespace | harness | unknown (the child never reported)
+    user_isolation: str = "unknown"  # uid | none | unknown
+
+    def info(self) -> dict[str, Any]:
+        """A compact, JSON-ready summary (what an Episode records)."""
+        return {
+            "reason": self.reason, "detail": self.detail[:200], "wall_s": round(self.wall_s, 4),
+            "cpu_s": round(self.cpu_s, 4), "network_isolation": self.network_isolation,
+            "user_isolation": self.user_isolation,
+        }

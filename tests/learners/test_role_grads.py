@@ -1,0 +1,81 @@
+"""Per-role gradient diagnostics and the mitigations: hand-computed values and end-to-end identities."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from learners.losses import tis_weights
+from learners.mitigations import parallel_agent_weights, role_balance_weights
+from learners.role_grads import advantage_mass, role_grad_metrics
+from tests.learners.test_learner_group import ROWS, make_batch, make_group, max_abs_diff, weights
+
+
+def test_role_grad_metrics_by_hand():
+    grads = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 0.0]])
+    m = role_grad_metrics(grads, ["a", "b", "c"], "p")
+    assert m["grad/norm/a"] == 5.0 and m["grad/norm/b"] == 5.0 and m["grad/norm/c"] == 0.0
+    assert m["grad/norm_share/a"] == 0.5 and m["grad/dominance/p"] == 0.5
+    assert m["grad/cos/a__b"] == 0.0
+    assert "grad/cos/a__c" not in m  # undefined for a zero gradient
+
+
+def test_advantage_mass_by_hand():
+    m = advantage_mass(["g", "g", "e"], torch.tensor([1.0, -2.0, 0.5]), torch.tensor([2, 1, 4]))
+    assert m == pytest.approx({"grad/mass_share/g": 4.0 / 6.0, "grad/mass_share/e": 2.0 / 6.0})
+
+
+def test_role_balance_weights_equalise_each_roles_mean():
+    w = role_balance_weights(["g", "g", "g", "e"], torch.tensor([2, 2, 2, 6]))
+    # N = 12, R = 2: g rows get 12 / (2·6) = 1, e gets 12 / (2·6) = 1; now unequal masses:
+    assert torch.allclose(w, torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    w = role_balance_weights(["g", "g", "g", "e"], torch.tensor([4, 4, 4, 3]))
+    assert torch.allclose(w, torch.tensor([15 / 24, 15 / 24, 15 / 24, 15 / 6]))
+    # each role's weighted token mass is now N / R
+    assert float((w * torch.tensor([4, 4, 4, 3]))[:3].sum()) == pytest.approx(7.5)
+
+
+def test_parallel_agent_weights():
+    w = parallel_agent_weights(["generator"] * 4 + ["aggregator"], ["g0", "g1", "g2", "g0", "agg"])
+    assert torch.allclose(w, torch.tensor([1 / 3, 1 / 3, 1 / 3, 1 / 3, 1.0]))
+
+
+def test_tis_weights_truncate_the_ratio():
+    lp = torch.tensor([[0.0, math.log(0.5), math.log(4.0)]])
+    rollout = torch.zeros(1, 3)
+    mask = torch.tensor([[False, True, True]])
+    assert torch.allclose(tis_weights(lp, rollout, mask, cap=2.0), torch.tensor([[1.0, 0.5, 2.0]]))
+
+
+def test_per_role_gradients_sum_to_the_plain_update():
+    with_diag, without = make_group(), make_group("learner.role_grad_diagnostics=false")
+    m = with_diag.update(make_batch(ROWS))
+    without.update(make_batch(ROWS))
+    assert {"grad/norm/generator", "grad/norm/evaluator", "grad/dominance/p"} <= set(m)
+    assert max_abs_diff(weights(with_diag), weights(without)) < 1e-5
+
+
+IDENTICAL = ([10, 11, 12], [20, 21, 22, 23], 1.0)
+
+
+def _parallel_batch():
+    """Role 'generator' has 3 parallel agents answering the identical prompt identically (same advantage);
+    role 'evaluator' has one agent with the very same row."""
+    batch = make_batch([(*IDENTICAL, "generator")] * 3 + [(*IDENTICAL, "evaluator")])
+    batch.agents = ["generator0", "generator1", "generator2", "evaluator"]
+    return batch
+
+
+def test_three_parallel_agents_triple_their_roles_gradient_and_normalisation_removes_it():
+    m = make_group().update(_parallel_batch())
+    assert m["grad/norm/generator"] == pytest.approx(3 * m["grad/norm/evaluator"], rel=1e-4)
+    assert m["grad/norm_share/generator"] == pytest.approx(0.75, rel=1e-4)
+    normed = make_group("algo.parallel_agent_norm=true").update(_parallel_batch())
+    assert normed["grad/norm/generator"] == pytest.approx(normed["grad/norm/evaluator"], rel=1e-4)
+
+
+def test_role_balance_equalises_roles_of_unequal_token_mass():
+    m = make_group("algo.role_balance=true").update(_parallel_batch())
+    assert m["grad/norm/generator"] == pytest.approx(m["grad/norm/evaluator"], rel=1e-4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES
@@ -204,11 +204,6 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
 
 def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def section(cfg: Any) -> DictConfig:
-    """A component's own section (read-only view), for passing across process boundaries as a dict."""
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
 _CHOICES = {

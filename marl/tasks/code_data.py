@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from marl.tasks.data import FILE_SUFFIXES, LoadReport, read_rows, row_problem
+from marl.tasks.data import FILE_SUFFIXES, LoadReport, collect_tasks, read_rows, row_problem
 from marl.types import Task
 
 log = logging.getLogger(__name__)
@@ -79,18 +79,10 @@ def load_code_rows(path: str | Path) -> LoadReport:
 
 def validate_code_rows(rows: list[object], prefix: str, source: str) -> LoadReport:
     """Rows → Tasks with unique ids; every other row is counted under the reason it failed."""
-    report = LoadReport(tasks=[])
-    seen: set[str] = set()
-    for index, row in enumerate(rows):
-        result = row_problem(row) or code_row_to_task(row, index, prefix, source)  # type: ignore[arg-type]
-        if isinstance(result, str):
-            report.skip(result)
-        elif result.task_id in seen:
-            report.skip("duplicate_id")
-        else:
-            seen.add(result.task_id)
-            report.tasks.append(result)
-    return report
+    return collect_tasks(
+        row_problem(row) or code_row_to_task(row, index, prefix, source)  # type: ignore[arg-type]
+        for index, row in enumerate(rows)
+    )
 
 
 def code_row_to_task(row: dict[str, Any], index: int, prefix: str, source: str) -> Task | str:

@@ -75,14 +75,11 @@ def _row_to_task(row: object, index: int, prefix: str, kind: str, meta: dict[str
     return Task(task_id=task_id, prompt=prompt, answer=answer, kind=kind, meta=dict(meta))
 
 
-def validate_rows(
-    rows: Iterable[object], prefix: str, kind: str = "math", meta: dict[str, Any] | None = None
-) -> LoadReport:
-    """Turn raw rows ({'prompt', 'answer', optional 'id'}) into Tasks; ids must be unique."""
+def collect_tasks(results: Iterable[Task | str]) -> LoadReport:
+    """Tasks (or the reason a row was skipped) into a LoadReport; ids must be unique."""
     report = LoadReport(tasks=[])
     seen: set[str] = set()
-    for index, row in enumerate(rows):
-        result = _row_to_task(row, index, prefix, kind, meta or {})
+    for result in results:
         if isinstance(result, str):
             report.skip(result)
         elif result.task_id in seen:
@@ -92,6 +89,13 @@ def validate_rows(
             seen.add(result.task_id)
             report.tasks.append(result)
     return report
+
+
+def validate_rows(
+    rows: Iterable[object], prefix: str, kind: str = "math", meta: dict[str, Any] | None = None
+) -> LoadReport:
+    """Turn raw rows ({'prompt', 'answer', optional 'id'}) into Tasks; ids must be unique."""
+    return collect_tasks(_row_to_task(row, index, prefix, kind, meta or {}) for index, row in enumerate(rows))
 
 
 def _log_skips(source: str, report: LoadReport) -> None:

@@ -155,8 +155,11 @@ class InputError(ValueError):
     """The model or the data cannot be used (missing folder, no valid rows, ...)."""
 
 
-class StopRequested(Exception):
-    """SIGTERM (e.g. `ray job stop`): unwind through the cleanup that releases actors."""
+class StopRequested(BaseException):
+    """SIGTERM (e.g. `ray job stop`): unwind through the cleanup that releases actors.
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` handlers on the way (which turn a
+    member's failure into an attributable GroupError) cannot re-label a stop as a training failure."""
 
 
 EXIT_CONFIG, EXIT_INPUT, EXIT_TRAINING, EXIT_STOPPED = 2, 3, 4, 143

@@ -6,6 +6,7 @@ collective needed), scatters contiguous shards, and merges the ranks' metric sum
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -53,7 +54,8 @@ class LearnerGroup:
         """Weights the advantages (mitigations), scatters shards and starts one optimizer step per rank."""
         tokens = batch.loss_mask[:, 1:].sum(-1)
         normalizer = local_normalizer(batch.loss_mask[:, 1:], self.algo_agg)
-        batch.advantages = batch.advantages * self._mitigation_weights(batch, tokens)
+        # A weighted copy: the caller's batch is left as it was handed in.
+        batch = dataclasses.replace(batch, advantages=batch.advantages * self._mitigation_weights(batch, tokens))
         extra = advantage_mass(batch.roles, batch.advantages, tokens)
         rows = len(batch)
         if self.drop_zero_advantage:

@@ -31,14 +31,14 @@ def assign_flat_grads(params: list[torch.nn.Parameter], flat: Tensor) -> None:
 def role_grad_metrics(role_grads: Tensor, roles: list[str], policy_id: str) -> dict[str, float]:
     """role_grads [R, P] (row r = gradient of role r's share of the loss) → flat metrics.
 
-    grad/norm/<role>, grad/norm_share/<role> (‖g_r‖ / Σ‖g‖), grad/dominance/<policy> (max share),
+    grad/role_norm/<role>, grad/norm_share/<role> (‖g_r‖ / Σ‖g‖), grad/dominance/<policy> (max share),
     grad/cos/<a>__<b> for each pair of roles with a non-zero gradient.
     """
     norms = role_grads.double().norm(dim=1)
     total = float(norms.sum())
     out: dict[str, float] = {}
     for r, role in enumerate(roles):
-        out[f"grad/norm/{role}"] = float(norms[r])
+        out[f"grad/role_norm/{role}"] = float(norms[r])
         out[f"grad/norm_share/{role}"] = float(norms[r]) / total if total > 0 else 0.0
     out[f"grad/dominance/{policy_id}"] = max((out[f"grad/norm_share/{r}"] for r in roles), default=0.0)
     for a, b in itertools.combinations(range(len(roles)), 2):

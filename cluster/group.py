@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from cluster.placement import GroupPlacement
+
 
 class GroupError(RuntimeError):
     """A member call failed; the message names the member and the method."""
@@ -35,6 +37,15 @@ class MemberOptions:
     max_restarts: int = 0
 
 
+def _resource_options(opts: MemberOptions, placement: GroupPlacement | None, i: int) -> dict[str, Any]:
+    """Ray actor options for member i: its own counts, or its bundle's resources and that bundle."""
+    if placement is None:
+        return {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus}
+    custom = dict(placement.bundles[i])
+    return {"num_cpus": custom.pop("CPU", 0.0), "num_gpus": custom.pop("GPU", 0.0), "resources": custom,
+            "scheduling_strategy": placement.strategy(i)}
+
+
 class Pending:
     """Results of one call on some members, not yet awaited."""
 
@@ -45,6 +56,10 @@ class Pending:
         if self._group.local:
             return self._group._get_local(self._items, self._indices, self._method, timeout)
         return self._group._get(self._items, self._indices, self._method, timeout)
+
+    @property
+    def indices(self) -> list[int]:
+        return list(self._indices)
 
     def payload(self, timeout: float) -> Any:
         """The first member's result as an argument for another group's call: a remote group's object ref
@@ -59,7 +74,9 @@ class Group:
 
     def __init__(self, cls: type, n: int, name: str, args: Sequence[Any] = (),
                  options: MemberOptions | None = None, per_member_kwargs: Sequence[dict] | None = None,
-                 per_member_env: Sequence[dict[str, str]] | None = None):
+                 per_member_env: Sequence[dict[str, str]] | None = None, placement: GroupPlacement | None = None):
+        """`placement`: the placement-group bundle of each member (remote groups); members then take their
+        bundle's resources instead of `options`' counts, so they always fit the bundle they are scheduled into."""
         self.name, self.n = name, n
         kwargs = list(per_member_kwargs or [{} for _ in range(max(n, 1))])
         if n == 0:
@@ -70,14 +87,18 @@ class Group:
             return
         opts = options or MemberOptions()
         envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n
+        if placement is not None and len(placement.indices) != n:
+            raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
         remote_cls = ray.remote(cls)
-        self._members = [
-            remote_cls.options(
-                name=f"{name}:{i}", num_cpus=opts.num_cpus, num_gpus=opts.num_gpus,
-                max_restarts=opts.max_restarts, runtime_env={"env_vars": envs[i]},
+
+        def spawn(i: int) -> Any:
+            return remote_cls.options(
+                name=f"{name}:{i}", max_restarts=opts.max_restarts, runtime_env={"env_vars": envs[i]},
+                **_resource_options(opts, placement, i),
             ).remote(*args, **kwargs[i])
-            for i in range(n)
-        ]
+
+        self._spawn = spawn  # kept for replace(): a member is rebuilt exactly as it was first built
+        self._members = [spawn(i) for i in range(n)]
 
     @property
     def local(self) -> bool:
@@ -118,6 +139,22 @@ class Group:
             raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:g}s deadline") from None
         except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
             raise GroupError(f"{self.name}:{index}.{method} failed: {e}") from e
+
+    def replace(self, index: int, timeout: float) -> None:
+        """Kill member `index` (dead or hung) and start a new one under the same name and slot. Ray frees a
+        killed actor's name asynchronously, so the new one is retried until the name is free or `timeout`."""
+        if self.local:
+            raise GroupError(f"{self.name}:{index} is in-process and cannot be replaced")
+        ray.kill(self._members[index], no_restart=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._members[index] = self._spawn(index)
+                return
+            except ValueError as e:  # "The name ... is already taken"
+                if time.monotonic() > deadline:
+                    raise GroupTimeout(f"{self.name}:{index} could not be replaced within {timeout:g}s: {e}") from e
+                time.sleep(0.05)
 
     def _call_local(self, index: int, method: str, args: tuple, kwargs: dict) -> Future:
         return self._executors[index].submit(getattr(self._members[index], method), *args, **kwargs)

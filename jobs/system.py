@@ -1,20 +1,25 @@
-"""Builds the running system for one config: a LearnerGroup per policy, an EngineGroup per role, the
-Collector, and the weight sync between them. Nothing here branches on shared vs isolated: the policy map
-alone decides which learner feeds which engines."""
+"""Builds the running system for one config: a LearnerGroup per policy, the EngineGroups (one per role, one
+per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them. Nothing here
+branches on shared vs isolated: the policy map alone decides which learner feeds which engines."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from cluster.fingerprint import fingerprint
+from cluster.nccl import broadcast_nccl, connect
+from cluster.placement import RunPlacement
 from cluster.transport import broadcast
+from jobs.resources import MULTI_LORA_KEY, build_placement, engine_group_name, engine_keys, learner_group_name
 from learners.group import LearnerGroup
 from marl.policy_map import PolicyMap
 from marl.workflows import get_workflow
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
 from rollout.engine_group import EngineGroup
+from rollout.lora import adapter_fingerprint
 
 
 @dataclass
@@ -24,40 +29,104 @@ class System:
     engines: dict[str, EngineGroup]
     collector: Collector
     sync_timeout_s: float
+    placement: RunPlacement | None = None  # the run's placement group; released after its members
+    transport: str = "object_store"  # sync.transport
+    bucket_bytes: int = 256 << 20  # sync.bucket_mb, for nccl
+    version: int = 0  # the weight version the engines serve (what a replaced engine is caught up to)
+    channels_ready: bool = False  # nccl: channels are formed on the first sync and after a replacement
+
+    def engine_groups(self, policy_id: str | None = None) -> list[EngineGroup]:
+        """Distinct engine groups (of one policy's roles): a group serving several roles counts once."""
+        roles = self.policy_map.roles_of(policy_id) if policy_id is not None else self.policy_map.roles
+        return list({id(self.engines[r]): self.engines[r] for r in roles}.values())
 
     def sync(self, version: int) -> dict[str, float]:
-        """Push every policy's weights to the engines of its roles; every engine confirms `version` and the
-        fingerprint of the weights it now serves."""
+        """Push every policy's weights (or LoRA adapter) once to each engine group serving its roles; every
+        engine confirms `version` and the fingerprint of the weights it now serves."""
+        if self.transport == "nccl" and not self.channels_ready:
+            for pid, learner in self.learners.items():
+                connect(learner.group, [e.group for e in self.engine_groups(pid)], self.sync_timeout_s)
+            self.channels_ready = True
         total = {"time/sync_s": 0.0, "sync/bytes": 0.0, "sync/verified": 0.0}
-        for pid, learner in self.learners.items():
-            dsts = [self.engines[role].group for role in self.policy_map.roles_of(pid)]
-            out = broadcast(learner.group, "get_weights", dsts, "load_weights", version, self.sync_timeout_s,
-                            fingerprint=fingerprint)
+        for pid in self.learners:
+            out = self._sync_policy(pid, self.engine_groups(pid), version)
             total["time/sync_s"] += out["sync_s"]
             total["sync/bytes"] += out["bytes"]
             total["sync/verified"] += out["verified"]
+        self.version = version
         return total
 
+    def _sync_policy(self, pid: str, engines: list[EngineGroup], version: int,
+                     indices: list[int] | None = None) -> dict[str, float]:
+        src, dsts, timeout = self.learners[pid].group, [e.group for e in engines], self.sync_timeout_s
+        if engines[0].multi_lora:  # adapters are small: always through the object store
+            return broadcast(src, "get_adapter", dsts, "load_adapter", version, timeout,
+                             fingerprint=adapter_fingerprint, indices=indices)
+        if self.transport == "nccl" and indices is None:
+            return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
+        return broadcast(src, "get_weights", dsts, "load_weights", version, timeout, fingerprint=fingerprint,
+                         indices=indices)
+
+    def resync_member(self, engines: EngineGroup, index: int) -> None:
+        """Catch a replaced engine up to the current version (object store, fingerprint-checked)."""
+        for pid in engines.policies:
+            self._sync_policy(pid, [engines], self.version, indices=[index])
+        self.channels_ready = False  # an NCCL channel's members are fixed: form them anew before the next sync
+
     def shutdown(self) -> None:
-        for group in [*self.engines.values(), *self.learners.values()]:
+        for group in [*self.engine_groups(), *self.learners.values()]:
             group.shutdown()
+        if self.placement is not None:
+            self.placement.release()
 
 
 def build_system(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any) -> System:
+    placement = build_placement(cfg, policy_map)  # all bundles reserved before any member starts
+    try:
+        return _build_groups(cfg, model_path, policy_map, family, placement)
+    except BaseException:
+        if placement is not None:
+            placement.release()  # also ends the members already started in it
+        raise
+
+
+def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
+                  placement: RunPlacement | None) -> System:
+    def bundles(name: str):
+        return placement.group(name) if placement is not None else None
+
     temperature = cfg.rollout.sampling.temperature
     learners = {
         pid: LearnerGroup(pid, model_path, cfg.model, cfg.learner, cfg.algo, temperature, cfg.steps,
-                          cfg.seed, cfg.run_name)
+                          cfg.seed, cfg.run_name, placement=bundles(learner_group_name(cfg.run_name, pid)))
         for pid in policy_map.policies
     }
-    per_role = max(cfg.rollout.engines_per_role, 1)
-    engines = {
-        role: EngineGroup(role, policy_map[role], model_path, cfg.rollout, cfg.model.dtype, cfg.run_name,
-                          first_slot=k * per_role)
-        for k, role in enumerate(policy_map.roles)
-    }
+    engines = _engine_groups(cfg, model_path, policy_map, bundles)
     get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
                               max_strategies=cfg.marl.max_strategies)
     collector = Collector(engines, cfg.marl.workflow, family, options)
-    return System(policy_map, learners, engines, collector, cfg.sync_timeout_s)
+    system = System(policy_map, learners, engines, collector, cfg.sync_timeout_s, placement, cfg.sync.transport,
+                    cfg.sync.bucket_mb << 20)
+    for group in system.engine_groups():
+        group.resync = functools.partial(system.resync_member, group)
+    return system
+
+
+def _engine_groups(cfg: Any, model_path: str, policy_map: PolicyMap, bundles: Any) -> dict[str, EngineGroup]:
+    """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object."""
+    per_group = max(cfg.rollout.engines_per_role, 1)
+    out: dict[str, EngineGroup] = {}
+    for k, key in enumerate(engine_keys(cfg, policy_map)):
+        if key == MULTI_LORA_KEY and cfg.rollout.lora_serving == "multi":
+            roles = policy_map.roles
+        elif cfg.rollout.engine_scope == "policy":
+            roles = policy_map.roles_of(key)
+        else:
+            roles = [key]
+        group = EngineGroup(key, {r: policy_map[r] for r in roles}, model_path, cfg.rollout, cfg.model.dtype,
+                            cfg.run_name, first_slot=k * per_group,
+                            placement=bundles(engine_group_name(cfg.run_name, key)),
+                            lora_rank=cfg.model.lora.rank, weight_channel=cfg.sync.transport == "nccl")
+        out.update(dict.fromkeys(roles, group))
+    return out

@@ -13,10 +13,11 @@ import torch
 
 from cluster.collective import init_collective
 from cluster.group import Group, MemberOptions, Pending
+from cluster.placement import GroupPlacement
+from learners.backends import rank_class
 from learners.batch import TrainBatch
-from learners.learner import Learner
 from learners.losses import local_normalizer
-from learners.mitigations import parallel_agent_weights, role_balance_weights
+from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.role_grads import advantage_mass
 
 
@@ -34,19 +35,20 @@ class LearnerGroup:
     """`learner.ranks` ranks (0 = one in-process learner) training policy `policy_id`."""
 
     def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
-                 temperature: float, total_steps: int, seed: int, run_name: str):
+                 temperature: float, total_steps: int, seed: int, run_name: str,
+                 placement: GroupPlacement | None = None):
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
-        self.drop_zero_advantage = algo.kl_coef == 0
+        self.drop_zero_advantage = not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.algo, self.diagnostics = algo, learner.role_grad_diagnostics
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         self.group = Group(
-            Learner, learner.ranks, name=f"{run_name}:learner:{policy_id}",
+            rank_class(learner.backend), learner.ranks, name=f"{run_name}:learner:{policy_id}",
             args=(policy_id, model_path, model, learner, algo, temperature, total_steps, seed),
             options=MemberOptions(num_cpus=learner.rank_num_cpus, env={"OMP_NUM_THREADS": str(threads)}),
-            per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))],
+            per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
         )
         init_collective(self.group, "gloo", self.timeout)
 
@@ -79,6 +81,14 @@ class LearnerGroup:
     def export(self, out_dir: str) -> str:
         return self.group.call("export", out_dir, indices=[0], timeout=self.timeout)[0]
 
+    def save(self, path: str) -> None:
+        """Every rank writes its part of the policy's state into `path` (learners/checkpoint.py)."""
+        self.group.call("save_state", path, timeout=self.timeout)
+
+    def load(self, path: str) -> None:
+        """Every rank restores the policy's state from `path`."""
+        self.group.call("load_state", path, timeout=self.timeout)
+
     def shutdown(self) -> None:
         self.group.shutdown()
 
@@ -95,10 +105,13 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
     # Per-role gradient metrics come from all-reduced gradients: every rank holds the same values.
     out.update({k: v for k, v in per_rank[0].items() if k.startswith("grad/")})
     for key, value in total.items():
-        if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/")):
+        if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):
             metric, role = key.split("_sum/")
             out[f"{_METRIC_NAMES[metric]}/{role}"] = value / max(total.get(f"tokens/{role}", 0.0), 1.0)
     return out
 
 
-_METRIC_NAMES = {"entropy": "entropy", "logprob_diff": "rollout/logprob_diff", "kl": "kl"}
+# A role's clip fraction is `clip_frac/role/<role>`: `clip_frac/<policy>` exists too and a policy may share
+# a role's name (isolated maps), so the two must not collide.
+_METRIC_NAMES = {"entropy": "entropy", "logprob_diff": "rollout/logprob_diff", "kl": "kl",
+                 "clip_frac": "clip_frac/role"}

@@ -10,13 +10,16 @@ detached from the same forward instead of a second pass; the engine's logprobs a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from cluster import collective
+from cluster.nccl import WeightChannel
 from learners.batch import TrainBatch
+from learners.checkpoint import load_learner_state, save_learner_state
 from learners.losses import (
     LOSS_AGGREGATIONS,
     entropy_from_logits,
@@ -25,9 +28,10 @@ from learners.losses import (
     tis_weights,
     token_logprobs,
 )
+from learners.mitigations import kl_coefficients, uses_kl
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
-from learners.weights import export_hf, is_lora, load_policy_model, merged_state_dict
+from learners.weights import adapter_payload, export_hf, is_lora, load_policy_model, merged_state_dict
 
 
 class Learner:
@@ -50,7 +54,7 @@ class Learner:
             self.optimizer,
             lambda s: lr_factor(s, opt.warmup_steps, total_steps, opt.schedule, opt.min_lr_ratio),
         )
-        self.reference = self._reference_model(model) if algo.kl_coef > 0 else None
+        self.reference = self._reference_model(model) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         self.step = 0
 
     def _reference_model(self, model: Any) -> torch.nn.Module | None:
@@ -111,8 +115,13 @@ class Learner:
             out[r] = flat_grads(self.params)
         return out
 
+    def _forward(self, mb: TrainBatch) -> torch.Tensor:
+        """The policy's logits [B, T, V]; a backend that wraps the model (DeepSpeed) routes it through its engine."""
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float]) -> torch.Tensor:
-        logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        """One micro-batch's loss (normalised by the global `normalizer`); adds its metric sums to `sums`."""
+        logits = self._forward(mb)
         logits = logits[:, :-1].float() / self.temperature
         targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
         lp = token_logprobs(logits, targets)
@@ -122,19 +131,27 @@ class Learner:
             advantages = advantages * tis_weights(lp, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
         loss, m = ppo_clip_loss(lp, lp.detach(), advantages, mask, clip_low=algo.clip_low,
                                 clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
-        if self.algo.kl_coef > 0:
-            kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
-            loss = loss + algo.kl_coef * LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl, mask, max(normalizer, 1))
-            _add_per_role(sums, "kl_sum", kl.detach(), mask, mb.roles)
+        if uses_kl(algo.kl_coef, algo.kl_anchor_roles):
+            loss = loss + self._kl_term(mb, lp, mask, normalizer, sums)
         sums["loss"] += float(loss.detach())
         sums["clip_frac_sum"] += float(m["clip_frac_sum"])
         sums["tokens"] += float(m["tokens"])
         with torch.no_grad():
+            _add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, mb.roles)
             _add_per_role(sums, "entropy_sum", entropy_from_logits(logits), mask, mb.roles)
             diff = (lp.detach() - mb.rollout_logprobs[:, 1:]).abs()
             _add_per_role(sums, "logprob_diff_sum", diff, mask, mb.roles)
             _add_per_role(sums, "tokens", torch.ones_like(diff), mask, mb.roles)
         return loss
+
+    def _kl_term(self, mb: TrainBatch, lp: torch.Tensor, mask: torch.Tensor, normalizer: float,
+                 sums: dict[str, float]) -> torch.Tensor:
+        """KL to the reference, each row weighted by algo.kl_coef plus its role's kl_anchor_roles entry."""
+        algo = self.algo
+        kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
+        coef = kl_coefficients(mb.roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
+        _add_per_role(sums, "kl_sum", kl.detach(), mask, mb.roles)
+        return LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
@@ -148,9 +165,29 @@ class Learner:
     def get_weights(self) -> dict[str, torch.Tensor]:
         return merged_state_dict(self.model)
 
+    def get_adapter(self) -> dict[str, Any]:
+        """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
+        return adapter_payload(self.model, self.policy_id)
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
+        was replaced, since a channel's members are fixed."""
+        self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s)
+
+    def nccl_send(self, version: int, bucket_bytes: int, fingerprint: Callable) -> dict[str, float]:
+        weights = self.get_weights()
+        return {"fingerprint": fingerprint(weights), "bytes": self.weight_channel.send(weights, version, bucket_bytes)}
+
     def export(self, out_dir: str) -> str:
         export_hf(self.model, self.model_path, self.dtype, out_dir)
         return out_dir
+
+    # -- checkpoint state (the contract is in learners/checkpoint.py) --
+    def save_state(self, path: str) -> None:
+        save_learner_state(path, self.rank, self.model, self.optimizer, self.scheduler, self.step)
+
+    def load_state(self, path: str) -> None:
+        self.step = load_learner_state(path, self.rank, self.model, self.optimizer, self.scheduler)
 
 
 def _all_reduce(flat: torch.Tensor) -> None:

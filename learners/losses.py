@@ -116,7 +116,8 @@ def ppo_clip_loss(
     with no loss tokens anywhere gives 0 instead of NaN). Positions outside the mask never reach
     exp, so garbage there cannot turn into inf/NaN values or gradients.
     Metrics (detached sums over this shard's loss tokens, for the caller to add up):
-    'clip_frac_sum' (tokens whose clipped term is the active one), 'ratio_sum', 'tokens'.
+    'clip_frac_sum' (tokens whose clipped term is the active one), 'ratio_sum', 'tokens'; and 'clipped'
+    (bool [B, T], those tokens, so a caller can split the clip fraction by role).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -129,6 +130,7 @@ def ppo_clip_loss(
     loss = _aggregation(agg).reduce(per_token, mask, norm)
     with torch.no_grad():
         metrics = {
+            "clipped": mask & (clipped > unclipped),
             "clip_frac_sum": (mask & (clipped > unclipped)).sum().to(per_token.dtype),
             "ratio_sum": masked_sum(ratio, mask).detach(),
             "tokens": mask.sum().to(per_token.dtype),

@@ -37,3 +37,18 @@ def parallel_agent_weights(roles: list[str], agents: list[str]) -> Tensor:
     for role, agent in zip(roles, agents, strict=True):
         instances.setdefault(role, set()).add(agent)
     return torch.tensor([1.0 / len(instances[r]) for r in roles])
+
+
+def kl_coefficients(roles: list[str], base: float, anchors: dict[str, float]) -> Tensor:
+    """[B] per-row KL coefficient: `base` for every row plus `anchors[role]` for the anchored roles' rows.
+
+    The per-role KL anchor pulls only a drifting role (e.g. a captured evaluator) back toward the reference,
+    leaving the other roles' tokens at the global coefficient. Both aggregations are linear in the per-token
+    loss, so scaling a row's KL terms by its coefficient applies the anchor to that role's tokens alone.
+    """
+    return torch.tensor([base + anchors.get(r, 0.0) for r in roles], dtype=torch.float32)
+
+
+def uses_kl(kl_coef: float, anchors: dict[str, float]) -> bool:
+    """Whether any row gets a KL term (a reference model and zero-advantage rows are then needed)."""
+    return kl_coef > 0 or any(v > 0 for v in anchors.values())

@@ -50,6 +50,19 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+@torch.no_grad()
+def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
+    """What a LoRA-only sync ships: the adapter's tensors under peft's saved names (as in
+    adapter_model.safetensors) and its config as a plain dict (as in adapter_config.json)."""
+    from peft import get_peft_model_state_dict
+
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    config = model.peft_config["default"].to_dict()
+    # Sets (target_modules) and enums are not JSON; engines write this dict as adapter_config.json.
+    config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()}
+    return {"policy_id": policy_id, "tensors": tensors, "config": config}
+
+
 def export_hf(model: torch.nn.Module, model_path: str, dtype: str, out_dir: str) -> None:
     """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`."""
     plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])

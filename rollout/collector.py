@@ -20,7 +20,8 @@ from rollout.engine_group import EngineGroup
 
 
 class BatchingClient:
-    """A PolicyClient that routes each role's requests to that role's EngineGroup in batches."""
+    """A PolicyClient that routes each role's requests to that role's EngineGroup in batches (a group may
+    serve several roles; it is told whose batch it gets)."""
 
     def __init__(self, engines: Mapping[str, EngineGroup], sampling: Sampling):
         self.engines, self.sampling = engines, sampling
@@ -64,7 +65,7 @@ class BatchingClient:
         seed = self.sampling.seed + 1_000_003 * k + (sum(map(ord, role)) % 997) * 7919
         try:
             sampling = dataclasses.replace(self.sampling, seed=seed)
-            outs = await self.engines[role].generate([m for m, _ in queue], sampling)
+            outs = await self.engines[role].generate([m for m, _ in queue], sampling, role=role)
         except Exception as e:  # noqa: BLE001 - every waiting episode must see the engine's failure
             for _, fut in queue:
                 if not fut.done():

@@ -1,29 +1,40 @@
-"""EngineGroup: the inference engines that serve one role, hosted by cluster.Group."""
+"""EngineGroup: the inference engines that serve some roles, hosted by cluster.Group.
+
+A group serves one role, all roles of one policy (rollout.engine_scope=policy), or every policy at once as
+LoRA adapters on one base model (rollout.lora_serving=multi: requests of a role go to its policy's adapter).
+A member that dies or misses its deadline is replaced (same name and slot), caught up to the current
+weights through `resync`, and the chunk it held is retried on it exactly once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from cluster.group import Group, MemberOptions
+from ray.exceptions import RayActorError
+
+from cluster.group import Group, GroupError, GroupTimeout, MemberOptions
+from cluster.placement import GroupPlacement
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 
 
-def _engine_kwargs(rollout: Any) -> dict[str, Any]:
+def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool) -> dict[str, Any]:
     if rollout.backend != "vllm":
         return {}
     return {"kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "max_model_len": rollout.max_model_len}
+            "max_model_len": rollout.max_model_len, "max_loras": adapters, "max_lora_rank": lora_rank,
+            "weight_channel": weight_channel}
 
 
 def _engine_env(rollout: Any, slot: int) -> dict[str, str]:
     """Environment of engine actor `slot`: vLLM reads its settings at import, before any method runs."""
     if rollout.backend != "vllm":
         return {}
-    from rollout.vllm_engine import cpu_bind, default_cache_root, engine_env
+    from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
 
     return engine_env(cpu_bind(slot, rollout.torch_threads, os.cpu_count() or 1), default_cache_root())
 
@@ -42,38 +53,100 @@ def _engine_class(backend: str) -> type:
 
 
 class EngineGroup:
-    """`replicas` engines (0 = one in-process) serving `role` with the weights of `policy_id`."""
+    """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `policy_of` (role ->
+    policy). Without multi-LoRA all its roles must map to one policy, whose weights the engines serve."""
 
-    def __init__(self, role: str, policy_id: str, model_path: str, rollout: Any, dtype: str, run_name: str,
-                 first_slot: int = 0):
-        """`first_slot`: this group's first engine's index among all engines of the run (CPU core binding)."""
-        self.role, self.policy_id = role, policy_id
-        self.max_batch_size = rollout.max_batch_size
-        self.timeout = rollout.call_timeout_s
-        threads = rollout.torch_threads
-        n = rollout.engines_per_role
+    def __init__(self, name: str, policy_of: Mapping[str, str], model_path: str, rollout: Any, dtype: str,
+                 run_name: str, first_slot: int = 0, placement: GroupPlacement | None = None, lora_rank: int = 0,
+                 weight_channel: bool = False, engine_cls: type | None = None):
+        """`name`: the group's key (role, policy, or "lora"); `first_slot`: this group's first engine's index
+        among all engines of the run (CPU core binding); `lora_rank`: adapters' rank (multi-LoRA);
+        `weight_channel`: engines receive weights over NCCL; `engine_cls`: instead of the backend's."""
+        self.policy_of = dict(policy_of)
+        self.multi_lora = rollout.lora_serving == "multi"
+        policies = list(dict.fromkeys(self.policy_of.values()))
+        if not self.multi_lora and len(policies) != 1:
+            raise ValueError(f"engine group {name!r} would serve several policies {policies} without multi-LoRA")
+        self.policy_id = "" if self.multi_lora else policies[0]
+        self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
+        self.replace_dead = rollout.replace_dead_engines
+        self.resync: Callable[[int], None] | None = None  # set by the System: catch a replaced member up
+        self.replacements = 0
+        self._epochs: dict[int, int] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        threads, n = rollout.torch_threads, rollout.engines_per_role
+        kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel)
         self.group = Group(
-            _engine_class(rollout.backend), n, name=f"{run_name}:engine:{role}",
-            args=(model_path, dtype, threads, policy_id),
+            engine_cls or _engine_class(rollout.backend), n, name=f"{run_name}:engine:{name}",
+            args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env={"OMP_NUM_THREADS": str(threads)}),
-            per_member_kwargs=[_engine_kwargs(rollout)] * max(n, 1),
-            per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None,
+            per_member_kwargs=[kwargs] * max(n, 1),
+            per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None, placement=placement,
         )
 
-    async def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
-        """Split `requests` into chunks of at most max_batch_size, spread round-robin over the replicas."""
+    @property
+    def policies(self) -> list[str]:
+        return list(dict.fromkeys(self.policy_of.values()))
+
+    async def generate(self, requests: list[list[Message]], sampling: Sampling,
+                       role: str | None = None) -> list[Completion]:
+        """Split `requests` into chunks of at most max_batch_size, spread round-robin over the replicas.
+        `role`: whose requests these are (routes to the role's adapter under multi-LoRA)."""
+        if self.multi_lora and role not in self.policy_of:
+            raise KeyError(f"{self.group.name} serves roles {sorted(self.policy_of)}, not {role!r}")
+        adapter = (self.policy_of[role],) if self.multi_lora else ()
         size = self.max_batch_size
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
         calls = [
-            self.group.acall(k % self.group.size, "generate", chunk,
-                             dataclasses.replace(sampling, seed=sampling.seed + k), timeout=self.timeout)
+            self._generate_chunk(k % self.group.size, role,
+                                 (chunk, dataclasses.replace(sampling, seed=sampling.seed + k), *adapter))
             for k, chunk in enumerate(chunks)
         ]
         results = await asyncio.gather(*calls)
         return [c for chunk in results for c in chunk]
+
+    async def _generate_chunk(self, index: int, role: str | None, args: tuple) -> list[Completion]:
+        epoch = self._epochs.get(index, 0)
+        try:
+            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+        except GroupError as e:
+            if not (self.replace_dead and _replaceable(self.group, e)):
+                raise _for_role(e, role) from e
+            failure = e
+        await self._replace(index, epoch, failure)
+        try:  # exactly once more, on the replacement; a second failure is the step's
+            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+        except GroupError as e:
+            raise _for_role(e, role, retried=True) from e
+
+    async def _replace(self, index: int, epoch: int, failure: GroupError) -> None:
+        """One replacement per failure: chunks of the same member that failed with it wait for it."""
+        async with self._locks.setdefault(index, asyncio.Lock()):
+            if self._epochs.get(index, 0) != epoch:
+                return  # another chunk already replaced this member
+            await asyncio.to_thread(self._replace_now, index)
+            self._epochs[index] = epoch + 1
+
+    def _replace_now(self, index: int) -> None:
+        self.group.replace(index, self.timeout)
+        self.replacements += 1
+        if self.resync is not None:
+            self.resync(index)
 
     def versions(self) -> list[int]:
         return self.group.call("weight_version", timeout=self.timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()
+
+
+def _replaceable(group: Group, error: GroupError) -> bool:
+    """Dead (the actor is gone) or hung (missed its deadline); an engine's own exception is not retried."""
+    if group.local:
+        return False
+    return isinstance(error, GroupTimeout) or isinstance(error.__cause__, RayActorError)
+
+
+def _for_role(error: GroupError, role: str | None, retried: bool = False) -> GroupError:
+    note = (f" (serving role {role!r})" if role else "") + (" after replacing the engine" if retried else "")
+    return type(error)(f"{error}{note}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -9,6 +12,7 @@ from transformers.utils import logging as hf_logging
 from cluster.fingerprint import fingerprint
 from marl.types import Completion, Message
 from rollout.engine import Sampling
+from rollout.lora import adapter_bytes, write_adapter
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,6 +33,7 @@ class HFEngine:
         self.policy_id = policy_id
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
+        self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
 
     def encode(self, messages: list[Message]) -> list[int]:
         out = self.tokenizer.apply_chat_template(
@@ -37,7 +42,13 @@ class HFEngine:
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     @torch.no_grad()
-    def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+    def generate(self, requests: list[list[Message]], sampling: Sampling,
+                 adapter: str | None = None) -> list[Completion]:
+        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded)."""
+        with self._adapter_scope(adapter):
+            return self._generate(requests, sampling, adapter)
+
+    def _generate(self, requests: list[list[Message]], sampling: Sampling, adapter: str | None) -> list[Completion]:
         prompts = [self.encode(m) for m in requests]
         ids, mask = _left_pad(prompts, self.pad_id)
         greedy = sampling.temperature == 0
@@ -53,18 +64,47 @@ class HFEngine:
         if not greedy:
             logits = logits / sampling.temperature
         lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        return [self._completion(p, row, lp, sampling) for p, row, lp in zip(prompts, new, lps, strict=True)]
+        return [self._completion(p, row, lp, adapter) for p, row, lp in zip(prompts, new, lps, strict=True)]
 
-    def _completion(self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, s: Sampling) -> Completion:
+    def _completion(self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, adapter: str | None) -> Completion:
         tokens = row.tolist()
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
         n = end if end is not None else len(tokens)
         return Completion(
             text=self.tokenizer.decode(tokens[:n], skip_special_tokens=True),
             prompt_ids=prompt, response_ids=tokens[:n], logprobs=lp[:n].tolist(),
-            finish_reason="stop" if end is not None else "length", version=self.version,
-            policy_id=self.policy_id,
+            finish_reason="stop" if end is not None else "length",
+            version=self.adapter_versions.get(adapter, 0) if adapter else self.version,
+            policy_id=adapter or self.policy_id,
         )
+
+    def _adapter_scope(self, adapter: str | None) -> contextlib.AbstractContextManager:
+        if not self.adapter_versions:
+            return contextlib.nullcontext()
+        if adapter in self.adapter_versions:
+            self.model.set_adapter(adapter)
+            return contextlib.nullcontext()
+        return self.model.disable_adapter()  # a policy without an adapter yet, or the base model
+
+    def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
+        """Serve `payload` (rollout.lora) as its policy's adapter from now on; the base stays untouched."""
+        from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+
+        name = payload["policy_id"]
+        if name in self.adapter_versions:
+            set_peft_model_state_dict(self.model, payload["tensors"], adapter_name=name)
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                write_adapter(folder, payload)
+                if isinstance(self.model, PeftModel):
+                    self.model.load_adapter(folder, adapter_name=name)
+                else:
+                    self.model = PeftModel.from_pretrained(self.model, folder, adapter_name=name).eval()
+        self.adapter_versions[name] = version
+        self.version = version
+        served = get_peft_model_state_dict(self.model, adapter_name=name)
+        return {"version": version, "bytes": adapter_bytes(payload),
+                "fingerprint": fingerprint({k: served[k] for k in payload["tensors"]})}
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
         own = self.model.state_dict()

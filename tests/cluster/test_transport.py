@@ -230,3 +230,18 @@ def test_init_collective_is_a_no_op_for_one_member():
     init_collective(group, "gloo", TIMEOUT)  # a rendezvous of one would need a port and a process group
     assert not dist.is_initialized()
     group.shutdown()
+
+
+def test_broadcast_to_chosen_members_leaves_the_others_alone(ray_cluster):
+    """What a replaced engine's catch-up uses: only member 1 loads, and the report names it by its index."""
+    src = Group(Rank, 0, "src-some", per_member_kwargs=[{"rank": 0}])
+    dst = _checked(2, "some", skipping=True)  # member 1 skips its load: the error must name index 1
+    try:
+        with pytest.raises(SyncError, match=r"^some:1 serves weights with fingerprint"):
+            broadcast(src, "state", [dst], "receive", 6, TIMEOUT, fingerprint=fingerprint, indices=[1])
+        out = broadcast(src, "state", [dst], "receive", 7, TIMEOUT, fingerprint=fingerprint, indices=[0])
+        assert out["verified"] == 1.0 and out["bytes"] == float(STATE_BYTES)
+        assert [v for v, _ in dst.call("served", timeout=TIMEOUT)] == [7, 6]
+    finally:
+        dst.shutdown()
+        src.shutdown()

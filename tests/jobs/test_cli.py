@@ -39,3 +39,11 @@ def test_sigterm_stops_the_run_and_releases_it(tmp_path):
         proc.kill()
     steps = (tmp_path / "tiny" / "metrics.jsonl").read_text().count("\n")
     assert 1 <= steps < 500
+
+
+def test_resources_the_cluster_cannot_hold_exit_2_naming_the_key(tmp_path):
+    # 2 learner ranks of 1.5 CPUs each cannot fit an embedded cluster of 2 CPUs: refused before any actor starts.
+    out = _run(f"out_dir={tmp_path}", "ray.num_cpus=2", "learner.ranks=2", "learner.rank_num_cpus=1.5",
+               "ray.placement_timeout_s=5")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "learner.rank_num_cpus" in out.stderr and "Traceback" not in out.stderr

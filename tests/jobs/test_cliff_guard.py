@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.train import _cliff_guard
+from jobs.loop import cliff_guard
 from marl.cliff import CliffTracker
 
 
@@ -16,7 +16,7 @@ def test_guard_acts_on_a_sustained_drop(action, stops, capsys):
     decisions = []
     for step, acc in enumerate([0.5, 0.7, 0.45, 0.4]):
         metrics = {"eval/accuracy": acc}
-        decisions.append(_cliff_guard(cfg, tracker, step, metrics))
+        decisions.append(cliff_guard(cfg, tracker, step, metrics))
     assert decisions == [False, False, False, stops]
     assert metrics["cliff/flagged"] == 1.0 and metrics["cliff/peak"] == 0.7
     assert "terminal cliff" in capsys.readouterr().out
@@ -24,4 +24,4 @@ def test_guard_acts_on_a_sustained_drop(action, stops, capsys):
 
 def test_cliff_action_is_validated():
     with pytest.raises(ConfigError, match=r"cliff\.action"):
-        load_config("jobs/configs/tiny.yaml", ["cliff.action=rollback"])
+        load_config("jobs/configs/tiny.yaml", ["cliff.action=rewind"])

@@ -37,8 +37,11 @@ def _cfg(tmp_path: Path, *overrides: str):
     return load_config(TINY, [f"out_dir={tmp_path}", *overrides])
 
 
-@pytest.mark.parametrize("sharing", ["shared", "isolated"])
-@pytest.mark.parametrize("workflow", WORKFLOWS)
+# Isolated eval_opt and orch_workers start the most actors (one learner per role): the slow tier runs them.
+@pytest.mark.parametrize(("workflow", "sharing"), [
+    (w, s) if s == "shared" or w in ("single_agent", "voting") else pytest.param(w, s, marks=pytest.mark.slow)
+    for w in WORKFLOWS for s in ("shared", "isolated")
+])
 def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
     cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}", "rollout.engines_per_role=1",
                "learner.ranks=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2")
@@ -77,7 +80,7 @@ def _seven_tasks(tmp_path: Path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), ("isolated", 1)])
+@pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), pytest.param("isolated", 1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, backend):
     """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.

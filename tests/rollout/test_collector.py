@@ -43,7 +43,8 @@ class RecordingEngines:
         self.reply, self.error = reply, error
         self.batches: list[tuple[list[list[Message]], Sampling]] = []
 
-    async def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
+    async def generate(self, requests: list[list[Message]], sampling: Sampling,
+                       role: str | None = None) -> list[Completion]:
         self.batches.append(([[dict(m) for m in r] for r in requests], sampling))
         await asyncio.sleep(0)  # like a real engine call, yields to the loop before answering
         if self.error is not None:
@@ -122,7 +123,8 @@ MAX_BATCH = 4
 
 def _rollout(engines_per_role: int) -> SimpleNamespace:
     return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
-                           max_batch_size=MAX_BATCH, call_timeout_s=120.0)
+                           max_batch_size=MAX_BATCH, call_timeout_s=120.0, lora_serving="single",
+                           replace_dead_engines=True)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +156,7 @@ def _assert_same(got: list[Completion], want: list[Completion]) -> None:
 
 def test_in_process_engine_group_splits_by_max_batch_size(tiny, expected):
     want, _ = expected
-    group = EngineGroup("generator", "pi", tiny, _rollout(0), "float32", "t")
+    group = EngineGroup("generator", {"generator": "pi"}, tiny, _rollout(0), "float32", "t")
     threads = torch.get_num_threads()
     try:
         assert group.group.local
@@ -167,7 +169,7 @@ def test_in_process_engine_group_splits_by_max_batch_size(tiny, expected):
 
 def test_two_ray_replicas_take_chunks_round_robin(ray_cluster, tiny, expected):
     want, state = expected
-    group = EngineGroup("generator", "pi", tiny, _rollout(2), "float32", "t")
+    group = EngineGroup("generator", {"generator": "pi"}, tiny, _rollout(2), "float32", "t")
     try:
         assert group.group.size == 2 and not group.group.local
         # Same weights, distinct versions: each completion then says which replica produced it.

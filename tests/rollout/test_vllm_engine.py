@@ -18,7 +18,8 @@ from cluster.transport import SyncError, broadcast
 from jobs.models import resolve_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
-from rollout.vllm_engine import VLLMEngine, cpu_bind
+from rollout.vllm_engine import VLLMEngine
+from rollout.vllm_support import cpu_bind
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,208 @@
+"""Rollout throughput side by side, and weight-sync cost by payload size.
+
+    .venv/bin/python -m benchmarks.rollout_throughput [--model builtin:smollm2-135m-instruct] [--prompts 16]
+        [--n 4] [--tokens 128] [--reps 3] [--threads 2] [--lora-rank 64]
+
+One workload for all three engines: `prompts` chat requests x `n` samples (sent as prompts x n requests, each
+with its own seed), at most `tokens` new tokens (stopping at eos; counted are tokens actually generated),
+temperature 1, logprobs of the sampled tokens:
+  - ours:      EngineGroup.generate -> one VLLMEngine in a Ray actor (what the Collector calls per role),
+  - vllm.LLM:  a bare vllm.LLM in this process, vLLM's defaults plus the settings CPU needs,
+  - HFEngine:  transformers generate (the CPU stand-in), in this process.
+Every engine gets the same cores. Medians over `reps` after one warm-up call. Engines run one at a time.
+Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
+actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The bare engine runs in this process, and OpenMP reads its wait policy once, when torch loads it: the
+# settings the engine actors get (rollout.vllm_support.engine_env) must be in place before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from jobs.config import load_config
+from jobs.models import resolve_model
+from rollout.engine import Sampling
+from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
+
+
+def _requests(prompts: int, n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"What is {i} + {i + 3}? Explain step by step."}]
+            for i in range(prompts) for _ in range(n)]
+
+
+def _median_rate(run: Callable[[int], int], reps: int, name: str) -> float:
+    run(-1)  # warm-up
+    rates = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        tokens = run(r)
+        rates.append(tokens / (time.perf_counter() - t0))
+        print(f"# {name} rep {r}: {tokens} tokens, {rates[-1]:.1f} tokens/s", flush=True)  # partial results
+    return statistics.median(rates)
+
+
+def _rollout_cfg(args: argparse.Namespace, lora: bool) -> Any:
+    overrides = [f"model.path={args.model}", "rollout.backend=vllm", "rollout.engines_per_role=1",
+                 f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
+                 "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0"]
+    if lora:
+        overrides += ["model.lora.enabled=true", f"model.lora.rank={args.lora_rank}", "rollout.lora_serving=multi"]
+    return load_config(None, overrides)
+
+
+def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> tuple[float, dict]:
+    """Throughput through EngineGroup, then a verified full-weight sync into the same engine."""
+    from rollout.engine_group import EngineGroup
+
+    group = EngineGroup("bench", {"bench": "pi"}, path, _rollout_cfg(args, lora=False).rollout, "float32", "bench")
+    try:
+        def run(seed: int) -> int:
+            batch = requests[:2] if seed < 0 else requests
+            out = asyncio.run(group.generate(batch, Sampling(sampling.temperature, 1.0, sampling.max_new_tokens,
+                                                             seed=seed)))
+            return sum(len(c.response_ids) for c in out)
+
+        rate = _median_rate(run, args.reps, "ours")
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
+        return rate, _sync_seconds(group, "get_weights", "load_weights", weights, args.reps)
+    finally:
+        group.shutdown()
+
+
+def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
+    """A verified LoRA-only sync of one adapter of rank `lora_rank` on all linear layers."""
+    from learners.weights import adapter_payload, load_policy_model
+    from rollout.engine_group import EngineGroup
+
+    cfg = _rollout_cfg(args, lora=True)
+    payload = adapter_payload(load_policy_model(path, "float32", cfg.model.lora), "pi")
+    group = EngineGroup("lora", {"bench": "pi"}, path, cfg.rollout, "float32", "bench", lora_rank=args.lora_rank)
+    try:
+        return _sync_seconds(group, "get_adapter", "load_adapter", payload, args.reps)
+    finally:
+        group.shutdown()
+
+
+class _Source:
+    """Stands in for learner rank 0: hands out a fixed payload."""
+
+    def __init__(self, payload):
+        self.payload = payload
+
+    def get_weights(self):
+        return self.payload
+
+    def get_adapter(self):
+        return self.payload
+
+
+def _sync_seconds(group, src_method: str, dst_method: str, payload, reps: int) -> dict:
+    from cluster.fingerprint import fingerprint
+    from cluster.group import Group
+    from cluster.transport import broadcast
+    from rollout.lora import adapter_fingerprint
+
+    check = adapter_fingerprint if dst_method == "load_adapter" else fingerprint
+    src = Group(_Source, 0, "bench:source", per_member_kwargs=[{"payload": payload}])
+    outs = [broadcast(src, src_method, [group.group], dst_method, v + 1, 600.0, fingerprint=check)
+            for v in range(reps + 1)][1:]  # the first includes one-off costs (e.g. vLLM's LoRA set-up)
+    src.shutdown()
+    return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs)}
+
+
+def bench_bare_vllm(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> float:
+    from transformers import AutoTokenizer
+
+    for key, value in engine_env(cpu_bind(0, args.threads, os.cpu_count() or 1), default_cache_root()).items():
+        os.environ.setdefault(key, value)  # the engine actor's environment, for the same cores and settings
+    from vllm import LLM, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              kv_cache_memory_bytes=int(args.kv_cache_gb * 2**30))
+    prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                                   return_dict=False)} for m in requests]
+
+    def run(seed: int) -> int:
+        batch = prompts[:2] if seed < 0 else prompts
+        params = [SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_new_tokens,
+                                 seed=max(seed, 0) * 100_003 + i, logprobs=0) for i in range(len(batch))]
+        return sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, params, use_tqdm=False))
+
+    return _median_rate(run, args.reps, "vllm.LLM")  # the engine goes with this frame, before the HF engine loads
+
+
+def bench_hf(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> float:
+    from rollout.hf_engine import HFEngine
+
+    engine = HFEngine(path, torch_threads=args.threads)
+
+    def run(seed: int) -> int:
+        batch = requests[:2] if seed < 0 else requests
+        s = Sampling(sampling.temperature, 1.0, sampling.max_new_tokens, seed=max(seed, 0))
+        return sum(len(c.response_ids) for c in engine.generate(batch, s))
+
+    return _median_rate(run, args.reps, "HFEngine")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
+    parser.add_argument("--lora-rank", type=int, default=64)
+    parser.add_argument("--no-hf", action="store_true", help="skip HFEngine (minutes per repetition on CPU)")
+    parser.add_argument("--bare-only", action="store_true", help="only the bare vllm.LLM")
+    args = parser.parse_args()
+    if args.bare_only:
+        path = resolve_model(args.model)
+        rate = bench_bare_vllm(path, args, _requests(args.prompts, args.n), Sampling(1.0, 1.0, args.tokens))
+        print(f"vllm.LLM (bare): {rate:.1f} tokens/s")
+        return
+    import ray
+
+    ray.init(num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
+    path = resolve_model(args.model)
+    requests, sampling = _requests(args.prompts, args.n), Sampling(1.0, 1.0, args.tokens)
+    ours, full_sync = bench_ours(path, args, requests, sampling)
+    lora_sync = bench_lora_sync(path, args)
+    ray.shutdown()
+    rates = {"ours (EngineGroup)": ours, "vllm.LLM (bare)": bench_bare_vllm(path, args, requests, sampling)}
+    if not args.no_hf:
+        rates["HFEngine"] = bench_hf(path, args, requests, sampling)
+    _report(args, rates, full_sync, lora_sync)
+
+
+def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:
+    bare, hf = rates["vllm.LLM (bare)"], rates.get("HFEngine", float("nan"))
+    print(f"{args.model}: {args.prompts} prompts x {args.n} samples x <= {args.tokens} new tokens, logprobs on, "
+          f"{args.threads} threads, median of {args.reps} after warm-up")
+    print(f"  {'engine':<20} {'tokens/s':>10} {'x bare vLLM':>12} {'x HFEngine':>11}")
+    for name, rate in rates.items():
+        print(f"  {name:<20} {rate:10.1f} {rate / bare:12.2f} {rate / hf:11.2f}")
+    print(f"ours / bare vLLM = {rates['ours (EngineGroup)'] / bare:.2f} (target >= 0.8); "
+          f"bare vLLM / HFEngine = {bare / hf:.2f}")
+    for name, s in (("full weights", full), (f"LoRA adapter r={args.lora_rank}", lora)):
+        print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
+              f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
+
+
+if __name__ == "__main__":
+    main()

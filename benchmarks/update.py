@@ -1,0 +1,138 @@
+"""Learner update time, side by side: the DeepSpeed backend vs the torch backend vs a plain loop.
+
+    .venv/bin/python -m benchmarks.update [--model builtin:smollm2-135m-instruct] [--rows 64] [--seq 128]
+        [--prompt 32] [--micro 16] [--full] [--warmup 1] [--steps 3] [--stage 2]
+
+Workload, identical for every variant: `rows` sequences of `seq` random tokens (prompt `prompt` tokens, loss on
+the rest), two roles (generator / evaluator, alternating rows), advantages ±1, fp32, micro-batches of `micro`
+rows, LoRA r64/α32 on all linear layers (the paper's setting; `--full` for full fine-tuning), one optimizer
+step per training step, one in-process rank (learner.ranks=0). Variants:
+- plain: model(...) → masked token-mean policy-gradient loss → backward per micro-batch → one AdamW step
+  (the floor: no metrics, no normaliser plumbing, no reference, no engine);
+- torch / deepspeed (ZeRO-`stage`): the project's Learner.update, with per-role gradient diagnostics off and on.
+All variants are built first and then stepped in turn, round after round, so a change in the machine's load
+during the run hits every variant alike. Prints the median seconds per training step after `warmup` rounds,
+and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from jobs.config import load_config
+from jobs.models import resolve_model
+from learners.backends import rank_class
+from learners.batch import TrainBatch
+from learners.losses import local_normalizer, token_logprobs
+from learners.weights import load_policy_model
+
+ROLES = ("generator", "evaluator")
+
+
+def make_batch(rows: int, seq: int, prompt: int, vocab: int, seed: int = 0) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    loss_mask = torch.zeros(rows, seq, dtype=torch.bool)
+    loss_mask[:, prompt:] = True
+    return TrainBatch(
+        policy_id="p", input_ids=torch.randint(0, vocab, (rows, seq), generator=g),
+        attention_mask=torch.ones(rows, seq, dtype=torch.bool), loss_mask=loss_mask,
+        rollout_logprobs=torch.zeros(rows, seq),
+        advantages=torch.randint(0, 2, (rows,), generator=g).float() * 2 - 1, rewards=torch.zeros(rows),
+        roles=[ROLES[i % 2] for i in range(rows)], agents=[f"{ROLES[i % 2]}0" for i in range(rows)],
+    )
+
+
+def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
+    model = load_policy_model(model_path, cfg.model.dtype, cfg.model.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learner.optim.lr)
+    micro = batch.micro_batches(cfg.learner.micro_batch_size)
+    norm = float(batch.loss_mask[:, 1:].sum())
+
+    def step() -> None:
+        opt.zero_grad()
+        for mb in micro:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            lp = token_logprobs(logits.float(), mb.input_ids[:, 1:])
+            (-(lp * mb.advantages.unsqueeze(-1) * mb.loss_mask[:, 1:]).sum() / norm).backward()
+        opt.step()
+
+    return step
+
+
+def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], None]:
+    learner = rank_class(cfg.learner.backend)("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, 1000, 0)
+    payload, norm = batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
+    roles = sorted(set(batch.roles)) if role_grads else None
+    return lambda: learner.update(payload, norm, roles)
+
+
+def median_step_s(steps: dict[str, Callable[[], None]], warmup: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """name → (median wall s, median CPU s of this process) per step. On a shared machine the CPU time is the
+    steadier measure of the work done; the wall time is what a run on that machine sees."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+    for r in range(warmup + rounds):
+        for name, step in steps.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            step()
+            if r >= warmup:
+                times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+        done = ", ".join(f"{n} {t[-1][0]:.1f}s" for n, t in times.items() if t)
+        print(f"  round {r + 1}/{warmup + rounds}: {done}", flush=True)
+    return {n: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for n, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--micro", type=int, default=16)
+    parser.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA r64/α32")
+    parser.add_argument("--stage", type=int, default=2, choices=(2, 3))
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    path = resolve_model(args.model)
+    common = [f"learner.micro_batch_size={args.micro}", "model.dtype=float32", f"model.lora.enabled={not args.full}",
+              "model.lora.rank=64", "model.lora.alpha=32", "model.lora.target_modules=all-linear",
+              "learner.optim.warmup_steps=0", "algo.kl_coef=0.0", f"learner.deepspeed.zero_stage={args.stage}",
+              f"learner.torch_threads={torch.get_num_threads()}"]
+    cfg = {b: load_config("jobs/configs/tiny.yaml", [*common, f"learner.backend={b}"]) for b in ("torch", "deepspeed")}
+    vocab = load_policy_model(path, "float32", cfg["torch"].model.lora).config.vocab_size
+    batch = make_batch(args.rows, args.seq, args.prompt, vocab)
+    variants = {
+        "plain fwd+bwd+AdamW": lambda: plain_step(path, cfg["torch"], batch),
+        "torch backend": lambda: learner_step(path, cfg["torch"], batch, False),
+        "torch backend + role grads": lambda: learner_step(path, cfg["torch"], batch, True),
+        f"deepspeed ZeRO-{args.stage}": lambda: learner_step(path, cfg["deepspeed"], batch, False),
+        f"deepspeed ZeRO-{args.stage} + role grads": lambda: learner_step(path, cfg["deepspeed"], batch, True),
+    }
+    results = median_step_s({name: build() for name, build in variants.items()}, args.warmup, args.steps)
+    report(results, args, vocab)
+
+
+def report(results: dict[str, tuple[float, float]], args, vocab: int) -> None:
+    names = list(results)
+    print(f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}), {args.rows} rows × {args.seq} "
+          f"tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, vocab {vocab}, "
+          f"{torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
+    print(f"{'variant':<34}{'wall s':>8}{'vs plain':>10}{'CPU s':>8}{'vs plain':>10}")
+    plain_wall, plain_cpu = results[names[0]]
+    for name in names:
+        wall, cpu = results[name]
+        print(f"{name:<34}{wall:>8.2f}{wall / plain_wall:>9.2f}x{cpu:>8.2f}{cpu / plain_cpu:>9.2f}x")
+    for i, kind in enumerate(("wall", "CPU")):
+        p, t, tr, d, dr = (results[n][i] for n in names)
+        print(f"summary ({kind}): torch/plain {t / p:.2f}x, deepspeed/plain {d / p:.2f}x, deepspeed/torch "
+              f"{d / t:.2f}x; role grads on/off: torch {tr / t:.2f}x, deepspeed {dr / d:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""One attempt of the driver loop on one built system: start (fresh or from a checkpoint), the steps, the
+cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
+
+One step = collect → score → assign → advantages → update every policy (one optimizer step each) →
+sync weights → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the policy map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from jobs import checkpoint as ckpt
+from jobs.checkpoint import Progress
+from jobs.config import to_yaml
+from jobs.system import System, build_system
+from jobs.tracking import RunLog
+from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
+from learners.batch import build_batches, empty_batch, flat_rewards
+from marl.cliff import CliffTracker
+from marl.metrics import episode_metrics
+from marl.policy_map import PolicyMap
+from marl.tasks.data import PromptSampler
+from marl.types import Task
+from rollout.engine import Sampling
+from rollout.storage import write_episodes
+
+
+class InputError(ValueError):
+    """The model, the data or a checkpoint cannot be used (missing folder, no valid rows, corrupt, ...)."""
+
+
+class StopRequested(BaseException):
+    """SIGTERM (e.g. `ray job stop`): unwind through the cleanup that releases actors.
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` handlers on the way (which turn a
+    member's failure into an attributable GroupError) cannot re-label a stop as a training failure."""
+
+
+class StepCallback(Protocol):
+    """Told about every finished step (Tune reporting, dashboard gauges, ...). `checkpoint` is the folder
+    of the checkpoint committed at this step, if any."""
+
+    def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None: ...
+
+
+@dataclass
+class Inputs:
+    model_path: str
+    family: Any
+    sampler: PromptSampler
+    eval_tasks: list[Task]
+    policy_map: PolicyMap
+    pad_id: int
+
+
+@dataclass
+class Run:
+    """One attempt's driver state. `progress` counts completed steps; `learners_ahead` is set while the
+    learners may hold an update `progress` does not count yet (a stop then must not checkpoint them)."""
+
+    cfg: Any
+    inp: Inputs
+    run_dir: Path
+    root: Path  # checkpoint folder
+    log: RunLog
+    callbacks: tuple[StepCallback, ...]
+    progress: Progress
+    cliff: CliffTracker
+    learners_ahead: bool = False
+
+
+def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int, run_dir: Path,
+               version: int | None = None, before_update: Callable[[], None] | None = None) -> dict:
+    """One step; the engines serve weight `version` (default step + 1) afterwards."""
+    t0 = time.perf_counter()
+    s = cfg.rollout.sampling
+    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
+    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling)
+    t_collect = time.perf_counter()
+    write_episodes(episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
+    t1 = time.perf_counter()
+    keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
+    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std)
+    batches, batch_stats = build_batches(episodes, system.policy_map, advantages, pad_id, cfg.algo.max_len)
+    if before_update is not None:
+        before_update()
+    t_batch = time.perf_counter()
+    updates = [lg.submit_update(batches.get(pid) or empty_batch(pid, pad_id)) for pid, lg in system.learners.items()]
+    update_metrics = {k: v for u in updates for k, v in u.result().items()}
+    t2 = time.perf_counter()
+    sync_metrics = system.sync(version=step + 1 if version is None else version)
+    # Phases: rollout = generation and scoring (overlapped per episode), store = the step's Parquet file,
+    # advantage = advantages and batch building, update = every policy's optimizer step, sync (in sync_metrics).
+    return {
+        **episode_metrics(episodes, system.policy_map.roles), **update_metrics, **sync_metrics,
+        **{k: float(v) for k, v in batch_stats.items()},
+        "time/rollout_s": t_collect - t0, "time/store_s": t1 - t_collect, "time/advantage_s": t_batch - t1,
+        "time/update_s": t2 - t_batch, "time/step_s": time.perf_counter() - t0,
+    }
+
+
+def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
+    """pass@1 of the workflow's final answer at the eval temperature."""
+    if not tasks:
+        return float("nan")
+    s = cfg.rollout.sampling
+    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=cfg.seed + 17)
+    episodes = system.collector.collect(tasks, 1, sampling)
+    return sum(e.reward for e in episodes) / len(episodes)
+
+
+def attempt(run: Run, resume: Path | None) -> dict[str, float]:
+    """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
+    exit. A stop at a step boundary commits a checkpoint first."""
+    cfg = run.cfg
+    system = build_system(cfg, run.inp.model_path, run.inp.policy_map, run.inp.family)
+    try:
+        if resume:
+            _restore(run, system, resume)
+        else:
+            _fresh_start(run, system)
+        while run.progress.step < cfg.steps:
+            if _step(run, system):
+                break
+        acc_after = evaluate(system, cfg, run.inp.eval_tasks)
+        run.log.log(cfg.steps, {"eval/accuracy": acc_after})
+        for pid, learner in system.learners.items():
+            learner.export(str(run.run_dir / "export" / pid))
+    except StopRequested:
+        _checkpoint_on_stop(run, system)
+        raise
+    finally:
+        system.shutdown()
+    return {"eval/accuracy_before": run.progress.acc_before, "eval/accuracy_after": acc_after,
+            "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics()}
+
+
+def _fresh_start(run: Run, system: System) -> None:
+    run.inp.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
+    ckpt.truncate_metrics(run.log.path, 0)
+    acc = evaluate(system, run.cfg, run.inp.eval_tasks)
+    run.cliff.update(0, acc)
+    run.progress = dataclasses.replace(run.progress, acc_before=acc, cliff=run.cliff.state(),
+                                       best_accuracy=acc if not math.isnan(acc) else -math.inf)
+    print(f"[{run.cfg.run_name}] policies {run.inp.policy_map.policies} roles {run.inp.policy_map.roles}; "
+          f"held-out accuracy {acc:.3f}", flush=True)
+
+
+def _restore(run: Run, system: System, folder: Path) -> None:
+    """Learner state into every rank, driver state, then the engines re-synced to the restored version."""
+    try:
+        progress = ckpt.read_progress(folder)
+        _load_learners(system, folder)
+        run.inp.sampler.load_state(progress.sampler)
+    except (ckpt.CheckpointError, ValueError) as e:
+        raise InputError(f"checkpoint {folder} cannot be restored: {e}") from e
+    run.cliff.load_state(progress.cliff)
+    system.sync(version=progress.weight_version)
+    dropped = ckpt.truncate_metrics(run.log.path, progress.step)
+    run.progress = progress
+    print(f"[{run.cfg.run_name}] resumed from {folder} at step {progress.step} (weight version "
+          f"{progress.weight_version}; {dropped} metric lines of later steps dropped)", flush=True)
+
+
+def _load_learners(system: System, folder: Path) -> None:
+    for pid, learner in system.learners.items():
+        state = folder / "policies" / pid
+        if not state.is_dir():
+            raise ckpt.CheckpointError(f"it has no state for policy {pid!r} (another sharing or workflow?)")
+        try:
+            learner.load(str(state))
+        except Exception as e:  # noqa: BLE001 - a rank's StateError arrives wrapped by the group
+            if ckpt.member_lost(e):
+                raise  # a dead or hung rank, not a bad checkpoint: the driver may restart on it
+            raise ckpt.CheckpointError(str(e)) from e
+
+
+def _step(run: Run, system: System) -> bool:
+    """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
+    cfg, step = run.cfg, run.progress.step
+    tasks = run.inp.sampler.next(cfg.rollout.prompts_per_step)
+    version = run.progress.weight_version + 1
+    metrics = train_step(system, cfg, tasks, step, run.inp.pad_id, run.run_dir, version,
+                         before_update=lambda: setattr(run, "learners_ahead", True))
+    accuracy, stop, flagged = None, False, False
+    if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+        accuracy = metrics["eval/accuracy"] = evaluate(system, cfg, run.inp.eval_tasks)
+        stop = cliff_guard(cfg, run.cliff, step + 1, metrics)
+        flagged = metrics["cliff/flagged"] == 1.0
+    if accuracy is not None and math.isnan(accuracy):
+        accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
+    best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
+    run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
+                                       sampler=run.inp.sampler.state(), cliff=run.cliff.state(), best_accuracy=best)
+    if flagged and cfg.cliff.action == "rollback":
+        _rollback(run, system, metrics)
+    run.learners_ahead = False
+    run.log.log(step, metrics)
+    every = cfg.checkpoint.every
+    folder = _save(run, system) if every and run.progress.step % every == 0 else None
+    for cb in run.callbacks:
+        cb.on_step(step, metrics, folder)
+    run.log.progress(step, metrics)
+    return stop
+
+
+def cliff_guard(cfg: Any, cliff: CliffTracker, step: int, metrics: dict[str, float]) -> bool:
+    """Track held-out accuracy; on a terminal cliff warn, and with cliff.action=stop end the run."""
+    flagged = cliff.update(step, metrics["eval/accuracy"])
+    metrics.update({**cliff.metrics(), "cliff/flagged": float(flagged)})
+    if flagged:
+        print(f"[{cfg.run_name}] terminal cliff: held-out accuracy {metrics['eval/accuracy']:.3f} is "
+              f">= {cfg.cliff.drop} below its peak {cliff.peak:.3f} (step {cliff.peak_step}) for "
+              f"{cliff.below} evaluations; action={cfg.cliff.action}", flush=True)
+    return flagged and cfg.cliff.action == "stop"
+
+
+def _rollback(run: Run, system: System, metrics: dict[str, float]) -> None:
+    """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it.
+
+    The tracker keeps its peak (the restored weights are the peak's) and restarts its window: another
+    rollback needs `cliff.window` fresh evaluations below the peak. The step counter, data position and
+    step budget are not rewound, so rollbacks end with the run instead of looping."""
+    target = ckpt.best(run.root)
+    if target is None:
+        print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
+        return
+    _load_learners(system, target)
+    version = run.progress.weight_version + 1
+    system.sync(version=version)
+    run.cliff.below = 0
+    run.progress = dataclasses.replace(run.progress, weight_version=version, cliff=run.cliff.state(),
+                                       eval_accuracy=None, rollbacks=run.progress.rollbacks + 1)
+    metrics.update({"cliff/rollback_to_step": float(ckpt.read_progress(target).step),
+                    "cliff/rollbacks": float(run.progress.rollbacks), "cliff/evals_below": 0.0})
+    print(f"[{run.cfg.run_name}] cliff rollback to {target}", flush=True)
+
+
+def _save(run: Run, system: System) -> Path:
+    t0 = time.perf_counter()
+    folder = ckpt.write(run.root, run.progress, system.learners, to_yaml(run.cfg))
+    ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
+    print(f"[{run.cfg.run_name}] checkpoint {folder} committed in {time.perf_counter() - t0:.1f}s", flush=True)
+    return folder
+
+
+def _checkpoint_on_stop(run: Run, system: System) -> None:
+    """On a graceful stop, commit the last completed step (unless the learners are already past it)."""
+    if not run.cfg.checkpoint.every or run.progress.step == 0:
+        return
+    if run.learners_ahead:
+        print(f"[{run.cfg.run_name}] stopped during an update: the learners are past step {run.progress.step}, "
+              "so the last committed checkpoint stands", flush=True)
+        return
+    try:
+        _save(run, system)
+    except Exception as e:  # noqa: BLE001 - the stop proceeds; the previous checkpoint is intact
+        print(f"[{run.cfg.run_name}] no checkpoint on stop: {e}", flush=True)

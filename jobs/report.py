@@ -1,0 +1,230 @@
+"""Plots of finished runs: `python -m jobs.report RUN_DIR|SWEEP_DIR [...] --out DIR`.
+
+Writes PNGs and one index.html: held-out accuracy vs step of every run overlaid (line style by sharing, peak
+and final marked, terminal cliffs flagged by marl.cliff's detector), and per run the reward, gradient norm,
+gradient mass share and response length of each role. A run dir is any folder holding metrics.jsonl (labels
+come from its config.yaml); any other folder, e.g. a Tune experiment, is searched recursively for run dirs.
+Metrics a run did not record are skipped with a note in the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from marl.cliff import detect
+
+STYLE = {"shared": "-", "isolated": "--", "custom": ":"}
+# (file suffix, title, metric prefix: one line per role `<prefix><role>`, y label)
+ROLE_PANELS = (
+    ("reward", "Reward per role", "reward/mean/", "mean reward"),
+    ("grad_norm", "Gradient norm per role", "grad/role_norm/", "norm"),
+    ("mass_share", "Gradient mass share per role", "grad/mass_share/", "share of tokens x |advantage|"),
+    ("response_len", "Response length per role", "response_len/mean/", "tokens"),
+)
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    workflow: str
+    sharing: str
+    cliff: tuple[float, float]  # (drop, window) the run was configured with
+    rows: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} · {self.workflow} · {self.sharing}"
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run dirs (folders holding metrics.jsonl) at or under each path, in a stable order, each once."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / "metrics.jsonl").is_file():
+            found.append(path)
+        else:
+            found += sorted(p.parent for p in path.rglob("metrics.jsonl"))
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> Run:
+    notes: list[str] = []
+    cfg: Any = {}
+    if (path / "config.yaml").is_file():
+        cfg = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
+    else:
+        notes.append("no config.yaml: labels and cliff settings are defaults")
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in (path / "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step.setdefault(row["step"], {}).update(row)  # a re-logged step (restart) updates the older row
+    marl, cliff = cfg.get("marl", {}), cfg.get("cliff", {})
+    return Run(path, cfg.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
+               (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1])),
+               [by_step[s] for s in sorted(by_step)], notes)
+
+
+def eval_curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """Held-out accuracy against optimizer steps done. A training row's eval ran after that step's update
+    (x = step + 1); the final eval row (no training metrics) follows the last step that actually ran."""
+    steps_done = max((r["step"] + 1 for r in rows if "time/step_s" in r), default=0)
+    xs, ys = [], []
+    for r in rows:
+        if "eval/accuracy" in r and r["eval/accuracy"] == r["eval/accuracy"]:  # NaN: no eval data
+            xs.append(r["step"] + 1 if "time/step_s" in r else steps_done or r["step"])
+            ys.append(float(r["eval/accuracy"]))
+    return xs, ys
+
+
+def role_series(rows: list[dict[str, Any]], prefix: str) -> dict[str, tuple[list[int], list[float]]]:
+    """`prefix<role>` metrics as role -> (steps, values), over training rows that recorded them."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith(prefix) and "/" not in key[len(prefix):] and isinstance(value, (int, float)):
+                xs, ys = out.setdefault(key[len(prefix):], ([], []))
+                xs.append(r["step"])
+                ys.append(float(value))
+    return out
+
+
+def _figure(width: float = 7.0, height: float = 4.0) -> Any:
+    # A bare Figure renders with Agg and leaves pyplot's global state (and any interactive backend) alone.
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
+    """accuracy.png with every run's curve; returns notes (runs without held-out accuracy, cliffs found)."""
+    fig, notes = _figure(8.0, 4.5), []
+    ax = fig.add_subplot()
+    for i, run in enumerate(runs):
+        xs, ys = eval_curve(run.rows)
+        if not ys:
+            notes.append(f"{run.label}: no eval/accuracy recorded")
+            continue
+        color = f"C{i % 10}"
+        ax.plot(xs, ys, STYLE.get(run.sharing, "-."), color=color, marker=".", label=run.label)
+        peak = max(range(len(ys)), key=ys.__getitem__)
+        ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
+        ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
+        cliffs = detect(ys, drop=run.cliff[0], window=int(run.cliff[1]))
+        if cliffs:
+            ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
+            notes.append(f"{run.label}: terminal cliff flagged at step {xs[cliffs[0]]} (peak {ys[peak]:.3f} at "
+                         f"step {xs[peak]}, drop >= {run.cliff[0]} for {int(run.cliff[1])} evaluations)")
+    ax.set(title="Held-out accuracy (★ peak, ● final, ✖ cliff; solid shared, dashed isolated)",
+           xlabel="optimizer steps done", ylabel="accuracy")
+    _decorate(ax)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.savefig(out / "accuracy.png")
+    return notes
+
+
+def plot_run(run: Run, index: int, out: Path) -> tuple[str, list[str]]:
+    """One 2x2 figure of the run's per-role panels; returns its file name and notes on missing metrics."""
+    fig, notes = _figure(11.0, 7.0), []
+    for k, (_, title, prefix, ylabel) in enumerate(ROLE_PANELS):
+        ax = fig.add_subplot(2, 2, k + 1)
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        series = role_series(run.rows, prefix)
+        if not series:
+            ax.text(0.5, 0.5, f"no {prefix}* metrics", ha="center", va="center", transform=ax.transAxes)
+            notes.append(f"{run.label}: no {prefix}<role> metrics recorded ({title.lower()} skipped)")
+            continue
+        for role, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker=".", label=role)
+        _decorate(ax)
+        ax.legend(fontsize="small")
+    fig.suptitle(run.label)
+    name = f"run{index:02d}_{_slug(run.name)}.png"
+    fig.savefig(out / name)
+    return name, notes
+
+
+def _decorate(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.grid(alpha=0.3)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:60] or "run"
+
+
+def _summary_row(run: Run) -> str:
+    xs, ys = eval_curve(run.rows)
+    steps = sum("time/step_s" in r for r in run.rows)
+    if ys:
+        peak = max(range(len(ys)), key=ys.__getitem__)
+        acc = f"{ys[peak]:.3f} @ {xs[peak]}", f"{ys[-1]:.3f} @ {xs[-1]}"
+    else:
+        acc = ("–", "–")
+    cells = (run.label, str(run.path), str(steps), *acc)
+    return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def write_html(runs: list[Run], figures: list[str], notes: list[str], out: Path) -> Path:
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>marl-train report</title>",
+             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px;text-align:left}"
+             "img{max-width:100%}</style></head><body><h1>marl-train report</h1>",
+             "<table><tr><th>run · workflow · sharing</th><th>dir</th><th>steps</th><th>peak accuracy</th>"
+             "<th>final accuracy</th></tr>", *(_summary_row(r) for r in runs), "</table>",
+             "<h2>Held-out accuracy</h2><img src='accuracy.png' alt='held-out accuracy'>"]
+    for run, fig in zip(runs, figures, strict=True):
+        parts.append(f"<h2>{e(run.label)}</h2><img src='{e(fig)}' alt='{e(run.label)}'>")
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    parts.append("</body></html>\n")
+    index = out / "index.html"
+    index.write_text("\n".join(parts))
+    return index
+
+
+def report(paths: list[Path], out: Path) -> Path:
+    """Writes the plots and index.html for every run at or under `paths`; returns the index path."""
+    runs = [load_run(p) for p in find_runs(paths)]
+    if not runs:
+        raise FileNotFoundError(f"no run dirs (folders with metrics.jsonl) at or under {', '.join(map(str, paths))}")
+    out.mkdir(parents=True, exist_ok=True)
+    notes = [f"{r.label}: {n}" for r in runs for n in r.notes]
+    notes += plot_accuracy(runs, out)
+    figures = []
+    for i, run in enumerate(runs):
+        name, run_notes = plot_run(run, i, out)
+        figures.append(name)
+        notes += run_notes
+    return write_html(runs, figures, notes, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.report", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run dirs, or folders (sweeps) holding run dirs")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs and index.html")
+    args = parser.parse_args(argv)
+    try:
+        index = report(args.paths, args.out)
+    except FileNotFoundError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {index}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The experiment matrix as one Ray Tune sweep: `python -m jobs.sweep --config jobs/configs/sweeps/<name>.yaml
+[key=value ...] [--resume] [--dry-run]`.
+
+Each trial runs the ordinary driver (`jobs.train.train`) on its cell's config. Its resources are one
+placement group per trial: a driver bundle, then a bundle per engine and learner rank computed from that
+trial's config (jobs/resources.py); the run inside the trial schedules its actors into exactly those
+bundles. Every step's metrics go to Tune, with a pointer checkpoint (a JSON naming the run's committed
+checkpoint folder on shared storage) when the run commits one. `--resume` continues an interrupted sweep
+(Tuner.restore); restarted trials pick up their newest checkpoint (checkpoint.resume=auto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune import PlacementGroupFactory
+
+from cluster.connect import connect
+from jobs.config import load_config
+from jobs.resources import trial_bundles
+from jobs.sweep_spec import SweepConfig, SweepError, as_overrides, cell_label, load_sweep, search_space, validate
+
+POINTER = "pointer.json"
+FINISHED = "sweep/finished"  # in a trial's last result once its run returned (Tune's own `done` is not saved)
+
+
+class TuneReporter:
+    """A StepCallback reporting every step's metrics to Tune; a committed checkpoint travels as a pointer
+    (the folder stays where the run wrote it, on shared storage, instead of being copied by Tune)."""
+
+    def __init__(self, run_dir: Path | None = None):
+        self.run_dir, self.last = run_dir, {}
+
+    def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        self.last = {**metrics, "step": step}
+        if checkpoint is None:
+            tune.report(self.last)
+            return
+        with tempfile.TemporaryDirectory() as d:
+            pointer = {"checkpoint": str(checkpoint), "run_dir": str(self.run_dir or ""), "step": step}
+            (Path(d) / POINTER).write_text(json.dumps(pointer))
+            tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def read_pointer(checkpoint: tune.Checkpoint) -> dict[str, Any]:
+    """The run folder and checkpoint folder a trial's Tune checkpoint points to."""
+    with checkpoint.as_directory() as d:
+        return json.loads((Path(d) / POINTER).read_text())
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial shares; paths absolute, since trials may run anywhere on the cluster."""
+
+    name: str
+    base: str
+    overrides: tuple[str, ...]
+    out_dir: str
+    driver: tuple[tuple[str, float], ...]
+
+
+def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> Any:
+    """The train config of one trial: base ← sweep overrides ← its cell ← its search sample."""
+    overrides = [*setup.overrides, *as_overrides(config.get("grid", {})), *as_overrides(config.get("search", {})),
+                 f"run_name={run_name}", f"out_dir={setup.out_dir}"]
+    return load_config(setup.base, overrides)
+
+
+def trial_resources(setup: TrialSetup, config: dict[str, Any]) -> PlacementGroupFactory:
+    cfg = trial_config(setup, config, f"{setup.name}_resources")
+    return PlacementGroupFactory(trial_bundles(cfg, dict(setup.driver)), strategy=cfg.ray.placement_strategy)
+
+
+def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
+    """One trial: the ordinary driver. Its run name is stable across restarts (the trial id), so a restarted
+    trial finds its own checkpoints."""
+    from jobs.train import train
+
+    cfg = trial_config(setup, config, f"{setup.name}_{tune.get_context().get_trial_id()}")
+    reporter = TuneReporter(Path(cfg.out_dir) / cfg.run_name)
+    summary = train(cfg, callbacks=(reporter,))
+    tune.report({**reporter.last, **summary, FINISHED: 1.0})
+
+
+def make_trainable(setup: TrialSetup) -> Any:
+    return tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+                               resources=partial(trial_resources, setup))
+
+
+def setup_of(spec: SweepConfig) -> TrialSetup:
+    root = Path(spec.storage_path).resolve() / spec.name
+    return TrialSetup(spec.name, str(Path(spec.base).resolve()), tuple(spec.overrides), str(root / "runs"),
+                      (("CPU", spec.driver_cpus),))
+
+
+def experiment_path(spec: SweepConfig, resume: bool) -> str:
+    """Where the sweep's Tune state lives; a fresh sweep must not land on an old one, a resume needs one."""
+    path = str(Path(spec.storage_path).resolve() / spec.name)
+    if resume != tune.Tuner.can_restore(path):
+        raise SweepError(f"sweep: {path} {'has no sweep to resume' if resume else 'holds a sweep already'}; "
+                         f"{'drop --resume' if resume else 'pass --resume, or change name or storage_path'}")
+    return path
+
+
+def make_tuner(spec: SweepConfig, path: str, resume: bool) -> tune.Tuner:
+    """A fresh Tuner, or the interrupted sweep's (unfinished and errored trials resume)."""
+    trainable = make_trainable(setup_of(spec))
+    if resume:
+        return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    param_space = {"grid": {k: tune.grid_search(list(v)) for k, v in spec.grid.items()},
+                   "search": search_space(spec)}
+    return tune.Tuner(
+        trainable, param_space=param_space,
+        tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                                    max_concurrent_trials=spec.max_concurrent_trials or None),
+        run_config=tune.RunConfig(name=spec.name, storage_path=str(Path(spec.storage_path).resolve()),
+                                  failure_config=tune.FailureConfig(max_failures=spec.max_failures)),
+    )
+
+
+def run_sweep(spec: SweepConfig, resume: bool = False) -> tune.ResultGrid:
+    # Trials read paths relative to where the sweep was started (data files), not their trial folders.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    path = experiment_path(spec, resume)
+    with connect(spec.ray.address, spec.ray.num_cpus):
+        return make_tuner(spec, path, resume).fit()
+
+
+def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
+    setup = setup_of(spec)
+    for cell in all_cells:
+        print(f"[{cell_label(cell)}] bundles {trial_resources(setup, {'grid': cell}).bundles}")
+    print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
+          f"runs in {setup.out_dir}")
+
+
+def _summary(results: tune.ResultGrid, spec: SweepConfig) -> int:
+    """Print one line per trial; returns how many trials neither finished nor failed (interrupted)."""
+    unfinished = 0
+    for r in results:
+        cell = cell_label((r.config or {}).get("grid", {}))
+        metrics = r.metrics or {}
+        state = "ERROR " + str(r.error).splitlines()[0] if r.error else (
+            "finished" if metrics.get(FINISHED) else "unfinished")
+        unfinished += not r.error and not metrics.get(FINISHED)
+        print(f"[{cell}] {spec.metric}={metrics.get(spec.metric, float('nan')):.4f} {state}")
+    return unfinished
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 every trial finished, 2 sweep or config error, 4 some trial failed, 130 interrupted
+    (trials left unfinished: rerun with --resume)."""
+    parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="sweep YAML (jobs/configs/sweeps/*.yaml)")
+    parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep")
+    parser.add_argument("--dry-run", action="store_true", help="validate, print every cell's bundles, exit")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        spec = load_sweep(args.config, args.overrides)
+        all_cells = validate(spec)
+        if args.dry_run:
+            _dry_run(spec, all_cells)
+            return 0
+        results = run_sweep(spec, args.resume)
+    except SweepError as e:
+        print(e, file=sys.stderr)
+        return 2
+    unfinished = _summary(results, spec)
+    print(f"sweep {spec.name}: {len(results)} trials, {results.num_errors} failed, {unfinished} unfinished; "
+          f"{Path(spec.storage_path).resolve() / spec.name}")
+    return 4 if results.num_errors else 130 if unfinished else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The sweep file: a base train config, a grid of config values (every combination is one cell), optional
+random search within each cell, and what Tune optimises. Validated before anything runs: every cell's
+train config goes through `jobs.config.load_config`, so a bad key or value names the key and the cell.
+
+```yaml
+name: my_sweep
+base: jobs/configs/tiny.yaml        # a train config file
+overrides: [steps=3]                # key=value for every trial (as on the train command line)
+grid:                               # config dotpath -> values; trials = the cross product
+  marl.workflow: [voting, eval_opt]
+  marl.sharing: [shared, isolated]
+  task:                             # a mapping sets several keys together; `task` is only its label
+    - {data.task: math, data.train: digit}
+    - {data.task: code, data.train: code_synthetic}
+search:                             # sampled afresh for each of num_samples repeats of every cell
+  learner.optim.lr: {loguniform: [1.0e-5, 1.0e-4]}
+num_samples: 1
+metric: reward/mean
+mode: max
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from ray import tune
+
+from jobs.config import ConfigError, load_config
+
+# Search spaces a sweep file may name, each taking its list of arguments.
+SEARCH_SPACES = {
+    "uniform": tune.uniform,
+    "loguniform": tune.loguniform,
+    "randint": tune.randint,
+    "choice": lambda *values: tune.choice(list(values)),
+}
+
+
+class SweepError(ValueError):
+    """A sweep file problem; the message names the key (and the cell, for a train config problem)."""
+
+
+@dataclass
+class SweepRayConfig:
+    address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
+    num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
+
+
+@dataclass
+class SweepConfig:
+    name: str = MISSING
+    base: str = MISSING
+    overrides: list[str] = field(default_factory=list)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    search: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    num_samples: int = 1
+    metric: str = "reward/mean"
+    mode: str = "max"
+    storage_path: str = "runs/sweeps"  # shared storage on a multi-node cluster; runs go to <it>/<name>/runs
+    max_concurrent_trials: int = 0  # 0: as many as the cluster holds
+    max_failures: int = 0  # restarts of a failed trial (it resumes from its newest checkpoint)
+    driver_cpus: float = 1.0  # the trial's own driver bundle (bundle 0 of its placement group)
+    ray: SweepRayConfig = field(default_factory=SweepRayConfig)
+
+
+def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
+    """Sweep file ← `key=value` overrides, typed by the schema. Raises SweepError naming the key."""
+    try:
+        spec = OmegaConf.merge(OmegaConf.structured(SweepConfig), OmegaConf.load(path),
+                               OmegaConf.from_dotlist(list(overrides or [])))
+        missing = sorted(OmegaConf.missing_keys(spec))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise SweepError(f"sweep: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
+    except FileNotFoundError:
+        raise SweepError(f"sweep: file not found: {path}") from None
+    if missing:
+        raise SweepError(f"sweep: missing required value for {', '.join(missing)}")
+    return OmegaConf.to_object(spec)  # type: ignore[return-value]
+
+
+def cells(spec: SweepConfig) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in file order (one empty cell without a grid)."""
+    keys = list(spec.grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.grid[k] for k in keys))]
+
+
+def flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """Config dotpath -> value. A mapping value sets several keys together; its grid key is only a label."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out.update(value if isinstance(value, dict) else {key: value})
+    return out
+
+
+def as_overrides(values: dict[str, Any]) -> list[str]:
+    """`key=value` strings as the train command line takes them (non-strings as JSON: lists, bools)."""
+    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in flatten(values).items()]
+
+
+def cell_label(cell: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in flatten(cell).items()) or "(no grid)"
+
+
+def search_space(spec: SweepConfig) -> dict[str, Any]:
+    """The Tune search domain of every `search` key."""
+    out = {}
+    for key, space in spec.search.items():
+        if len(space) != 1 or next(iter(space)) not in SEARCH_SPACES:
+            raise SweepError(f"sweep: search.{key} must be one of {{{', '.join(SEARCH_SPACES)}: [args]}}; "
+                             f"got {space}")
+        kind, args = next(iter(space.items()))
+        try:
+            out[key] = SEARCH_SPACES[kind](*args)
+        except (TypeError, ValueError) as e:
+            raise SweepError(f"sweep: search.{key}: {kind}{tuple(args)}: {e}") from None
+    return out
+
+
+def _representatives(spec: SweepConfig) -> list[dict[str, Any]]:
+    """Search values to validate: every choice, and both ends of every range."""
+    reps = []
+    for key, space in spec.search.items():
+        kind, args = next(iter(space.items()))
+        values = args if kind == "choice" else [args[0], args[-1] - 1 if kind == "randint" else args[-1]]
+        reps += [{key: v} for v in values]
+    return reps
+
+
+def validate(spec: SweepConfig) -> list[dict[str, Any]]:
+    """Check the whole sweep before anything runs; returns its cells. Raises SweepError naming key and cell."""
+    if spec.mode not in ("min", "max"):
+        raise SweepError(f"sweep: mode must be min or max; got {spec.mode!r}")
+    if spec.num_samples < 1 or spec.max_concurrent_trials < 0 or spec.max_failures < 0 or spec.driver_cpus < 0:
+        raise SweepError("sweep: num_samples must be >= 1; max_concurrent_trials, max_failures and driver_cpus "
+                         ">= 0")
+    both = sorted(set(spec.grid) & set(spec.search))
+    if both:
+        raise SweepError(f"sweep: {', '.join(both)} in both grid and search")
+    empty = [k for k, v in spec.grid.items() if not v]
+    if empty:
+        raise SweepError(f"sweep: grid.{empty[0]} has no values")
+    search_space(spec)
+    all_cells = cells(spec)
+    for cell in all_cells:
+        _check(spec, cell, {})
+    for rep in _representatives(spec):
+        _check(spec, all_cells[0], rep)
+    return all_cells
+
+
+def _check(spec: SweepConfig, cell: dict[str, Any], sampled: dict[str, Any]) -> None:
+    try:
+        load_config(spec.base, [*spec.overrides, *as_overrides(cell), *as_overrides(sampled)])
+    except ConfigError as e:
+        where = cell_label(cell) + (f"; search {cell_label(sampled)}" if sampled else "")
+        raise SweepError(f"sweep {spec.name}: cell [{where}]: {e}") from None

@@ -1,0 +1,255 @@
+"""DeepSpeed learner rank (`learner.backend=deepspeed`): the Learner interface trained by a DeepSpeed engine.
+
+The only module importing deepspeed, and only when a rank builds its engine. Loss, metrics, reference model,
+weight views and export come from Learner; this class changes how gradients are reduced and applied:
+- Learner's torch AdamW and warmup/cosine LambdaLR are handed to `deepspeed.initialize`, which partitions
+  their state over the ranks (ZeRO-2: optimizer states and gradients; ZeRO-3: the weights too) and steps
+  them exactly once per `update` (`managed_gradient_accumulation=False`: one call is one accumulation
+  window, whatever the number of micro-batches), with DeepSpeed's global-norm clipping.
+- The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
+  nccl on GPU); a lone rank makes a one-member group of its own.
+- The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
+  divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
+  normaliser wants their sum, so each rank's loss is multiplied by the world size.
+- Every rank runs the same number of forward/backward passes (ZeRO communicates inside them): shards with
+  fewer micro-batches run zero-loss passes on one pad token.
+
+Per-role gradients under ZeRO-2 (weights are whole on every rank): each role's gradient is taken with
+torch.autograd.grad, outside the engine's reduction hooks, summed over ranks into the same [roles × params]
+buffer the torch backend uses, and handed to the engine as the gradient of the linear surrogate
+Σ_p <p, g_p>; the step still goes through ZeRO's reduction, clipping and partitioned optimizer. Under ZeRO-3
+the weights exist only inside forward, so no per-role buffer is built: grad/role_norm, grad/norm_share,
+grad/dominance and grad/cos are not reported; every other metric (grad/mass_share, the per-role entropy,
+KL, clip fraction) is. ZeRO-3 gathers the full weights once per update on every rank (rank 0 keeps a copy
+for get_weights/export, which the driver calls on rank 0 alone).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cluster import collective
+from learners.batch import TrainBatch
+from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
+from learners.learner import Learner
+from learners.role_grads import role_grad_metrics
+from learners.weights import DTYPES, adapter_payload, is_lora, merged_state_dict
+
+CHECKPOINT_TAG = "deepspeed"
+_JOIN_TIMEOUT_S = 300.0
+
+
+def deepspeed_config(learner: Any, dtype: str) -> dict[str, Any]:
+    """The engine's config from the learner section (`learner.deepspeed.*`, micro-batch, clipping) and dtype."""
+    ds = learner.deepspeed
+    zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if ds.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": learner.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": learner.optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        # The optimizer is Learner's torch AdamW (also when offloaded), so both backends step alike.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+class DeepSpeedLearner(Learner):
+    def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
+                 temperature: float, total_steps: int, seed: int, rank: int = 0):
+        super().__init__(policy_id, model_path, model, learner, algo, temperature, total_steps, seed, rank)
+        self.engine: Any = None
+        self.stage = learner.deepspeed.zero_stage
+        self._snapshot: dict[str, Any] | None = None  # ZeRO-3, rank 0: gathered weights of the last step
+        self._plain_forward = False  # forward through the module itself, outside the engine's hooks
+
+    # -- process group and engine --
+    def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        super().join("nccl" if torch.cuda.is_available() else backend, host, port, rank, world, timeout_s)
+        self._ensure_engine()
+
+    def _ensure_engine(self) -> None:
+        """Build the engine on first use (after `join`, or on a one-member group of this rank's own)."""
+        if self.engine is not None:
+            return
+        if not dist.is_initialized():
+            host, port = collective.rendezvous_address()
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            collective.join(backend, host, port, 0, 1, _JOIN_TIMEOUT_S)
+        for key, value in {"RANK": dist.get_rank(), "WORLD_SIZE": dist.get_world_size(), "LOCAL_RANK": 0}.items():
+            os.environ.setdefault(key, str(value))  # read by parts of DeepSpeed that never see the group
+        import deepspeed
+
+        # The shared-memory allreduce op is compiled on first use (~45 s); gloo alone serves these ranks.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=self.model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+            config=deepspeed_config(self.cfg, self.dtype), dist_init_required=False,
+        )
+        if self.reference is not None:  # the engine moved the policy to its device; the reference follows
+            self.reference.to(self.engine.device)
+        self._take_snapshot()
+
+    # -- one optimizer step --
+    def update(self, batch: dict[str, Any], normalizer: float, roles: list[str] | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's shard; the same contract and metric sums as Learner.update."""
+        self._ensure_engine()
+        data = TrainBatch.from_dict(batch).to(self.engine.device)
+        self.model.train()
+        sums: dict[str, float] = _new_sums()
+        if roles and self.stage == 2:
+            sums.update(self._backward_by_role_zero2(data, normalizer, sums, roles))
+        else:
+            self._backward_micro_batches(data, normalizer, sums)
+        sums["lr"] = float(self.engine.get_lr()[0])
+        self.engine.step()
+        self.step += 1
+        sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        self._take_snapshot()
+        return dict(sums)
+
+    def _backward_micro_batches(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> None:
+        micro = data.micro_batches(self.cfg.micro_batch_size) if len(data) else []
+        passes = _global_max(len(micro), self.engine.device)
+        world = float(dist.get_world_size())
+        for i in range(max(passes, 1)):
+            loss = self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss(data.pad_id)
+            self.engine.backward(loss * world, scale_wrt_gas=False)
+
+    def _backward_by_role_zero2(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
+                                roles: list[str]) -> dict[str, float]:
+        sizes = [p.numel() for p in self.params]
+        role_grads = torch.zeros(len(roles), sum(sizes), device=self.engine.device)
+        self._plain_forward = True  # outside the engine: its hooks must not reduce the per-role gradients
+        try:
+            for r, role in enumerate(roles):
+                rows = [i for i, x in enumerate(data.roles) if x == role]
+                for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
+                    loss = self._micro_step(mb, normalizer, sums)
+                    role_grads[r] += _flat(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
+        finally:
+            self._plain_forward = False
+        dist.all_reduce(role_grads, op=dist.ReduceOp.SUM)
+        total = role_grads.sum(0)  # identical on every rank, so DeepSpeed's average over ranks keeps it
+        surrogate = sum((p * g.view_as(p).to(p.dtype)).sum() for p, g in zip(self.params, total.split(sizes),
+                                                                              strict=True))
+        self.engine.backward(surrogate, scale_wrt_gas=False)
+        return role_grad_metrics(role_grads.cpu(), roles, self.policy_id)
+
+    def _forward(self, mb: TrainBatch) -> torch.Tensor:
+        runner = self.model if self._plain_forward or self.engine is None else self.engine
+        return runner(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+
+    def _idle_loss(self, pad_id: int) -> torch.Tensor:
+        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for."""
+        ids = torch.full((1, 1), pad_id, dtype=torch.long, device=self.engine.device)
+        return self.engine(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool)).logits.sum() * 0.0
+
+    # -- weights (ZeRO-3 keeps rank 0's gathered copy of the last step) --
+    def _take_snapshot(self) -> None:
+        if self.stage != 3 or self.engine is None:
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+            if self.rank == 0:
+                lora = is_lora(self.model)
+                self._snapshot = {
+                    "merged": {k: v.detach().cpu().clone() for k, v in merged_state_dict(self.model).items()},
+                    "adapter": adapter_payload(self.model, self.policy_id) if lora else None,
+                    "lora_state": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
+                                   if "lora_" in k} if lora else None,
+                }
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        self._check_serves_weights()
+        return self._snapshot["merged"] if self._snapshot else super().get_weights()
+
+    def get_adapter(self) -> dict[str, Any]:
+        self._check_serves_weights()
+        return self._snapshot["adapter"] if self._snapshot else super().get_adapter()
+
+    def _check_serves_weights(self) -> None:
+        if self.stage == 3 and self.engine is not None and self._snapshot is None:
+            raise RuntimeError(f"learner rank {self.rank} holds a ZeRO-3 partition; rank 0 serves the weights")
+
+    def export(self, out_dir: str) -> str:
+        self._check_serves_weights()
+        if not self._snapshot:
+            return super().export(out_dir)
+        plain = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[self.dtype])
+        plain.load_state_dict(self._snapshot["merged"], strict=False)
+        plain.save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out_dir)
+        if self._snapshot["lora_state"] is not None:
+            self.model.save_pretrained(f"{out_dir}/adapter", state_dict=self._snapshot["lora_state"])
+        return out_dir
+
+    # -- checkpoint state (contract: learners/checkpoint.py; the engine writes its own partitioned layout) --
+    def save_state(self, path: str) -> None:
+        """Collective: the engine writes weights (the adapter alone for LoRA), each rank's optimizer partition
+        and the scheduler under `<path>/deepspeed/`; every rank writes its RNG state; all of it fsynced."""
+        self._ensure_engine()
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"step": self.step},
+                                    save_latest=False, exclude_frozen_parameters=is_lora(self.model))
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+        write_fsynced(folder / rng_file(self.rank), rng)
+        _fsync_tree(folder / CHECKPOINT_TAG)
+        dist.barrier()
+
+    def load_state(self, path: str) -> None:
+        self._ensure_engine()
+        folder = Path(path)
+        if not (folder / CHECKPOINT_TAG).is_dir():
+            raise StateError(f"checkpoint folder missing: {folder / CHECKPOINT_TAG}")
+        loaded, client = self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG,
+                                                     load_module_strict=not is_lora(self.model))
+        if loaded is None:
+            raise StateError(f"checkpoint unreadable: {folder / CHECKPOINT_TAG}")
+        self.step = int(client["step"])
+        rng = read_state(folder / rng_file(self.rank))
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        self._take_snapshot()
+
+
+def _new_sums() -> dict[str, float]:
+    # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
+    return defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
+
+
+def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for g, p in zip(grads, params, strict=True)])
+
+
+def _global_max(n: int, device: torch.device) -> int:
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+

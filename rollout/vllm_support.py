@@ -1,0 +1,141 @@
+"""Helpers of the vLLM adapter that need no vllm import: the environment vLLM reads at import, CPU binding,
+memory settings, and the functions that run inside vLLM's worker (through `collective_rpc` / `apply_model`)
+to read back what the engine serves."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from cluster.fingerprint import fingerprint_terms
+
+
+def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
+    """What vLLM must find in the environment before it is imported (see notes in the README)."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: 2-4 s start, ~1.8 GB
+        "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads make co-located engines 10-20x slower
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_bind,  # the default binds every engine on a machine to one core
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CACHE_ROOT": cache_root,
+    }
+
+
+def cpu_bind(slot: int, threads: int, num_cpus: int) -> str:
+    """The cores of engine `slot` when every engine takes `threads` consecutive cores, wrapping around."""
+    threads = max(1, min(threads, num_cpus))
+    first = slot * threads % num_cpus
+    return ",".join(str((first + j) % num_cpus) for j in range(threads))
+
+
+def default_cache_root() -> str:
+    return os.path.join(os.path.expanduser(os.environ.get("MARL_CACHE") or "~/.cache/marl"), "vllm")
+
+
+def memory_kwargs(kv_cache_gb: float, gpu_memory_utilization: float, max_model_len: int) -> dict[str, Any]:
+    # Without an explicit KV-cache size vLLM's CPU backend tries to reserve most of the machine's RAM.
+    out: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
+    if kv_cache_gb > 0:
+        out["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    elif not torch.cuda.is_available():
+        raise ValueError("rollout.kv_cache_gb must be > 0 for vLLM engines on CPU")
+    if max_model_len:
+        out["max_model_len"] = max_model_len
+    return out
+
+
+def eos_ids_of(model_path: str, tokenizer: Any) -> list[int]:
+    """The generation config's eos ids plus the tokenizer's, as the HF engine stops on."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    ids = list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _own_terms(model: torch.nn.Module, shapes: dict[str, tuple]) -> dict[str, list[float]]:
+    """Runs inside vLLM's worker: fingerprint terms of every parameter kept under an HF name and shape."""
+    params = dict(model.named_parameters())
+    return {name: fingerprint_terms(name, params[name].data) for name, shape in shapes.items()
+            if name in params and tuple(params[name].shape) == shape}
+
+
+@torch.no_grad()
+def _linear_output(model: torch.nn.Module, module: str, x: torch.Tensor) -> torch.Tensor:
+    """Runs inside vLLM's worker: one linear layer applied to `x` (vLLM linears return (out, bias))."""
+    layer = model.get_submodule(module)
+    ref = next(iter(model.parameters()))
+    out = layer(x[None].to(ref.device, ref.dtype))
+    return (out[0] if isinstance(out, tuple) else out)[0].float().cpu()
+
+
+def adapter_fingerprint_served(worker: Any, lora_id: int, payload: dict[str, Any]) -> float:
+    """Runs inside vLLM's worker: cluster.fingerprint of the adapter `lora_id` as vLLM holds it, under the
+    payload's peft names. lora_A is read back as is; vLLM folds the scaling into lora_B, so a lora_B counts
+    as served only if it equals the sent tensor times that scaling exactly (then its terms are the sent
+    tensor's, as the sender computes them). A tensor vLLM does not hold gives no terms: the sums differ."""
+    from rollout.lora import lora_scaling, module_of
+
+    manager = worker.model_runner.lora_manager._adapter_manager
+    held = _held_lora_weights(manager.get_adapter(lora_id), manager.model.packed_modules_mapping)
+    scaling = lora_scaling(payload["config"])
+    terms: list[float] = []
+    for name, sent in payload["tensors"].items():
+        module, kind = module_of(name)
+        if module not in held:
+            continue
+        own_a, own_b, own_scaling = held[module]
+        if kind == "A":
+            terms += fingerprint_terms(name, own_a)
+            continue
+        want = sent if own_scaling != 1 else sent * scaling
+        same = own_b.shape == want.shape and torch.equal(own_b.cpu(), want.to(own_b.dtype).cpu())
+        terms += fingerprint_terms(name, sent if same else own_b)
+    return math.fsum(terms)
+
+
+def _held_lora_weights(adapter: Any, packed: dict[str, list[str]]) -> dict[str, tuple]:
+    """{HF module name: (lora_a, lora_b, scaling)}, unpacking vLLM's fused modules (qkv_proj, gate_up_proj)."""
+    out: dict[str, tuple] = {}
+    for module, weights in adapter.loras.items():
+        if not isinstance(weights.lora_a, list):
+            out[module] = (weights.lora_a, weights.lora_b, weights.scaling)
+            continue
+        prefix, fused = module.rsplit(".", 1)
+        for part, a, b, s in zip(packed[fused], weights.lora_a, weights.lora_b, weights.scaling, strict=True):
+            if a is not None:
+                out[f"{prefix}.{part}"] = (a, b, s)
+    return out
+
+
+PROBE_SUFFIXES = ("mlp.down_proj.weight", "self_attn.o_proj.weight")
+
+
+def probe_name(weights: dict[str, torch.Tensor]) -> str | None:
+    """The linear weight a load is probed with (one unfused linear layer), if the payload has one."""
+    return next((n for n in sorted(weights, reverse=True) if n.endswith(PROBE_SUFFIXES)), None)
+
+
+def probe_error(model: torch.nn.Module, name: str, weight: torch.Tensor) -> float:
+    """Relative error of the served layer `name` against `weight` on a fixed input (0 when they agree)."""
+    w = weight.float().cpu()
+    x = torch.linspace(-1.0, 1.0, w.shape[1])
+    got = _linear_output(model, module=name.rsplit(".", 1)[0], x=x)
+    want = w @ x
+    return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-12)
+
+
+def served_terms(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[float], int]:
+    """Fingerprint terms of `weights` as the model serves them: read back wherever vLLM keeps a parameter
+    under the HF name and shape, else the received tensor's (fused and repacked linears; see the probe).
+    Returns (terms, number of tensors read back)."""
+    own = _own_terms(model, {name: tuple(t.shape) for name, t in weights.items()})
+    return [x for name in weights for x in own.get(name) or fingerprint_terms(name, weights[name])], len(own)

@@ -1,0 +1,145 @@
+"""Sweep files: cells, validation naming the key and the cell before anything runs, each trial's config and
+resources, the per-step Tune reporter with its pointer checkpoint, and the shipped matrices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ray import tune
+
+from jobs import sweep
+from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
+from jobs.sweep_spec import SweepError, as_overrides, cells, load_sweep, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "jobs/configs/sweeps/tiny_matrix.yaml"
+PAPER = ROOT / "jobs/configs/sweeps/paper_matrix.yaml"
+
+
+def _sweep_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: t\nbase: {ROOT}/jobs/configs/tiny.yaml\n{body}")
+    return str(path)
+
+
+def test_tiny_matrix_is_workflow_by_sharing():
+    spec = load_sweep(str(TINY))
+    assert validate(spec) == [{"marl.workflow": w, "marl.sharing": s}
+                              for w in ("voting", "eval_opt") for s in ("shared", "isolated")]
+
+
+def test_an_unknown_key_names_the_key_and_the_cell(tmp_path):
+    spec = load_sweep(_sweep_file(tmp_path, "grid:\n  marl.workflow: [voting]\n  learner.optim.lrr: [0.1]\n"))
+    with pytest.raises(SweepError, match=r"cell \[marl.workflow=voting, learner.optim.lrr=0.1\].*lrr"):
+        validate(spec)
+
+
+def test_a_bad_value_names_its_cell(tmp_path):
+    spec = load_sweep(_sweep_file(tmp_path, "grid:\n  marl.sharing: [shared]\n  marl.workflow: [voting, chain]\n"))
+    with pytest.raises(SweepError, match=r"cell \[marl.sharing=shared, marl.workflow=chain\].*marl.workflow"):
+        validate(spec)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("search:\n  learner.optim.lr: {gaussian: [0, 1]}\n", "search.learner.optim.lr must be one of"),
+    ("search:\n  learner.optim.lr: {loguniform: [-1, 1]}\n", "search.learner.optim.lr: loguniform"),
+    ("search:\n  learner.optim.lr: {choice: [0.1, -1.0]}\n", r"search learner.optim.lr=-1.0\].*must be > 0"),
+    ("grid:\n  seed: [0]\nsearch:\n  seed: {randint: [0, 9]}\n", "seed in both grid and search"),
+    ("grid:\n  seed: []\n", "grid.seed has no values"),
+    ("mode: maximise\n", "mode must be min or max"),
+])
+def test_bad_sweep_files_fail_before_anything_runs(tmp_path, body, message):
+    with pytest.raises(SweepError, match=message):
+        validate(load_sweep(_sweep_file(tmp_path, body)))
+
+
+def test_sweep_file_keys_are_typed(tmp_path):
+    with pytest.raises(SweepError, match="num_sample"):
+        load_sweep(_sweep_file(tmp_path, "num_sample: 2\n"))
+    with pytest.raises(SweepError, match="file not found"):
+        load_sweep(str(tmp_path / "absent.yaml"))
+
+
+def test_a_mapping_value_sets_several_keys_together():
+    cell = {"task": {"data.task": "code", "data.train": "code_synthetic"}, "seed": 3, "flag": True}
+    assert as_overrides(cell) == ["data.task=code", "data.train=code_synthetic", "seed=3", "flag=true"]
+
+
+def test_a_trial_config_is_base_then_overrides_then_its_cell(tmp_path):
+    spec = load_sweep(str(TINY), [f"storage_path={tmp_path}"])
+    setup = setup_of(spec)
+    cfg = trial_config(setup, {"grid": {"marl.sharing": "shared"}, "search": {"learner.optim.lr": 0.5}}, "t_1")
+    assert (cfg.steps, cfg.marl.sharing, cfg.learner.optim.lr, cfg.run_name) == (2, "shared", 0.5, "t_1")
+    assert cfg.out_dir == str(tmp_path.resolve() / "tiny_matrix" / "runs")
+
+
+def test_trial_resources_are_a_driver_bundle_then_every_engine_and_learner_rank():
+    setup = TrialSetup("t", str(ROOT / "jobs/configs/tiny.yaml"), ("rollout.engines_per_role=2",
+                       "rollout.engine_num_gpus=0.5", "learner.rank_resources={trainer: 1}"), "/tmp/x",
+                       (("CPU", 1.0),))
+    pgf = trial_resources(setup, {"grid": {"marl.workflow": "voting", "marl.sharing": "isolated"}})
+    engine, learner = {"CPU": 0.5, "GPU": 0.5}, {"CPU": 0.5, "trainer": 1.0}
+    # voting isolated: 2 roles x 2 engines, 2 policies x 1 rank
+    assert pgf.bundles == [{"CPU": 1.0}, *[engine] * 4, *[learner] * 2]
+    assert pgf.strategy == "PACK"
+    in_process = trial_resources(setup, {"grid": {"rollout.engines_per_role": 0, "learner.ranks": 0}})
+    assert in_process.bundles == [{"CPU": 1.0}]
+
+
+def test_paper_matrix_fits_two_gpus_per_trial():
+    spec = load_sweep(str(PAPER))
+    all_cells = cells(spec)
+    assert len(all_cells) == 4 * 2 * 3 * 2 * 3
+    # GPUs depend on workflow x sharing only (roles and policies): one model and seed stand for the rest.
+    setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
+    gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
+    assert len(some) == 16 and 0 < min(gpus) and max(gpus) <= 2.0
+    cfg = trial_config(setup, {"grid": some[-1]}, "p")
+    assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.learner.optim.lr, cfg.learner.optim.warmup_steps,
+            cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.steps, cfg.checkpoint.every) == (
+        64, 32, 2e-5, 15, 64, 8, 500, 5)
+    assert (cfg.data.task, cfg.marl.max_rounds, cfg.marl.workflow) == ("code", 2, "orch_workers")
+
+
+@pytest.mark.slow
+def test_every_paper_matrix_cell_is_a_valid_config():
+    assert len(validate(load_sweep(str(PAPER)))) == 144
+
+
+def test_reporter_sends_metrics_and_a_pointer_checkpoint(monkeypatch, tmp_path):
+    sent = []
+
+    def report(metrics, checkpoint=None):  # what tune.report would persist
+        sent.append((metrics, read_pointer(checkpoint) if checkpoint else None))
+
+    monkeypatch.setattr(tune, "report", report)
+    reporter = TuneReporter(tmp_path / "run")
+    reporter.on_step(0, {"reward/mean": 0.25}, None)
+    reporter.on_step(4, {"reward/mean": 0.5}, tmp_path / "run" / "checkpoints" / "step_000005")
+    assert sent[0] == ({"reward/mean": 0.25, "step": 0}, None)
+    assert sent[1] == ({"reward/mean": 0.5, "step": 4}, {
+        "checkpoint": str(tmp_path / "run" / "checkpoints" / "step_000005"), "run_dir": str(tmp_path / "run"),
+        "step": 4})
+
+
+def test_cli_dry_run_and_exit_codes(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "jobs.sweep", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    out = run("--config", str(TINY), "--dry-run")
+    assert out.returncode == 0 and "4 cells x 1 samples" in out.stdout
+    assert "[marl.workflow=voting, marl.sharing=isolated] bundles [{'CPU': 0.5}, {'CPU': 0.25}" in out.stdout
+    bad = run("--config", _sweep_file(tmp_path, "grid:\n  marl.workflow: [voting, chain]\n"), "--dry-run")
+    assert bad.returncode == 2 and "marl.workflow=chain" in bad.stderr
+    none = run("--config", str(TINY), f"storage_path={tmp_path}", "--resume", "ray.num_cpus=1")
+    assert none.returncode == 2 and "has no sweep to resume" in none.stderr
+
+
+def test_cells_of_a_sweep_without_grid_is_one_empty_cell(tmp_path):
+    assert cells(load_sweep(_sweep_file(tmp_path, ""))) == [{}]
+    assert json.loads(json.dumps(sweep.POINTER)) == "pointer.json"

@@ -1,0 +1,98 @@
+"""How the System lays out engine groups (HF engines, in-process): one group per role, one per policy
+(rollout.engine_scope=policy), or one multi-LoRA group for every policy; the Collector routes by role either
+way and each sync reaches every engine group once."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.config import load_config
+from jobs.models import resolve_model
+from jobs.system import build_system
+from marl.policy_map import PolicyMap
+from marl.tasks import get_family
+from marl.types import Task
+from rollout.engine import Sampling
+
+TASKS = [Task(task_id=f"t{i}", prompt=f"Write the digit {i}.", answer=str(i)) for i in range(2)]
+SAMPLING = Sampling(temperature=1.0, max_new_tokens=4)
+ROLES = ["generator", "aggregator"]
+
+
+def _system(tmp_path, sharing: str, *overrides: str):
+    cfg = load_config("jobs/configs/tiny.yaml", [
+        f"out_dir={tmp_path}", "marl.workflow=voting", f"marl.sharing={sharing}", "rollout.engines_per_role=0",
+        "learner.ranks=0", "rollout.torch_threads=1", *overrides])
+    return build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build(sharing, ROLES), get_family("digit"))
+
+
+def _roles_served(episodes) -> set[str]:
+    return {turn.role for e in episodes for turn in e.turns}
+
+
+def test_policy_scope_with_a_shared_policy_is_one_group_for_every_role_synced_once(tmp_path):
+    system = _system(tmp_path, "shared", "rollout.engine_scope=policy")
+    try:
+        groups = system.engine_groups()
+        assert len(groups) == 1 and groups[0].group.name == "tiny:engine:shared"
+        assert system.engines["generator"] is system.engines["aggregator"] is groups[0]
+        assert groups[0].policy_of == {"generator": "shared", "aggregator": "shared"}
+        out = system.sync(1)
+        assert out["sync/verified"] == 1.0  # one engine, one broadcast: not one per role
+        assert groups[0].versions() == [1]
+        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        assert _roles_served(episodes) == set(ROLES)
+        assert {t.completion.version for e in episodes for t in e.turns} == {1}
+    finally:
+        system.shutdown()
+
+
+def test_role_scope_keeps_a_group_per_role(tmp_path):
+    system = _system(tmp_path, "shared")
+    try:
+        assert [g.group.name for g in system.engine_groups()] == ["tiny:engine:generator", "tiny:engine:aggregator"]
+        assert system.sync(1)["sync/verified"] == 2.0
+    finally:
+        system.shutdown()
+
+
+def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapter(tmp_path):
+    system = _system(tmp_path, "isolated", "model.lora.enabled=true", "model.lora.rank=8",
+                     "rollout.lora_serving=multi")
+    try:
+        (group,) = system.engine_groups()
+        assert group.group.name == "tiny:engine:lora" and group.multi_lora
+        out = system.sync(2)
+        assert out["sync/verified"] == 2.0  # one adapter per policy into the one engine
+        adapter_bytes = out["sync/bytes"]
+        full = sum(t.numel() * t.element_size()
+                   for t in system.learners["generator"].group._members[0].get_weights().values())
+        assert adapter_bytes < full / 2  # adapters only, never the base weights
+        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        assert _roles_served(episodes) == set(ROLES)
+        served = {(t.role, t.completion.policy_id, t.completion.version) for e in episodes for t in e.turns}
+        assert served == {("generator", "generator", 2), ("aggregator", "aggregator", 2)}
+    finally:
+        system.shutdown()
+
+
+def test_multi_lora_needs_lora_enabled(tmp_path):
+    from jobs.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.lora_serving=multi"):
+        load_config("jobs/configs/tiny.yaml", [f"out_dir={tmp_path}", "rollout.lora_serving=multi"])
+
+
+def test_nccl_transport_is_validated_at_load(tmp_path):
+    import torch
+
+    from jobs.config import ConfigError
+
+    overrides = [f"out_dir={tmp_path}", "sync.transport=nccl", "rollout.backend=vllm"]
+    if torch.cuda.is_available():
+        assert load_config("jobs/configs/tiny.yaml", overrides).sync.transport == "nccl"
+    else:
+        with pytest.raises(ConfigError, match="sync.transport=nccl needs CUDA"):
+            load_config("jobs/configs/tiny.yaml", overrides)
+    with pytest.raises(ConfigError, match="sync.transport must be one of"):
+        load_config("jobs/configs/tiny.yaml", [f"out_dir={tmp_path}", "sync.transport=carrier_pigeon"])

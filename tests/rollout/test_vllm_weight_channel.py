@@ -1,0 +1,71 @@
+"""The engine side of the NCCL transport: VLLMEngine with the worker extension receives a bucketed broadcast
+inside vLLM's worker, reloads it there, and reports version and fingerprint like load_weights. On CPU the
+channel runs over gloo (the same code but the c10d backend); the gpu test uses NCCL between two devices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cluster.fingerprint import fingerprint
+from cluster.group import Group, MemberOptions
+from cluster.nccl import broadcast_nccl, connect
+from jobs.models import resolve_model
+from rollout.engine import Sampling
+from rollout.vllm_engine import VLLMEngine
+from tests.cluster.test_nccl import Sender
+
+pytestmark = pytest.mark.vllm
+REQUESTS = [[{"role": "user", "content": "Write the digit 7."}], [{"role": "user", "content": "hi"}]]
+GREEDY = Sampling(temperature=0.0, max_new_tokens=8)
+
+
+def _other_state() -> dict[str, torch.Tensor]:
+    """Another random tiny model; the final norm's sign flipped so greedy outputs visibly change."""
+    state = {k: v.detach().clone() for k, v in
+             AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny?seed=1")).state_dict().items()}
+    state["model.norm.weight"].neg_()
+    return state
+
+
+def test_engine_receives_a_bucketed_broadcast_inside_its_worker_and_verifies_it():
+    tiny = resolve_model("builtin:tiny")
+    src = Group(Sender, 0, "run:learner:pi", per_member_kwargs=[{"weights": _other_state()}])
+    dst = Group(VLLMEngine, 0, "run:engine:generator", args=(tiny,),
+                per_member_kwargs=[{"kv_cache_gb": 0.25, "weight_channel": True}])
+    try:
+        before = dst.call("generate", REQUESTS, GREEDY, timeout=120)[0]
+        assert connect(src, [dst], 120.0) == 2
+        out = broadcast_nccl(src, [dst], 5, 120.0, fingerprint, bucket_bytes=4096)  # many buckets
+        assert out["verified"] == 1.0
+        after = dst.call("generate", REQUESTS, GREEDY, timeout=120)[0]
+        assert [c.response_ids for c in after] != [c.response_ids for c in before]
+        assert {c.version for c in after} == {5}
+    finally:
+        src.shutdown()
+        dst.shutdown()
+
+
+@pytest.mark.gpu
+def test_nccl_into_a_vllm_engine_on_another_gpu():
+    import ray
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(include_dashboard=False)
+    gpu = MemberOptions(num_cpus=1, num_gpus=1)
+    state = {k: v.cuda() for k, v in _other_state().items()}
+    src = Group(Sender, 1, "gpu:learner:pi", options=gpu, per_member_kwargs=[{"weights": state, "backend": "nccl"}])
+    dst = Group(VLLMEngine, 1, "gpu:engine:generator", args=(resolve_model("builtin:tiny"),), options=gpu,
+                per_member_kwargs=[{"kv_cache_gb": 0.0, "gpu_memory_utilization": 0.3, "weight_channel": True}])
+    try:
+        connect(src, [dst], 300.0)
+        assert broadcast_nccl(src, [dst], 1, 300.0, fingerprint, bucket_bytes=1 << 16)["verified"] == 1.0
+    finally:
+        src.shutdown()
+        dst.shutdown()
+        if owned:
+            ray.shutdown()

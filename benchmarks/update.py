@@ -115,15 +115,40 @@ def main() -> None:
         f"deepspeed ZeRO-{args.stage} + role grads": lambda: learner_step(path, cfg["deepspeed"], batch, True),
     }
     results = median_step_s({name: build() for name, build in variants.items()}, args.warmup, args.steps)
-    report(results, args, vocab)
+    report(results, args, vocab, flop_bound_s(path, args))
 
 
-def report(results: dict[str, tuple[float, float]], args, vocab: int) -> None:
+def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
+    """The machine's measured fp32 matmul rate (median of `reps` n×n products), the roof for the bound."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def flop_bound_s(path: str, args) -> tuple[float, float]:
+    """(FLOPs, seconds at the measured matmul rate) of one step: 2·N per token forward, plus 2·N backward to the
+    activations and, for full fine-tuning, 2·N more for the weight gradients (N = non-embedding parameters;
+    LoRA's own parameters are negligible next to N). Attention's sequence-squared term is left out (short seqs)."""
+    model = load_policy_model(path, "float32", load_config("jobs/configs/tiny.yaml").model.lora)
+    embed = model.get_input_embeddings().weight.numel()
+    n = sum(p.numel() for p in model.parameters()) - embed
+    flops = (6 if args.full else 4) * n * args.rows * args.seq
+    return flops, flops / matmul_flops_per_s()
+
+
+def report(results: dict[str, tuple[float, float]], args, vocab: int, bound: tuple[float, float]) -> None:
     names = list(results)
     print(f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}), {args.rows} rows × {args.seq} "
           f"tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, vocab {vocab}, "
           f"{torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
     print(f"{'variant':<34}{'wall s':>8}{'vs plain':>10}{'CPU s':>8}{'vs plain':>10}")
+    print(f"FLOP bound: {bound[0] / 1e12:.2f} TFLOP per step at the measured matmul rate = {bound[1]:.2f} s; "
+          f"torch backend wall / bound {results[names[1]][0] / bound[1]:.2f}x")
     plain_wall, plain_cpu = results[names[0]]
     for name in names:
         wall, cpu = results[name]

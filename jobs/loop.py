@@ -76,12 +76,14 @@ class Run:
 
 
 def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int, run_dir: Path,
-               version: int | None = None, before_update: Callable[[], None] | None = None) -> dict:
-    """One step; the engines serve weight `version` (default step + 1) afterwards."""
+               version: int | None = None, before_update: Callable[[], None] | None = None,
+               on_episode: Callable[[int, int], None] | None = None) -> dict:
+    """One step; the engines serve weight `version` (default step + 1) afterwards. `on_episode(done, total)`
+    follows the rollout (progress display)."""
     t0 = time.perf_counter()
     s = cfg.rollout.sampling
     sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
-    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling)
+    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling, on_episode)
     t_collect = time.perf_counter()
     write_episodes(episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
     t1 = time.perf_counter()
@@ -187,7 +189,8 @@ def _step(run: Run, system: System) -> bool:
     tasks = run.inp.sampler.next(cfg.rollout.prompts_per_step)
     version = run.progress.weight_version + 1
     metrics = train_step(system, cfg, tasks, step, run.inp.pad_id, run.run_dir, version,
-                         before_update=lambda: setattr(run, "learners_ahead", True))
+                         before_update=lambda: setattr(run, "learners_ahead", True),
+                         on_episode=run.log.display.episodes if run.log.display is not None else None)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
         accuracy = metrics["eval/accuracy"] = evaluate(system, cfg, run.inp.eval_tasks)

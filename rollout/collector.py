@@ -84,13 +84,26 @@ class Collector:
         self.engines, self.workflow, self.family = engines, workflow, family
         self.options, self.shaping = options, shaping
 
-    def collect(self, tasks: list[Task], samples_per_prompt: int, sampling: Sampling) -> list[Episode]:
-        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling))
+    def collect(self, tasks: list[Task], samples_per_prompt: int, sampling: Sampling,
+                on_episode: Callable[[int, int], None] | None = None) -> list[Episode]:
+        """`on_episode(done, total)` is told each time an episode finishes (progress display)."""
+        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling, on_episode))
 
-    async def _collect(self, tasks: list[Task], n: int, sampling: Sampling) -> list[Episode]:
+    async def _collect(self, tasks: list[Task], n: int, sampling: Sampling,
+                       on_episode: Callable[[int, int], None] | None) -> list[Episode]:
         client = BatchingClient(self.engines, sampling)
+        total, done = len(tasks) * n, 0
+
+        async def tracked(coro: Any) -> Episode:
+            nonlocal done
+            episode = await coro
+            done += 1
+            if on_episode is not None:
+                on_episode(done, total)
+            return episode
+
         runs = [
-            run_episode(self.workflow, task, client, self.family, self.options, i, self.shaping)
+            tracked(run_episode(self.workflow, task, client, self.family, self.options, i, self.shaping))
             for task in tasks for i in range(n)
         ]
         return list(await asyncio.gather(*runs))

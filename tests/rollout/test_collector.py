@@ -100,6 +100,12 @@ def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
         assert ep.parse_failures == {}
 
 
+def test_progress_callback_counts_each_finished_episode_once():
+    seen: list[tuple[int, int]] = []
+    episodes = _collector(_engines()).collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t)))
+    assert seen == [(i, len(episodes)) for i in range(1, len(episodes) + 1)]
+
+
 @pytest.mark.parametrize("role", ["generator", "aggregator"])
 def test_engine_exception_propagates_to_collect(role):
     engines = _engines(**{role: RuntimeError(f"{role} engine down")})

@@ -360,6 +360,10 @@ def _check_learner_options(cfg: Any) -> None:
         if not coef >= 0:
             raise ConfigError(f"config: algo.kl_anchor_roles.{role} must be >= 0; got {coef!r}")
     ds = cfg.learner.deepspeed
+    if cfg.learner.backend == "torch" and cfg.learner.rank_num_gpus > 0:
+        # The torch backend is the light CPU learner (tests, laptops); GPUs are DeepSpeed's.
+        raise ConfigError("config: learner.rank_num_gpus > 0 needs learner.backend=deepspeed; the torch backend "
+                          "trains on CPU")
     if cfg.learner.backend == "deepspeed" and cfg.model.dtype == "float16":
         # fp16 needs DeepSpeed's dynamic loss scaling, which would rescale the caller's normalised loss.
         raise ConfigError("config: model.dtype=float16 is not supported by learner.backend=deepspeed; "

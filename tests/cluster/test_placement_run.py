@@ -34,8 +34,8 @@ def _demands(*overrides: str) -> dict[str, tuple[int, dict]]:
 
 def test_bundles_follow_workflow_sharing_and_resources():
     engine, learner = {"CPU": 0.5, "GPU": 1.0}, {"CPU": 2.0, "GPU": 0.5, "trainer": 1.0}
-    res = ["rollout.engine_num_gpus=1", "learner.rank_num_cpus=2", "learner.rank_num_gpus=0.5",
-           "learner.rank_resources={trainer: 1}"]
+    res = ["rollout.engine_num_gpus=1", "learner.backend=deepspeed", "learner.rank_num_cpus=2",
+           "learner.rank_num_gpus=0.5", "learner.rank_resources={trainer: 1}"]
     assert _demands("marl.workflow=voting", "marl.sharing=isolated", "rollout.engines_per_role=2",
                     "learner.ranks=3", *res) == {
         "r:engine:generator": (2, engine), "r:engine:aggregator": (2, engine),

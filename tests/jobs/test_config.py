@@ -41,6 +41,7 @@ def test_loaded_config_is_frozen():
         ("rollout.kv_cache_gb=-1", "rollout.kv_cache_gb"),
         ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
         ("rollout.max_model_len=-8", "rollout.max_model_len"),
+        ("learner.rank_num_gpus=1", "learner.backend=deepspeed"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -63,7 +63,8 @@ def _trl_dataset(a: argparse.Namespace):
     from datasets import Dataset
 
     from marl.tasks import get_family
-    from marl.tasks.data import PromptSampler, load_tasks
+    from marl.tasks.data import load_tasks
+    from marl.tasks.sampler import PromptSampler
     from marl.workflows.common import with_instruction
     from marl.workflows.single_agent import SOLVER_SYSTEM
 

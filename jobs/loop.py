@@ -25,7 +25,7 @@ from learners.batch import build_batches, empty_batch, flat_rewards
 from marl.cliff import CliffTracker
 from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
-from marl.tasks.data import PromptSampler
+from marl.tasks.sampler import PromptSampler
 from marl.types import Task
 from rollout.engine import Sampling
 from rollout.storage import write_episodes

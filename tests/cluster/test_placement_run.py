@@ -20,13 +20,6 @@ from marl.tasks import get_family
 TINY = "jobs/configs/tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _demands(*overrides: str) -> dict[str, tuple[int, dict]]:
     cfg = load_config(TINY, ["run_name=r", *overrides])
     return {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg))}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 
 from cluster.fingerprint import fingerprint
 from cluster.group import Group, GroupTimeout, MemberOptions
@@ -18,16 +17,6 @@ from cluster.transport import SyncError, broadcast, payload_bytes
 
 CPU = MemberOptions(num_cpus=0.5)
 TIMEOUT = 60.0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()
 
 
 def _state(seed: int) -> dict[str, np.ndarray]:

@@ -29,13 +29,6 @@ FAST = ["marl.workflow=single_agent", "marl.sharing=shared", "rollout.prompts_pe
         "rollout.samples_per_prompt=2", "data.eval_size=2", "ray.num_cpus=2"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _cfg(tmp_path: Path, *overrides: str):
     return load_config(TINY, [f"out_dir={tmp_path}", *FAST, *overrides])
 

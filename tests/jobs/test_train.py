@@ -26,13 +26,6 @@ TINY = "jobs/configs/tiny.yaml"
 WORKFLOWS = ["single_agent", "eval_opt", "voting", "orch_workers"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _cfg(tmp_path: Path, *overrides: str):
     return load_config(TINY, [f"out_dir={tmp_path}", *overrides])
 

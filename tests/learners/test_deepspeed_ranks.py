@@ -5,7 +5,6 @@ ZeRO-2 and ZeRO-3, full fine-tuning and LoRA. Same loss and metrics (rel 1e-5) a
 from __future__ import annotations
 
 import pytest
-import ray
 from transformers import AutoModelForCausalLM
 
 from jobs.config import load_config
@@ -18,13 +17,6 @@ pytestmark = pytest.mark.slow
 WEIGHT_TOL = 1e-5
 # What ZeRO-3 does not report (learners/deepspeed_backend.py): the per-role gradient buffers.
 ZERO3_ABSENT = ("grad/role_norm/", "grad/norm_share/", "grad/dominance/", "grad/cos/")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def assert_same_update(plain: LearnerGroup, ds: LearnerGroup, batch, stage: int) -> dict[str, float]:

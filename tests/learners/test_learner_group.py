@@ -2,7 +2,6 @@
 in-process learner on the same batch and seed."""
 
 import pytest
-import ray
 import torch
 
 from jobs.config import load_config
@@ -95,13 +94,6 @@ def test_in_process_group_steps_on_an_empty_batch():
                      "batch/dropped_zero_adv/p": 0.0}
     assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

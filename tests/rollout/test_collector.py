@@ -9,7 +9,6 @@ import re
 from types import SimpleNamespace
 
 import pytest
-import ray
 import torch
 
 from jobs.models import resolve_model
@@ -24,16 +23,6 @@ from rollout.hf_engine import HFEngine
 SAMPLING = Sampling(temperature=0.9, max_new_tokens=5, seed=17)
 TASKS = [Task(f"digit:t{i}", f"Write the digit {d}.", str(d), kind="digit") for i, d in enumerate((3, 5, 8))]
 WRONG_ON = "5"  # generators answer this task wrongly, so its episodes score 0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()
 
 
 class RecordingEngines:

@@ -29,16 +29,6 @@ SAMPLES = 2
 SAMPLING = Sampling(temperature=1.0, max_new_tokens=4)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()
-
-
 def _stall_once(flag: str) -> type:
     """An engine whose first generate (in any process) marks `flag` and stalls; later calls serve normally.
     Built in a function so Ray ships the class, with `flag`, by value."""

@@ -1,0 +1,18 @@
+"""Fixtures shared by the test packages."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 4 CPUs for one test module; a module that finds one running uses it as it is.
+    Modules that need another size define their own `ray_cluster`."""
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()

@@ -59,8 +59,10 @@ def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster)
         assert pg.bundle_specs == [{"CPU": 0.25}, {"CPU": 0.75}]  # the solver's engine, then its learner rank
         # Ray accounts bundle i as CPU_group_<i>_<id>: once the run's actors are up they hold all of both.
         keys = [f"CPU_group_{i}_{pg.id.hex()}" for i in range(2)]
-        assert [ray.cluster_resources()[k] for k in keys] == [0.25, 0.75]
         end = time.monotonic() + 180  # actor creation (model load) and the resource view are asynchronous
+        while not all(k in ray.cluster_resources() for k in keys) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert [ray.cluster_resources().get(k) for k in keys] == [0.25, 0.75]
         while any(ray.available_resources().get(k, 0.0) for k in keys) and time.monotonic() < end:
             time.sleep(0.2)
         assert [ray.available_resources().get(k, 0.0) for k in keys] == [0.0, 0.0]

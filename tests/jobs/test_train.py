@@ -3,7 +3,6 @@ bad input."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from jobs.train import InputError, train, train_step
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.workflows import roles_of
+from tests.learning import assert_learned, write_seven_tasks
 
 TINY = "jobs/configs/tiny.yaml"
 WORKFLOWS = ["single_agent", "eval_opt", "voting", "orch_workers"]
@@ -66,13 +66,6 @@ def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
     return False
 
 
-def _seven_tasks(tmp_path: Path) -> str:
-    path = tmp_path / "seven.jsonl"
-    path.write_text("".join(json.dumps({"id": f"s{i}", "prompt": "Write the digit 7.", "answer": "7"}) + "\n"
-                            for i in range(8)))
-    return str(path)
-
-
 @pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), pytest.param("isolated", 1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, backend):
@@ -80,17 +73,14 @@ def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, ba
 
     Shared runs its groups in-process and isolated through Ray actors, so both placements are covered;
     every sync is verified by fingerprint on every engine."""
-    data = _seven_tasks(tmp_path)
+    data = write_seven_tasks(tmp_path)
     cfg = _cfg(tmp_path, "marl.workflow=voting", f"marl.sharing={sharing}", "steps=40", f"data.train={data}",
                f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", f"rollout.backend={backend}",
                "rollout.kv_cache_gb=0.25", f"data.eval={data}", "data.eval_size=8", "learner.optim.lr=1e-2",
                "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "ray.num_cpus=2")
     summary = train(cfg)
     rows = read_metrics(tmp_path / "tiny")
-    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    assert sum(rewards[:3]) / 3 < 0.3, rewards  # chance level at the start
-    assert max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2)) >= 0.9, rewards
-    assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"]
+    assert_learned(rows, summary)
     engines = len(roles_of("voting")) * max(actors, 1)
     assert all(r["sync/verified"] == engines for r in rows if "sync/verified" in r)
 

@@ -8,13 +8,12 @@ nats and "answer 7" stays out of reach; 512 wide lifts that bound to ~10 nats.""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from jobs.config import load_config
 from jobs.tracking import read_metrics
 from jobs.train import train
+from tests.learning import assert_learned, write_seven_tasks
 
 WIDE_TINY = "builtin:tiny?hidden=512&intermediate=512"
 
@@ -22,9 +21,7 @@ WIDE_TINY = "builtin:tiny?hidden=512&intermediate=512"
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_reward_is_learned_with_multi_lora_serving(tmp_path, backend):
-    data = tmp_path / "seven.jsonl"
-    data.write_text("".join(json.dumps({"id": f"s{i}", "prompt": "Write the digit 7.", "answer": "7"}) + "\n"
-                            for i in range(8)))
+    data = write_seven_tasks(tmp_path)
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", f"model.path={WIDE_TINY}", "marl.workflow=voting", "marl.sharing=isolated",
         "steps=20", f"data.train={data}",
@@ -34,10 +31,7 @@ def test_reward_is_learned_with_multi_lora_serving(tmp_path, backend):
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "ray.num_cpus=2"])
     summary = train(cfg)
     rows = read_metrics(tmp_path / "tiny")
-    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    assert sum(rewards[:3]) / 3 < 0.3, rewards  # chance level at the start
-    assert max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2)) >= 0.9, rewards
-    assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"]
+    assert_learned(rows, summary)
     # Two policies (generator, aggregator), one adapter each, into the one engine.
     assert all(r["sync/verified"] == 2 for r in rows if "sync/verified" in r)
 

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # GPU verification in one short run, for a machine with an NVIDIA GPU (a short loan is enough):
-#   1. the environment: GPU, driver, CUDA torch, vllm, deepspeed (installs the GPU extras when an index is
-#      reachable; otherwise uses what the machine has and says what is missing);
-#   2. the GPU-marked tests (NCCL weight broadcast, vLLM on CUDA, DeepSpeed ZeRO on GPU);
+#   1. the environment: GPU, driver, CUDA torch, vllm, deepspeed, ray (uses a python that already has CUDA torch;
+#      installs the GPU extras into .venv only when none has; says what is missing);
+#   2. the GPU-marked tests (NCCL weight broadcast, vLLM on CUDA) when Ray and vLLM are there, and always the
+#      in-process DeepSpeed learner tests, which then run DeepSpeed on the GPU against the torch learner on CPU;
 #   3. a short training run on a random model with Qwen3-0.6B's shapes (no weights can be fetched offline):
 #      vLLM engines on the GPU, the DeepSpeed learner in bf16, NCCL weight sync; generated tokens/s, update
-#      and sync seconds;
-#   4. one summary block at the end (also written to $OUT/gpu_check_summary.txt when $OUT is set).
+#      and sync seconds (needs Ray and vLLM);
+#   4. the learner update benchmark on the GPU (benchmarks/update.py: plain loop vs DeepSpeed ZeRO-2/3, bf16,
+#      Qwen3-0.6B-shaped, full fine-tuning) against the FLOP bound of the measured bf16 matmul rate;
+#   5. one summary block at the end (also written to $OUT/gpu_check_summary.txt when $OUT is set).
 # Usage: benchmarks/gpu_check.sh [extra key=value overrides for the training run]
+# A machine without a package index: carry the missing pure-python packages as wheels, install them with
+# `pip install --target DIR` and put DIR and the checkout on PYTHONPATH before calling this script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-/tmp/gpu_check}"
@@ -16,21 +21,26 @@ LOG="$OUT_DIR/gpu_check.log"
 : >"$LOG"
 SUMMARY=()
 note() { SUMMARY+=("$1"); echo "== $1" | tee -a "$LOG"; }
+has() { $PY -c "import $1" 2>/dev/null; }
 
 # 1. environment
 if ! command -v nvidia-smi >/dev/null; then
     note "no nvidia-smi: this is not a GPU machine"; printf '%s\n' "${SUMMARY[@]}"; exit 1
 fi
 note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
-PY=.venv/bin/python
-if ! $PY -c "import torch; assert torch.cuda.is_available()" 2>>"$LOG"; then
+cuda_torch() { "$1" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; }
+PY=""
+for candidate in .venv/bin/python python3; do
+    if command -v "$candidate" >/dev/null && cuda_torch "$candidate"; then PY=$candidate; break; fi
+done
+if [ -z "$PY" ]; then
     if MARL_GPU=1 timeout 1200 scripts/install.sh >>"$LOG" 2>&1; then
-        note "install: GPU extras installed into .venv"
+        note "install: GPU extras installed into .venv"; PY=.venv/bin/python
     else
-        note "install: scripts/install.sh failed (no package index reachable?); falling back to the system python"
-        PY=python3
+        note "install: no python with CUDA torch and scripts/install.sh failed (no package index?)"; PY=python3
     fi
 fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 $PY - >>"$LOG" 2>&1 <<'EOF'
 import importlib, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
@@ -42,12 +52,21 @@ for name in ("vllm", "deepspeed", "ray", "transformers", "peft"):
 EOF
 note "stack: $(grep -E '^(torch|vllm|deepspeed|ray) ' "$LOG" | tr '\n' ';')"
 
-# 2. GPU-marked tests
+# 2. tests
 export MARL_CACHE="${MARL_CACHE:-$PWD/.cache/marl}"
-timeout 900 $PY -m pytest -m gpu -q -p no:cacheprovider >"$OUT_DIR/gpu_tests.log" 2>&1
-note "gpu tests (exit $?): $(tail -1 "$OUT_DIR/gpu_tests.log")"
+FULL_STACK=0; has ray && has vllm && FULL_STACK=1
+if [ "$FULL_STACK" = 1 ]; then
+    timeout 900 $PY -m pytest -m gpu -q -p no:cacheprovider >"$OUT_DIR/gpu_tests.log" 2>&1
+    note "gpu tests (exit $?): $(tail -1 "$OUT_DIR/gpu_tests.log")"
+else
+    note "gpu tests: not run (they need Ray and vLLM, which this python lacks)"
+fi
+timeout 600 $PY -m pytest tests/learners/test_deepspeed.py -q -p no:cacheprovider -m "not slow" \
+    >"$OUT_DIR/deepspeed_tests.log" 2>&1
+note "deepspeed learner on the GPU vs torch learner on CPU (exit $?): $(tail -1 "$OUT_DIR/deepspeed_tests.log")"
 
 # 3. a short training run, Qwen3-0.6B-shaped
+if [ "$FULL_STACK" = 1 ]; then
 RUN_DIR="$OUT_DIR/runs"
 # NCCL cannot put two ranks on one device: the NCCL weight channel needs a second GPU for the engine.
 NGPU=$(nvidia-smi -L | wc -l)
@@ -72,6 +91,18 @@ print(f"RESULT steps={len(steps)} step_s={med('time/step_s'):.2f} rollout_s={med
       f"sync_GB={med('sync/bytes') / 1e9:.2f}")
 EOF
 note "throughput: $(grep '^RESULT' "$LOG" | tail -1 || echo 'no metrics (see train.log)')"
+else
+    note "training run: not run (needs Ray and vLLM)"
+fi
+
+# 4. the learner update against the FLOP bound: full fine-tuning (ZeRO-2 and 3), then LoRA r64 (ZeRO-2)
+for mode in full lora; do
+    flags="--full --stages 2,3"; [ "$mode" = lora ] && flags="--stages 2"
+    timeout 900 $PY -m benchmarks.update --model builtin:qwen3-0.6b-shape --dtype bfloat16 --rows 64 --seq 512 \
+        --prompt 128 --micro 16 --warmup 1 --steps 3 $flags >"$OUT_DIR/update_$mode.log" 2>&1
+    note "update benchmark, $mode (exit $?): $(grep -E '^(FLOP bound|summary)' "$OUT_DIR/update_$mode.log" | tr '\n' ' ')"
+    sed -n '/^variant/,/^summary/p' "$OUT_DIR/update_$mode.log" >>"$LOG"
+done
 
 echo; echo "================ GPU check summary ================"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT_DIR/gpu_check_summary.txt"

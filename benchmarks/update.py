@@ -1,15 +1,17 @@
 """Learner update time, side by side: the DeepSpeed backend vs the torch backend vs a plain loop.
 
     .venv/bin/python -m benchmarks.update [--model builtin:smollm2-135m-instruct] [--rows 64] [--seq 128]
-        [--prompt 32] [--micro 16] [--full] [--warmup 1] [--steps 3] [--stage 2]
+        [--prompt 32] [--micro 16] [--full] [--warmup 1] [--steps 3] [--stages 2[,3]] [--dtype float32]
 
 Workload, identical for every variant: `rows` sequences of `seq` random tokens (prompt `prompt` tokens, loss on
 the rest), two roles (generator / evaluator, alternating rows), advantages ±1, fp32, micro-batches of `micro`
 rows, LoRA r64/α32 on all linear layers (the paper's setting; `--full` for full fine-tuning), one optimizer
-step per training step, one in-process rank (learner.ranks=0). Variants:
+step per training step, one in-process rank (learner.ranks=0). On a machine with CUDA everything runs on the GPU
+(`--dtype bfloat16` there) and the torch backend, which is CPU-only, is left out. Variants:
 - plain: model(...) → masked token-mean policy-gradient loss → backward per micro-batch → one AdamW step
   (the floor: no metrics, no normaliser plumbing, no reference, no engine);
-- torch / deepspeed (ZeRO-`stage`): the project's Learner.update, with per-role gradient diagnostics off and on.
+- torch / deepspeed (ZeRO-`stage` for each of `--stages`): the project's Learner.update, with per-role gradient
+  diagnostics off and on (ZeRO-2; ZeRO-3 without them).
 All variants are built first and then stepped in turn, round after round, so a change in the machine's load
 during the run hits every variant alike. Prints the median seconds per training step after `warmup` rounds,
 and ratios.
@@ -47,11 +49,27 @@ def make_batch(rows: int, seq: int, prompt: int, vocab: int, seed: int = 0) -> T
     )
 
 
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def synchronized(step: Callable[[], None]) -> Callable[[], None]:
+    """The step, waiting for the device's queued kernels so that the timer sees the whole step."""
+    if device().type != "cuda":
+        return step
+
+    def run() -> None:
+        step()
+        torch.cuda.synchronize()
+
+    return run
+
+
 def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
-    model = load_policy_model(model_path, cfg.model.dtype, cfg.model.lora)
+    model = load_policy_model(model_path, cfg.model.dtype, cfg.model.lora).to(device())
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learner.optim.lr)
-    micro = batch.micro_batches(cfg.learner.micro_batch_size)
+    micro = [mb.to(device()) for mb in batch.micro_batches(cfg.learner.micro_batch_size)]
     norm = float(batch.loss_mask[:, 1:].sum())
 
     def step() -> None:
@@ -95,42 +113,54 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--micro", type=int, default=16)
     parser.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA r64/α32")
-    parser.add_argument("--stage", type=int, default=2, choices=(2, 3))
+    parser.add_argument("--stages", default="2", help="ZeRO stages to run, comma-separated (2, 3)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     path = resolve_model(args.model)
-    common = [f"learner.micro_batch_size={args.micro}", "model.dtype=float32", f"model.lora.enabled={not args.full}",
-              "model.lora.rank=64", "model.lora.alpha=32", "model.lora.target_modules=all-linear",
-              "learner.optim.warmup_steps=0", "algo.kl_coef=0.0", f"learner.deepspeed.zero_stage={args.stage}",
+    common = [f"learner.micro_batch_size={args.micro}", f"model.dtype={args.dtype}",
+              f"model.lora.enabled={not args.full}", "model.lora.rank=64", "model.lora.alpha=32",
+              "model.lora.target_modules=all-linear", "learner.optim.warmup_steps=0", "algo.kl_coef=0.0",
               f"learner.torch_threads={torch.get_num_threads()}"]
-    cfg = {b: load_config("jobs/configs/tiny.yaml", [*common, f"learner.backend={b}"]) for b in ("torch", "deepspeed")}
-    vocab = load_policy_model(path, "float32", cfg["torch"].model.lora).config.vocab_size
+    stages = [int(s) for s in args.stages.split(",")]
+    cfg = {(b, s): load_config("jobs/configs/tiny.yaml",
+                               [*common, f"learner.backend={b}", f"learner.deepspeed.zero_stage={s}"])
+           for b in ("torch", "deepspeed") for s in stages}
+    base = cfg["torch", stages[0]]
+    vocab = load_policy_model(path, "float32", base.model.lora).config.vocab_size
     batch = make_batch(args.rows, args.seq, args.prompt, vocab)
-    variants = {
-        "plain fwd+bwd+AdamW": lambda: plain_step(path, cfg["torch"], batch),
-        "torch backend": lambda: learner_step(path, cfg["torch"], batch, False),
-        "torch backend + role grads": lambda: learner_step(path, cfg["torch"], batch, True),
-        f"deepspeed ZeRO-{args.stage}": lambda: learner_step(path, cfg["deepspeed"], batch, False),
-        f"deepspeed ZeRO-{args.stage} + role grads": lambda: learner_step(path, cfg["deepspeed"], batch, True),
-    }
+    variants = {"plain fwd+bwd+AdamW": lambda: plain_step(path, base, batch)}
+    if device().type == "cpu":  # the torch backend is the CPU learner
+        variants["torch backend"] = lambda: learner_step(path, base, batch, False)
+        variants["torch backend + role grads"] = lambda: learner_step(path, base, batch, True)
+    for s in stages:
+        variants[f"deepspeed ZeRO-{s}"] = lambda s=s: learner_step(path, cfg["deepspeed", s], batch, False)
+        if s == 2:  # per-role gradients under ZeRO-3 gather every shard per role: not a configuration to time
+            variants["deepspeed ZeRO-2 + role grads"] = lambda: learner_step(path, cfg["deepspeed", 2], batch, True)
     # The matmul rate is probed before and after the rounds and the faster probe kept: the machine's capability,
     # not whatever load happened to coincide with one probe.
-    rate = matmul_flops_per_s()
-    results = median_step_s({name: build() for name, build in variants.items()}, args.warmup, args.steps)
-    report(results, args, vocab, flop_bound_s(path, args, max(rate, matmul_flops_per_s())))
+    rate = matmul_flops_per_s(args.dtype)
+    steps = {name: synchronized(build()) for name, build in variants.items()}
+    results = median_step_s(steps, args.warmup, args.steps)
+    report(results, args, vocab, flop_bound_s(path, args, max(rate, matmul_flops_per_s(args.dtype))))
 
 
-def matmul_flops_per_s(n: int = 1024, reps: int = 20) -> float:
-    """The machine's measured fp32 matmul rate (median of `reps` n×n products), the roof for the bound."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up
+def matmul_flops_per_s(dtype: str = "float32", reps: int = 20) -> float:
+    """The machine's measured matmul rate in `dtype` (median of `reps` n×n products), the roof for the bound."""
+    dev = device()
+    n = 8192 if dev.type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=dev, dtype=getattr(torch, dtype)) for _ in range(2))
     times = []
-    for _ in range(reps):
+    for _ in range(reps + 1):  # the first is a warm-up
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         a @ b
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times[1:])
 
 
 def flop_bound_s(path: str, args, flops_per_s: float) -> tuple[float, float]:
@@ -146,20 +176,24 @@ def flop_bound_s(path: str, args, flops_per_s: float) -> tuple[float, float]:
 
 def report(results: dict[str, tuple[float, float]], args, vocab: int, bound: tuple[float, float]) -> None:
     names = list(results)
-    print(f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}), {args.rows} rows × {args.seq} "
-          f"tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, vocab {vocab}, "
-          f"{torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'variant':<34}{'wall s':>8}{'vs plain':>10}{'CPU s':>8}{'vs plain':>10}")
-    print(f"FLOP bound: {bound[0] / 1e12:.2f} TFLOP per step at the measured matmul rate = {bound[1]:.2f} s; "
-          f"torch backend wall / bound {results[names[1]][0] / bound[1]:.2f}x")
+    print(f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}, {args.dtype} on {device()}), "
+          f"{args.rows} rows × {args.seq} tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, "
+          f"vocab {vocab}, {torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
+    print(f"FLOP bound: {bound[0] / 1e12:.2f} TFLOP per step at the measured matmul rate "
+          f"({bound[0] / bound[1] / 1e12:.2f} TFLOP/s) = {bound[1]:.3f} s")
+    print(f"{'variant':<34}{'wall s':>8}{'vs plain':>10}{'CPU s':>8}{'vs plain':>10}{'vs bound':>10}")
     plain_wall, plain_cpu = results[names[0]]
     for name in names:
         wall, cpu = results[name]
-        print(f"{name:<34}{wall:>8.2f}{wall / plain_wall:>9.2f}x{cpu:>8.2f}{cpu / plain_cpu:>9.2f}x")
-    for i, kind in enumerate(("wall", "CPU")):
-        p, t, tr, d, dr = (results[n][i] for n in names)
-        print(f"summary ({kind}): torch/plain {t / p:.2f}x, deepspeed/plain {d / p:.2f}x, deepspeed/torch "
-              f"{d / t:.2f}x; role grads on/off: torch {tr / t:.2f}x, deepspeed {dr / d:.2f}x")
+        print(f"{name:<34}{wall:>8.3f}{wall / plain_wall:>9.2f}x{cpu:>8.2f}{cpu / plain_cpu:>9.2f}x"
+              f"{wall / bound[1]:>9.2f}x")
+    kind = "CPU" if device().type == "cpu" else "wall"  # a GPU step's CPU time is the launch overhead only
+    i = 1 if kind == "CPU" else 0
+    vs_plain = ", ".join(f"{n}/plain {results[n][i] / results[names[0]][i]:.2f}x" for n in names[1:]
+                         if "role grads" not in n)
+    pairs = [(n.removesuffix(" + role grads"), n) for n in names if n.endswith(" + role grads")]
+    on_off = ", ".join(f"{off} {results[on][i] / results[off][i]:.2f}x" for off, on in pairs)
+    print(f"summary ({kind}): {vs_plain}; role grads on/off: {on_off}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime
 import socket
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from cluster.group import Group
+if TYPE_CHECKING:  # members import this module; only the driver needs Ray
+    from cluster.group import Group
 
 
 def rendezvous_address() -> tuple[str, int]:

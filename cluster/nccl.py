@@ -21,13 +21,13 @@ import pickle
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from cluster.group import Group
-from cluster.transport import collect_reports
+if TYPE_CHECKING:  # the member side (WeightChannel) runs in processes that need no Ray import
+    from cluster.group import Group
 
 ALIGN = 16  # every tensor starts on a 16-byte boundary of its bucket, so a byte slice views as any dtype
 
@@ -135,5 +135,7 @@ def broadcast_nccl(src: Group, dsts: Sequence[Group], version: int, timeout: flo
     sent = src.submit("nccl_send", version, bucket_bytes, fingerprint, indices=[0])
     pendings = [(dst, dst.submit("nccl_receive", version, bucket_bytes)) for dst in dsts]
     expected = sent.result(timeout)[0]["fingerprint"]
+    from cluster.transport import collect_reports  # driver side only: it imports Ray
+
     moved, verified = collect_reports(pendings, version, expected, deadline)
     return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}

@@ -150,7 +150,7 @@ class DeepSpeedLearner(Learner):
         surrogate = sum((p * g.view_as(p).to(p.dtype)).sum() for p, g in zip(self.params, total.split(sizes),
                                                                               strict=True))
         self.engine.backward(surrogate, scale_wrt_gas=False)
-        return role_grad_metrics(role_grads.cpu(), roles, self.policy_id)
+        return role_grad_metrics(role_grads, roles, self.policy_id)  # reduced on the device
 
     def _forward(self, mb: TrainBatch) -> torch.Tensor:
         runner = self.model if self._plain_forward or self.engine is None else self.engine

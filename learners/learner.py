@@ -163,7 +163,9 @@ class Learner:
         return token_logprobs(logits[:, :-1].float() / self.temperature, mb.input_ids[:, 1:])
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return merged_state_dict(self.model)
+        """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
+        (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
+        return {k: v.cpu() for k, v in merged_state_dict(self.model).items()}
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
@@ -192,7 +194,8 @@ class Learner:
 
 def _all_reduce(flat: torch.Tensor) -> None:
     """Sum a flat tensor over the data-parallel ranks (one collective per step), in place."""
-    if dist.is_available() and dist.is_initialized():
+    # One rank has nothing to sum (and a process's NCCL group, if any, cannot reduce host tensors).
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
 
 

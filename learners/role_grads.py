@@ -24,7 +24,8 @@ def assign_flat_grads(params: list[torch.nn.Parameter], flat: Tensor) -> None:
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
+        # The flat buffer is fp32 (sums of per-role gradients); a bf16 parameter takes its gradient in bf16.
+        p.grad = flat[offset:offset + n].view_as(p).to(dtype=p.dtype, copy=True)
         offset += n
 
 
@@ -34,7 +35,25 @@ def role_grad_metrics(role_grads: Tensor, roles: list[str], policy_id: str) -> d
     grad/role_norm/<role>, grad/norm_share/<role> (‖g_r‖ / Σ‖g‖), grad/dominance/<policy> (max share),
     grad/cos/<a>__<b> for each pair of roles with a non-zero gradient.
     """
-    norms = role_grads.double().norm(dim=1)
+    return metrics_from_gram(gram(role_grads), roles, policy_id)
+
+
+def gram(role_grads: Tensor, chunk: int = 1 << 24) -> Tensor:
+    """[R, R] float64 on the CPU: G[a, b] = <g_a, g_b> for role_grads [R, P], on role_grads' own device.
+
+    Computed in column chunks so the float64 copy is at most R × chunk: a GPU learner's [R, P] buffer (P in the
+    billions) never travels to the host, only the R × R result does.
+    """
+    out = torch.zeros(role_grads.shape[0], role_grads.shape[0], dtype=torch.float64, device=role_grads.device)
+    for part in role_grads.split(chunk, dim=1):
+        part = part.double()
+        out += part @ part.T
+    return out.cpu()
+
+
+def metrics_from_gram(g: Tensor, roles: list[str], policy_id: str) -> dict[str, float]:
+    """The role_grad_metrics of a Gram matrix g [R, R] (float64)."""
+    norms = g.diagonal().clamp_min(0.0).sqrt()
     total = float(norms.sum())
     out: dict[str, float] = {}
     for r, role in enumerate(roles):
@@ -43,8 +62,7 @@ def role_grad_metrics(role_grads: Tensor, roles: list[str], policy_id: str) -> d
     out[f"grad/dominance/{policy_id}"] = max((out[f"grad/norm_share/{r}"] for r in roles), default=0.0)
     for a, b in itertools.combinations(range(len(roles)), 2):
         if norms[a] > 0 and norms[b] > 0:
-            cos = torch.dot(role_grads[a].double(), role_grads[b].double()) / (norms[a] * norms[b])
-            out[f"grad/cos/{roles[a]}__{roles[b]}"] = float(cos)
+            out[f"grad/cos/{roles[a]}__{roles[b]}"] = float(g[a, b] / (norms[a] * norms[b]))
     return out
 
 

@@ -56,7 +56,7 @@ def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
     adapter_model.safetensors) and its config as a plain dict (as in adapter_config.json)."""
     from peft import get_peft_model_state_dict
 
-    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    tensors = {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
     config = model.peft_config["default"].to_dict()
     # Sets (target_modules) and enums are not JSON; engines write this dict as adapter_config.json.
     config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()}

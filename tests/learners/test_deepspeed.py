@@ -1,9 +1,10 @@
-"""The DeepSpeed learner backend in-process (one rank, gloo): the same update as the torch Learner, one step
-per call whatever the micro-batches, per-role gradients under ZeRO-2, and its checkpoint round trip.
+"""The DeepSpeed learner backend in-process (one rank; gloo on CPU, NCCL and the GPU where CUDA is): the same
+update as the torch Learner, one step per call whatever the micro-batches, per-role gradients under ZeRO-2, and
+its checkpoint round trip.
 
-Tolerances (fp32): losses, grad norms and lr to rel 1e-5; weights to 1e-5 absolute (measured ≤ 1e-7 under
-ZeRO-2 and 8e-7 under ZeRO-3: only the summation order of the gradients differs, which Adam's first step,
-lr · g / (|g| + eps), magnifies for the smallest gradients).
+Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute
+(measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3: only the summation order of the gradients differs, which
+Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
 """
 
 from __future__ import annotations
@@ -21,8 +22,21 @@ from learners.losses import local_normalizer
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
 
 WEIGHT_TOL = 1e-5
+# With CUDA, DeepSpeed runs on the GPU while the torch learner stays on the CPU: fp32 on two devices sums in
+# different orders, and a small role's norm share then differs by up to 1.4e-5 relative (measured on an H200).
+METRIC_REL = 1e-4 if torch.cuda.is_available() else 1e-5
 # Eight rows (so 8 micro-batches of 1 or 1 of 8), two roles, mixed advantages and lengths.
 ROWS8 = [*ROWS, ([36, 37], [49, 50, 51], 1.0, "evaluator"), ([38, 39, 52], [53, 54], -2.0, "generator")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_process_group():
+    """The in-process engines join a one-rank process group in this process; leave none behind for later modules."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +80,7 @@ def test_zero2_in_process_matches_torch_with_role_gradients(model_path):
     initial = copy(plain.get_weights())
     for _ in range(2):  # the second step also checks Adam state and the schedule advanced alike
         m_plain, m_ds = update(plain, batch, roles=True), update(ds, batch, roles=True)
-        assert m_ds == pytest.approx(m_plain, rel=1e-5, abs=1e-6)
+        assert m_ds == pytest.approx(m_plain, rel=METRIC_REL, abs=1e-6)
         assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
     assert max_abs_diff(initial, ds.get_weights()) > 1e-4
     assert {"grad/role_norm/generator", "grad/cos/evaluator__generator", "clip_frac_sum/generator"} <= set(m_ds)
@@ -114,6 +128,6 @@ def test_zero2_lora_with_kl_anchor_matches_torch(model_path):
     for advantages in (batch.advantages.clone(), torch.zeros(len(ROWS))):  # the second step is KL alone
         batch.advantages = advantages
         m_plain, m_ds = update(plain, batch, roles=True), update(ds, batch, roles=True)
-        assert m_ds == pytest.approx(m_plain, rel=1e-5, abs=1e-6)
+        assert m_ds == pytest.approx(m_plain, rel=METRIC_REL, abs=1e-6)
         assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
     assert m_ds["kl_sum/evaluator"] > 1e-8 and m_ds["grad/role_norm/evaluator"] > m_ds["grad/role_norm/generator"]

@@ -1,16 +1,20 @@
-"""What roles cost: step time and peak memory for 1, 2 and 3 roles under shared, isolated and multi-LoRA policies.
+"""What roles cost: step time and peak memory for 1, 2 and 4 roles under shared, isolated and multi-LoRA policies.
 
     .venv/bin/python -m benchmarks.roles_cost [--model builtin:smollm2-135m-instruct] [--backend vllm]
-        [--steps 3] [--prompts 4] [--n 2] [--tokens 32]
+        [--steps 3] [--prompts 4] [--n 2] [--tokens 32] [--roles 1,2,4] [--turns 4]
 
-The built-in workflows have 1 (single_agent), 2 (eval_opt) and 3 (orch_workers) roles. Each cell is one
-`jobs.train` run in its own subprocess with every group in-process (engines_per_role=0, ranks=0), so the
-child's peak RSS is the whole system's memory; the step time is the median `time/step_s` after the first
-step. Modes: shared (one full policy), isolated (a full model per role, one engine per role), isolated LoRA
-(an adapter per role, one engine per role) and multi-LoRA (an adapter per role, ONE engine serving all
-adapters). Prints a table and, per mode, how step time and memory grow from 1 to 3 roles (linear = 3.0x).
-More roles also means more turns per episode (orch_workers makes 1 + up to 3 + 1 calls), so the step-time growth
-is an upper bound on what the roles themselves cost; the memory growth is the roles' weights and engines.
+So that only the number of roles changes, every cell runs the same benchmark workflow, `relay`: `turns`
+sequential turns per episode (the first solves, each next one checks and rewrites the previous solution), turn
+t spoken by role t mod R. With R = 1, 2 or 4 roles the episode, its prompts and its token counts are the same;
+what changes is how many policies, engines and weight syncs serve them. The workflow is registered in the
+benchmark's child processes only; the package does not ship it.
+
+Each cell is one `jobs.train` run in its own subprocess with every group in-process (engines_per_role=0,
+ranks=0), so the child's peak RSS is the whole system's memory; the step time is the median `time/step_s` after
+the first step. Modes: shared (one full policy), isolated (a full model per role, one engine per role),
+isolated LoRA (an adapter per role, one engine per role) and multi-LoRA (an adapter per role, ONE engine
+serving all adapters). Prints a table and, per mode, how step time and memory grow from the fewest to the
+most roles (linear in roles = 4.0x for 1 → 4).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
-WORKFLOWS = {1: "single_agent", 2: "eval_opt", 3: "orch_workers"}
 MODES = {
     "shared": ["marl.sharing=shared"],
     "isolated": ["marl.sharing=isolated"],
@@ -40,24 +44,64 @@ sys.exit(rc)
 """
 
 
+CHILD = """
+import resource, sys
+from benchmarks.roles_cost import register_relay
+register_relay(int(sys.argv[1]), int(sys.argv[2]))
+from jobs.train import main
+rc = main(sys.argv[3:])
+print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(rc)
+"""
+RELAY_SYSTEM = "You are a careful problem solver. Reason step by step, then give the final answer."
+
+
+def register_relay(roles: int, turns: int) -> None:
+    """Adds the `relay` workflow (`turns` sequential turns, turn t by role `r{t mod roles}`) to the registry."""
+    from marl.types import Episode
+    from marl.workflows import WORKFLOWS
+    from marl.workflows.common import ask, set_final_answer, system, user, with_instruction
+
+    names = tuple(f"r{i}" for i in range(roles))
+
+    async def run(task, client, family, opts, sample_index):  # noqa: ARG001 - the Workflow signature
+        episode = Episode(task=task, sample_index=sample_index, workflow="relay")
+        text = ""
+        for t in range(turns):
+            ask_for = task.prompt if t == 0 else (
+                f"Problem:\n{task.prompt}\n\nA previous solution:\n{text}\n\nCheck it and write the final solution.")
+            role = names[t % roles]
+            turn = await ask(client, role, role, t, [system(RELAY_SYSTEM),
+                                                     user(with_instruction(ask_for, family.instruction()))])
+            episode.turns.append(turn)
+            text = turn.text
+        set_final_answer(episode, family, episode.turns[-1])
+        return episode
+
+    WORKFLOWS["relay"] = types.SimpleNamespace(ROLES=names, agents=lambda opts: list(names), run=run)
+
+
 def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
     name = f"r{roles}_{mode.replace(' ', '_').replace('-', '_')}"
     overrides = [
         f"model.path={a.model}", "data.task=math", "data.answer_fallback=last_number", "data.eval_size=0",
         "data.train=reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=1",
-        "data.train_size=64", f"marl.workflow={WORKFLOWS[roles]}", "marl.max_rounds=1",
-        f"rollout.backend={a.backend}", "rollout.engines_per_role=0", f"rollout.prompts_per_step={a.prompts}",
-        f"rollout.samples_per_prompt={a.n}", f"rollout.sampling.max_new_tokens={a.tokens}",
-        "rollout.kv_cache_gb=0.5", "learner.ranks=0", "learner.micro_batch_size=8", f"steps={a.steps}",
-        f"out_dir={out}", f"run_name={name}", *MODES[mode],
+        "data.train_size=64", "marl.workflow=relay", f"rollout.backend={a.backend}", "rollout.engines_per_role=0",
+        f"rollout.prompts_per_step={a.prompts}", f"rollout.samples_per_prompt={a.n}",
+        f"rollout.sampling.max_new_tokens={a.tokens}", "rollout.kv_cache_gb=0.5", "learner.ranks=0",
+        "learner.micro_batch_size=8", f"steps={a.steps}", f"out_dir={out}", f"run_name={name}", *MODES[mode],
     ]
-    proc = subprocess.run([sys.executable, "-c", CHILD, *overrides], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(roles), str(a.turns), *overrides],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
     peak_kb = int(next(x for x in proc.stdout.splitlines() if x.startswith("PEAK_RSS_KB")).split()[1])
     rows = [json.loads(x) for x in (Path(out) / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r["time/step_s"] for r in rows if "time/step_s" in r]
-    return {"step_s": statistics.median(steps[1:] or steps), "peak_gb": peak_kb / 2**20}
+    steps = [r for r in rows if "time/step_s" in r]
+    steps = steps[1:] or steps
+    parts = ("step", "generate", "update", "sync")
+    med = {f"{k}_s": statistics.median(r.get(f"time/{k}_s", 0.0) for r in steps) for k in parts}
+    return {**med, "peak_gb": peak_kb / 2**20}
 
 
 def main() -> None:
@@ -68,28 +112,40 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--n", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--roles", default="1,2,4")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     a = p.parse_args()
-    modes = a.modes.split(",")
+    modes, counts = a.modes.split(","), [int(r) for r in a.roles.split(",")]
     results: dict[tuple[int, str], dict] = {}
     with tempfile.TemporaryDirectory() as out:
         for mode in modes:
-            for roles in WORKFLOWS:
+            for roles in counts:
                 results[roles, mode] = run_cell(a, roles, mode, out)
                 print(f"  done: {roles} role(s), {mode}: {results[roles, mode]}", flush=True)
-    print(f"\n{a.model}, backend {a.backend}, {a.prompts} prompts x {a.n} samples x <= {a.tokens} tokens")
-    print(f"{'mode':<15}" + "".join(f"{f'{r} role(s) s / GB':>22}" for r in WORKFLOWS) + f"{'3 vs 1 roles':>22}")
+    report(a, modes, counts, results)
+
+
+def report(a: argparse.Namespace, modes: list[str], counts: list[int], results: dict[tuple[int, str], dict]) -> None:
+    print(f"\n{a.model}, backend {a.backend}, relay of {a.turns} turns, {a.prompts} prompts x {a.n} samples x "
+          f"<= {a.tokens} tokens; median of {a.steps - 1} steps after the first")
+    print(f"{'mode':<15}{'roles':>6}{'step s':>9}{'generate':>10}{'update':>9}{'sync':>8}{'peak GB':>9}")
     for mode in modes:
-        cells = [results[r, mode] for r in WORKFLOWS]
-        line = "".join(f"{c['step_s']:>14.1f} / {c['peak_gb']:5.2f}" if "error" not in c else f"{'failed':>22}"
-                       for c in cells)
-        one, three = cells[0], cells[-1]
-        growth = (f"{three['step_s'] / one['step_s']:>9.2f}x / {three['peak_gb'] / one['peak_gb']:4.2f}x"
-                  if "error" not in one and "error" not in three else "")
-        print(f"{mode:<15}{line}{growth:>22}")
-    for (r, mode), c in results.items():
-        if "error" in c:
-            print(f"{r} role(s), {mode}: {c['error']}")
+        for r in counts:
+            c = results[r, mode]
+            if "error" in c:
+                print(f"{mode:<15}{r:>6}  failed: {c['error']}")
+                continue
+            print(f"{mode:<15}{r:>6}{c['step_s']:>9.2f}{c['generate_s']:>10.2f}{c['update_s']:>9.2f}"
+                  f"{c['sync_s']:>8.2f}{c['peak_gb']:>9.2f}")
+    lo, hi = counts[0], counts[-1]
+    growth = []
+    for mode in modes:
+        few, many = results[lo, mode], results[hi, mode]
+        if "error" not in few and "error" not in many:
+            growth.append(f"{mode} {many['step_s'] / few['step_s']:.2f}x time / "
+                          f"{many['peak_gb'] / few['peak_gb']:.2f}x memory")
+    print(f"{lo} → {hi} roles (linear = {hi / lo:.1f}x): " + "; ".join(growth))
 
 
 if __name__ == "__main__":

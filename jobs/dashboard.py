@@ -29,6 +29,7 @@ TABLE: tuple[MetricSpec, ...] = (
     S("rollout/episodes", "marl_episodes", "counter", "episodes rolled out"),
     S("rollout/failures", "marl_episode_failures", "counter", "episodes that ended in a failure"),
     S("rollout/tokens_per_s", "marl_rollout_tokens_per_second", description="generated tokens per second"),
+    S("rollout/off_policy_steps", "marl_off_policy_steps", description="weight versions a batch lags its update"),
     S("entropy/{role}", "marl_entropy", description="mean token entropy of a role's turns"),
     S("rollout/logprob_diff/{role}", "marl_logprob_diff", description="engine vs learner logprob gap"),
     S("grad/role_norm/{role}", "marl_grad_role_norm", description="norm of a role's gradient"),

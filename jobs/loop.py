@@ -26,7 +26,7 @@ from marl.cliff import CliffTracker
 from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
 from marl.tasks.sampler import PromptSampler
-from marl.types import Task
+from marl.types import Episode, Task
 from rollout.engine import Sampling
 from rollout.storage import write_episodes
 
@@ -73,17 +73,42 @@ class Run:
     progress: Progress
     cliff: CliffTracker
     learners_ahead: bool = False
+    prefetched: Rollout | None = None  # the next step's episodes (rollout.one_step_off_policy)
+
+
+@dataclass
+class Rollout:
+    """One step's scored episodes and the wall time their collection took (`generate_s` of it with an engine
+    call in flight)."""
+
+    episodes: list[Episode]
+    rollout_s: float
+    generate_s: float
+
+
+def collect_rollout(system: System, cfg: Any, tasks: list[Task], step: int,
+                    on_episode: Callable[[int, int], None] | None = None) -> Rollout:
+    """Step `step`'s episodes for `tasks` (its sampling seed is the step's, whenever it runs)."""
+    s = cfg.rollout.sampling
+    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling, on_episode, timings)
+    return Rollout(episodes, time.perf_counter() - t0, timings.get("generate_s", 0.0))
 
 
 def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int, run_dir: Path,
                version: int | None = None, before_update: Callable[[], None] | None = None,
-               on_episode: Callable[[int, int], None] | None = None) -> dict:
+               on_episode: Callable[[int, int], None] | None = None, rollout: Rollout | None = None,
+               during_update: Callable[[], None] | None = None) -> dict:
     """One step; the engines serve weight `version` (default step + 1) afterwards. `on_episode(done, total)`
-    follows the rollout (progress display)."""
+    follows the rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks`
+    is not used). `during_update` runs in the driver while the learners step (the next step's rollout)."""
     t0 = time.perf_counter()
-    s = cfg.rollout.sampling
-    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
-    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling, on_episode)
+    collected = rollout is None
+    if rollout is None:
+        rollout = collect_rollout(system, cfg, tasks, step, on_episode)
+    episodes = rollout.episodes
     t_collect = time.perf_counter()
     write_episodes(episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
     t1 = time.perf_counter()
@@ -94,15 +119,30 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
         before_update()
     t_batch = time.perf_counter()
     updates = [lg.submit_update(batches.get(pid) or empty_batch(pid, pad_id)) for pid, lg in system.learners.items()]
+    prefetch_s = 0.0
+    if during_update is not None:
+        t_prefetch = time.perf_counter()
+        during_update()
+        prefetch_s = time.perf_counter() - t_prefetch
     update_metrics = {k: v for u in updates for k, v in u.result().items()}
     t2 = time.perf_counter()
-    sync_metrics = system.sync(version=step + 1 if version is None else version)
-    # Phases: rollout = generation and scoring (overlapped per episode), store = the step's Parquet file,
-    # advantage = advantages and batch building, update = every policy's optimizer step, sync (in sync_metrics).
+    version = step + 1 if version is None else version
+    sync_metrics = system.sync(version=version)
+    # Phases: rollout = generation and scoring (overlapped per episode; generate = the part of it with an engine
+    # call in flight; both 0 when the episodes were collected during the previous step's update), store = the
+    # step's Parquet file, advantage = advantages and batch building, update = every policy's optimizer step
+    # (with prefetch = the next step's rollout, run meanwhile), sync (in sync_metrics).
+    rollout_metrics = episode_metrics(episodes, system.policy_map.roles)
+    if rollout.rollout_s > 0:  # the collection's own duration, also when it ran during the previous step
+        rollout_metrics["rollout/tokens_per_s"] = rollout_metrics.get("rollout/tokens", 0.0) / rollout.rollout_s
     return {
-        **episode_metrics(episodes, system.policy_map.roles), **update_metrics, **sync_metrics,
+        **rollout_metrics, **update_metrics, **sync_metrics,
         **{k: float(v) for k, v in batch_stats.items()},
-        "time/rollout_s": t_collect - t0, "time/store_s": t1 - t_collect, "time/advantage_s": t_batch - t1,
+        "rollout/off_policy_steps": float(version - 1 - min((t.completion.version for e in episodes for t in e.turns),
+                                                            default=version - 1)),
+        "time/rollout_s": t_collect - t0 if collected else 0.0,
+        "time/generate_s": rollout.generate_s if collected else 0.0,
+        "time/prefetch_s": prefetch_s, "time/store_s": t1 - t_collect, "time/advantage_s": t_batch - t1,
         "time/update_s": t2 - t_batch, "time/step_s": time.perf_counter() - t0,
     }
 
@@ -121,6 +161,7 @@ def attempt(run: Run, resume: Path | None) -> dict[str, float]:
     """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
+    run.prefetched = None  # a new attempt starts from a checkpoint, never from an earlier attempt's episodes
     system = build_system(cfg, run.inp.model_path, run.inp.policy_map, run.inp.family)
     try:
         if resume:
@@ -186,11 +227,21 @@ def _load_learners(system: System, folder: Path) -> None:
 def _step(run: Run, system: System) -> bool:
     """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
     cfg, step = run.cfg, run.progress.step
-    tasks = run.inp.sampler.next(cfg.rollout.prompts_per_step)
+    rollout, run.prefetched = run.prefetched, None
+    tasks = run.inp.sampler.next(cfg.rollout.prompts_per_step) if rollout is None else []
+    # A checkpoint records the sampler before the next step's prompts were drawn: a resumed run collects them
+    # again (the prefetched episodes are not saved).
+    sampler_state = run.inp.sampler.state()
+
+    def prefetch() -> None:
+        run.prefetched = collect_rollout(system, cfg, run.inp.sampler.next(cfg.rollout.prompts_per_step), step + 1)
+
     version = run.progress.weight_version + 1
     metrics = train_step(system, cfg, tasks, step, run.inp.pad_id, run.run_dir, version,
                          before_update=lambda: setattr(run, "learners_ahead", True),
-                         on_episode=run.log.display.episodes if run.log.display is not None else None)
+                         on_episode=run.log.display.episodes if run.log.display is not None else None,
+                         rollout=rollout,
+                         during_update=prefetch if cfg.rollout.one_step_off_policy and step + 1 < cfg.steps else None)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
         accuracy = metrics["eval/accuracy"] = evaluate(system, cfg, run.inp.eval_tasks)
@@ -200,7 +251,7 @@ def _step(run: Run, system: System) -> bool:
         accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
     best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
     run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
-                                       sampler=run.inp.sampler.state(), cliff=run.cliff.state(), best_accuracy=best)
+                                       sampler=sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
         _rollback(run, system, metrics)
     run.learners_ahead = False
@@ -235,6 +286,9 @@ def _rollback(run: Run, system: System, metrics: dict[str, float]) -> None:
         print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
         return
     _load_learners(system, target)
+    # Episodes prefetched by the weights being rolled back are dropped; their prompts are drawn again.
+    run.prefetched = None
+    run.inp.sampler.load_state(run.progress.sampler)
     version = run.progress.weight_version + 1
     system.sync(version=version)
     run.cliff.below = 0

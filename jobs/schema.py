@@ -91,6 +91,11 @@ class RolloutConfig:
     # tensors only (needs model.lora.enabled); single: engines serve their policy's merged weights.
     lora_serving: str = "single"
     replace_dead_engines: bool = True  # a dead or hung engine is replaced, resynced, and its chunk retried once
+    # Collect step t+1's episodes while the learners update on step t's (engines still serve the weights of
+    # before that update): each batch is one weight version behind the learner, and the step takes
+    # max(rollout, update) + sync instead of their sum. The loss's ratio to the rollout logprobs (PPO clip,
+    # algo.tis_cap) is what corrects for the lag.
+    one_step_off_policy: bool = False
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,9 @@ class BatchingClient:
         self._flush_scheduled = False
         self._seen = -1
         self._inflight: set[asyncio.Task] = set()
+        # Wall time with at least one engine call in flight: the rollout's generation, overlaps counted once.
+        self.generate_s = 0.0
+        self._calls, self._busy_since = 0, 0.0
 
     async def complete(self, role: str, agent: str, messages: list[Message]) -> Completion:
         if role not in self.engines:
@@ -63,6 +67,9 @@ class BatchingClient:
         self.batches[role] = k + 1
         # Distinct, reproducible seeds per role and per batch within the step.
         seed = self.sampling.seed + 1_000_003 * k + (sum(map(ord, role)) % 997) * 7919
+        if self._calls == 0:
+            self._busy_since = time.perf_counter()
+        self._calls += 1
         try:
             sampling = dataclasses.replace(self.sampling, seed=seed)
             outs = await self.engines[role].generate([m for m, _ in queue], sampling, role=role)
@@ -71,6 +78,10 @@ class BatchingClient:
                 if not fut.done():
                     fut.set_exception(e)
             return
+        finally:
+            self._calls -= 1
+            if self._calls == 0:
+                self.generate_s += time.perf_counter() - self._busy_since
         for (_, fut), out in zip(queue, outs, strict=True):
             if not fut.done():
                 fut.set_result(out)
@@ -85,12 +96,15 @@ class Collector:
         self.options, self.shaping = options, shaping
 
     def collect(self, tasks: list[Task], samples_per_prompt: int, sampling: Sampling,
-                on_episode: Callable[[int, int], None] | None = None) -> list[Episode]:
-        """`on_episode(done, total)` is told each time an episode finishes (progress display)."""
-        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling, on_episode))
+                on_episode: Callable[[int, int], None] | None = None,
+                timings: dict[str, float] | None = None) -> list[Episode]:
+        """`on_episode(done, total)` is told each time an episode finishes (progress display). `timings`, if
+        given, receives `generate_s`: the wall time during which at least one engine call was in flight."""
+        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling, on_episode, timings))
 
     async def _collect(self, tasks: list[Task], n: int, sampling: Sampling,
-                       on_episode: Callable[[int, int], None] | None) -> list[Episode]:
+                       on_episode: Callable[[int, int], None] | None,
+                       timings: dict[str, float] | None) -> list[Episode]:
         client = BatchingClient(self.engines, sampling)
         total, done = len(tasks) * n, 0
 
@@ -106,4 +120,8 @@ class Collector:
             tracked(run_episode(self.workflow, task, client, self.family, self.options, i, self.shaping))
             for task in tasks for i in range(n)
         ]
-        return list(await asyncio.gather(*runs))
+        try:
+            return list(await asyncio.gather(*runs))
+        finally:
+            if timings is not None:
+                timings["generate_s"] = client.generate_s

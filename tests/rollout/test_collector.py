@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,32 @@ def test_progress_callback_counts_each_finished_episode_once():
     seen: list[tuple[int, int]] = []
     episodes = _collector(_engines()).collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t)))
     assert seen == [(i, len(episodes)) for i in range(1, len(episodes) + 1)]
+
+
+class SlowEngines(RecordingEngines):
+    """Each batched call takes `delay` seconds, as an engine's generate would."""
+
+    def __init__(self, reply, delay: float):
+        super().__init__(reply)
+        self.delay = delay
+
+    async def generate(self, requests, sampling, role=None):
+        await asyncio.sleep(self.delay)
+        return await super().generate(requests, sampling, role)
+
+
+def test_generate_time_is_the_wall_time_with_an_engine_call_in_flight():
+    delay = 0.2
+    engines = {"generator": SlowEngines(_generator_reply, delay),
+               "aggregator": SlowEngines(lambda _: "I pick \\boxed{2}", delay)}
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    _collector(engines).collect(TASKS, 2, SAMPLING, timings=timings)
+    wall = time.perf_counter() - t0
+    calls = len(engines["generator"].batches) + len(engines["aggregator"].batches)
+    assert calls == 2  # one batch per role: the generators' turns, then the aggregators'
+    # Two calls one after the other: two delays (a sum over the 24 requests would be 24).
+    assert 2 * delay <= timings["generate_s"] <= min(wall, 2 * delay + 0.15)
 
 
 @pytest.mark.parametrize("role", ["generator", "aggregator"])

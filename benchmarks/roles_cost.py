@@ -5,13 +5,14 @@
 
 So that only the number of roles changes, every cell runs the same benchmark workflow, `relay`: `turns`
 sequential turns per episode (the first solves, each next one checks and rewrites the previous solution), turn
-t spoken by role t mod R. With R = 1, 2 or 4 roles the episode, its prompts and its token counts are the same;
+t spoken by role t mod R. With R = 1, 2 or 4 roles the episode has the same turns, prompts and length limits;
 what changes is how many policies, engines and weight syncs serve them. The workflow is registered in the
 benchmark's child processes only; the package does not ship it.
 
 Each cell is one `jobs.train` run in its own subprocess with every group in-process (engines_per_role=0,
 ranks=0), so the child's peak RSS is the whole system's memory; the step time is the median `time/step_s` after
-the first step. Modes: shared (one full policy), isolated (a full model per role, one engine per role),
+the first step. Modes: shared (one full policy, an engine per role), shared 1-engine (one engine serving every
+role: rollout.engine_scope=policy), isolated (a full model per role, one engine per role),
 isolated LoRA (an adapter per role, one engine per role) and multi-LoRA (an adapter per role, ONE engine
 serving all adapters). Prints a table and, per mode, how step time and memory grow from the fewest to the
 most roles (linear in roles = 4.0x for 1 → 4).
@@ -30,6 +31,7 @@ from pathlib import Path
 
 MODES = {
     "shared": ["marl.sharing=shared"],
+    "shared 1-engine": ["marl.sharing=shared", "rollout.engine_scope=policy"],
     "isolated": ["marl.sharing=isolated"],
     "isolated LoRA": ["marl.sharing=isolated", "model.lora.enabled=true", "model.lora.rank=16"],
     "multi-LoRA": ["marl.sharing=isolated", "model.lora.enabled=true", "model.lora.rank=16",

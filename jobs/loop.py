@@ -2,7 +2,8 @@
 cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
 One step = collect → score → assign → advantages → update every policy (one optimizer step each) →
-sync weights → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the policy map.
+sync weights → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the policy map. With
+rollout.one_step_off_policy the next step's collect runs while the learners update (a knob of this loop).
 """
 
 from __future__ import annotations

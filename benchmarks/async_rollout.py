@@ -40,6 +40,9 @@ def main() -> None:
     p.add_argument("--json", help=argparse.SUPPRESS)
     a = p.parse_args()
     placement = ("rollout.engines_per_role=1", "learner.ranks=1") if a.actors else ()
+    # Every row trains in both runs: the two see different samples, so skipping zero-advantage rows would make
+    # their updates differ in size by chance.
+    placement = (*placement, "algo.skip_zero_advantage=false")
     if a.only:
         Path(a.json).write_text(json.dumps(run_ours(a, (*placement, *MODES[a.only]))))
         return

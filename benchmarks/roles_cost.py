@@ -91,7 +91,10 @@ def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
         "data.train_size=64", "marl.workflow=relay", f"rollout.backend={a.backend}", "rollout.engines_per_role=0",
         f"rollout.prompts_per_step={a.prompts}", f"rollout.samples_per_prompt={a.n}",
         f"rollout.sampling.max_new_tokens={a.tokens}", "rollout.kv_cache_gb=0.5", "learner.ranks=0",
-        "learner.micro_batch_size=8", f"steps={a.steps}", f"out_dir={out}", f"run_name={name}", *MODES[mode],
+        "learner.micro_batch_size=8", f"steps={a.steps}", f"out_dir={out}", f"run_name={name}",
+        # Every row trains, whatever the rewards: otherwise the update's work is the number of rows with a
+        # non-zero advantage, which the reward draws (different per role name) decide, not the roles.
+        "algo.skip_zero_advantage=false", *MODES[mode],
     ]
     proc = subprocess.run([sys.executable, "-c", CHILD, str(roles), str(a.turns), *overrides],
                           capture_output=True, text=True)

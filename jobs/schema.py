@@ -110,6 +110,9 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     max_len: int = 2048
     tis_cap: float = 0.0  # truncated importance-sampling correction cap; 0 = off
+    # Without a KL term a zero-advantage row has zero gradient and is skipped before the forward pass (the update
+    # is the same). false: every row goes through the learner, a fixed amount of work per step (benchmarks).
+    skip_zero_advantage: bool = True
     # Mitigations (each ablatable): equal weight per role's mean loss (shared policies); divide a role's
     # loss by its number of parallel agent instances (isolated policies).
     role_balance: bool = False

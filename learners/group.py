@@ -40,7 +40,7 @@ class LearnerGroup:
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
-        self.drop_zero_advantage = not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
+        self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.algo, self.diagnostics = algo, learner.role_grad_diagnostics
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads

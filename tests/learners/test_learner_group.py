@@ -142,8 +142,8 @@ def test_two_ranks_with_an_empty_batch(one_and_two_ranks):
 def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
     rows = [*ROWS, ([50, 51], [60, 61, 62, 63, 64, 65], 0.0, "generator"), ([52], [66, 67], 0.0, "evaluator")]
     batch = make_batch(rows)
-    dropping, keeping = make_group(), make_group()
-    keeping.drop_zero_advantage = False
+    dropping, keeping = make_group(), make_group("algo.skip_zero_advantage=false")
+    assert dropping.drop_zero_advantage and not keeping.drop_zero_advantage
     m_drop, m_keep = dropping.update(batch), keeping.update(batch)
     assert m_drop["batch/dropped_zero_adv/p"] == 2.0 and m_keep["batch/dropped_zero_adv/p"] == 0.0
     assert m_drop["loss/p"] == pytest.approx(m_keep["loss/p"], rel=1e-5)

@@ -21,20 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.vs_trl import breakdown, run_ours
+from benchmarks.vs_trl import breakdown, run_ours, workload_parser
 
 MODES = {"synchronous": (), "one-step off-policy": ("rollout.one_step_off_policy=true",)}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="builtin:smollm2-135m-instruct")
-    p.add_argument("--backend", default="vllm")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=128)
+    p = workload_parser(__doc__.splitlines()[0])
     p.add_argument("--actors", action="store_true", help="one engine actor and one learner actor")
     p.add_argument("--only", choices=list(MODES), help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)

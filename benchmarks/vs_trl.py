@@ -140,8 +140,9 @@ def breakdown(step_walls: list[float], phases: list[dict]) -> list[tuple[str, fl
 ENGINE_AND_LEARNER = ("generate", "update", "sync")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """The step workload's arguments, shared by the benchmarks that run this workload."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default="builtin:smollm2-135m-instruct")
     p.add_argument("--backend", default="vllm")
     p.add_argument("--steps", type=int, default=4)
@@ -149,6 +150,11 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128)
+    return p
+
+
+def main() -> None:
+    p = workload_parser(__doc__.splitlines()[0])
     p.add_argument("--only", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     a, argv = p.parse_args(), [x for x in sys.argv[1:]]

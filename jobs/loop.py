@@ -98,6 +98,11 @@ def collect_rollout(system: System, cfg: Any, tasks: list[Task], step: int,
     return Rollout(episodes, time.perf_counter() - t0, timings.get("generate_s", 0.0))
 
 
+def off_policy_steps(episodes: list[Episode], learner_version: int) -> int:
+    """How many weight versions the oldest turn's engine weights lag the learner that trains on them."""
+    return learner_version - min((t.completion.version for e in episodes for t in e.turns), default=learner_version)
+
+
 def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int, run_dir: Path,
                version: int | None = None, before_update: Callable[[], None] | None = None,
                on_episode: Callable[[int, int], None] | None = None, rollout: Rollout | None = None,
@@ -139,8 +144,7 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
     return {
         **rollout_metrics, **update_metrics, **sync_metrics,
         **{k: float(v) for k, v in batch_stats.items()},
-        "rollout/off_policy_steps": float(version - 1 - min((t.completion.version for e in episodes for t in e.turns),
-                                                            default=version - 1)),
+        "rollout/off_policy_steps": float(off_policy_steps(episodes, learner_version=version - 1)),
         "time/rollout_s": t_collect - t0 if collected else 0.0,
         "time/generate_s": rollout.generate_s if collected else 0.0,
         "time/prefetch_s": prefetch_s, "time/store_s": t1 - t_collect, "time/advantage_s": t_batch - t1,

@@ -39,15 +39,6 @@ MODES = {
 }
 CHILD = """
 import resource, sys
-from jobs.train import main
-rc = main(sys.argv[1:])
-print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-sys.exit(rc)
-"""
-
-
-CHILD = """
-import resource, sys
 from benchmarks.roles_cost import register_relay
 register_relay(int(sys.argv[1]), int(sys.argv[2]))
 from jobs.train import main

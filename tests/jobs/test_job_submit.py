@@ -31,10 +31,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class HeadExited(RuntimeError):
+    """`ray start` ended before its head answered."""
+
+
 class Head:
     """A Ray head this test started (its own session, so every process of it can be ended by group id)."""
 
     def __init__(self, tmp: Path):
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp = tmp
+        self.log = tmp.parent / f"{tmp.name}.log"  # outside the temp dir: Ray may clear that one
         self.port, self.dash = _free_port(), _free_port()
         self.address, self.dashboard = f"127.0.0.1:{self.port}", f"http://127.0.0.1:{self.dash}"
         # Token auth is on whenever ~/.ray/auth_token exists (any earlier ray.init writes it): this cluster
@@ -46,11 +53,18 @@ class Head:
         ports = [f"--{flag}={_free_port()}" for flag in (
             "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
             "runtime-env-agent-port", "ray-client-server-port", "node-manager-port", "object-manager-port")]
-        self.proc = subprocess.Popen(
-            [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--num-cpus=2",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash}", *ports,
-             f"--temp-dir={tmp}", "--disable-usage-stats"],
-            env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        with self.log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", "--num-cpus=2",
+                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash}",
+                 *ports, f"--temp-dir={tmp}", "--disable-usage-stats"],
+                env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
 
     def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "ray"), *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
@@ -59,7 +73,8 @@ class Head:
     def wait_up(self, deadline_s: float = 120) -> None:
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            assert self.proc.poll() is None, "ray start exited"
+            if self.proc.poll() is not None:
+                raise HeadExited(f"ray start exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.ray("job", "list", "--address", self.dashboard, timeout=30).returncode == 0:
                 return
             time.sleep(1)
@@ -82,16 +97,38 @@ class Head:
             pass
 
 
+def _start_head(attempts: int = 3) -> Head:
+    """A head that answers. Ports are picked free, then released before `ray start` binds them: another process
+    may take one in between, and `ray start` then exits. Such a start is retried with fresh ports; the last
+    failure is raised with its log."""
+    for attempt in range(attempts):
+        tmp = Path("/tmp") / f"rayjob_{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
+        h = Head(tmp)
+        try:
+            h.wait_up()
+            return h
+        except HeadExited:
+            h.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+            if attempt == attempts - 1:
+                raise
+            print(f"ray start failed, retrying with fresh ports:\n{h.log_tail()}", file=sys.stderr)
+        except BaseException:
+            h.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def head():
-    tmp = Path("/tmp") / f"rayjob_{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
-    h = Head(tmp)
+    h = _start_head()
     try:
-        h.wait_up()
         yield h
     finally:
         h.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(h.tmp, ignore_errors=True)
+        h.log.unlink(missing_ok=True)
 
 
 def _submit(head: Head, job_id: str, *overrides: str) -> None:

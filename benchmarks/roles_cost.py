@@ -1,7 +1,8 @@
 """What roles cost: step time and peak memory for 1, 2 and 4 roles under shared, isolated and multi-LoRA policies.
 
     .venv/bin/python -m benchmarks.roles_cost [--model builtin:smollm2-135m-instruct] [--backend vllm]
-        [--steps 3] [--prompts 4] [--n 2] [--tokens 32] [--roles 1,2,4] [--turns 4]
+        [--steps 3] [--prompts 4] [--n 2] [--tokens 32] [--roles 1,2,4] [--turns 4] [--modes ...]
+        [--cell-timeout 1800] [--min-free-gb 0.75]
 
 So that only the number of roles changes, every cell runs the same benchmark workflow, `relay`: `turns`
 sequential turns per episode (the first solves, each next one checks and rewrites the previous solution), turn
@@ -15,7 +16,8 @@ the first step. Modes: shared (one full policy, an engine per role), shared 1-en
 role: rollout.engine_scope=policy), isolated (a full model per role, one engine per role),
 isolated LoRA (an adapter per role, one engine per role) and multi-LoRA (an adapter per role, ONE engine
 serving all adapters). Prints a table and, per mode, how step time and memory grow from the fewest to the
-most roles (linear in roles = 4.0x for 1 → 4).
+most roles (linear in roles = 4.0x for 1 → 4). A cell that does not fit the machine's memory is stopped and
+reported as such instead of thrashing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -74,6 +77,37 @@ def register_relay(roles: int, turns: int) -> None:
     WORKFLOWS["relay"] = types.SimpleNamespace(ROLES=names, agents=lambda opts: list(names), run=run)
 
 
+def _available_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def _run_guarded(cmd: list[str], timeout_s: float, min_free_gb: float) -> tuple[int | str, str, str]:
+    """Runs one cell; (exit code, stdout, stderr), or (reason, ...) when it was stopped. A cell that needs more
+    memory than the machine has does not fail: without swap it thrashes on its own code pages for as long as
+    one lets it. So the cell is stopped, and reported as not fitting, once free memory falls below
+    `min_free_gb`, or when it runs past `timeout_s`."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        start, low = time.monotonic(), float("inf")
+        reason = None
+        while proc.poll() is None:
+            low = min(low, _available_gb())
+            if low < min_free_gb:
+                reason = f"stopped: free memory fell below {min_free_gb} GB (does not fit this machine)"
+            elif time.monotonic() - start > timeout_s:
+                reason = f"stopped: ran past {timeout_s:.0f} s"
+            if reason:
+                proc.kill()
+                proc.wait()
+                break
+            time.sleep(0.5)
+        out.seek(0), err.seek(0)
+        return reason or proc.returncode, out.read(), err.read()
+
+
 def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
     name = f"r{roles}_{mode.replace(' ', '_').replace('-', '_')}"
     overrides = [
@@ -87,11 +121,13 @@ def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
         # non-zero advantage, which the reward draws (different per role name) decide, not the roles.
         "algo.skip_zero_advantage=false", *MODES[mode],
     ]
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(roles), str(a.turns), *overrides],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
-    peak_kb = int(next(x for x in proc.stdout.splitlines() if x.startswith("PEAK_RSS_KB")).split()[1])
+    rc, stdout, stderr = _run_guarded([sys.executable, "-c", CHILD, str(roles), str(a.turns), *overrides],
+                                      a.cell_timeout, a.min_free_gb)
+    if isinstance(rc, str):
+        return {"error": rc}
+    if rc != 0:
+        return {"error": (stderr.strip().splitlines() or ["?"])[-1]}
+    peak_kb = int(next(x for x in stdout.splitlines() if x.startswith("PEAK_RSS_KB")).split()[1])
     rows = [json.loads(x) for x in (Path(out) / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if "time/step_s" in r]
     steps = steps[1:] or steps
@@ -110,6 +146,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--roles", default="1,2,4")
+    p.add_argument("--cell-timeout", type=float, default=1800, help="seconds before a cell is stopped")
+    p.add_argument("--min-free-gb", type=float, default=0.75,
+                   help="a cell is stopped (reported as not fitting) when free memory falls below this")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     a = p.parse_args()
     modes, counts = a.modes.split(","), [int(r) for r in a.roles.split(",")]

@@ -96,27 +96,27 @@ class Head:
         except ProcessLookupError:
             pass
 
+    def close(self) -> None:
+        """Stop the head and remove its files."""
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.log.unlink(missing_ok=True)
+
 
 def _start_head(attempts: int = 3) -> Head:
     """A head that answers. Ports are picked free, then released before `ray start` binds them: another process
     may take one in between, and `ray start` then exits. Such a start is retried with fresh ports; the last
     failure is raised with its log."""
-    for attempt in range(attempts):
-        tmp = Path("/tmp") / f"rayjob_{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
-        h = Head(tmp)
+    for attempt in range(1, attempts + 1):
+        h = Head(Path("/tmp") / f"rayjob_{uuid.uuid4().hex[:6]}")  # short: Ray's socket paths have a length limit
         try:
             h.wait_up()
             return h
-        except HeadExited:
-            h.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
-            if attempt == attempts - 1:
+        except BaseException as e:
+            h.close()
+            if not isinstance(e, HeadExited) or attempt == attempts:
                 raise
-            print(f"ray start failed, retrying with fresh ports:\n{h.log_tail()}", file=sys.stderr)
-        except BaseException:
-            h.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            print(f"ray start failed (attempt {attempt}), retrying with fresh ports: {e}", file=sys.stderr)
     raise AssertionError("unreachable")
 
 
@@ -126,9 +126,7 @@ def head():
     try:
         yield h
     finally:
-        h.stop()
-        shutil.rmtree(h.tmp, ignore_errors=True)
-        h.log.unlink(missing_ok=True)
+        h.close()
 
 
 def _submit(head: Head, job_id: str, *overrides: str) -> None:

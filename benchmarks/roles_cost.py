@@ -91,11 +91,9 @@ def _run_guarded(cmd: list[str], timeout_s: float, min_free_gb: float) -> tuple[
     `min_free_gb`, or when it runs past `timeout_s`."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        start, low = time.monotonic(), float("inf")
-        reason = None
+        start, reason = time.monotonic(), None
         while proc.poll() is None:
-            low = min(low, _available_gb())
-            if low < min_free_gb:
+            if _available_gb() < min_free_gb:
                 reason = f"stopped: free memory fell below {min_free_gb} GB (does not fit this machine)"
             elif time.monotonic() - start > timeout_s:
                 reason = f"stopped: ran past {timeout_s:.0f} s"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.vs_trl import breakdown, run_ours, workload_parser
 
-MODES = {"synchronous": (), "one-step off-policy": ("rollout.one_step_off_policy=true",)}
+MODES = {"synchronous": (), "one-step off-policy": ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout")}
 
 
 def main() -> None:

@@ -62,6 +62,8 @@ _CHOICES = {
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "learner.backend": ("torch", "deepspeed"),
     "learner.optim.schedule": ("cosine", "constant"),
+    "learner.optim.schedule_unit": ("step", "optimizer_step"),
+    "algo.old_logprobs": ("recompute", "rollout"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "cliff.action": ("warn", "stop", "rollback"),
     "ray.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
@@ -76,6 +78,7 @@ _POSITIVE = (
     "rollout.call_timeout_s", "rollout.max_batch_size", "rollout.torch_threads", "learner.micro_batch_size",
     "learner.optim.lr", "learner.torch_threads", "learner.update_timeout_s", "sync_timeout_s",
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "data.train_size",
+    "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
     "data.sandbox.workers", "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
@@ -85,7 +88,7 @@ _NON_NEGATIVE = (
     "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
-    "learner.rank_num_gpus",
+    "learner.rank_num_gpus", "algo.ppo_mini_batch_size",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
@@ -137,6 +140,12 @@ def _check_learner_options(cfg: Any) -> None:
         # fp16 needs DeepSpeed's dynamic loss scaling, which would rescale the caller's normalised loss.
         raise ConfigError("config: model.dtype=float16 is not supported by learner.backend=deepspeed; "
                           "use bfloat16 or float32")
+    if cfg.rollout.one_step_off_policy and cfg.algo.old_logprobs != "rollout" and not cfg.algo.tis_cap > 0:
+        # The rows were sampled by the engine one weight version behind; a ratio against the learner's own
+        # recomputed logprobs would not correct for that.
+        raise ConfigError("config: rollout.one_step_off_policy=true needs algo.old_logprobs=rollout or "
+                          f"algo.tis_cap > 0; got algo.old_logprobs={cfg.algo.old_logprobs}, "
+                          f"algo.tis_cap={cfg.algo.tis_cap}")
     if ds.zero_stage not in (2, 3):
         raise ConfigError(f"config: learner.deepspeed.zero_stage must be 2 or 3; got {ds.zero_stage}")
     if ds.offload_param and ds.zero_stage != 3:

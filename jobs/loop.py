@@ -124,7 +124,8 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
     if before_update is not None:
         before_update()
     t_batch = time.perf_counter()
-    updates = [lg.submit_update(batches.get(pid) or empty_batch(pid, pad_id)) for pid, lg in system.learners.items()]
+    updates = [lg.submit_update(batches.get(pid) or empty_batch(pid, pad_id), step)
+               for pid, lg in system.learners.items()]
     prefetch_s = 0.0
     if during_update is not None:
         t_prefetch = time.perf_counter()

@@ -93,8 +93,9 @@ class RolloutConfig:
     replace_dead_engines: bool = True  # a dead or hung engine is replaced, resynced, and its chunk retried once
     # Collect step t+1's episodes while the learners update on step t's (engines still serve the weights of
     # before that update): each batch is one weight version behind the learner, and the step takes
-    # max(rollout, update) + sync instead of their sum. The loss's ratio to the rollout logprobs (PPO clip,
-    # algo.tis_cap) is what corrects for the lag.
+    # max(rollout, update) + sync instead of their sum. The behaviour policy is then the engine, not the
+    # learner: it needs algo.old_logprobs=rollout (the PPO ratio against the engine's logprobs) or
+    # algo.tis_cap > 0 (importance weights engine → learner), checked at load.
     one_step_off_policy: bool = False
 
 
@@ -110,11 +111,21 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     max_len: int = 2048
     tis_cap: float = 0.0  # truncated importance-sampling correction cap; 0 = off
+    # PPO mini-batches (verl semantics, learners/ppo_plan.py): a policy's rows of one step are shuffled (seeded)
+    # and split into mini-batches of this many rows (samples), each one optimizer step, for ppo_epochs passes.
+    # Each isolated policy splits its own rows, so a role with K parallel agents takes K times the steps.
+    # 0 = the whole batch is one mini-batch (one optimizer step per epoch).
+    ppo_mini_batch_size: int = 0
+    ppo_epochs: int = 1
+    # The PPO ratio's denominator: recompute = one no-grad pass of the learner before the first optimizer step
+    # (the policy that is being improved); rollout = the engines' sampled logprobs (the behaviour policy).
+    old_logprobs: str = "recompute"
     # Without a KL term a zero-advantage row has zero gradient and is skipped before the forward pass (the update
     # is the same). false: every row goes through the learner, a fixed amount of work per step (benchmarks).
     skip_zero_advantage: bool = True
     # Mitigations (each ablatable): equal weight per role's mean loss (shared policies); divide a role's
-    # loss by its number of parallel agent instances (isolated policies).
+    # loss by its number of parallel agent instances, and count its rows once in the mini-batch size, so a
+    # role of K parallel agents takes the optimizer steps of one (isolated policies too: learners/ppo_plan.py).
     role_balance: bool = False
     parallel_agent_norm: bool = False
     # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
@@ -131,6 +142,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0
+    # What warmup_steps and the cosine decay count: step = training steps (every policy's schedule advances
+    # once per step, whatever its optimizer steps); optimizer_step = each optimizer step advances it, over the
+    # same total (as a stack that steps its scheduler per update call: a policy taking K mini-batches per step
+    # runs its schedule K times faster).
+    schedule_unit: str = "step"
 
 
 @dataclass

@@ -37,10 +37,15 @@ class TrainBatch:
     roles: list[str]  # role of each row
     agents: list[str]  # agent instance of each row
     pad_id: int = 0  # the token id filling input_ids where attention_mask is False
+    # [B, T] float or None: the behaviour policy's logprobs for the PPO ratio, aligned as rollout_logprobs; set
+    # by a learner for its optimizer steps (learners/learner.py), never by build_batches.
+    old_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
-        for name in ("attention_mask", "loss_mask", "rollout_logprobs"):
+        for name in ("attention_mask", "loss_mask", "rollout_logprobs", "old_logprobs"):
+            if getattr(self, name) is None:
+                continue
             got = tuple(getattr(self, name).shape)
             if got != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {got}, want {shape}")
@@ -73,6 +78,7 @@ class TrainBatch:
             roles=[self.roles[i] for i in rows],
             agents=[self.agents[i] for i in rows],
             pad_id=self.pad_id,
+            old_logprobs=self.old_logprobs[idx, :width] if self.old_logprobs is not None else None,
         )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
@@ -99,7 +105,7 @@ class TrainBatch:
     @staticmethod
     def concat(batches: list[TrainBatch]) -> TrainBatch:
         """Rows of all batches in order, right-padded to the widest."""
-        if not batches or len({(b.policy_id, b.pad_id) for b in batches}) != 1:
+        if not batches or len({(b.policy_id, b.pad_id, b.old_logprobs is None) for b in batches}) != 1:
             got = [(b.policy_id, b.pad_id) for b in batches]
             raise ValueError(f"concat needs ≥ 1 batch of one (policy_id, pad_id), got {got}")
         width = max(b.input_ids.shape[1] for b in batches)
@@ -119,6 +125,7 @@ class TrainBatch:
             roles=[r for b in batches for r in b.roles],
             agents=[a for b in batches for a in b.agents],
             pad_id=batches[0].pad_id,
+            old_logprobs=cat("old_logprobs", 0.0) if batches[0].old_logprobs is not None else None,
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:

@@ -1,11 +1,14 @@
 """DeepSpeed learner rank (`learner.backend=deepspeed`): the Learner interface trained by a DeepSpeed engine.
 
 The only module importing deepspeed, and only when a rank builds its engine. Loss, metrics, reference model,
-weight views and export come from Learner; this class changes how gradients are reduced and applied:
-- Learner's torch AdamW and warmup/cosine LambdaLR are handed to `deepspeed.initialize`, which partitions
-  their state over the ranks (ZeRO-2: optimizer states and gradients; ZeRO-3: the weights too) and steps
-  them exactly once per `update` (`managed_gradient_accumulation=False`: one call is one accumulation
-  window, whatever the number of micro-batches), with DeepSpeed's global-norm clipping.
+weight views, export and the loop over a training step's optimizer steps (Learner.update) come from Learner;
+this class changes how gradients are reduced and applied:
+- Learner's torch AdamW is handed to `deepspeed.initialize`, which partitions its state over the ranks
+  (ZeRO-2: optimizer states and gradients; ZeRO-3: the weights too) and steps it once per optimizer step
+  (`managed_gradient_accumulation=False`: one `engine.step()` closes one accumulation window, whatever the
+  number of micro-batches), with DeepSpeed's global-norm clipping. Learner's warmup/cosine LambdaLR stays
+  outside the engine (it advances per training step or per optimizer step) and travels in the checkpoint's
+  client state.
 - The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
   nccl on GPU); a lone rank makes a one-member group of its own.
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
@@ -14,13 +17,13 @@ weight views and export come from Learner; this class changes how gradients are 
 - Every rank runs the same number of forward/backward passes (ZeRO communicates inside them): shards with
   fewer micro-batches run zero-loss passes on one pad token.
 
-Per-role gradients under ZeRO-2 (weights are whole on every rank): each role's gradient is taken with
-torch.autograd.grad, outside the engine's reduction hooks, summed over ranks into the same [roles × params]
-buffer the torch backend uses, and handed to the engine as the gradient of the linear surrogate
+Per-role gradients under ZeRO-2 (weights are whole on every rank): each role's gradient is taken by Learner's
+own `_role_gradients` (torch.autograd.grad through the plain module, outside the engine's reduction hooks,
+summed over ranks into one [roles × params] buffer), and handed to the engine as the gradient of the linear surrogate
 Σ_p <p, g_p>; the step still goes through ZeRO's reduction, clipping and partitioned optimizer. Under ZeRO-3
 the weights exist only inside forward, so no per-role buffer is built: grad/role_norm, grad/norm_share,
 grad/dominance and grad/cos are not reported; every other metric (grad/mass_share, the per-role entropy,
-KL, clip fraction) is. ZeRO-3 gathers the full weights once per update on every rank (rank 0 keeps a copy
+KL, clip fraction) is. ZeRO-3 gathers the full weights once per training step on every rank (rank 0 keeps a copy
 for get_weights/export, which the driver calls on rank 0 alone).
 """
 
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,6 @@ from cluster import collective
 from learners.batch import TrainBatch
 from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
 from learners.learner import Learner
-from learners.role_grads import role_grad_metrics
 from learners.weights import DTYPES, adapter_payload, is_lora, merged_state_dict
 
 CHECKPOINT_TAG = "deepspeed"
@@ -77,7 +78,7 @@ class DeepSpeedLearner(Learner):
         self.engine: Any = None
         self.stage = learner.deepspeed.zero_stage
         self._snapshot: dict[str, Any] | None = None  # ZeRO-3, rank 0: gathered weights of the last step
-        self._plain_forward = False  # forward through the module itself, outside the engine's hooks
+        self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
 
     # -- process group and engine --
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
@@ -98,62 +99,65 @@ class DeepSpeedLearner(Learner):
 
         # The shared-memory allreduce op is compiled on first use (~45 s); gloo alone serves these ranks.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=self.model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
+        # The LR scheduler stays Learner's: it advances per training step or per optimizer step
+        # (learner.optim.schedule_unit), where an engine's scheduler would advance on every engine.step().
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.model, optimizer=self.optimizer,
             config=deepspeed_config(self.cfg, self.dtype), dist_init_required=False,
         )
         if self.reference is not None:  # the engine moved the policy to its device; the reference follows
             self.reference.to(self.engine.device)
         self._take_snapshot()
 
-    # -- one optimizer step --
-    def update(self, batch: dict[str, Any], normalizer: float, roles: list[str] | None = None) -> dict[str, float]:
-        """One optimizer step on this rank's shard; the same contract and metric sums as Learner.update."""
-        self._ensure_engine()
-        data = TrainBatch.from_dict(batch).to(self.engine.device)
-        self.model.train()
-        sums: dict[str, float] = _new_sums()
-        if roles and self.stage == 2:
-            sums.update(self._backward_by_role_zero2(data, normalizer, sums, roles))
-        else:
-            self._backward_micro_batches(data, normalizer, sums)
-        sums["lr"] = float(self.engine.get_lr()[0])
-        self.engine.step()
-        self.step += 1
-        sums["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
-        self._take_snapshot()
-        return dict(sums)
+    # -- how gradients are reduced and applied (the optimizer-step loop is Learner.update's) --
+    @property
+    def _per_role_gradients(self) -> bool:  # type: ignore[override]
+        return self.stage == 2
 
-    def _backward_micro_batches(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> None:
+    @property
+    def _device(self) -> torch.device:  # type: ignore[override]
+        return self.engine.device
+
+    def _prepare(self, data: TrainBatch) -> TrainBatch:
+        self._ensure_engine()
+        self.pad_id = data.pad_id
+        return data.to(self.engine.device)
+
+    def _after_update(self) -> None:
+        self._take_snapshot()
+
+    def _matched_passes(self, n: int) -> int:
+        # ZeRO communicates inside forward and backward: every rank runs the global maximum of passes.
+        return _global_max(n, self.engine.device)
+
+    def _idle_pass(self) -> None:
+        with torch.no_grad():
+            self._idle_loss(self.pad_id)
+
+    def _backward(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> None:
         micro = data.micro_batches(self.cfg.micro_batch_size) if len(data) else []
-        passes = _global_max(len(micro), self.engine.device)
         world = float(dist.get_world_size())
-        for i in range(max(passes, 1)):
-            loss = self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss(data.pad_id)
+        for i in range(max(self._matched_passes(len(micro)), 1)):
+            loss = self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss(self.pad_id)
             self.engine.backward(loss * world, scale_wrt_gas=False)
 
-    def _backward_by_role_zero2(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
-                                roles: list[str]) -> dict[str, float]:
+    def _apply_gradient(self, total: torch.Tensor) -> None:
+        """`total` [P] is identical on every rank: hand it to the engine as the gradient of the linear surrogate
+        Σ_p <p, g_p> (DeepSpeed's average over ranks keeps it); ZeRO reduces, clips and steps as usual."""
         sizes = [p.numel() for p in self.params]
-        role_grads = torch.zeros(len(roles), sum(sizes), device=self.engine.device)
-        self._plain_forward = True  # outside the engine: its hooks must not reduce the per-role gradients
-        try:
-            for r, role in enumerate(roles):
-                rows = [i for i, x in enumerate(data.roles) if x == role]
-                for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
-                    loss = self._micro_step(mb, normalizer, sums)
-                    role_grads[r] += _flat(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
-        finally:
-            self._plain_forward = False
-        dist.all_reduce(role_grads, op=dist.ReduceOp.SUM)
-        total = role_grads.sum(0)  # identical on every rank, so DeepSpeed's average over ranks keeps it
         surrogate = sum((p * g.view_as(p).to(p.dtype)).sum() for p, g in zip(self.params, total.split(sizes),
                                                                               strict=True))
         self.engine.backward(surrogate, scale_wrt_gas=False)
-        return role_grad_metrics(role_grads, roles, self.policy_id)  # reduced on the device
 
-    def _forward(self, mb: TrainBatch) -> torch.Tensor:
-        runner = self.model if self._plain_forward or self.engine is None else self.engine
+    def _current_lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def _clip_and_step(self) -> float:
+        self.engine.step()
+        return float(self.engine.get_global_grad_norm() or 0.0)
+
+    def _forward(self, mb: TrainBatch, plain: bool = False) -> torch.Tensor:
+        runner = self.model if plain or self.engine is None else self.engine
         return runner(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
 
     def _idle_loss(self, pad_id: int) -> torch.Tensor:
@@ -208,7 +212,8 @@ class DeepSpeedLearner(Learner):
         self._ensure_engine()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"step": self.step},
+        client = {"step": self.step, "scheduler": self.scheduler.state_dict()}
+        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state=client,
                                     save_latest=False, exclude_frozen_parameters=is_lora(self.model))
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
         write_fsynced(folder / rng_file(self.rank), rng)
@@ -225,21 +230,12 @@ class DeepSpeedLearner(Learner):
         if loaded is None:
             raise StateError(f"checkpoint unreadable: {folder / CHECKPOINT_TAG}")
         self.step = int(client["step"])
+        self.scheduler.load_state_dict(client["scheduler"])
         rng = read_state(folder / rng_file(self.rank))
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         self._take_snapshot()
-
-
-def _new_sums() -> dict[str, float]:
-    # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
-    return defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
-
-
-def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                      for g, p in zip(grads, params, strict=True)])
 
 
 def _global_max(n: int, device: torch.device) -> int:

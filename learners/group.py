@@ -16,8 +16,8 @@ from cluster.group import Group, MemberOptions, Pending
 from cluster.placement import GroupPlacement
 from learners.backends import rank_class
 from learners.batch import TrainBatch
-from learners.losses import local_normalizer
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
+from learners.ppo_plan import effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
 
 
@@ -41,7 +41,7 @@ class LearnerGroup:
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
         self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
-        self.algo, self.diagnostics = algo, learner.role_grad_diagnostics
+        self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         self.group = Group(
@@ -52,22 +52,26 @@ class LearnerGroup:
         )
         init_collective(self.group, "gloo", self.timeout)
 
-    def submit_update(self, batch: TrainBatch) -> UpdateResult:
-        """Weights the advantages (mitigations), scatters shards and starts one optimizer step per rank."""
+    def submit_update(self, batch: TrainBatch, step: int = 0) -> UpdateResult:
+        """Weights the advantages (mitigations), plans training step `step`'s optimizer steps (PPO mini-batches,
+        learners/ppo_plan.py), scatters each rank its rows and plan, and starts them."""
         tokens = batch.loss_mask[:, 1:].sum(-1)
-        normalizer = local_normalizer(batch.loss_mask[:, 1:], self.algo_agg)
+        weights = self._mitigation_weights(batch, tokens)
         # A weighted copy: the caller's batch is left as it was handed in.
-        batch = dataclasses.replace(batch, advantages=batch.advantages * self._mitigation_weights(batch, tokens))
+        batch = dataclasses.replace(batch, advantages=batch.advantages * weights)
         extra = advantage_mass(batch.roles, batch.advantages, tokens)
-        rows = len(batch)
-        if self.drop_zero_advantage:
-            batch = batch.select(batch.advantages != 0)
-        extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float(rows - len(batch))
+        mini = self.algo.ppo_mini_batch_size
+        if self.algo.parallel_agent_norm:
+            mini = effective_mini_batch_size(mini, parallel_agent_weights(batch.roles, batch.agents))
+        keep = batch.advantages != 0 if self.drop_zero_advantage else torch.ones(len(batch), dtype=torch.bool)
+        extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float((~keep).sum())
         roles = sorted(set(batch.roles)) if self.diagnostics else None
-        shards = [(batch.shard(r, self.group.size).to_dict(), normalizer, roles) for r in range(self.group.size)]
+        rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
+                                  self.algo_agg, self.seed * 1_000_003 + step, roles)
+        shards = [(batch.select(r).to_dict(), plan) for r, plan in zip(rows, plans, strict=True)]
         return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout, extra)
 
-    def _mitigation_weights(self, batch: TrainBatch, tokens) -> Any:
+    def _mitigation_weights(self, batch: TrainBatch, tokens: torch.Tensor) -> torch.Tensor:
         weights = torch.ones(len(batch))
         if self.algo.role_balance:
             weights = weights * role_balance_weights(batch.roles, tokens)
@@ -75,8 +79,8 @@ class LearnerGroup:
             weights = weights * parallel_agent_weights(batch.roles, batch.agents)
         return weights
 
-    def update(self, batch: TrainBatch) -> dict[str, float]:
-        return self.submit_update(batch).result()
+    def update(self, batch: TrainBatch, step: int = 0) -> dict[str, float]:
+        return self.submit_update(batch, step).result()
 
     def export(self, out_dir: str) -> str:
         return self.group.call("export", out_dir, indices=[0], timeout=self.timeout)[0]
@@ -99,11 +103,14 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
     for m in per_rank:
         for k, v in m.items():
             total[k] = total.get(k, 0.0) + v
-    out = {f"loss/{policy_id}": total["loss"], f"grad/norm/{policy_id}": per_rank[0]["grad_norm"],
-           f"lr/{policy_id}": per_rank[0]["lr"],
+    first = per_rank[0]
+    # Grad norm, lr and the per-role gradient metrics are per optimizer step: the step's mean, and the last
+    # optimizer step's under `last/`. They come from all-reduced gradients: every rank holds the same values.
+    out = {f"loss/{policy_id}": total["loss"], f"grad/norm/{policy_id}": first["grad_norm"],
+           f"last/grad/norm/{policy_id}": first["last/grad_norm"], f"lr/{policy_id}": first["lr"],
+           f"last/lr/{policy_id}": first["last/lr"], f"optim/steps/{policy_id}": first["optimizer_steps"],
            f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0)}
-    # Per-role gradient metrics come from all-reduced gradients: every rank holds the same values.
-    out.update({k: v for k, v in per_rank[0].items() if k.startswith("grad/")})
+    out.update({k: v for k, v in first.items() if k.startswith(("grad/", "last/grad/"))})
     for key, value in total.items():
         if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):
             metric, role = key.split("_sum/")

@@ -1,14 +1,18 @@
 """Learner: one data-parallel rank owning a policy's model and optimizer (plain torch backend).
 
-One `update` call = one optimizer step: gradients accumulate over micro-batches, every micro-batch's
-loss is normalised by the GLOBAL normaliser handed in by the caller (so ranks and micro-batches sum to the
-whole-batch loss), gradients are summed across ranks, clipped, and the schedule advances once.
-With one optimizer step per batch the "old" logprobs equal the current ones exactly, so they are taken
-detached from the same forward instead of a second pass; the engine's logprobs are only compared.
+One `update` call = one training step = the optimizer steps of an `UpdatePlan` (PPO mini-batches × epochs,
+learners/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every micro-batch's loss
+is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and micro-batches sum to
+the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps. The PPO ratio is
+taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
+first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
+LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`).
+The backend-specific parts (how a gradient is reduced and applied) are the small methods DeepSpeed overrides.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +33,7 @@ from learners.losses import (
     token_logprobs,
 )
 from learners.mitigations import kl_coefficients, uses_kl
+from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
 from learners.weights import adapter_payload, export_hf, is_lora, load_policy_model, merged_state_dict
@@ -45,7 +50,9 @@ class Learner:
         self.temperature = temperature if temperature > 0 else 1.0
         self.model = load_policy_model(model_path, model.dtype, model.lora)
         if learner.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # Non-reentrant: per-role gradients are taken with torch.autograd.grad, which reentrant
+            # checkpointing does not support.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         opt = learner.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
@@ -70,66 +77,142 @@ class Learner:
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         collective.join(backend, host, port, rank, world, timeout_s)
 
-    def update(self, batch: dict[str, Any], normalizer: float, roles: list[str] | None = None) -> dict[str, float]:
-        """One optimizer step on this rank's shard. Returns metric sums and this step's grad norm and lr.
+    def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
+        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py).
 
-        With `roles` (the whole batch's roles, identical on every rank) each role's gradient is computed
-        separately and reported; the step uses their sum, which is the plain gradient.
+        Returns metric sums (loss: the mean over optimizer steps), the optimizer-step count, and the steps'
+        mean and last grad norm, lr and (with `plan.roles`) per-role gradient metrics. Each role's gradient is
+        taken separately; the step uses their sum, which is the plain gradient.
         """
-        data = TrainBatch.from_dict(batch)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=False)
+        data = self._with_old_logprobs(self._prepare(TrainBatch.from_dict(batch)), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
-        if roles:
-            role_grads = self._backward_by_role(data, normalizer, sums, roles)
-            _all_reduce(role_grads)
-            assign_flat_grads(self.params, role_grads.sum(0))
-            sums.update(role_grad_metrics(role_grads, roles, self.policy_id))
-        else:
-            for mb in data.micro_batches(self.cfg.micro_batch_size) if len(data) else []:
-                self._micro_step(mb, normalizer, sums).backward()
-            flat = flat_grads(self.params)  # zeros on a rank with an empty shard: it still joins the step
-            _all_reduce(flat)
-            assign_flat_grads(self.params, flat)
-        clip = self.cfg.optim.grad_clip or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        sums["lr"] = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        per_step = []
+        for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
+            mb = data.select(rows)
+            if i == 0 and self.algo.old_logprobs == "recompute":
+                mb = dataclasses.replace(mb, old_logprobs=None)  # nothing moved yet: old = current, detached
+            per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
+            if self.cfg.optim.schedule_unit == "optimizer_step":
+                self.scheduler.step()
+        if self.cfg.optim.schedule_unit == "step":
+            self.scheduler.step()
         self.step += 1
-        sums["grad_norm"] = float(grad_norm)
-        return dict(sums)
+        self._after_update()
+        sums["loss"] /= len(plan.steps)
+        return {**sums, **mean_and_last(per_step), "optimizer_steps": float(len(plan.steps))}
 
-    def _backward_by_role(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
-                          roles: list[str]) -> torch.Tensor:
-        """[R, P]: row r is the gradient of role r's rows' share of the loss on this rank."""
-        out = torch.zeros(len(roles), sum(p.numel() for p in self.params))
+    def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
+                        sums: dict[str, float]) -> dict[str, float]:
+        """One optimizer step on mini-batch `mb`: gradients (per role when asked), clipping, the step."""
+        metrics: dict[str, float] = {}
+        if roles and self._per_role_gradients:
+            role_grads = self._role_gradients(mb, normalizer, sums, roles)
+            self._apply_gradient(role_grads.sum(0))
+            metrics.update(role_grad_metrics(role_grads, roles, self.policy_id))
+        else:
+            self._backward(mb, normalizer, sums)
+        metrics["lr"] = self._current_lr()
+        metrics["grad_norm"] = self._clip_and_step()
+        return metrics
+
+    def _role_gradients(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
+                        roles: list[str]) -> torch.Tensor:
+        """[R, P], summed over ranks: row r is the gradient of role r's rows' share of the mini-batch's loss.
+
+        Taken with torch.autograd.grad through the plain module, outside any engine's reduction hooks."""
+        out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self._device)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
-            if not rows:
-                continue
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size):
-                self._micro_step(mb, normalizer, sums).backward()
-            out[r] = flat_grads(self.params)
+            for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
+                loss = self._micro_step(mb, normalizer, sums, plain=True)
+                out[r] += _flat(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
+        _all_reduce(out)
         return out
 
-    def _forward(self, mb: TrainBatch) -> torch.Tensor:
-        """The policy's logits [B, T, V]; a backend that wraps the model (DeepSpeed) routes it through its engine."""
+    @torch.no_grad()
+    def _with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
+        """`data` with the behaviour policy's log-probs for the PPO ratio ([B, T], aligned as rollout_logprobs).
+
+        rollout: the engines' own. recompute: one no-grad pass of this learner, before the first optimizer
+        step, over the rows a later step trains (the first step's rows use their current log-probs)."""
+        if self.algo.old_logprobs == "rollout":
+            return dataclasses.replace(data, old_logprobs=data.rollout_logprobs)
+        if len(plan.steps) < 2:
+            return data
+        later = sorted({i for rows in plan.steps[1:] for i in rows})
+        old = torch.zeros_like(data.rollout_logprobs)
+        chunks = [later[i:i + self.cfg.micro_batch_size] for i in range(0, len(later), self.cfg.micro_batch_size)]
+        for j in range(self._matched_passes(len(chunks))):
+            if j >= len(chunks):
+                self._idle_pass()
+                continue
+            mb = data.select(chunks[j])
+            logits = self._forward(mb)[:, :-1].float() / self.temperature
+            old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1:])
+        return dataclasses.replace(data, old_logprobs=old)
+
+    # -- how gradients are reduced and applied (plain torch here; learners/deepspeed_backend.py overrides) --
+    _per_role_gradients = True  # ZeRO-3 holds no whole weights outside forward, so no per-role buffer
+    _device = torch.device("cpu")
+
+    def _prepare(self, data: TrainBatch) -> TrainBatch:
+        return data
+
+    def _after_update(self) -> None:
+        pass
+
+    def _matched_passes(self, n: int) -> int:
+        """Forward passes this rank runs when it has `n` of its own (ranks that communicate inside forward
+        must run equally many)."""
+        return n
+
+    def _idle_pass(self) -> None:
+        pass
+
+    def _backward(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> None:
+        self.optimizer.zero_grad(set_to_none=False)
+        for mb in data.micro_batches(self.cfg.micro_batch_size) if len(data) else []:
+            self._micro_step(mb, normalizer, sums).backward()
+        flat = flat_grads(self.params)  # zeros on a rank with an empty shard: it still joins the step
+        _all_reduce(flat)
+        self._apply_gradient(flat)
+
+    def _apply_gradient(self, total: torch.Tensor) -> None:
+        """Make `total` [P], the gradient summed over ranks (identical on every rank), the step's gradient."""
+        assign_flat_grads(self.params, total)
+
+    def _current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _clip_and_step(self) -> float:
+        clip = self.cfg.optim.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        self.optimizer.step()
+        return float(grad_norm)
+
+    def _forward(self, mb: TrainBatch, plain: bool = False) -> torch.Tensor:
+        """The policy's logits [B, T, V]; a backend that wraps the model (DeepSpeed) routes it through its
+        engine unless `plain`."""
         return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
 
-    def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float]) -> torch.Tensor:
-        """One micro-batch's loss (normalised by the global `normalizer`); adds its metric sums to `sums`."""
-        logits = self._forward(mb)
+    def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
+                    plain: bool = False) -> torch.Tensor:
+        """One micro-batch's loss (normalised by the global `normalizer`); adds its metric sums to `sums`.
+
+        The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
+        log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
+        logits = self._forward(mb, plain)
         logits = logits[:, :-1].float() / self.temperature
         targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
         lp = token_logprobs(logits, targets)
+        old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else lp.detach()
         algo = self.algo
         advantages = mb.advantages.unsqueeze(-1).expand_as(lp)
         if algo.tis_cap > 0:
-            advantages = advantages * tis_weights(lp, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
-        loss, m = ppo_clip_loss(lp, lp.detach(), advantages, mask, clip_low=algo.clip_low,
+            advantages = advantages * tis_weights(old, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
+        loss, m = ppo_clip_loss(lp, old, advantages, mask, clip_low=algo.clip_low,
                                 clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
         if uses_kl(algo.kl_coef, algo.kl_anchor_roles):
             loss = loss + self._kl_term(mb, lp, mask, normalizer, sums)
@@ -197,6 +280,12 @@ def _all_reduce(flat: torch.Tensor) -> None:
     # One rank has nothing to sum (and a process's NCCL group, if any, cannot reduce host tensors).
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+
+
+def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """[P] fp32 concatenation of autograd.grad's result (zeros for parameters the loss did not reach)."""
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for g, p in zip(grads, params, strict=True)])
 
 
 def _add_per_role(sums: dict[str, float], key: str, values: torch.Tensor, mask: torch.Tensor,

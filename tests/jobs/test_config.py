@@ -42,6 +42,12 @@ def test_loaded_config_is_frozen():
         ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
         ("rollout.max_model_len=-8", "rollout.max_model_len"),
         ("learner.rank_num_gpus=1", "learner.backend=deepspeed"),
+        ("algo.ppo_mini_batch_size=-1", "algo.ppo_mini_batch_size"),
+        ("algo.ppo_epochs=0", "algo.ppo_epochs"),
+        ("algo.old_logprobs=engine", "algo.old_logprobs"),
+        ("learner.optim.schedule_unit=epoch", "learner.optim.schedule_unit"),
+        # Off-policy rows need the engine as the behaviour policy, or importance weights.
+        ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -17,6 +17,10 @@ IN_PROCESS = ("rollout.engines_per_role=0", "learner.ranks=0", "rollout.prompts_
               "rollout.samples_per_prompt=2", "data.eval_size=0", "marl.workflow=single_agent")
 
 
+# The behaviour policy is the engine one version behind: the ratio is taken against its logprobs.
+OFF_POLICY = ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout")
+
+
 def _train(out: Path, *overrides: str, callbacks=()) -> list[dict]:
     """The run's step rows (the final evaluation's row left out)."""
     train(load_config("jobs/configs/tiny.yaml", [f"out_dir={out}", *IN_PROCESS, *overrides]), callbacks=callbacks)
@@ -39,7 +43,7 @@ def _column(out: Path, step: int, name: str) -> list:
 
 
 def test_each_batch_comes_from_the_weights_before_the_previous_update(tmp_path):
-    rows = _train(tmp_path, "steps=3", "rollout.one_step_off_policy=true")
+    rows = _train(tmp_path, "steps=3", *OFF_POLICY)
     assert [r["rollout/off_policy_steps"] for r in rows] == [0.0, 1.0, 1.0]
     # Step 0 collects its own batch and prefetches step 1's; the last step has nothing to prefetch.
     assert rows[0]["time/rollout_s"] > 0 and [r["time/prefetch_s"] > 0 for r in rows] == [True, True, False]
@@ -51,7 +55,7 @@ def test_each_batch_comes_from_the_weights_before_the_previous_update(tmp_path):
 def test_off_policy_sees_the_same_prompts_as_on_policy(tmp_path):
     """Only when the episodes are collected changes: the prompts and sampling seeds per step are the same."""
     on = _train(tmp_path / "on", "steps=3")
-    off = _train(tmp_path / "off", "steps=3", "rollout.one_step_off_policy=true")
+    off = _train(tmp_path / "off", "steps=3", *OFF_POLICY)
     assert [r["rollout/off_policy_steps"] for r in on] == [0.0, 0.0, 0.0] and len(off) == 3
     for step in range(3):
         assert _column(tmp_path / "on", step, "task_id") == _column(tmp_path / "off", step, "task_id")
@@ -60,12 +64,12 @@ def test_off_policy_sees_the_same_prompts_as_on_policy(tmp_path):
 @pytest.mark.parametrize("stop_after", [1, 2])
 def test_a_resumed_run_collects_the_prefetched_prompts_again(tmp_path, stop_after):
     whole = tmp_path / "whole"
-    _train(whole, "steps=3", "rollout.one_step_off_policy=true")
+    _train(whole, "steps=3", *OFF_POLICY)
     parts = tmp_path / "parts"
     with pytest.raises(StopRequested):
-        _train(parts, "steps=3", "rollout.one_step_off_policy=true", "checkpoint.every=1",
+        _train(parts, "steps=3", *OFF_POLICY, "checkpoint.every=1",
                callbacks=(StopAfter(stop_after),))
-    rows = _train(parts, "steps=3", "rollout.one_step_off_policy=true", "checkpoint.every=1")
+    rows = _train(parts, "steps=3", *OFF_POLICY, "checkpoint.every=1")
     assert [r["step"] for r in rows] == [0, 1, 2]
     # The first step after the resume collects synchronously, with the restored weights.
     assert rows[stop_after]["rollout/off_policy_steps"] == 0.0

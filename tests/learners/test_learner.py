@@ -12,6 +12,7 @@ from jobs.models import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs
+from learners.ppo_plan import UpdatePlan
 from learners.schedule import lr_factor
 from learners.weights import merged_state_dict
 
@@ -76,7 +77,8 @@ ROWS = [
 
 
 def update(learner: Learner, batch: TrainBatch) -> dict[str, float]:
-    return learner.update(batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
+    return learner.update(batch.to_dict(), UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
+                                                                                          "token_mean")))
 
 
 @torch.no_grad()
@@ -158,8 +160,8 @@ def test_zero_advantage_rows_contribute_no_gradient(make_learner):
     with_zero, alone = make_learner(), make_learner()
     both = make_batch([trained, ([50, 51, 52, 53], [60, 61, 62, 63, 64], 0.0, "evaluator")])
     norm = local_normalizer(both.loss_mask[:, 1:], "token_mean")  # the same global normaliser for both
-    with_zero.update(both.to_dict(), norm)
-    alone.update(make_batch([trained]).to_dict(), norm)
+    with_zero.update(both.to_dict(), UpdatePlan.whole(2, norm))
+    alone.update(make_batch([trained]).to_dict(), UpdatePlan.whole(1, norm))
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(with_zero), grads(alone), strict=True))
     assert max(float(g.abs().max()) for g in grads(alone)) > 1e-4
 
@@ -188,7 +190,7 @@ def test_per_role_metrics(make_learner):
 def test_empty_batch_still_steps(make_learner):
     learner = make_learner()
     before = {k: v.clone() for k, v in learner.get_weights().items()}
-    m = learner.update(empty_batch("p").to_dict(), 0.0)
+    m = learner.update(empty_batch("p").to_dict(), UpdatePlan.whole(0, 0.0))
     assert learner.step == 1 and learner.scheduler.last_epoch == 1
     assert {int(learner.optimizer.state[p]["step"]) for p in learner.params} == {1}
     assert m["loss"] == 0.0 and m["tokens"] == 0.0 and m["grad_norm"] == 0.0

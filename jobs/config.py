@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.schema import TrainConfig
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES
-from marl.workflows import WORKFLOWS, roles_of
+from marl.workflows import PROMPT_SETS, WORKFLOWS, roles_of
 
 
 class ConfigError(ValueError):
@@ -56,6 +56,7 @@ _CHOICES = {
     "data.task": ("math", "digit", "code"),
     "data.answer_fallback": ("none", "last_number"),
     "marl.sharing": ("shared", "isolated", "custom"),
+    "marl.prompts": PROMPT_SETS,
     "rollout.backend": ("hf", "vllm"),
     "algo.advantage": ("grpo", "rloo"),
     "algo.loss_agg": ("token_mean", "seq_mean_token_mean"),
@@ -92,6 +93,7 @@ _NON_NEGATIVE = (
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
+_GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here without importing torch)
 
 
 def validate(cfg: Any) -> None:
@@ -202,9 +204,13 @@ def _check_ranges(cfg: Any) -> None:
         raise ConfigError("config: rollout.sampling.temperature and rollout.eval_temperature must be >= 0")
     if cfg.algo.clip_low >= 1.0:
         raise ConfigError(f"config: algo.clip_low must be < 1; got {cfg.algo.clip_low}")
-    bad = [f for f in cfg.algo.group_by if f not in _GROUP_FIELDS]
-    if bad or not cfg.algo.group_by:
-        raise ConfigError(f"config: algo.group_by takes a non-empty subset of {_GROUP_FIELDS}; got {bad}")
+    group_by = list(cfg.algo.group_by)
+    bad = [f for f in group_by if f not in _GROUP_FIELDS]
+    if (bad or not group_by) and not (len(group_by) == 1 and group_by[0] in _GROUP_PRESETS):
+        raise ConfigError(f"config: algo.group_by takes a non-empty subset of {_GROUP_FIELDS} or one preset of "
+                          f"{_GROUP_PRESETS} alone; got {group_by}")
+    if not 0 <= cfg.cliff.relative_drop <= 1:
+        raise ConfigError(f"config: cliff.relative_drop must be in [0, 1] (0 = off); got {cfg.cliff.relative_drop}")
     if cfg.marl.sharing == "custom" and not cfg.marl.policy_map:
         raise ConfigError("config: marl.policy_map must map every role when marl.sharing=custom")
     if cfg.marl.sharing != "custom" and cfg.marl.policy_map:

@@ -59,6 +59,9 @@ class MarlConfig:
     num_generators: int = 3
     max_rounds: int = 3
     max_strategies: int = 3
+    # Wording of the workflows' prompts: default (this project's) | paper (as in arXiv 2605.24202: an eval_opt
+    # evaluator that never reveals the answer, revisions by a different method, code personas for data.task=code).
+    prompts: str = "default"
 
 
 @dataclass
@@ -102,6 +105,8 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     advantage: str = "grpo"  # grpo | rloo
+    # GRPO groups: fields of the key (task, agent, role, round) or one preset alone: [paper] (per prompt, one
+    # group per voting generator slot, one pooled `worker` group, one per eval_opt role across rounds).
     group_by: list[str] = field(default_factory=lambda: ["task", "agent"])
     norm_std: bool = True
     clip_low: float = 0.2
@@ -178,10 +183,12 @@ class LearnerConfig:
 
 @dataclass
 class CliffConfig:
-    # A terminal cliff: held-out accuracy (every `eval_every` steps) at least `drop` below its running peak
-    # for `window` consecutive evaluations. action: warn (log and continue) | stop (end the run cleanly) |
-    # rollback (restore the best checkpoint's learner state, resync engines, continue).
+    # A terminal cliff: held-out accuracy (every `eval_every` steps) at least `drop` below its running peak, or
+    # (relative_drop > 0) at or below (1 - relative_drop) x the peak, for `window` consecutive evaluations.
+    # action: warn (log and continue) | stop (end the run cleanly) | rollback (restore the best checkpoint's
+    # learner state, resync engines, continue).
     drop: float = 0.1
+    relative_drop: float = 0.0  # fraction of the peak (0.5: fell to half of it); flags low-accuracy runs; 0 = off
     window: int = 2
     action: str = "warn"
 

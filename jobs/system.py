@@ -107,7 +107,7 @@ def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
     engines = _engine_groups(cfg, model_path, policy_map, bundles)
     get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
-                              max_strategies=cfg.marl.max_strategies)
+                              max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
     collector = Collector(engines, cfg.marl.workflow, family, options)
     system = System(policy_map, learners, engines, collector, cfg.sync_timeout_s, placement, cfg.sync.transport,
                     cfg.sync.bucket_mb << 20)

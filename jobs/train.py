@@ -82,7 +82,7 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
             _install_stop_handler()
             while True:
                 run = Run(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
-                          CliffTracker(cfg.cliff.drop, cfg.cliff.window))
+                          CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
                 try:
                     summary = attempt(run, resume)
                     break

@@ -5,7 +5,7 @@ episode's turns in order. `group_keys` gives one key per turn in that order, `ke
 into dense group ids, and an estimator from `ADVANTAGE_ESTIMATORS` maps (rewards, group ids) to one
 advantage per turn. Everything here is a pure function; nothing reads global state.
 
-    keys = group_keys(episodes, ("task", "agent"))
+    keys = group_keys(episodes, ("task", "agent"))  # or group_keys(episodes, ["paper"]), a preset
     adv = ADVANTAGE_ESTIMATORS["grpo"](flat_rewards(episodes), keys_to_ids(keys), norm_std=True)
 """
 
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from marl.types import Episode, Turn
+from marl.workflows import slot_roles
 
 GROUP_FIELDS: dict[str, Callable[[Episode, Turn], Hashable]] = {
     "task": lambda ep, turn: ep.task.task_id,
@@ -27,17 +28,37 @@ GROUP_FIELDS: dict[str, Callable[[Episode, Turn], Hashable]] = {
 DEFAULT_GROUP_BY = ("task", "agent")
 
 
-def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple]:
-    """One key per (episode, turn) in flattened order; the key holds the `group_by` fields in order.
+def paper_group_key(ep: Episode, turn: Turn) -> tuple:
+    """The GRPO group of one turn as in the paper (arXiv 2605.24202): (task_id, agent) when the turn's role is
+    one of its workflow's slot roles (marl.workflows.slot_roles), else (task_id, role).
 
-    Fields: 'task' (episode.task.task_id), 'agent' (turn.agent), 'role' (turn.role), 'round'.
-    With the default ('task', 'agent') the n samples of one prompt form one group per agent
-    instance: generator0 and generator1 are separate groups, while one agent's repeated turns
-    (eval_opt rounds) pool into a single group.
+    So over the n samples of one prompt: voting has one group per generator slot (generator0, generator1,
+    ... apart) plus the aggregator's; orch_workers pools worker0..k-1 into one `worker` group beside the
+    orchestrator's and the synthesizer's; eval_opt has one group per role, across rounds; single_agent one.
     """
+    agent_is_slot = turn.role in slot_roles(ep.workflow)
+    return (ep.task.task_id, turn.agent if agent_is_slot else turn.role)
+
+
+# A preset is a whole grouping rule named in place of the fields: group_by = ["paper"].
+GROUP_PRESETS: dict[str, Callable[[Episode, Turn], tuple]] = {"paper": paper_group_key}
+
+
+def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple]:
+    """One key per (episode, turn) in flattened order.
+
+    `group_by` is either fields, the key holding them in order: 'task' (episode.task.task_id), 'agent'
+    (turn.agent), 'role' (turn.role), 'round'; or one preset of GROUP_PRESETS alone (['paper']). With the
+    default ('task', 'agent') the n samples of one prompt form one group per agent instance: generator0
+    and generator1 are separate groups, while one agent's repeated turns (eval_opt rounds) pool into one.
+    """
+    if len(group_by) == 1 and group_by[0] in GROUP_PRESETS:
+        preset = GROUP_PRESETS[group_by[0]]
+        return [preset(ep, turn) for ep in episodes for turn in ep.turns]
     unknown = [f for f in group_by if f not in GROUP_FIELDS]
     if unknown or not group_by:
-        raise ValueError(f"group_by must be a non-empty subset of {list(GROUP_FIELDS)}, got {list(group_by)}")
+        raise ValueError(f"group_by must be a non-empty subset of {list(GROUP_FIELDS)} or one preset of "
+                         f"{list(GROUP_PRESETS)}, got {list(group_by)}")
     getters = [GROUP_FIELDS[f] for f in group_by]
     return [tuple(get(ep, turn) for get in getters) for ep in episodes for turn in ep.turns]
 

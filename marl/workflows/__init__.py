@@ -1,7 +1,8 @@
 """The workflows by name (the `marl.workflow` config key).
 
 A workflow is a module with `ROLES`, `agents(opts)` and an async `run(task, client, family, opts,
-sample_index) -> Episode`. To add one, write such a module and list it in WORKFLOWS.
+sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`). To add one, write such a module
+and list it in WORKFLOWS.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Protocol
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import eval_opt, orch_workers, single_agent, voting
-from marl.workflows.common import WorkflowOptions
+from marl.workflows.common import PROMPT_SETS, WorkflowOptions
 
 
 class Workflow(Protocol):
@@ -45,4 +46,11 @@ def roles_of(name: str) -> tuple[str, ...]:
     return tuple(get_workflow(name).ROLES)
 
 
-__all__ = ["WORKFLOWS", "Workflow", "WorkflowOptions", "get_workflow", "roles_of"]
+def slot_roles(name: str) -> tuple[str, ...]:
+    """Roles of workflow `name` whose numbered instances are separate slots rather than one pool: each instance
+    answers in its own position (voting's generator0..K-1), so the paper's GRPO grouping gives each instance
+    its own group. Listed in the module's optional `SLOT_ROLES`; none by default."""
+    return tuple(getattr(get_workflow(name), "SLOT_ROLES", ()))
+
+
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "get_workflow", "roles_of", "slot_roles"]

@@ -15,6 +15,10 @@ from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
 from marl.types import Episode, Message, PolicyClient, Turn
 
+# The prompt sets (the `marl.prompts` config key). default: this project's own wording; paper: the wording of
+# "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202), where it differs (eval_opt).
+PROMPT_SETS: tuple[str, ...] = ("default", "paper")
+
 
 @dataclass(frozen=True)
 class WorkflowOptions:
@@ -23,11 +27,14 @@ class WorkflowOptions:
     num_generators: int = 3  # voting: K parallel generators
     max_rounds: int = 3  # eval_opt: at most R generator turns
     max_strategies: int = 3  # orch_workers: more strategies than this ends the episode
+    prompts: str = "default"  # one of PROMPT_SETS
 
     def __post_init__(self) -> None:
         for name in ("num_generators", "max_rounds", "max_strategies"):
             if getattr(self, name) < 1:
                 raise ValueError(f"marl.{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompts not in PROMPT_SETS:
+            raise ValueError(f"marl.prompts must be one of {PROMPT_SETS}, got {self.prompts!r}")
 
 
 def system(content: str) -> Message:
@@ -98,24 +105,43 @@ def first_number_in_range(text: str, k: int) -> int | None:
 
 
 _STRATEGY = re.compile(r"^[\s>*#_\-]*strategy\s*#?\s*\d+\s*[*_]*\s*[:.)\-]\s*[*_]*\s*(.*)$", re.IGNORECASE)
+# '1. ...' or '1) ...' (markdown emphasis around the number allowed); '3.5 apples' is not an item.
+_NUMBERED = re.compile(r"^[\s>*#_]*\d+[.)][*_]*(?:\s+|$)(.*)$")
 
 
-def parse_strategies(text: str) -> list[str]:
-    """Strategies written as 'STRATEGY k: ...' lines (any case, markdown emphasis allowed).
+def _items(text: str, header: re.Pattern[str]) -> list[str]:
+    """Items introduced by lines matching `header` (its group 1 is the item's start).
 
-    A strategy's text is its header line's remainder plus following lines up to a blank line
-    or the next header; headers with no text are dropped.
+    An item's text is its header line's remainder plus following lines up to a blank line or the
+    next header; items with no text are dropped.
     """
-    strategies: list[list[str]] = []
+    items: list[list[str]] = []
     open_ = False
     for line in text.splitlines():
-        match = _STRATEGY.match(line)
+        match = header.match(line)
         if match:
-            strategies.append([match.group(1).strip()])
+            items.append([match.group(1).strip()])
             open_ = True
         elif not line.strip():
             open_ = False
         elif open_:
-            strategies[-1].append(line.strip())
-    joined = (" ".join(part for part in s if part).strip() for s in strategies)
+            items[-1].append(line.strip())
+    joined = (" ".join(part for part in s if part).strip() for s in items)
     return [s for s in joined if s]
+
+
+def parse_strategies(text: str) -> list[str]:
+    """Strategies written as 'STRATEGY k: ...' lines (any case, markdown emphasis allowed)."""
+    return _items(text, _STRATEGY)
+
+
+def parse_plan(text: str) -> tuple[list[str], str]:
+    """An orchestrator's strategies and the format they were read in, falling back as the paper's parser does:
+    'STRATEGY k:' lines ('strategy'), else a numbered list of '1.' / '1)' lines ('numbered'), else every
+    non-empty line ('lines'). Only a blank plan gives ([], 'none')."""
+    for name, header in (("strategy", _STRATEGY), ("numbered", _NUMBERED)):
+        found = _items(text, header)
+        if found:
+            return found, name
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines, "lines" if lines else "none"

@@ -5,10 +5,13 @@ stops after the first \\boxed{Correct} verdict, or after R rounds. The evaluator
 answer, so every generator answer is evaluated and both roles have one turn per round. A verdict that
 is neither Correct nor Incorrect counts as a parse failure of 'evaluator' and is treated as Incorrect
 (its text still reaches the generator as feedback). Both agents keep a multi-turn chat history.
-The final answer is extracted from the last generator turn.
+The final answer is extracted from the last generator turn. The wording comes from `marl.prompts`
+(PROMPTS): `default`, or `paper`, which has its own personas for code tasks.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
@@ -26,35 +29,85 @@ from marl.workflows.common import (
 NAME = "eval_opt"
 ROLES: tuple[str, ...] = ("generator", "evaluator")
 
-GENERATOR_SYSTEM = "You are a careful problem solver. Reason step by step, then give the final answer."
-EVALUATOR_SYSTEM = (
-    "You are a strict reviewer of solutions. Check the reasoning and the final answer. "
-    "Explain any mistake briefly, then end with \\boxed{Correct} or \\boxed{Incorrect}."
+
+@dataclass(frozen=True)
+class Prompts:
+    """One wording of eval_opt: the two system prompts and the requests that close each review and revision."""
+
+    generator: str
+    evaluator: str
+    review: str  # ends the evaluator's first review
+    rereview: str  # ends each later review
+    revise: str  # asks the generator for another solution, after the evaluator's feedback
+
+
+_VERDICT = "then end with \\boxed{Correct} or \\boxed{Incorrect}."
+_SOLVER = "You are a careful problem solver. Reason step by step, then give the final answer."
+DEFAULT = Prompts(
+    generator=_SOLVER,
+    evaluator=(
+        "You are a strict reviewer of solutions. Check the reasoning and the final answer. "
+        "Explain any mistake briefly, then end with \\boxed{Correct} or \\boxed{Incorrect}."
+    ),
+    review=f"Is this solution correct? Give brief feedback, {_VERDICT}",
+    rereview=f"Is it correct now? Give brief feedback, {_VERDICT}",
+    revise="Revise your solution.",
 )
+# The paper's wording: the evaluator critiques without ever giving the answer away (otherwise the generator
+# could copy it and the evaluator would be rewarded for solving), and a rejected generator tries another method.
+PAPER_MATH = Prompts(
+    generator=_SOLVER,
+    evaluator=(
+        "You are a critical evaluator of solutions. Check every step of the reasoning and the final answer, "
+        "and point out each mistake with brief feedback. Never reveal the correct final answer and never write "
+        f"a corrected solution. Give your feedback, {_VERDICT}"
+    ),
+    review=f"Is this solution correct? Give feedback without revealing the answer, {_VERDICT}",
+    rereview=f"Is it correct now? Give feedback without revealing the answer, {_VERDICT}",
+    revise="Write a new solution that uses a different method or approach from your previous attempt.",
+)
+PAPER_CODE = Prompts(
+    generator=(
+        "You are an expert programmer. Read the problem carefully and write a complete, correct solution "
+        "in a single ```python code block."
+    ),
+    evaluator=(
+        "You are a code reviewer. Check whether the program solves the problem as stated: its logic, its "
+        "input and output format, and edge cases (empty input, boundary values, large inputs). Explain each "
+        f"bug briefly, but do not write the fixed code. Give your feedback, {_VERDICT}"
+    ),
+    review=f"Does this program solve the problem? Give feedback without writing the fixed code, {_VERDICT}",
+    rereview=f"Is it correct now? Give feedback without writing the fixed code, {_VERDICT}",
+    revise="Write a new program that uses a different method or approach from your previous attempt.",
+)
+# (marl.prompts, task kind) -> wording; the default set has one wording for every task.
+PROMPTS: dict[tuple[str, str], Prompts] = {
+    ("default", "math"): DEFAULT,
+    ("default", "code"): DEFAULT,
+    ("paper", "math"): PAPER_MATH,
+    ("paper", "code"): PAPER_CODE,
+}
+
+
+def prompts_for(prompt_set: str, family: TaskFamily) -> Prompts:
+    """The wording for `prompt_set` (marl.prompts) and the family's kind: code, or math (every other family)."""
+    return PROMPTS[(prompt_set, "code" if family.name == "code" else "math")]
 
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return ["generator", "evaluator"]
 
 
-def _first_review(task: Task, answer: str) -> str:
-    return (
-        f"Problem:\n{task.prompt}\n\nProposed solution:\n{answer}\n\n"
-        "Is this solution correct? Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}."
-    )
+def _first_review(task: Task, answer: str, p: Prompts) -> str:
+    return f"Problem:\n{task.prompt}\n\nProposed solution:\n{answer}\n\n{p.review}"
 
 
-def _next_review(answer: str) -> str:
-    return (
-        f"Revised solution:\n{answer}\n\n"
-        "Is it correct now? Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}."
-    )
+def _next_review(answer: str, p: Prompts) -> str:
+    return f"Revised solution:\n{answer}\n\n{p.rereview}"
 
 
-def _revise(feedback: str, instruction: str) -> str:
-    return with_instruction(
-        f"A reviewer judged your solution incorrect:\n{feedback}\n\nRevise your solution.", instruction
-    )
+def _revise(feedback: str, instruction: str, p: Prompts) -> str:
+    return with_instruction(f"A reviewer judged your solution incorrect:\n{feedback}\n\n{p.revise}", instruction)
 
 
 async def run(
@@ -62,13 +115,14 @@ async def run(
 ) -> Episode:
     episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
     instruction = family.instruction()
-    gen_msgs = [system(GENERATOR_SYSTEM), user(with_instruction(task.prompt, instruction))]
-    eval_msgs = [system(EVALUATOR_SYSTEM)]
+    p = prompts_for(opts.prompts, family)
+    gen_msgs = [system(p.generator), user(with_instruction(task.prompt, instruction))]
+    eval_msgs = [system(p.evaluator)]
     for r in range(opts.max_rounds):
         gen = await ask(client, "generator", "generator", r, gen_msgs)
         episode.turns.append(gen)
         gen_msgs.append(assistant(gen.text))
-        eval_msgs.append(user(_first_review(task, gen.text) if r == 0 else _next_review(gen.text)))
+        eval_msgs.append(user(_first_review(task, gen.text, p) if r == 0 else _next_review(gen.text, p)))
         ev = await ask(client, "evaluator", "evaluator", r, eval_msgs)
         episode.turns.append(ev)
         eval_msgs.append(assistant(ev.text))
@@ -77,7 +131,7 @@ async def run(
             episode.note_parse_failure("evaluator")
         if verdict:
             break
-        gen_msgs.append(user(_revise(ev.text, instruction)))
+        gen_msgs.append(user(_revise(ev.text, instruction, p)))
     last_generator = [t for t in episode.turns if t.role == "generator"][-1]
     set_final_answer(episode, family, last_generator)
     return episode

@@ -1,10 +1,11 @@
 """orch_workers: an `orchestrator` plans, one `worker` per strategy solves, a `synthesizer` answers.
 
-The orchestrator writes 'STRATEGY k: ...' lines. More than `max_strategies` ends the episode with
-failure 'too_many_strategies'; none parsable ends it with 'unparsable_plan' (and a parse failure of
-'orchestrator'); either way no worker runs and the reward is 0. Otherwise workers run in parallel,
-each solving the whole problem with its strategy, and the final answer is extracted from the
-synthesizer's text.
+The orchestrator is asked for 'STRATEGY k: ...' lines; a plan without them is read as a numbered list,
+else one strategy per non-empty line (common.parse_plan), each fallback recorded as one parse failure of
+'orchestrator'. More than `max_strategies` ends the episode with failure 'too_many_strategies'; a blank
+plan ends it with 'unparsable_plan' (also a parse failure); either way no worker runs and the reward is 0.
+Otherwise workers run in parallel, each solving the whole problem with its strategy, and the final answer
+is extracted from the synthesizer's text.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from marl.workflows.common import (
     WorkflowOptions,
     ask,
     ask_all,
-    parse_strategies,
+    parse_plan,
     set_final_answer,
     system,
     user,
@@ -69,9 +70,10 @@ async def run(
     plan_msgs = [system(ORCHESTRATOR_SYSTEM), user(_plan_prompt(task, opts.max_strategies))]
     plan = await ask(client, "orchestrator", "orchestrator", 0, plan_msgs)
     episode.turns.append(plan)
-    strategies = parse_strategies(plan.text)
-    if not strategies:
+    strategies, read_as = parse_plan(plan.text)
+    if read_as != "strategy":
         episode.note_parse_failure("orchestrator")
+    if not strategies:
         episode.failure = "unparsable_plan"
         return episode
     if len(strategies) > opts.max_strategies:

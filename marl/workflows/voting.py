@@ -23,6 +23,8 @@ from marl.workflows.common import (
 
 NAME = "voting"
 ROLES: tuple[str, ...] = ("generator", "aggregator")
+# generator0..K-1 each answer in their own slot: separate GRPO groups under the paper's grouping.
+SLOT_ROLES: tuple[str, ...] = ("generator",)
 
 GENERATOR_SYSTEM = "You are a careful problem solver. Reason step by step, then give the final answer."
 AGGREGATOR_SYSTEM = "You compare candidate solutions to a problem and pick the one most likely to be correct."

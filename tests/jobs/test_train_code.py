@@ -67,5 +67,5 @@ def test_one_training_step_on_the_code_task(ray_cluster, tmp_path, workflow):
     stored = pq.read_table(tmp_path / "tiny" / "rollouts" / "step_000000.parquet").to_pylist()
     infos = [json.loads(r["score_info"]) for r in stored if r["failure"] is None]
     assert all(i == {"answer_role": ANSWERING[workflow], "reason": "no_code_block"} for i in infos)
-    # A random orchestrator never writes a parsable plan, so its episodes end before scoring.
+    # A random orchestrator's plan may be blank or too long (a line per strategy), ending its episodes unscored.
     assert len(infos) > 0 or workflow == "orch_workers"

@@ -9,9 +9,10 @@ from marl_scripted import ScriptedClient
 
 from marl.episode import run_episode
 from marl.tasks import MathFamily
+from marl.tasks.code import CodeFamily
 from marl.types import Task
 from marl.workflows import WORKFLOWS, get_workflow, roles_of
-from marl.workflows.common import WorkflowOptions, parse_choice, parse_strategies, parse_verdict
+from marl.workflows.common import WorkflowOptions, parse_choice, parse_plan, parse_strategies, parse_verdict
 
 TASK = Task(task_id="t0", prompt="What is 6 * 7?", answer="42")
 MATH = MathFamily()
@@ -38,6 +39,8 @@ def test_registry_roles_and_unknown_name():
 def test_options_are_validated():
     with pytest.raises(ValueError, match="marl.max_rounds"):
         WorkflowOptions(max_rounds=0)
+    with pytest.raises(ValueError, match="marl.prompts"):
+        WorkflowOptions(prompts="fancy")
 
 
 def test_single_agent():
@@ -154,10 +157,53 @@ def test_orch_workers_too_many_strategies():
     assert client.agents() == ["orchestrator"] and ep.turns[0].reward == 0.0
 
 
-def test_orch_workers_unparsable_plan():
-    ep = run("orch_workers", ScriptedClient({"orchestrator": "Just compute it: \\boxed{42}"}))
+def test_orch_workers_blank_plan_is_unparsable():
+    ep = run("orch_workers", ScriptedClient({"orchestrator": "  \n\n \t\n"}))
     assert ep.failure == "unparsable_plan" and ep.reward == 0.0
     assert ep.parse_failures == {"orchestrator": 1} and len(ep.turns) == 1
+
+
+def _orch(plan: str, max_strategies: int = 3):
+    workers = {f"worker{i}": "\\boxed{42}" for i in range(4)}
+    client = ScriptedClient({"orchestrator": plan, **workers, "synthesizer": "\\boxed{42}"})
+    return run("orch_workers", client, WorkflowOptions(max_strategies=max_strategies)), client
+
+
+def test_orch_workers_falls_back_to_a_numbered_list():
+    ep, client = _orch("Two ways:\n1. Repeated addition.\n2) Use 6*(5+2)\n   and add the parts.\n\nDone.")
+    assert client.agents() == ["orchestrator", "worker0", "worker1", "synthesizer"]
+    assert ep.turns[1].messages[-1]["content"].endswith("Repeated addition.\n\nPut your final answer in \\boxed{}.")
+    assert "Use 6*(5+2) and add the parts." in ep.turns[2].messages[-1]["content"]
+    assert ep.reward == 1.0 and ep.failure is None and ep.parse_failures == {"orchestrator": 1}
+
+
+def test_orch_workers_falls_back_to_lines():
+    ep, client = _orch("Just compute it: \\boxed{42}\n\nCheck by division.")
+    assert client.agents() == ["orchestrator", "worker0", "worker1", "synthesizer"]
+    assert "strategy:\nCheck by division." in ep.turns[2].messages[-1]["content"]
+    assert ep.reward == 1.0 and ep.parse_failures == {"orchestrator": 1}
+
+
+@pytest.mark.parametrize(("plan", "workers", "parse_failures"), [
+    ("1. a\n2. b\n3. c\n4. d", 0, {"orchestrator": 1}),  # 4 > max_strategies: reward 0, no worker runs
+    ("a\nb\nc\nd", 0, {"orchestrator": 1}),
+    ("a\nb\nc", 3, {"orchestrator": 1}),
+    ("STRATEGY 1: a\nSTRATEGY 2: b\n\n1. c\n2. d", 2, {}),  # STRATEGY lines win over a list
+])
+def test_orch_workers_fallbacks_keep_the_strategy_limit(plan, workers, parse_failures):
+    ep, client = _orch(plan, max_strategies=3)
+    assert client.agents().count("synthesizer") == (workers > 0)
+    assert [a for a in client.agents() if a.startswith("worker")] == [f"worker{i}" for i in range(workers)]
+    assert ep.failure == (None if workers else "too_many_strategies")
+    assert ep.reward == (1.0 if workers else 0.0) and ep.parse_failures == parse_failures
+
+
+def test_parse_plan_order_of_fallbacks():
+    assert parse_plan("STRATEGY 1: x\n\n1. y\n2. z") == (["x"], "strategy")
+    assert parse_plan("Plan\n**1.** Draw it.\n## 2) Factor\n3.5 is not an item\n\n10. Last") == (
+        ["Draw it.", "Factor 3.5 is not an item", "Last"], "numbered")
+    assert parse_plan("3.5 apples\n  Draw it.  \n\n") == (["3.5 apples", "Draw it."], "lines")
+    assert parse_plan("") == ([], "none") and parse_plan(" \n\t\n") == ([], "none")
 
 
 def test_parse_strategies_variants():
@@ -173,3 +219,56 @@ def test_parse_verdict_and_choice():
     assert parse_verdict("\\boxed{maybe}") is None and parse_verdict("Correct") is None
     assert parse_choice("\\boxed{Response 3}", 3) == 3
     assert parse_choice("\\boxed{4}", 3) is None
+
+
+def _eval_opt_texts(prompts: str, family=MATH) -> dict[str, str]:
+    """The system prompts, the evaluator's first request and the generator's revision request of a 2-round run."""
+    client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{42}"],
+                             "evaluator": ["Recheck the product. \\boxed{Incorrect}", "\\boxed{Correct}"]})
+    ep = asyncio.run(get_workflow("eval_opt").run(TASK, client, family, WorkflowOptions(prompts=prompts), 0))
+    gen0, ev0, gen1 = ep.turns[0], ep.turns[1], ep.turns[2]
+    assert len(ep.turns) == 4
+    return {"generator": gen0.messages[0]["content"], "evaluator": ev0.messages[0]["content"],
+            "review": ev0.messages[-1]["content"], "revise": gen1.messages[-1]["content"]}
+
+
+def test_eval_opt_default_prompts_are_unchanged_for_every_task():
+    math, code = _eval_opt_texts("default"), _eval_opt_texts("default", CodeFamily())
+    assert math["generator"] == code["generator"] == (
+        "You are a careful problem solver. Reason step by step, then give the final answer.")
+    assert math["evaluator"] == code["evaluator"] and math["evaluator"].startswith("You are a strict reviewer")
+    assert math["review"].endswith("Is this solution correct? Give brief feedback, then end with \\boxed{Correct} or "
+                                   "\\boxed{Incorrect}.")
+    assert math["revise"] == ("A reviewer judged your solution incorrect:\nRecheck the product. \\boxed{Incorrect}"
+                              "\n\nRevise your solution.\n\nPut your final answer in \\boxed{}.")
+
+
+def test_eval_opt_paper_prompts_on_math():
+    texts = _eval_opt_texts("paper")
+    assert texts["generator"] == _eval_opt_texts("default")["generator"]
+    assert "Never reveal the correct final answer" in texts["evaluator"]
+    assert "\\boxed{Correct} or \\boxed{Incorrect}" in texts["evaluator"]
+    assert texts["review"].startswith("Problem:\nWhat is 6 * 7?\n\nProposed solution:\n\\boxed{41}")
+    assert "without revealing the answer" in texts["review"] and "\\boxed{Incorrect}." in texts["review"]
+    assert "Recheck the product." in texts["revise"]  # the feedback reaches the generator
+    assert "a different method or approach" in texts["revise"] and texts["revise"].endswith("in \\boxed{}.")
+
+
+def test_eval_opt_paper_prompts_on_code_use_code_personas():
+    family = CodeFamily()
+    texts = _eval_opt_texts("paper", family)
+    assert texts["generator"].startswith("You are an expert programmer") and "```python" in texts["generator"]
+    assert texts["evaluator"].startswith("You are a code reviewer") and "edge cases" in texts["evaluator"]
+    assert "do not write the fixed code" in texts["evaluator"] and "\\boxed{Incorrect}" in texts["evaluator"]
+    assert "without writing the fixed code" in texts["review"]
+    assert "new program that uses a different method" in texts["revise"]
+    assert texts["revise"].endswith(family.instruction())
+
+
+def test_prompt_sets_are_a_config_choice():
+    from jobs.config import ConfigError, load_config
+
+    assert load_config("jobs/configs/tiny.yaml").marl.prompts == "default"
+    assert load_config("jobs/configs/sweeps/paper_base.yaml").marl.prompts == "paper"
+    with pytest.raises(ConfigError, match=r"marl\.prompts must be one of default, paper"):
+        load_config("jobs/configs/tiny.yaml", ["marl.prompts=fancy"])

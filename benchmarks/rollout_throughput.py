@@ -55,7 +55,8 @@ def _median_rate(run: Callable[[int], int], reps: int, name: str) -> float:
 def _rollout_cfg(args: argparse.Namespace, lora: bool) -> Any:
     overrides = [f"model.path={args.model}", "rollout.backend=vllm", "rollout.engines_per_role=1",
                  f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
-                 "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0"]
+                 "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0",
+                 "data.train=digit", "data.train_size=1", "data.eval_size=0"]  # no tasks drawn; the schema needs one
     if lora:
         overrides += ["model.lora.enabled=true", f"model.lora.rank={args.lora_rank}", "rollout.lora_serving=multi"]
     return load_config(None, overrides)

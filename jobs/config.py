@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.schema import TrainConfig
-from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES
+from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
 from marl.workflows import PROMPT_SETS, WORKFLOWS, roles_of
 
 
@@ -78,8 +78,7 @@ _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
     "rollout.call_timeout_s", "rollout.max_batch_size", "rollout.torch_threads", "learner.micro_batch_size",
     "learner.optim.lr", "learner.torch_threads", "learner.update_timeout_s", "sync_timeout_s",
-    "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "data.train_size",
-    "algo.ppo_epochs",
+    "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
     "data.sandbox.workers", "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
@@ -90,7 +89,7 @@ _NON_NEGATIVE = (
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
     "learner.rank_num_gpus", "algo.ppo_mini_batch_size",
-    "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures",
+    "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
 _GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here without importing torch)
@@ -182,7 +181,8 @@ def _check_serving(cfg: Any) -> None:
 
 
 def _check_task_sources(cfg: Any) -> None:
-    """Code sources need data.task=code, and the code task reads only code sources (or files of code rows)."""
+    """Code sources need data.task=code, and the code task reads only code sources (or files of code rows);
+    a generated train source needs a size; data.max_overlap is a fraction."""
     specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
     for key, spec in specs.items():
         is_code = spec in CODE_SOURCES
@@ -191,6 +191,12 @@ def _check_task_sources(cfg: Any) -> None:
                               f"data.task=code; got {spec!r}")
         if cfg.data.task != "code" and is_code:
             raise ConfigError(f"config: {key}={spec} is a code source; set data.task=code")
+    if cfg.data.train_size == 0 and is_generated(cfg.data.train):
+        raise ConfigError(f"config: data.train_size=0 takes every row of a listing source, but data.train="
+                          f"{cfg.data.train} generates tasks: set data.train_size > 0")
+    if not 0.0 <= cfg.data.max_overlap <= 1.0:
+        raise ConfigError(f"config: data.max_overlap is a fraction of the eval tasks, in [0, 1]; "
+                          f"got {cfg.data.max_overlap}")
 
 
 def _check_ranges(cfg: Any) -> None:

@@ -58,6 +58,7 @@ class Inputs:
     eval_tasks: list[Task]
     policy_map: PolicyMap
     pad_id: int
+    data_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # data/*, logged with step 0
 
 
 @dataclass
@@ -260,6 +261,8 @@ def _step(run: Run, system: System) -> bool:
                                        sampler=sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
         _rollback(run, system, metrics)
+    if step == 0:
+        metrics.update(run.inp.data_metrics)
     run.learners_ahead = False
     run.log.log(step, metrics)
     every = cfg.checkpoint.every

@@ -41,11 +41,20 @@ class SandboxConfig:
 class DataConfig:
     task: str = "math"  # task family: math | digit | code
     # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns;
-    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py)
-    train: str = "reasoning_gym:basic_arithmetic"
-    train_size: int = 2000
+    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py).
+    # Required: no training set fits every experiment (the paper's: python -m jobs.prepare_data).
+    train: str = MISSING
+    # 0 = every row of a listing source (a file, gsm8k, humaneval); N = N rows chosen by a shuffle with the run's
+    # seed (never the first N). Generated sources (reasoning_gym:*, digit, code_synthetic) need N > 0.
+    train_size: int = 0
     eval: str = "gsm8k"
+    # 0 = no held-out evaluation; N = N rows (all of a smaller listing source), drawn like train_size but
+    # from a seed range disjoint from training's (jobs/run_data.py)
     eval_size: int = 64
+    # Largest fraction of the eval tasks whose prompt (lowercased, whitespace collapsed) may also be a train
+    # prompt. Above it a generated train set drops those prompts; any other train source is an input error
+    # (exit 3). 1.0 = no check.
+    max_overlap: float = 0.0
     # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
     answer_fallback: str = "none"
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

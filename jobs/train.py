@@ -35,11 +35,11 @@ from jobs.loop import (
     train_step,
 )
 from jobs.models import resolve_model
+from jobs.run_data import load_run_data
 from jobs.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from marl.tasks.data import load_tasks
 from marl.tasks.sampler import PromptSampler
 from marl.workflows import roles_of
 
@@ -57,13 +57,13 @@ def prepare(cfg: Any) -> Inputs:
 
 def _prepare(cfg: Any) -> Inputs:
     model_path = resolve_model(cfg.model.path)
-    train_tasks = load_tasks(cfg.data.train, cfg.data.train_size, cfg.seed, cfg.data.task)
-    eval_size, kind = cfg.data.eval_size, cfg.data.task
-    eval_tasks = load_tasks(cfg.data.eval, eval_size, cfg.seed + 1, kind) if eval_size else []
+    data = load_run_data(cfg)
+    print(f"[{cfg.run_name}] {data.summary}", flush=True)
     roles = list(roles_of(cfg.marl.workflow))
     policy_map = PolicyMap.build(cfg.marl.sharing, roles, OmegaConf.to_container(cfg.marl.policy_map))
     family = get_family(cfg.data.task, cfg.data.answer_fallback, OmegaConf.to_container(cfg.data.sandbox))
-    return Inputs(model_path, family, PromptSampler(train_tasks, cfg.seed), eval_tasks, policy_map, _pad_id(model_path))
+    return Inputs(model_path, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map, _pad_id(model_path),
+                  data.metrics)
 
 
 def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:

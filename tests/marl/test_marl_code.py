@@ -69,8 +69,11 @@ def test_program_for_needs_tests():
 
 def test_humaneval_tasks_come_from_the_package_data_file():
     assert humaneval_path().name == "HumanEval.jsonl.gz" and humaneval_path().is_file()
-    tasks = load_tasks("humaneval", 3, 0, "code")
+    tasks = load_tasks("humaneval", None, 0, "code")[:3]
     assert [t.task_id for t in tasks] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    # A cut is a seeded selection, not the first rows of the listing.
+    cut = load_tasks("humaneval", 3, 0, "code")
+    assert len(cut) == 3 and cut == load_tasks("humaneval", 3, 0, "code") != tasks
     first = tasks[0]
     assert first.kind == "code" and first.meta["entry_point"] == "has_close_elements"
     assert "def has_close_elements" in first.prompt and first.answer.startswith(first.meta["prefix"])
@@ -111,7 +114,8 @@ def test_user_code_rows_in_deepcoder_verl_and_humaneval_layouts(tmp_path, family
     assert [t.task_id for t in report.tasks] == ["deepcoder", "taco", "verl", "he"]
     assert report.reasons == {"unsupported_tests": 2, "missing_tests": 1, "bad_tests": 1, "duplicate_id": 1,
                               "bad_json": 1}
-    assert load_tasks(str(path), 2, 0, kind="code") == report.tasks[:2]
+    cut = load_tasks(str(path), 2, 0, kind="code")
+    assert len(cut) == 2 and all(t in report.tasks for t in cut) and cut == load_tasks(str(path), 2, 0, kind="code")
     deepcoder, taco, verl, he = report.tasks
     assert verl.prompt.startswith("Add them.") and "standard input" in verl.prompt
     assert [family.score(t, ADDER) for t in (deepcoder, taco, verl)] == [1.0, 1.0, 1.0]

@@ -11,11 +11,15 @@ import pytest
 from marl.tasks.data import (
     digit_tasks,
     gsm8k_test,
+    is_generated,
     load_rows,
     load_tasks,
     reasoning_gym_tasks,
+    seeded_cut,
 )
+from marl.tasks.overlap import normalise_prompt, prompt_set, shared_tasks, without_prompts
 from marl.tasks.sampler import PromptSampler
+from marl.types import Task
 
 ROWS = [
     {"prompt": "1+1?", "answer": "2", "id": "a"},
@@ -137,3 +141,39 @@ def test_sampler_state_round_trip():
         PromptSampler(tasks[:4], seed=1).load_state(state)
     with pytest.raises(ValueError):
         PromptSampler([], seed=0)
+
+
+def test_seeded_cut_shuffles_before_cutting():
+    tasks = [Task(f"t{i}", f"q{i}", str(i)) for i in range(100)]
+    ten = seeded_cut(tasks, 10, seed=0)
+    assert len(ten) == 10 and ten != tasks[:10]  # not the head of the listing
+    assert ten == seeded_cut(tasks, 10, seed=0) != seeded_cut(tasks, 10, seed=1)
+    assert ten == sorted(ten, key=tasks.index)  # chosen rows keep the listing order
+    assert set(map(id, ten)) <= set(map(id, seeded_cut(tasks, 20, seed=0)))  # one permutation: nested cuts
+    assert seeded_cut(tasks, None, 0) == tasks == seeded_cut(tasks, 500, 0)
+
+
+def test_listing_sources_are_cut_by_seed_not_by_position(tmp_path):
+    rows = [{"prompt": f"q{i}?", "answer": str(i)} for i in range(50)]
+    path = str(write_jsonl(tmp_path / "rows.jsonl", rows))
+    everything = load_tasks(path, None, seed=0)
+    picked = load_tasks(path, 10, seed=0)
+    assert len(everything) == 50 and len(picked) == 10
+    assert picked != everything[:10] and picked == load_tasks(path, 10, seed=0) != load_tasks(path, 10, seed=3)
+    gsm8k = load_tasks("gsm8k", 10, seed=0)
+    assert len(gsm8k) == 10 and gsm8k != gsm8k_test()[:10]
+
+
+def test_generated_sources_are_named():
+    assert is_generated("reasoning_gym:chain_sum?max_terms=2") and is_generated("digit")
+    assert is_generated("code_synthetic")
+    assert not any(is_generated(s) for s in ("gsm8k", "humaneval", "/data/train.parquet"))
+
+
+def test_prompts_are_compared_normalised():
+    assert normalise_prompt("  What  is\n1 +\t1? ") == "what is 1 + 1?"
+    train = [Task("a", "What is 1+1?", "2"), Task("b", "what IS  1+1?", "2"), Task("c", "2+2?", "4")]
+    evals = [Task("x", "WHAT is 1+1?\n", "2"), Task("y", "3+3?", "6")]
+    assert prompt_set(train) == {"what is 1+1?", "2+2?"}
+    assert [t.task_id for t in shared_tasks(train, evals)] == ["x"]
+    assert [t.task_id for t in without_prompts(train, prompt_set(evals))] == ["c"]

@@ -88,7 +88,7 @@ _NON_NEGATIVE = (
     "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
-    "learner.rank_num_gpus", "algo.ppo_mini_batch_size",
+    "rollout.max_prompt_tokens", "learner.rank_num_gpus", "algo.ppo_mini_batch_size",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
@@ -109,6 +109,7 @@ def validate(cfg: Any) -> None:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
     _check_ranges(cfg)
+    _check_lengths(cfg)
     _check_task_sources(cfg)
     _check_serving(cfg)
     _check_checkpoint(cfg)
@@ -225,3 +226,13 @@ def _check_ranges(cfg: Any) -> None:
         raise ConfigError(f"config: learner.optim.betas must be two values in [0, 1); got {cfg.learner.optim.betas}")
     if not 0 <= cfg.learner.optim.min_lr_ratio <= 1:
         raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")
+
+
+def _check_lengths(cfg: Any) -> None:
+    if not 0 <= cfg.algo.max_role_drop_frac <= 1:
+        raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
+    cap, response = cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens
+    if cap and cfg.algo.max_len < cap + response:
+        # A row within both caps must fit whole: a shorter max_len would cut responses the caps admit.
+        raise ConfigError(f"config: algo.max_len must be >= rollout.max_prompt_tokens + "
+                          f"rollout.sampling.max_new_tokens = {cap} + {response}; got {cfg.algo.max_len}")

@@ -22,7 +22,7 @@ from jobs.config import to_yaml
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
-from learners.batch import build_batches, empty_batch, flat_rewards
+from learners.batch import build_batches, check_role_drops, empty_batch, flat_rewards
 from marl.cliff import CliffTracker
 from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
@@ -121,7 +121,9 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
     t1 = time.perf_counter()
     keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
     advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std)
-    batches, batch_stats = build_batches(episodes, system.policy_map, advantages, pad_id, cfg.algo.max_len)
+    batches, batch_stats = build_batches(episodes, system.policy_map, advantages, pad_id, cfg.algo.max_len,
+                                         cfg.rollout.max_prompt_tokens or None)
+    check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)  # before any update trains on the rest
     if before_update is not None:
         before_update()
     t_batch = time.perf_counter()

@@ -20,8 +20,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from marl.cliff import detect
+from marl.workflows import WORKFLOWS, roles_of
 
-STYLE = {"shared": "-", "isolated": "--", "custom": ":"}
+STYLE = {"shared": "-", "isolated": "--", "custom": ":"}  # one-role runs: "-." whatever their sharing
 # (file suffix, title, metric prefix: one line per role `<prefix><role>`, y label)
 ROLE_PANELS = (
     ("reward", "Reward per role", "reward/mean/", "mean reward"),
@@ -42,8 +43,17 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def single_role(self) -> bool:
+        """A one-role workflow (the single-agent baseline): shared and isolated are the same run."""
+        return self.workflow in WORKFLOWS and len(roles_of(self.workflow)) == 1
+
+    @property
     def label(self) -> str:
-        return f"{self.name} · {self.workflow} · {self.sharing}"
+        return f"{self.name} · {self.workflow}" + ("" if self.single_role else f" · {self.sharing}")
+
+    @property
+    def line_style(self) -> str:
+        return "-." if self.single_role else STYLE.get(self.sharing, "-.")
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -116,7 +126,7 @@ def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
             notes.append(f"{run.label}: no eval/accuracy recorded")
             continue
         color = f"C{i % 10}"
-        ax.plot(xs, ys, STYLE.get(run.sharing, "-."), color=color, marker=".", label=run.label)
+        ax.plot(xs, ys, run.line_style, color=color, marker=".", label=run.label)
         peak = max(range(len(ys)), key=ys.__getitem__)
         ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
@@ -125,7 +135,7 @@ def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
             ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
             notes.append(f"{run.label}: terminal cliff flagged at step {xs[cliffs[0]]} (peak {ys[peak]:.3f} at "
                          f"step {xs[peak]}, drop >= {run.cliff[0]} for {int(run.cliff[1])} evaluations)")
-    ax.set(title="Held-out accuracy (★ peak, ● final, ✖ cliff; solid shared, dashed isolated)",
+    ax.set(title="Held-out accuracy (★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
            xlabel="optimizer steps done", ylabel="accuracy")
     _decorate(ax)
     if ax.get_legend_handles_labels()[0]:

@@ -98,6 +98,10 @@ class RolloutConfig:
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 0  # 0 = the model's own limit
+    # The prompt cap (the response cap is sampling.max_new_tokens; algo.max_len must hold both). A turn whose
+    # prompt is longer is generated and scored as usual (the engine sees the whole history) but becomes no
+    # training row: counted in batch/dropped_truncated/<role> and bounded by algo.max_role_drop_frac. 0 = none.
+    max_prompt_tokens: int = 0
     engine_scope: str = "role"  # role: an EngineGroup per role | policy: one per policy, serving all its roles
     # multi: one EngineGroup serves the base model plus one LoRA adapter per policy and syncs ship adapter
     # tensors only (needs model.lora.enabled); single: engines serve their policy's merged weights.
@@ -123,7 +127,10 @@ class AlgoConfig:
     loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
-    max_len: int = 2048
+    max_len: int = 2048  # training row cap (prompt + response); a longer row loses its response's tail
+    # A role that loses more than this fraction of its rows to the length caps in one step stops the run
+    # (learners.batch.RoleDropError) instead of training on the other roles alone; 1 = never stop.
+    max_role_drop_frac: float = 0.05
     tis_cap: float = 0.0  # truncated importance-sampling correction cap; 0 = off
     # PPO mini-batches (verl semantics, learners/ppo_plan.py): a policy's rows of one step are shuffled (seeded)
     # and split into mini-batches of this many rows (samples), each one optimizer step, for ppo_epochs passes.

@@ -27,7 +27,17 @@ from ray.tune import PlacementGroupFactory
 from cluster.connect import connect
 from jobs.config import load_config
 from jobs.resources import trial_bundles
-from jobs.sweep_spec import SweepConfig, SweepError, as_overrides, cell_label, load_sweep, search_space, validate
+from jobs.sweep_spec import (
+    WHERE,
+    SweepConfig,
+    SweepError,
+    as_overrides,
+    cell_label,
+    cells,
+    load_sweep,
+    search_space,
+    validate,
+)
 
 POINTER = "pointer.json"
 FINISHED = "sweep/finished"  # in a trial's last result once its run returned (Tune's own `done` is not saved)
@@ -116,8 +126,8 @@ def make_tuner(spec: SweepConfig, path: str, resume: bool) -> tune.Tuner:
     trainable = make_trainable(setup_of(spec))
     if resume:
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    param_space = {"grid": {k: tune.grid_search(list(v)) for k, v in spec.grid.items()},
-                   "search": search_space(spec)}
+    # One grid_search over whole cells: exclusions and `where` rules are resolved before Tune sees them.
+    param_space = {"grid": tune.grid_search(cells(spec)), "search": search_space(spec)}
     return tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
@@ -138,7 +148,9 @@ def run_sweep(spec: SweepConfig, resume: bool = False) -> tune.ResultGrid:
 def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     setup = setup_of(spec)
     for cell in all_cells:
-        print(f"[{cell_label(cell)}] bundles {trial_resources(setup, {'grid': cell}).bundles}")
+        sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
+        print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
+              f"{trial_resources(setup, {'grid': cell}).bundles}")
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
           f"runs in {setup.out_dir}")
 

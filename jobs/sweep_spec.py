@@ -12,12 +12,20 @@ grid:                               # config dotpath -> values; trials = the cro
   task:                             # a mapping sets several keys together; `task` is only its label
     - {data.task: math, data.train: digit}
     - {data.task: code, data.train: code_synthetic}
+exclude:                            # partial assignments: a cell matching one entry is not run
+  - {marl.workflow: voting, data.task: code}
+where:                              # after the grid, in order: each matching rule sets its keys
+  - when: {data.task: math, marl.workflow: [voting, eval_opt]}   # a list matches any of its values
+    set: {rollout.sampling.max_new_tokens: 512}
 search:                             # sampled afresh for each of num_samples repeats of every cell
   learner.optim.lr: {loguniform: [1.0e-5, 1.0e-4]}
 num_samples: 1
 metric: reward/mean
 mode: max
 ```
+
+`when` and `exclude` name config dotpaths the grid sets (a mapping's keys, not its label), and each must match
+some cell; `set` keys may not be grid or search keys, so a cell's label says all that varies.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from ray import tune
 
@@ -53,11 +61,19 @@ class SweepRayConfig:
 
 
 @dataclass
+class WhereRule:
+    when: dict[str, Any] = MISSING  # dotpath -> value, or a list of values (any of them)
+    set: dict[str, Any] = MISSING  # dotpath -> value for every cell `when` matches
+
+
+@dataclass
 class SweepConfig:
     name: str = MISSING
     base: str = MISSING
     overrides: list[str] = field(default_factory=list)
     grid: dict[str, list[Any]] = field(default_factory=dict)
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    where: list[WhereRule] = field(default_factory=list)
     search: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     num_samples: int = 1
     metric: str = "reward/mean"
@@ -72,8 +88,9 @@ class SweepConfig:
 def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
     """Sweep file ← `key=value` overrides, typed by the schema. Raises SweepError naming the key."""
     try:
-        spec = OmegaConf.merge(OmegaConf.structured(SweepConfig), OmegaConf.load(path),
-                               OmegaConf.from_dotlist(list(overrides or [])))
+        raw = OmegaConf.load(path)
+        _check_rule_keys(raw)
+        spec = OmegaConf.merge(OmegaConf.structured(SweepConfig), raw, OmegaConf.from_dotlist(list(overrides or [])))
         missing = sorted(OmegaConf.missing_keys(spec))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
@@ -85,10 +102,39 @@ def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
     return OmegaConf.to_object(spec)  # type: ignore[return-value]
 
 
-def cells(spec: SweepConfig) -> list[dict[str, Any]]:
+def _check_rule_keys(raw: Any) -> None:
+    # OmegaConf names a bad key inside a list item without the item's index; this names both.
+    rules = raw.get("where") if isinstance(raw, DictConfig) else None
+    for i, rule in enumerate(rules or []):
+        unknown = [k for k in rule if k not in ("when", "set")] if isinstance(rule, DictConfig) else []
+        if unknown:
+            raise SweepError(f"sweep: where[{i}].{unknown[0]}: a rule has only `when` and `set`")
+
+
+WHERE = "where"  # the cell entry holding what `where` rules set (a mapping, like a grid label's)
+
+
+def grid_cells(spec: SweepConfig) -> list[dict[str, Any]]:
     """Every combination of the grid's values, in file order (one empty cell without a grid)."""
     keys = list(spec.grid)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(spec.grid[k] for k in keys))]
+
+
+def cells(spec: SweepConfig) -> list[dict[str, Any]]:
+    """The grid's combinations less the excluded ones, each with what the `where` rules set under WHERE."""
+    out = []
+    for cell in grid_cells(spec):
+        values = flatten(cell)
+        if any(matches(entry, values) for entry in spec.exclude):
+            continue
+        sets = {k: v for rule in spec.where if matches(rule.when, values) for k, v in rule.set.items()}
+        out.append({**cell, WHERE: sets} if sets else cell)
+    return out
+
+
+def matches(when: dict[str, Any], values: dict[str, Any]) -> bool:
+    """Whether config values (dotpath -> value) hold every condition: a value, or a list of allowed values."""
+    return all(k in values and values[k] in (v if isinstance(v, list) else [v]) for k, v in when.items())
 
 
 def flatten(values: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +151,9 @@ def as_overrides(values: dict[str, Any]) -> list[str]:
 
 
 def cell_label(cell: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in flatten(cell).items()) or "(no grid)"
+    """The grid's values of a cell (what `where` rules set follows from them)."""
+    grid = {k: v for k, v in cell.items() if k != WHERE}
+    return ", ".join(f"{k}={v}" for k, v in flatten(grid).items()) or "(no grid)"
 
 
 def search_space(spec: SweepConfig) -> dict[str, Any]:
@@ -147,7 +195,10 @@ def validate(spec: SweepConfig) -> list[dict[str, Any]]:
     if empty:
         raise SweepError(f"sweep: grid.{empty[0]} has no values")
     search_space(spec)
+    _check_rules(spec)
     all_cells = cells(spec)
+    if not all_cells:
+        raise SweepError("sweep: exclude removes every cell")
     for cell in all_cells:
         _check(spec, cell, {})
     for rep in _representatives(spec):
@@ -161,3 +212,29 @@ def _check(spec: SweepConfig, cell: dict[str, Any], sampled: dict[str, Any]) -> 
     except ConfigError as e:
         where = cell_label(cell) + (f"; search {cell_label(sampled)}" if sampled else "")
         raise SweepError(f"sweep {spec.name}: cell [{where}]: {e}") from None
+
+
+def _check_rules(spec: SweepConfig) -> None:
+    """`exclude` and `where` name keys the grid sets, each matches some cell, and `set` varies nothing else."""
+    if WHERE in spec.grid:
+        raise SweepError(f"sweep: grid.{WHERE} is reserved for what `where` rules set; rename the axis")
+    grid_values = [flatten(c) for c in grid_cells(spec)]
+    kept = [v for v in grid_values if not any(matches(e, v) for e in spec.exclude)]
+    grid_keys = list(dict.fromkeys(k for values in grid_values for k in values))
+    named = [(f"exclude[{i}]", e, grid_values) for i, e in enumerate(spec.exclude)]
+    named += [(f"where[{i}].when", r.when, kept) for i, r in enumerate(spec.where)]
+    for where, when, pool in named:
+        if not when:
+            raise SweepError(f"sweep: {where} names no key")
+        unknown = [k for k in when if k not in grid_keys]
+        if unknown:
+            raise SweepError(f"sweep: {where}.{unknown[0]} is not a key the grid sets; grid keys: "
+                             f"{', '.join(grid_keys) or 'none'}")
+        if not any(matches(when, values) for values in pool):
+            excluded = pool is kept and any(matches(when, values) for values in grid_values)
+            raise SweepError(f"sweep: {where} {when} matches {'only excluded cells' if excluded else 'no cell'}")
+    for i, rule in enumerate(spec.where):
+        varied = [k for k in rule.set if k in grid_keys or k in spec.search]
+        if varied:
+            raise SweepError(f"sweep: where[{i}].set.{varied[0]} is a grid or search key; a rule may not change "
+                             "what a cell's label says")

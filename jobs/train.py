@@ -37,6 +37,7 @@ from jobs.loop import (
 from jobs.models import resolve_model
 from jobs.run_data import load_run_data
 from jobs.tracking import RunLog
+from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"[{cfg.run_name}] stopped by {e}; actors released", file=sys.stderr)
         return EXIT_STOPPED
+    except RoleDropError as e:  # a guard that stopped the run, not a crash: its message says all
+        print(f"[{cfg.run_name}] training stopped: {e}", file=sys.stderr)
+        return EXIT_TRAINING
     except Exception:  # noqa: BLE001 - any other failure is a training failure with its traceback
         traceback.print_exc()
         return EXIT_TRAINING

@@ -159,6 +159,10 @@ def empty_batch(policy_id: str, pad_id: int = 0) -> TrainBatch:
     )
 
 
+# Row counts build_batches returns, in total and per role (`<key>/<role>`).
+STAT_KEYS = ("batch/rows", "batch/dropped_empty", "batch/dropped_truncated", "batch/truncated")
+
+
 def flat_rewards(episodes: list[Episode]) -> Tensor:
     """turn.reward for every turn in flattened order → [N] float32."""
     return torch.tensor([t.reward for ep in episodes for t in ep.turns], dtype=torch.float32)
@@ -173,12 +177,15 @@ class _Row(NamedTuple):
     advantage: float
 
 
-def _row(turn: Turn, advantage: float, max_len: int | None) -> _Row:
+def _row(turn: Turn, advantage: float, max_len: int | None, max_prompt_len: int | None) -> _Row:
     c = turn.completion
     if len(c.response_ids) != len(c.logprobs):
         raise ValueError(f"{turn.agent}: {len(c.response_ids)} response ids but {len(c.logprobs)} logprobs")
     if c.response_ids and not c.prompt_ids:
         raise ValueError(f"{turn.agent}: empty prompt_ids; the first response token has no predictor")
+    if max_prompt_len is not None and len(c.prompt_ids) > max_prompt_len:
+        # The engine saw the whole prompt; a row cut to the cap would train on a context that was never sampled.
+        return _Row(turn, [], len(c.prompt_ids), [], True, advantage)
     tokens = list(c.prompt_ids) + list(c.response_ids)
     cut = tokens[:max_len] if max_len is not None else tokens
     kept = max(0, len(cut) - len(c.prompt_ids))
@@ -218,30 +225,58 @@ def build_batches(
     advantages: Tensor,
     pad_id: int,
     max_len: int | None = None,
+    max_prompt_len: int | None = None,
 ) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
     advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes
     a row of batch policy_map[turn.role]: prompt_ids + response_ids, cut to the first `max_len`
     tokens if given (loss mask and logprobs cut with them). Turns with no response token left
-    (empty response, or cut away entirely) are dropped. Batches are keyed in policy_map.policies
-    order; a policy with no rows is absent. stats (flat, stable keys, for the driver to log):
-    'batch/rows', 'batch/dropped_empty', 'batch/dropped_truncated', 'batch/truncated' (rows kept
-    with part of their response cut). Raises ValueError on a length mismatch or an empty prompt.
+    (empty response, or cut away entirely) are dropped, and so are turns whose prompt is longer than
+    `max_prompt_len` (if given). Batches are keyed in policy_map.policies order; a policy with no rows
+    is absent. stats (flat, stable keys, for the driver to log; every key also per role as
+    `<key>/<role>` for each of policy_map.roles): 'batch/rows', 'batch/dropped_empty',
+    'batch/dropped_truncated' (lost to the length caps), 'batch/truncated' (rows kept with part of
+    their response cut). Raises ValueError on a length mismatch or an empty prompt.
     """
     turns = [t for ep in episodes for t in ep.turns]
     if tuple(advantages.shape) != (len(turns),):
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}, want ({len(turns)},)")
-    stats = {"batch/rows": 0, "batch/dropped_empty": 0, "batch/dropped_truncated": 0, "batch/truncated": 0}
+    stats = dict.fromkeys([*STAT_KEYS, *(f"{k}/{r}" for k in STAT_KEYS for r in policy_map.roles)], 0)
     per_policy: dict[str, list[_Row]] = {p: [] for p in policy_map.policies}
     for turn, adv in zip(turns, advantages.tolist(), strict=True):
-        row = _row(turn, adv, max_len)
+        row = _row(turn, adv, max_len, max_prompt_len)
         if not turn.completion.response_ids:
-            stats["batch/dropped_empty"] += 1
+            counted = ["batch/dropped_empty"]
         elif not row.logprobs:
-            stats["batch/dropped_truncated"] += 1
+            counted = ["batch/dropped_truncated"]
         else:
-            stats["batch/rows"] += 1
-            stats["batch/truncated"] += int(row.truncated)
+            counted = ["batch/rows", *(["batch/truncated"] if row.truncated else [])]
             per_policy[policy_map[turn.role]].append(row)
+        for key in counted:
+            stats[key] += 1
+            stats[f"{key}/{turn.role}"] = stats.get(f"{key}/{turn.role}", 0) + 1
     return {p: _stack_rows(p, rows, pad_id) for p, rows in per_policy.items() if rows}, stats
+
+
+class RoleDropError(RuntimeError):
+    """A role lost more of its rows to the length caps in one step than `algo.max_role_drop_frac` allows."""
+
+
+def check_role_drops(stats: dict[str, int], step: int, max_frac: float) -> None:
+    """Raises RoleDropError naming the role that lost the largest fraction of its rows to the length caps
+    (`batch/dropped_truncated/<role>` of that plus `batch/rows/<role>`) when that fraction exceeds
+    `max_frac`; max_frac = 1 never stops. Empty responses are not length losses and do not count."""
+    prefix = "batch/dropped_truncated/"
+    losses = []
+    for key, lost in stats.items():
+        if key.startswith(prefix) and lost:
+            role = key[len(prefix):]
+            losses.append((lost / (lost + stats.get(f"batch/rows/{role}", 0)), role, lost))
+    if not losses:
+        return
+    frac, role, lost = max(losses)
+    if frac > max_frac:
+        total = lost + stats.get(f"batch/rows/{role}", 0)
+        raise RoleDropError(f"role '{role}' lost {lost} of {total} rows to length caps in step {step} "
+                            f"(algo.max_role_drop_frac={max_frac})")

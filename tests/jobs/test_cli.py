@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -47,3 +48,16 @@ def test_resources_the_cluster_cannot_hold_exit_2_naming_the_key(tmp_path):
                "ray.placement_timeout_s=5")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "learner.rank_num_cpus" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_role_losing_its_rows_to_the_prompt_cap_stops_the_run_naming_it(tmp_path):
+    # Tiny voting: generator prompts are ~130 tokens, the aggregator's (which quote three answers) ~290.
+    out = _run(f"out_dir={tmp_path}", "steps=2", "data.eval_size=0", "ray.num_cpus=2", "rollout.engines_per_role=0",
+               "learner.ranks=0", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+               "rollout.max_prompt_tokens=200", timeout=300)
+    assert out.returncode == 4, out.stderr[-2000:]
+    assert re.search(r"role 'aggregator' lost (\d+) of \1 rows to length caps in step 0 "
+                     r"\(algo.max_role_drop_frac=0.05\)", out.stderr), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    metrics = tmp_path / "tiny" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # stopped before step 0's update was logged

@@ -48,11 +48,21 @@ def test_loaded_config_is_frozen():
         ("learner.optim.schedule_unit=epoch", "learner.optim.schedule_unit"),
         # Off-policy rows need the engine as the behaviour policy, or importance weights.
         ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout"),
+        ("rollout.max_prompt_tokens=-1", "rollout.max_prompt_tokens"),
+        ("algo.max_role_drop_frac=1.5", "algo.max_role_drop_frac"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(TINY, [override])
+
+
+def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():
+    # tiny: max_new_tokens 8
+    with pytest.raises(ConfigError, match=r"algo\.max_len must be >= .* = 100 \+ 8; got 107"):
+        load_config(TINY, ["rollout.max_prompt_tokens=100", "algo.max_len=107"])
+    cfg = load_config(TINY, ["rollout.max_prompt_tokens=100", "algo.max_len=108"])
+    assert (cfg.rollout.max_prompt_tokens, cfg.algo.max_role_drop_frac) == (100, 0.05)
 
 
 def test_missing_required_model_path_is_named():

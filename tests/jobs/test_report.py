@@ -17,13 +17,14 @@ from tests.cluster.test_metrics import real_step_metrics
 TINY = "jobs/configs/tiny.yaml"
 
 
-def _write_run(folder: Path, name: str, sharing: str, accuracies: list[float], drop_grads: bool = False) -> Path:
+def _write_run(folder: Path, name: str, sharing: str, accuracies: list[float], drop_grads: bool = False,
+               workflow: str = "voting") -> Path:
     """A run dir as the driver leaves it: config.yaml and metrics.jsonl (rows built by the real metric
     functions), with a mid-run eval per step and the final eval row at step == steps."""
     run = folder / name
     run.mkdir(parents=True)
     cfg = load_config(TINY, [f"run_name={name}", f"marl.sharing={sharing}", f"steps={len(accuracies)}",
-                             "cliff.drop=0.2", "cliff.window=2"])
+                             "cliff.drop=0.2", "cliff.window=2", f"marl.workflow={workflow}"])
     (run / "config.yaml").write_text(to_yaml(cfg))
     log, last = RunLog(run, tensorboard=False), len(accuracies) - 1
     for step in range(len(accuracies)):
@@ -62,6 +63,17 @@ def test_sweep_tree_renders_every_run_with_cliffs_and_notes(tmp_path):
     assert "sha · voting · shared: terminal cliff" not in page
     assert "nograd · voting · shared: no grad/role_norm/&lt;role&gt; metrics recorded" in page
     assert "nograd · voting · shared: no grad/mass_share/&lt;role&gt; metrics recorded" in page
+
+
+def test_the_single_agent_baseline_is_labelled_without_a_sharing_mode(tmp_path):
+    # One role: shared and isolated are the same run, which the sweep runs once (as shared).
+    base = _write_run(tmp_path / "runs", "base", "shared", [0.3, 0.4], workflow="single_agent")
+    voting = _write_run(tmp_path / "runs", "vote", "shared", [0.3, 0.4])
+    assert (load_run(base).label, load_run(base).line_style) == ("base · single_agent", "-.")
+    assert (load_run(voting).label, load_run(voting).line_style) == ("vote · voting · shared", "-")
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    page = _check_outputs(tmp_path / "out", 2)
+    assert "base · single_agent<" in page and "single_agent · shared" not in page
 
 
 def test_eval_curve_counts_optimizer_steps_done():

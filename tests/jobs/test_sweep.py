@@ -13,7 +13,7 @@ from ray import tune
 
 from jobs import sweep
 from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
-from jobs.sweep_spec import SweepError, as_overrides, cells, load_sweep, validate
+from jobs.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "jobs/configs/sweeps/tiny_matrix.yaml"
@@ -93,21 +93,134 @@ def test_trial_resources_are_a_driver_bundle_then_every_engine_and_learner_rank(
 def test_paper_matrix_fits_two_gpus_per_trial():
     spec = load_sweep(str(PAPER))
     all_cells = cells(spec)
-    assert len(all_cells) == 4 * 2 * 3 * 2 * 3
     # GPUs depend on workflow x sharing only (roles and policies): one model and seed stand for the rest.
     setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
     gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
-    assert len(some) == 16 and 0 < min(gpus) and max(gpus) <= 2.0
+    assert len(some) == 14 and 0 < min(gpus) and max(gpus) <= 2.0
     cfg = trial_config(setup, {"grid": some[-1]}, "p")
     assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.learner.optim.lr, cfg.learner.optim.warmup_steps,
             cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.steps, cfg.checkpoint.every) == (
         64, 32, 2e-5, 15, 64, 8, 500, 5)
-    assert (cfg.data.task, cfg.marl.max_rounds, cfg.marl.workflow) == ("code", 2, "orch_workers")
+    assert (cfg.data.task, cfg.marl.workflow, cfg.marl.sharing) == ("code", "orch_workers", "isolated")
+
+
+# The paper's caps, prompt / response tokens per task and workflow.
+PAPER_CAPS = {("math", "eval_opt"): (30720, 5120), ("math", "voting"): (20480, 5120),
+              ("math", "orch_workers"): (20480, 5120), ("math", "single_agent"): (15360, 5120),
+              **{("code", w): (10240, 2048) for w in ("eval_opt", "voting", "orch_workers")},
+              ("code", "single_agent"): (4096, 2048)}
+
+
+def test_paper_matrix_runs_the_single_agent_baseline_once_per_model_task_and_seed():
+    all_cells = cells(load_sweep(str(PAPER)))
+    assert len(all_cells) == 3 * 2 * 3 * 2 * 3 + 2 * 3 * 3 == 126
+    single = [flatten(c) for c in all_cells if c["marl.workflow"] == "single_agent"]
+    assert len(single) == 18 and {c["marl.sharing"] for c in single} == {"shared"}
+    assert len({tuple(sorted(c.items())) for c in map(flatten, all_cells)}) == 126  # no cell twice
+
+
+def test_paper_matrix_cells_get_their_task_and_workflow_caps_rounds_and_held_out_split():
+    spec = load_sweep(str(PAPER))
+    for cell in cells(spec):
+        values = flatten(cell)
+        task, workflow = values["data.task"], values["marl.workflow"]
+        prompt, response = PAPER_CAPS[task, workflow]
+        assert (values["rollout.max_prompt_tokens"], values["rollout.sampling.max_new_tokens"],
+                values["algo.max_len"]) == (prompt, response, prompt + response), (task, workflow)
+        assert values.get("marl.max_rounds") == {"eval_opt": 3 if task == "math" else 2}.get(workflow)
+        split = "dapo_math_17k" if task == "math" else "deepcoder"
+        assert (values["data.train"], values["data.eval"]) == (f"/data/paper/{split}_train.parquet",
+                                                               f"/data/paper/{split}_test.parquet")
+    code_eval_opt = next(c for c in cells(spec) if flatten(c)["data.task"] == "code"
+                         and c["marl.workflow"] == "eval_opt")
+    cfg = trial_config(setup_of(spec), {"grid": code_eval_opt}, "p")
+    assert (cfg.marl.max_rounds, cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens,
+            cfg.algo.max_len, cfg.data.eval, cfg.data.eval_size) == (
+        2, 10240, 2048, 12288, "/data/paper/deepcoder_test.parquet", 500)
 
 
 @pytest.mark.slow
 def test_every_paper_matrix_cell_is_a_valid_config():
-    assert len(validate(load_sweep(str(PAPER)))) == 144
+    assert len(validate(load_sweep(str(PAPER)))) == 126
+
+
+RULES = """grid:
+  marl.workflow: [single_agent, voting, eval_opt]
+  marl.sharing: [shared, isolated]
+  task:
+    - {data.task: digit, data.train: digit}
+    - {data.task: math, data.train: digit}
+"""
+EXCLUDE = """exclude:
+  - {marl.workflow: single_agent, marl.sharing: isolated}
+"""
+WHERE_RULES = """where:
+  - when: {data.task: math}
+    set: {rollout.sampling.max_new_tokens: 16, algo.max_len: 64}
+  - when: {data.task: math, marl.workflow: [voting, eval_opt]}
+    set: {algo.max_len: 128}
+  - when: {marl.workflow: eval_opt}
+    set: {marl.max_rounds: 2}
+"""
+
+
+def test_exclude_drops_matching_cells_and_where_rules_apply_in_order(tmp_path):
+    spec = load_sweep(_sweep_file(tmp_path, RULES + EXCLUDE + WHERE_RULES))
+    all_cells = validate(spec)
+    assert len(all_cells) == (1 + 2 + 2) * 2
+    sets = {(c["marl.workflow"], c["marl.sharing"], c["task"]["data.task"]): c.get(WHERE) for c in all_cells}
+    assert sets == {
+        ("single_agent", "shared", "digit"): None,
+        ("single_agent", "shared", "math"): {"rollout.sampling.max_new_tokens": 16, "algo.max_len": 64},
+        **{("voting", s, "digit"): None for s in ("shared", "isolated")},
+        **{("voting", s, "math"): {"rollout.sampling.max_new_tokens": 16, "algo.max_len": 128}
+           for s in ("shared", "isolated")},
+        **{("eval_opt", s, "digit"): {"marl.max_rounds": 2} for s in ("shared", "isolated")},
+        **{("eval_opt", s, "math"): {"rollout.sampling.max_new_tokens": 16, "algo.max_len": 128,
+                                     "marl.max_rounds": 2} for s in ("shared", "isolated")},
+    }
+    cell = next(c for c in all_cells if c["marl.workflow"] == "eval_opt" and c["task"]["data.task"] == "math")
+    cfg = trial_config(setup_of(spec), {"grid": cell}, "t")
+    assert (cfg.algo.max_len, cfg.rollout.sampling.max_new_tokens, cfg.marl.max_rounds) == (128, 16, 2)
+    # The label is the grid's values; what the rules set follows from them.
+    assert cell_label(cell) == "marl.workflow=eval_opt, marl.sharing=shared, data.task=math, data.train=digit"
+
+
+def test_tune_runs_exactly_the_kept_cells(tmp_path):
+    from ray.tune.search.variant_generator import generate_variants
+
+    spec = load_sweep(_sweep_file(tmp_path, RULES + EXCLUDE + WHERE_RULES), [f"storage_path={tmp_path}"])
+    param_space = sweep.make_tuner(spec, str(tmp_path / "t"), resume=False)._local_tuner._param_space
+    assert [v["grid"] for _, v in generate_variants(param_space)] == cells(spec)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("exclude:\n  - {marl.workflw: voting}\n",
+     r"exclude\[0\].marl.workflw is not a key the grid sets; grid keys: marl.workflow, marl.sharing, data.task, "
+     r"data.train"),
+    ("exclude:\n  - {marl.workflow: votin}\n", r"exclude\[0\] .*matches no cell"),
+    ("exclude:\n  - {}\n", r"exclude\[0\] names no key"),
+    ("exclude:\n  - {marl.workflow: [single_agent, voting, eval_opt]}\n", "exclude removes every cell"),
+    (EXCLUDE + "where:\n  - when: {data.tsk: math}\n    set: {algo.max_len: 64}\n",
+     r"where\[0\].when.data.tsk is not a key the grid sets"),
+    (EXCLUDE + "where:\n  - when: {data.task: [code]}\n    set: {algo.max_len: 64}\n",
+     r"where\[0\].when .*matches no cell"),
+    (EXCLUDE + "where:\n  - when: {marl.sharing: isolated, marl.workflow: single_agent}\n    set: {seed: 1}\n",
+     r"where\[0\].when .*matches only excluded cells"),
+    (EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {marl.sharing: shared}\n",
+     r"where\[0\].set.marl.sharing is a grid or search key"),
+    (EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {algo.max_lenn: 64}\n",
+     r"cell \[.*data.task=math.*algo.max_lenn"),
+    (EXCLUDE + "where:\n  - when: {data.task: math}\n    sett: {algo.max_len: 64}\n", r"where\[0\].*sett"),
+])
+def test_a_bad_exclude_or_where_rule_names_itself(tmp_path, body, message):
+    with pytest.raises(SweepError, match=message):
+        validate(load_sweep(_sweep_file(tmp_path, RULES + body)))
+
+
+def test_where_is_no_grid_axis(tmp_path):
+    with pytest.raises(SweepError, match="grid.where is reserved"):
+        validate(load_sweep(_sweep_file(tmp_path, "grid:\n  where: [1]\n")))
 
 
 def test_reporter_sends_metrics_and_a_pointer_checkpoint(monkeypatch, tmp_path):

@@ -46,6 +46,7 @@ def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
     policies = PolicyMap.build(sharing, roles).policies
     for role in roles:
         assert f"reward/mean/{role}" in rows[0] and f"rollout/parse_failures/{role}" in rows[0]
+        assert rows[0][f"batch/dropped_truncated/{role}"] == 0 and f"batch/truncated/{role}" in rows[0]
     for pid in policies:
         assert rows[1][f"grad/norm/{pid}"] >= 0 and f"loss/{pid}" in rows[1]
         assert (run / "export" / pid / "config.json").exists()

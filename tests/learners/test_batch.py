@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from learners.batch import TrainBatch, build_batches, empty_batch, flat_rewards
+from learners.batch import (
+    STAT_KEYS,
+    RoleDropError,
+    TrainBatch,
+    build_batches,
+    check_role_drops,
+    empty_batch,
+    flat_rewards,
+)
 from marl.policy_map import PolicyMap
 from marl.types import Completion, Episode, Task, Turn
 
@@ -42,6 +50,11 @@ def _episodes():
 ADV = torch.tensor([0.1, 0.2, 0.3, 0.4])
 
 
+def _per_role(**counts: tuple[int, int, int, int]) -> dict[str, int]:
+    """role=(rows, dropped_empty, dropped_truncated, truncated) -> the per-role stats keys."""
+    return {f"{key}/{role}": n for role, ns in counts.items() for key, n in zip(STAT_KEYS, ns, strict=True)}
+
+
 def _assert_same(a: TrainBatch, b: TrainBatch):
     for k, v in a.to_dict().items():
         w = b.to_dict()[k]
@@ -60,6 +73,7 @@ def test_isolated_map_splits_rows_with_masks_over_responses_and_aligned_logprobs
         "batch/dropped_empty": 1,
         "batch/dropped_truncated": 0,
         "batch/truncated": 0,
+        **_per_role(generator=(2, 0, 0, 0), evaluator=(1, 1, 0, 0)),
     }
     gen = batches["generator"]
     assert gen.input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
@@ -104,7 +118,43 @@ def test_max_len_truncates_from_the_right_and_drops_rows_without_response():
         "batch/dropped_empty": 1,
         "batch/dropped_truncated": 2,
         "batch/truncated": 1,
+        **_per_role(generator=(0, 0, 2, 0), evaluator=(1, 1, 0, 1)),
     }
+
+
+def test_a_prompt_over_the_cap_trains_no_row_and_is_counted_for_its_role():
+    # Prompts: generator 2 and 2 tokens, evaluator 1 and 3 (the second evaluator turn is empty anyway).
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=1)
+    assert list(batches) == ["evaluator"] and batches["evaluator"].input_ids.tolist() == [[6, 7, 8]]
+    assert stats == {"batch/rows": 1, "batch/dropped_empty": 1, "batch/dropped_truncated": 2, "batch/truncated": 0,
+                     **_per_role(generator=(0, 0, 2, 0), evaluator=(1, 1, 0, 0))}
+    # A prompt exactly at the cap is kept whole.
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=2)
+    assert batches["generator"].input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
+    assert stats["batch/dropped_truncated"] == 0 and stats["batch/rows/generator"] == 2
+
+
+def test_roles_without_turns_still_have_their_keys():
+    _, stats = build_batches(_episodes(), PolicyMap.isolated([*ROLES, "aggregator"]), ADV, PAD)
+    assert [stats[f"{k}/aggregator"] for k in STAT_KEYS] == [0, 0, 0, 0]
+
+
+def _stats(role: str, rows: int, lost: int, empty: int = 0) -> dict[str, int]:
+    return {f"batch/rows/{role}": rows, f"batch/dropped_truncated/{role}": lost, f"batch/dropped_empty/{role}": empty}
+
+
+def test_check_role_drops_names_the_role_that_lost_the_largest_share():
+    stats = {**_stats("generator", rows=90, lost=10), **_stats("evaluator", rows=18, lost=2, empty=5)}
+    check_role_drops(stats, step=3, max_frac=0.1)  # 10/100 and 2/20: at the limit, not over it
+    stats |= _stats("evaluator", rows=17, lost=3, empty=5)  # 3/20 = 0.15; empty responses are not length losses
+    msg = r"role 'evaluator' lost 3 of 20 rows to length caps in step 3 \(algo.max_role_drop_frac=0.1\)"
+    with pytest.raises(RoleDropError, match=msg):
+        check_role_drops(stats, step=3, max_frac=0.1)
+    check_role_drops(stats, step=3, max_frac=0.15)
+    check_role_drops(_stats("evaluator", rows=0, lost=4), step=0, max_frac=1.0)  # 1 never stops
+    with pytest.raises(RoleDropError, match="lost 4 of 4"):
+        check_role_drops(_stats("evaluator", rows=0, lost=4), step=0, max_frac=0.99)
+    check_role_drops({**_stats("generator", 0, 0), "batch/dropped_truncated": 0}, step=0, max_frac=0.0)
 
 
 def test_build_batches_validates_lengths():

@@ -36,7 +36,8 @@ class RunData:
 def load_run_data(cfg: Any) -> RunData:
     """Train and eval tasks for `cfg.data` with `cfg.seed`. Raises ValueError naming the data sources."""
     d = cfg.data
-    eval_tasks = load_tasks(d.eval, d.eval_size, cfg.seed + EVAL_SEED_OFFSET, d.task) if d.eval_size else []
+    # The eval draw does not follow the run's seed: every seed of a study evaluates the same held-out tasks.
+    eval_tasks = load_tasks(d.eval, d.eval_size, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_size else []
     train = load_tasks(d.train, d.train_size or None, cfg.seed, d.task)
     train, dropped = hold_out(train, eval_tasks, d.train, d.eval, d.max_overlap)
     prompts = len(prompt_set(train))

@@ -51,6 +51,9 @@ class DataConfig:
     # 0 = no held-out evaluation; N = N rows (all of a smaller listing source), drawn like train_size but
     # from a seed range disjoint from training's (jobs/run_data.py)
     eval_size: int = 64
+    # Seed of the eval draw (a seeded cut of a file, or a generator's seed), apart from the run's `seed`, so the
+    # cells of a study that differ only in their seed are evaluated on the same tasks.
+    eval_seed: int = 0
     # Largest fraction of the eval tasks whose prompt (lowercased, whitespace collapsed) may also be a train
     # prompt. Above it a generated train set drops those prompts; any other train source is an input error
     # (exit 3). 1.0 = no check.

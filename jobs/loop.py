@@ -281,7 +281,8 @@ def cliff_guard(cfg: Any, cliff: CliffTracker, step: int, metrics: dict[str, flo
     metrics.update({**cliff.metrics(), "cliff/flagged": float(flagged)})
     if flagged:
         print(f"[{cfg.run_name}] terminal cliff: held-out accuracy {metrics['eval/accuracy']:.3f} is "
-              f">= {cfg.cliff.drop} below its peak {cliff.peak:.3f} (step {cliff.peak_step}) for "
+              f"below its peak {cliff.peak:.3f} (step {cliff.peak_step}) by >= {cfg.cliff.drop}"
+              f"{f' or >= {cfg.cliff.relative_drop:.0%} of it' if cfg.cliff.relative_drop else ''} for "
               f"{cliff.below} evaluations; action={cfg.cliff.action}", flush=True)
     return flagged and cfg.cliff.action == "stop"
 

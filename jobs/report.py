@@ -38,7 +38,7 @@ class Run:
     name: str
     workflow: str
     sharing: str
-    cliff: tuple[float, float]  # (drop, window) the run was configured with
+    cliff: tuple[float, float, float]  # (drop, window, relative_drop) the run was configured with
     rows: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
 
@@ -81,7 +81,8 @@ def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> Run:
             by_step.setdefault(row["step"], {}).update(row)  # a re-logged step (restart) updates the older row
     marl, cliff = cfg.get("marl", {}), cfg.get("cliff", {})
     return Run(path, cfg.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
-               (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1])),
+               (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1]),
+                cliff.get("relative_drop", 0.0)),
                [by_step[s] for s in sorted(by_step)], notes)
 
 
@@ -130,7 +131,7 @@ def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
         peak = max(range(len(ys)), key=ys.__getitem__)
         ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
-        cliffs = detect(ys, drop=run.cliff[0], window=int(run.cliff[1]))
+        cliffs = detect(ys, drop=run.cliff[0], window=int(run.cliff[1]), relative_drop=run.cliff[2])
         if cliffs:
             ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
             notes.append(f"{run.label}: terminal cliff flagged at step {xs[cliffs[0]]} (peak {ys[peak]:.3f} at "

@@ -2,8 +2,10 @@
 
 - role_balance (shared policies): each role's mean loss counts equally, instead of by its token mass, so
   the role with the most tokens cannot capture the policy.
-- parallel_agent_norm (isolated policies): a role's loss is divided by its number of parallel instances
-  (generator0..2 on identical prompts get identical advantages and would triple that role's gradient).
+- parallel_agent_norm: a role's loss is divided by its number of parallel instances (generator0..2 on
+  identical prompts get identical advantages and would triple that role's gradient). Under an isolated policy
+  every row is scaled alike, which Adam undoes; there the mitigation acts through the mini-batch size instead
+  (learners/ppo_plan.effective_mini_batch_size: the role takes the optimizer steps of one agent).
 Weights multiply the advantages (the loss is linear in them for ratio-1 PPO and positive weights keep
 the clip's sign logic), so they compose with any aggregation.
 """

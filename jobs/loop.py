@@ -263,8 +263,8 @@ def _step(run: Run, system: System) -> bool:
                                        sampler=sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
         _rollback(run, system, metrics)
-    if step == 0:
-        metrics.update(run.inp.data_metrics)
+    if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
+        metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
     run.learners_ahead = False
     run.log.log(step, metrics)
     every = cfg.checkpoint.every

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,10 +88,15 @@ def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> Run:
 
 
 def eval_curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Held-out accuracy against optimizer steps done. A training row's eval ran after that step's update
-    (x = step + 1); the final eval row (no training metrics) follows the last step that actually ran."""
+    """Held-out accuracy against training steps done. The base model's (`eval/accuracy_before`, in step 0's
+    row) is x = 0; a training row's eval ran after that step's update (x = step + 1); the final eval row (no
+    training metrics) follows the last step that actually ran."""
     steps_done = max((r["step"] + 1 for r in rows if "time/step_s" in r), default=0)
     xs, ys = [], []
+    base = next((r["eval/accuracy_before"] for r in rows if "eval/accuracy_before" in r), math.nan)
+    if base == base:
+        xs.append(0)
+        ys.append(float(base))
     for r in rows:
         if "eval/accuracy" in r and r["eval/accuracy"] == r["eval/accuracy"]:  # NaN: no eval data
             xs.append(r["step"] + 1 if "time/step_s" in r else steps_done or r["step"])
@@ -137,7 +143,7 @@ def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
             notes.append(f"{run.label}: terminal cliff flagged at step {xs[cliffs[0]]} (peak {ys[peak]:.3f} at "
                          f"step {xs[peak]}, drop >= {run.cliff[0]} for {int(run.cliff[1])} evaluations)")
     ax.set(title="Held-out accuracy (★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
-           xlabel="optimizer steps done", ylabel="accuracy")
+           xlabel="training steps done", ylabel="accuracy")
     _decorate(ax)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")

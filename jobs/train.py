@@ -8,6 +8,7 @@ member failure restarts from the newest committed checkpoint (jobs/checkpoint.py
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -73,6 +74,8 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     A member failure (dead or hung learner/engine: GroupError) tears the system down and restarts from the
     newest committed checkpoint, up to `checkpoint.max_failures` times."""
     t_start = time.perf_counter()
+    # Read by every engine at import (forwarded to engine actors, rollout/engine_group.py); the user's own wins.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if cfg.tracking.verbose else "WARNING")
     run_dir = Path(cfg.out_dir) / cfg.run_name
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))

@@ -21,6 +21,8 @@ def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": cpu_bind,  # the default binds every engine on a machine to one core
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CACHE_ROOT": cache_root,
+        # The driver's choice (tracking.verbose) reaches engine actors, whose environment is not the driver's.
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
 
 

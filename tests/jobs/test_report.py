@@ -81,6 +81,9 @@ def test_eval_curve_counts_optimizer_steps_done():
             {"step": 2, "time/step_s": 1.0, "eval/accuracy": float("nan")}, {"step": 5, "eval/accuracy": 0.4}]
     # The final row is logged at `steps` even when the run stopped early: it follows the last step run.
     assert eval_curve(rows) == ([1, 3], [0.2, 0.4])
+    # The base model's accuracy travels in step 0's row and is the curve's first point, at 0 steps.
+    rows[0]["eval/accuracy_before"] = 0.1
+    assert eval_curve(rows) == ([0, 1, 3], [0.1, 0.2, 0.4])
 
 
 def test_a_relogged_step_replaces_the_older_row(tmp_path):

@@ -19,6 +19,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from cluster.placement import GroupPlacement
+from cluster.threads import thread_env, threads_for
 
 
 class GroupError(RuntimeError):
@@ -44,6 +45,10 @@ def _resource_options(opts: MemberOptions, placement: GroupPlacement | None, i: 
     custom = dict(placement.bundles[i])
     return {"num_cpus": custom.pop("CPU", 0.0), "num_gpus": custom.pop("GPU", 0.0), "resources": custom,
             "scheduling_strategy": placement.strategy(i)}
+
+
+def _member_cpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) -> float:
+    return float(placement.bundles[i].get("CPU", 0.0)) if placement is not None else opts.num_cpus
 
 
 class Pending:
@@ -87,6 +92,8 @@ class Group:
             return
         opts = options or MemberOptions()
         envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n
+        # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
+        envs = [{**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)]
         if placement is not None and len(placement.indices) != n:
             raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
         remote_cls = ray.remote(cls)

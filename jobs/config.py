@@ -64,6 +64,7 @@ _CHOICES = {
     "learner.backend": ("torch", "deepspeed"),
     "learner.optim.schedule": ("cosine", "constant"),
     "learner.optim.schedule_unit": ("step", "optimizer_step"),
+    "learner.concurrent_updates": ("auto", "true", "false"),
     "algo.old_logprobs": ("recompute", "rollout"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "cliff.action": ("warn", "stop", "rollback"),
@@ -76,8 +77,8 @@ _CHOICES = {
 }
 _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
-    "rollout.call_timeout_s", "rollout.max_batch_size", "rollout.torch_threads", "learner.micro_batch_size",
-    "learner.optim.lr", "learner.torch_threads", "learner.update_timeout_s", "sync_timeout_s",
+    "rollout.call_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
+    "learner.optim.lr", "learner.update_timeout_s", "sync_timeout_s",
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
@@ -88,7 +89,8 @@ _NON_NEGATIVE = (
     "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
     "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
-    "rollout.max_prompt_tokens", "learner.rank_num_gpus", "algo.ppo_mini_batch_size",
+    "rollout.max_prompt_tokens", "learner.rank_num_gpus", "rollout.torch_threads", "learner.torch_threads",
+    "algo.ppo_mini_batch_size",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
@@ -100,7 +102,8 @@ def validate(cfg: Any) -> None:
     # The workflows are whatever the registry holds when the config is validated (one list, not two).
     for key, allowed in {**_CHOICES, "marl.workflow": tuple(WORKFLOWS)}.items():
         value = OmegaConf.select(cfg, key)
-        if value not in allowed:
+        # A `true`/`false` override of a string key arrives as "True"/"False" (OmegaConf parses it as a bool).
+        if value not in allowed and not (isinstance(value, str) and value.lower() in allowed):
             raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}; got {value!r}")
     for key in _POSITIVE:
         if not OmegaConf.select(cfg, key) > 0:

@@ -21,8 +21,9 @@ from jobs.checkpoint import Progress
 from jobs.config import to_yaml
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
+from jobs.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
-from learners.batch import build_batches, check_role_drops, empty_batch, flat_rewards
+from learners.batch import build_batches, check_role_drops, flat_rewards
 from marl.cliff import CliffTracker
 from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
@@ -127,14 +128,8 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
     if before_update is not None:
         before_update()
     t_batch = time.perf_counter()
-    updates = [lg.submit_update(batches.get(pid) or empty_batch(pid, pad_id), step)
-               for pid, lg in system.learners.items()]
-    prefetch_s = 0.0
-    if during_update is not None:
-        t_prefetch = time.perf_counter()
-        during_update()
-        prefetch_s = time.perf_counter() - t_prefetch
-    update_metrics = {k: v for u in updates for k, v in u.result().items()}
+    concurrent = run_concurrently(cfg.learner, len(system.learners))
+    update_metrics, prefetch_s = update_all(system.learners, batches, step, pad_id, concurrent, during_update)
     t2 = time.perf_counter()
     version = step + 1 if version is None else version
     sync_metrics = system.sync(version=version)

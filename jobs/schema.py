@@ -90,7 +90,7 @@ class RolloutConfig:
     engine_num_cpus: float = 0.5
     engine_num_gpus: float = 0.0  # per engine actor; its placement-group bundle holds exactly this
     engine_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine actor
-    torch_threads: int = 2
+    torch_threads: int = 0  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -189,13 +189,16 @@ class LearnerConfig:
     rank_num_cpus: float = 0.5
     rank_num_gpus: float = 0.0  # per learner rank; its placement-group bundle holds exactly this
     rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
-    torch_threads: int = 2
+    torch_threads: int = 0  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     micro_batch_size: int = 16
     gradient_checkpointing: bool = False
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
     update_timeout_s: float = 1800.0
+    # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
+    # need more threads than the node has cores (jobs/updates.py).
+    concurrent_updates: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 

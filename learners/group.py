@@ -14,6 +14,7 @@ import torch
 from cluster.collective import init_collective
 from cluster.group import Group, MemberOptions, Pending
 from cluster.placement import GroupPlacement
+from cluster.threads import thread_env
 from learners.backends import rank_class
 from learners.batch import TrainBatch
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
@@ -47,7 +48,7 @@ class LearnerGroup:
         self.group = Group(
             rank_class(learner.backend), learner.ranks, name=f"{run_name}:learner:{policy_id}",
             args=(policy_id, model_path, model, learner, algo, temperature, total_steps, seed),
-            options=MemberOptions(num_cpus=learner.rank_num_cpus, env={"OMP_NUM_THREADS": str(threads)}),
+            options=MemberOptions(num_cpus=learner.rank_num_cpus, env=thread_env(threads) if threads else {}),
             per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
         )
         init_collective(self.group, "gloo", self.timeout)

@@ -18,6 +18,7 @@ from ray.exceptions import RayActorError
 
 from cluster.group import Group, GroupError, GroupTimeout, MemberOptions
 from cluster.placement import GroupPlacement
+from cluster.threads import thread_env, threads_for
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 
@@ -36,7 +37,8 @@ def _engine_env(rollout: Any, slot: int) -> dict[str, str]:
         return {}
     from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
 
-    return engine_env(cpu_bind(slot, rollout.torch_threads, os.cpu_count() or 1), default_cache_root())
+    threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads)
+    return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
 
 
 def _engine_class(backend: str) -> type:
@@ -74,12 +76,16 @@ class EngineGroup:
         self.replacements = 0
         self._epochs: dict[int, int] = {}
         self._locks: dict[int, asyncio.Lock] = {}
-        threads, n = rollout.torch_threads, rollout.engines_per_role
+        n = rollout.engines_per_role
+        # vLLM drops torch to one thread unless told: engines get their count explicitly (an in-process one, the
+        # caller's cores).
+        threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads) if n else rollout.torch_threads or (
+            os.cpu_count() or 1)
         kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel)
         self.group = Group(
             engine_cls or _engine_class(rollout.backend), n, name=f"{run_name}:engine:{name}",
             args=(model_path, dtype, threads, self.policy_id),
-            options=MemberOptions(num_cpus=rollout.engine_num_cpus, env={"OMP_NUM_THREADS": str(threads)}),
+            options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
             per_member_kwargs=[kwargs] * max(n, 1),
             per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None, placement=placement,
         )

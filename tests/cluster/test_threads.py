@@ -1,0 +1,34 @@
+"""Members' thread pools follow their CPUs: a pure rule, and the environment an actor really gets."""
+
+import os
+
+from cluster.group import Group, MemberOptions
+from cluster.threads import thread_env, threads_for
+
+
+def test_threads_follow_cpus_unless_configured():
+    assert threads_for(0.5) == 1 and threads_for(2.0) == 2 and threads_for(3.7) == 3
+    assert threads_for(0.5, configured=4) == 4
+    assert thread_env(2) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2",
+                             "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+class _Probe:
+    def env(self) -> dict[str, str]:
+        import torch
+
+        keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
+        return {**{k: os.environ.get(k, "") for k in keys}, "torch": str(torch.get_num_threads())}
+
+
+def test_an_actor_gets_as_many_threads_as_cpus_and_explicit_env_wins(ray_cluster):
+    two = Group(_Probe, 1, "threads-two", options=MemberOptions(num_cpus=2))
+    pinned = Group(_Probe, 1, "threads-pinned", options=MemberOptions(num_cpus=2, env=thread_env(1)))
+    try:
+        assert two.call("env", timeout=60)[0] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
+                                                  "OMP_WAIT_POLICY": "PASSIVE", "torch": "2"}
+        got = pinned.call("env", timeout=60)[0]
+        assert got["OMP_NUM_THREADS"] == got["MKL_NUM_THREADS"] == got["torch"] == "1"
+    finally:
+        two.shutdown()
+        pinned.shutdown()

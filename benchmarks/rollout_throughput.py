@@ -179,7 +179,7 @@ def main() -> None:
         return
     import ray
 
-    ray.init(num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
     path = resolve_model(args.model)
     requests, sampling = _requests(args.prompts, args.n), Sampling(1.0, 1.0, args.tokens)
     ours, full_sync = bench_ours(path, args, requests, sampling)

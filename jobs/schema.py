@@ -266,9 +266,12 @@ class TrackingConfig:
 
 @dataclass
 class RayConfig:
-    address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
+    # "" (and no RAY_ADDRESS) or local: an embedded cluster; auto: the one `ray start` recorded on this
+    # machine; host:port: that cluster (joined without resource arguments). cluster/connect.py.
+    address: str = ""
     num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
     include_dashboard: bool = False
+    connect_timeout_s: float = 30.0  # a cluster to join must answer within this, else exit 2 naming it
     # One placement group per run holds a bundle per engine and learner rank (cluster/placement.py).
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     placement_timeout_s: float = 120.0  # the cluster must hold the whole placement group within this

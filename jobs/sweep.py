@@ -24,7 +24,7 @@ from typing import Any
 from ray import tune
 from ray.tune import PlacementGroupFactory
 
-from cluster.connect import connect
+from cluster.connect import ConnectError, connect
 from jobs.config import load_config
 from jobs.resources import trial_bundles
 from jobs.sweep_spec import (
@@ -141,7 +141,7 @@ def run_sweep(spec: SweepConfig, resume: bool = False) -> tune.ResultGrid:
     # Trials read paths relative to where the sweep was started (data files), not their trial folders.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     path = experiment_path(spec, resume)
-    with connect(spec.ray.address, spec.ray.num_cpus):
+    with connect(spec.ray.address, spec.ray.num_cpus, timeout_s=spec.ray.connect_timeout_s):
         return make_tuner(spec, path, resume).fit()
 
 
@@ -169,7 +169,8 @@ def _summary(results: tune.ResultGrid, spec: SweepConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 every trial finished, 2 sweep or config error, 4 some trial failed, 130 interrupted
+    """Exit codes: 0 every trial finished, 2 sweep or config error (or a cluster that does not answer), 4 some
+    trial failed, 130 interrupted
     (trials left unfinished: rerun with --resume)."""
     parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="sweep YAML (jobs/configs/sweeps/*.yaml)")
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             _dry_run(spec, all_cells)
             return 0
         results = run_sweep(spec, args.resume)
-    except SweepError as e:
+    except (SweepError, ConnectError) as e:
         print(e, file=sys.stderr)
         return 2
     unfinished = _summary(results, spec)

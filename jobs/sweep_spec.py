@@ -56,8 +56,9 @@ class SweepError(ValueError):
 
 @dataclass
 class SweepRayConfig:
-    address: str = ""  # empty: RAY_ADDRESS if set, else an embedded local cluster
+    address: str = ""  # as the train config's ray.address: ""/local embedded, auto, host:port
     num_cpus: int = 0  # for the embedded cluster; 0 = Ray's own detection
+    connect_timeout_s: float = 30.0  # a cluster to join must answer within this
 
 
 @dataclass
@@ -188,6 +189,8 @@ def validate(spec: SweepConfig) -> list[dict[str, Any]]:
     if spec.num_samples < 1 or spec.max_concurrent_trials < 0 or spec.max_failures < 0 or spec.driver_cpus < 0:
         raise SweepError("sweep: num_samples must be >= 1; max_concurrent_trials, max_failures and driver_cpus "
                          ">= 0")
+    if not spec.ray.connect_timeout_s > 0:
+        raise SweepError(f"sweep: ray.connect_timeout_s must be > 0; got {spec.ray.connect_timeout_s!r}")
     both = sorted(set(spec.grid) & set(spec.search))
     if both:
         raise SweepError(f"sweep: {', '.join(both)} in both grid and search")

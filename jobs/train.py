@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from cluster.connect import connect
+from cluster.connect import ConnectError, connect
 from cluster.group import GroupError
 from cluster.placement import PlacementError
 from jobs import checkpoint as ckpt
@@ -82,7 +82,7 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     inp, resume = prepare(cfg), _initial_resume(cfg, run_dir)
     fresh, log, failures, lost = inp.sampler.state(), RunLog.for_run(run_dir, cfg, inp.policy_map.roles), 0, 0
     try:
-        with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard):
+        with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s):
             _install_stop_handler()
             while True:
                 run = Run(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
@@ -150,8 +150,8 @@ def _install_stop_handler() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done, 2 config error (or resources the cluster cannot hold), 3 model/data error,
-    4 training failure, 143 stopped by SIGTERM."""
+    """Exit codes: 0 done, 2 config error (or a cluster that does not answer, or resources it cannot hold),
+    3 model/data error, 4 training failure, 143 stopped by SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (jobs/configs/*.yaml)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         train(cfg)
-    except PlacementError as e:  # resources the cluster cannot hold: a config problem, found before any actor
-        print(e, file=sys.stderr)
+    except (PlacementError, ConnectError) as e:  # no cluster to join, or resources it cannot hold: fixed in
+        print(e, file=sys.stderr)  # the config or the environment, found before any actor starts
         return EXIT_CONFIG
     except InputError as e:
         print(f"input error: {e}", file=sys.stderr)

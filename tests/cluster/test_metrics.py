@@ -208,7 +208,7 @@ def test_a_real_ray_cluster_exports_every_metric_the_dashboard_queries():
     """Scrapes Ray's Prometheus endpoint: the `ray_` prefix and the counter/histogram suffixes the Grafana
     expressions assume are what Ray really exports."""
     port = _free_port()
-    ray.init(num_cpus=1, include_dashboard=False, _metrics_export_port=port,
+    ray.init(address="local", num_cpus=1, include_dashboard=False, _metrics_export_port=port,
              _system_config={"metrics_report_interval_ms": 500})
     try:
         sink = dashboard_sink(load_config("jobs/configs/tiny.yaml", []))

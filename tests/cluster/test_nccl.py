@@ -143,7 +143,7 @@ def ray_gpus():
         pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
     owned = not ray.is_initialized()
     if owned:
-        ray.init(include_dashboard=False)
+        ray.init(address="local", include_dashboard=False)
     yield
     if owned:
         ray.shutdown()

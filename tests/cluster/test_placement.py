@@ -19,7 +19,7 @@ SLOTS = {"slot0": 1, "slot1": 1, "slot2": 1}  # one unit each: a bundle holding 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, resources=SLOTS, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, resources=SLOTS, include_dashboard=False)
     yield
     ray.shutdown()
 

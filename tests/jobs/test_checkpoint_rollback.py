@@ -21,7 +21,7 @@ ROLLBACK = ["cliff.action=rollback", "cliff.drop=0.2", "cliff.window=1", "eval_e
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

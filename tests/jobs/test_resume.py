@@ -30,7 +30,7 @@ COMPARED = ("reward/mean", "loss/generator", "loss/aggregator", "grad/norm/gener
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

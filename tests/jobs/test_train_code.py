@@ -22,7 +22,7 @@ ANSWERING = {"single_agent": "solver", "eval_opt": "generator", "voting": "gener
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

@@ -87,7 +87,7 @@ def test_state_of_another_model_shape_is_refused(tmp_path):
 
 @pytest.mark.slow  # two gloo ranks as Ray actors, twice
 def test_two_ranks_write_their_own_rng_and_restore_together(tmp_path):
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         batch = make_batch(ROWS)
         group = make_group("learner.ranks=2")

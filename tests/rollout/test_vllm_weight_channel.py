@@ -55,7 +55,7 @@ def test_nccl_into_a_vllm_engine_on_another_gpu():
         pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
     owned = not ray.is_initialized()
     if owned:
-        ray.init(include_dashboard=False)
+        ray.init(address="local", include_dashboard=False)
     gpu = MemberOptions(num_cpus=1, num_gpus=1)
     state = {k: v.cuda() for k, v in _other_state().items()}
     src = Group(Sender, 1, "gpu:learner:pi", options=gpu, per_member_kwargs=[{"weights": state, "backend": "nccl"}])

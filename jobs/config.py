@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.schema import TrainConfig
+from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
 from marl.workflows import PROMPT_SETS, WORKFLOWS, roles_of
 
@@ -115,6 +116,15 @@ def validate(cfg: Any) -> None:
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
     _check_tracking(cfg)
+    _check_reward_shaping(cfg)
+
+
+def _check_reward_shaping(cfg: Any) -> None:
+    """Each hook is imported now, so a typo fails here and not at the first rollout."""
+    try:
+        load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
+    except ValueError as e:
+        raise ConfigError(f"config: marl.reward_shaping.{e}") from None
 
 
 def _check_tracking(cfg: Any) -> None:

@@ -74,6 +74,10 @@ class MarlConfig:
     # Wording of the workflows' prompts: default (this project's) | paper (as in arXiv 2605.24202: an eval_opt
     # evaluator that never reveals the answer, revisions by a different method, code personas for data.task=code).
     prompts: str = "default"
+    # Per-role reward shaping: role -> a function path (`pkg.module.function` or `path/file.py:function`) called
+    # as hook(episode, turn) -> float, that role's turn reward in place of the episode's outcome (marl/rewards.py;
+    # examples/format_penalty.py). Imported and checked at config load. {} = the outcome on every turn.
+    reward_shaping: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

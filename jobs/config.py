@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from jobs.schema import TrainConfig
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
-from marl.workflows import PROMPT_SETS, WORKFLOWS, roles_of
+from marl.workflows import PROMPT_SETS, get_workflow, roles_of
 
 
 class ConfigError(ValueError):
@@ -98,8 +98,8 @@ _GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here with
 
 def validate(cfg: Any) -> None:
     """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
-    # The workflows are whatever the registry holds when the config is validated (one list, not two).
-    for key, allowed in {**_CHOICES, "marl.workflow": tuple(WORKFLOWS)}.items():
+    _check_workflow(cfg)
+    for key, allowed in _CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}; got {value!r}")
@@ -117,6 +117,14 @@ def validate(cfg: Any) -> None:
     _check_learner_options(cfg)
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
+
+
+def _check_workflow(cfg: Any) -> None:
+    """A built-in name, or the user's module (imported and checked against the Workflow protocol now)."""
+    try:
+        get_workflow(cfg.marl.workflow)
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from None
 
 
 def _check_reward_shaping(cfg: Any) -> None:

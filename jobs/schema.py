@@ -65,7 +65,9 @@ class DataConfig:
 
 @dataclass
 class MarlConfig:
-    workflow: str = "voting"  # single_agent | eval_opt | voting | orch_workers
+    # single_agent | eval_opt | voting | orch_workers, or the user's own module: a dotted module path
+    # (my_pkg.debate) or a file path (examples/debate.py), imported and checked at config load (marl/workflows).
+    workflow: str = "voting"
     sharing: str = "isolated"  # shared | isolated | custom
     policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
     num_generators: int = 3

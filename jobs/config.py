@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.schema import TrainConfig
+from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
-from marl.workflows import PROMPT_SETS, WORKFLOWS, roles_of
+from marl.workflows import PROMPT_SETS, get_workflow, roles_of
 
 
 class ConfigError(ValueError):
@@ -100,8 +101,8 @@ _GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here with
 
 def validate(cfg: Any) -> None:
     """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
-    # The workflows are whatever the registry holds when the config is validated (one list, not two).
-    for key, allowed in {**_CHOICES, "marl.workflow": tuple(WORKFLOWS)}.items():
+    _check_workflow(cfg)
+    for key, allowed in _CHOICES.items():
         value = OmegaConf.select(cfg, key)
         # A `true`/`false` override of a string key arrives as "True"/"False" (OmegaConf parses it as a bool).
         if value not in allowed and not (isinstance(value, str) and value.lower() in allowed):
@@ -119,6 +120,23 @@ def validate(cfg: Any) -> None:
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
     _check_tracking(cfg)
+    _check_reward_shaping(cfg)
+
+
+def _check_workflow(cfg: Any) -> None:
+    """A built-in name, or the user's module (imported and checked against the Workflow protocol now)."""
+    try:
+        get_workflow(cfg.marl.workflow)
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from None
+
+
+def _check_reward_shaping(cfg: Any) -> None:
+    """Each hook is imported now, so a typo fails here and not at the first rollout."""
+    try:
+        load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
+    except ValueError as e:
+        raise ConfigError(f"config: marl.reward_shaping.{e}") from None
 
 
 def _check_tracking(cfg: Any) -> None:

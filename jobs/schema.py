@@ -65,7 +65,9 @@ class DataConfig:
 
 @dataclass
 class MarlConfig:
-    workflow: str = "voting"  # single_agent | eval_opt | voting | orch_workers
+    # single_agent | eval_opt | voting | orch_workers, or the user's own module: a dotted module path
+    # (my_pkg.debate) or a file path (examples/debate.py), imported and checked at config load (marl/workflows).
+    workflow: str = "voting"
     sharing: str = "isolated"  # shared | isolated | custom
     policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
     num_generators: int = 3
@@ -74,6 +76,10 @@ class MarlConfig:
     # Wording of the workflows' prompts: default (this project's) | paper (as in arXiv 2605.24202: an eval_opt
     # evaluator that never reveals the answer, revisions by a different method, code personas for data.task=code).
     prompts: str = "default"
+    # Per-role reward shaping: role -> a function path (`pkg.module.function` or `path/file.py:function`) called
+    # as hook(episode, turn) -> float, that role's turn reward in place of the episode's outcome (marl/rewards.py;
+    # examples/format_penalty.py). Imported and checked at config load. {} = the outcome on every turn.
+    reward_shaping: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from cluster.transport import broadcast
 from jobs.resources import MULTI_LORA_KEY, build_placement, engine_group_name, engine_keys, learner_group_name
 from learners.group import LearnerGroup
 from marl.policy_map import PolicyMap
-from marl.workflows import get_workflow
+from marl.rewards import load_shaping
+from marl.workflows import get_workflow, roles_of
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
 from rollout.engine_group import EngineGroup
@@ -108,7 +109,8 @@ def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
     get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
-    collector = Collector(engines, cfg.marl.workflow, family, options)
+    shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
+    collector = Collector(engines, cfg.marl.workflow, family, options, shaping)
     system = System(policy_map, learners, engines, collector, cfg.sync_timeout_s, placement, cfg.sync.transport,
                     cfg.sync.bucket_mb << 20)
     for group in system.engine_groups():

@@ -20,6 +20,8 @@ async def run_episode(
 ) -> Episode:
     """The scored Episode. A failed episode (episode.failure set) scores 0.0 whatever its answer."""
     episode = await get_workflow(workflow_name).run(task, client, family, opts, sample_index)
+    # Named as the config names it: a user module's episodes are then found again by it (slot roles, reports).
+    episode.workflow = workflow_name
     if episode.failure:
         episode.reward = 0.0
     elif isinstance(family, AsyncScoring):

@@ -1,14 +1,20 @@
-"""The workflows by name (the `marl.workflow` config key).
+"""The workflows by name (the `marl.workflow` config key): the built-in ones, or the user's own module.
 
 A workflow is a module with `ROLES`, `agents(opts)` and an async `run(task, client, family, opts,
-sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`). To add one, write such a module
-and list it in WORKFLOWS.
+sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`). Agent names are a role, or a role
+followed by a number (`generator0`). `marl.workflow` takes a built-in name, a dotted module path
+(`my_pkg.debate`) or a file path (`examples/debate.py`); a module is imported and checked on first use (at
+config load), so a missing attribute, a `run` that is not async or an agent of no role fails there.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
+from types import ModuleType
 from typing import Protocol
 
+from marl.plugins import PluginError, is_file_spec, load_module
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import eval_opt, orch_workers, single_agent, voting
@@ -33,12 +39,60 @@ WORKFLOWS: dict[str, Workflow] = {
     "voting": voting,
     "orch_workers": orch_workers,
 }
+_LOADED: dict[str, Workflow] = {}  # user modules by the spec that named them
 
 
 def get_workflow(name: str) -> Workflow:
-    if name not in WORKFLOWS:
-        raise ValueError(f"marl.workflow must be one of {sorted(WORKFLOWS)}, got {name!r}")
-    return WORKFLOWS[name]
+    """The built-in workflow `name`, or the module a dotted or file path names (imported and checked once).
+    Raises ValueError starting with `marl.workflow` and naming the module and what is wrong with it."""
+    if name in WORKFLOWS:
+        return WORKFLOWS[name]
+    if name not in _LOADED:
+        try:
+            module = load_module(name)
+        except PluginError as e:
+            raise ValueError(f"marl.workflow must be one of {', '.join(WORKFLOWS)}, a module path (my_pkg.debate) "
+                             f"or a file path (workflows/debate.py); got {name!r}: {e}") from None
+        problem = workflow_problem(module)
+        if problem:
+            where = module.__file__ if is_file_spec(name) else module.__name__
+            raise ValueError(f"marl.workflow={name}: {where} {problem}")
+        _LOADED[name] = module  # type: ignore[assignment]  # checked structurally above
+    return _LOADED[name]
+
+
+def workflow_problem(module: ModuleType) -> str | None:
+    """What keeps `module` from being a workflow (the first problem found), or None."""
+    roles = getattr(module, "ROLES", None)
+    if roles is None:
+        return "has no ROLES (a tuple of role names)"
+    if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
+        return f"ROLES must be a non-empty tuple of role names; got {roles!r}"
+    for attr in ("agents", "run"):
+        if not callable(getattr(module, attr, None)):
+            return f"has no function {attr}()"
+    if not inspect.iscoroutinefunction(module.run):
+        return "run() must be async (`async def run(task, client, family, opts, sample_index)`)"
+    try:
+        inspect.signature(module.run).bind(None, None, None, None, 0)
+    except TypeError:
+        return f"run{inspect.signature(module.run)} must take (task, client, family, opts, sample_index)"
+    unknown = [r for r in getattr(module, "SLOT_ROLES", ()) if r not in roles]
+    if unknown:
+        return f"SLOT_ROLES names {unknown}, which are not in ROLES {tuple(roles)}"
+    try:
+        agents = list(module.agents(WorkflowOptions()))
+    except Exception as e:  # noqa: BLE001 - whatever the user's code raises is reported, not propagated
+        return f"agents(WorkflowOptions()) raised {type(e).__name__}: {e}"
+    strays = [a for a in agents if agent_role(a) not in roles]
+    if strays:
+        return f"agents() returns {strays}, whose roles are not in ROLES {tuple(roles)}"
+    return None
+
+
+def agent_role(agent: str) -> str:
+    """The role an agent name is an instance of: `generator1` -> `generator`, `judge` -> `judge`."""
+    return re.sub(r"\d+$", "", agent)
 
 
 def roles_of(name: str) -> tuple[str, ...]:
@@ -53,4 +107,5 @@ def slot_roles(name: str) -> tuple[str, ...]:
     return tuple(getattr(get_workflow(name), "SLOT_ROLES", ()))
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "get_workflow", "roles_of", "slot_roles"]
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "get_workflow", "roles_of",
+           "slot_roles", "workflow_problem"]

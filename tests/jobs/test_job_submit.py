@@ -1,6 +1,6 @@
-"""`ray job submit` against a real Ray head on loopback, as README documents it: the tiny job succeeds, a
-broken config fails with the config message in the job's logs, and `ray job stop` ends a running job with
-none of its actors or its placement group left alive."""
+"""`ray job submit` against a real Ray head on loopback, as README documents it: the tiny job succeeds (also with
+a workflow from a file in the working dir), a broken config fails with the config message in the job's logs,
+and `ray job stop` ends a running job with none of its actors or its placement group left alive."""
 
 from __future__ import annotations
 
@@ -77,6 +77,17 @@ def test_tiny_job_succeeds(head, tmp_path):
     logs = _logs(head, "tiny_ok")
     assert "[jobok] held-out accuracy" in logs
     assert (tmp_path / "jobok" / "metrics.jsonl").exists()
+
+
+def test_user_workflow_file_travels_with_the_working_dir(head, tmp_path):
+    """`marl.workflow=examples/debate.py` is read from the job's working_dir copy (its cwd on the cluster)."""
+    _submit(head, "tiny_debate", f"out_dir={tmp_path}", "run_name=jobdebate", "steps=1", "data.eval_size=2",
+            "marl.workflow=examples/debate.py", "marl.max_rounds=1")
+    status = _wait(head, "tiny_debate", lambda s: s in TERMINAL, 300)
+    assert status == "SUCCEEDED", _logs(head, "tiny_debate")[-3000:]
+    first = json.loads((tmp_path / "jobdebate" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["batch/rows/debater"] > 0 and first["batch/rows/judge"] > 0
+    assert (tmp_path / "jobdebate" / "export" / "judge" / "config.json").exists()
 
 
 def test_broken_config_fails_with_its_message(head):

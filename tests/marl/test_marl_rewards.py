@@ -48,3 +48,14 @@ def test_validate_shaping_rejects_unknown_roles():
     validate_shaping({"aggregator": lambda e, t: 0.0}, ["generator", "aggregator"])
     with pytest.raises(ValueError, match="evaluator"):
         validate_shaping({"evaluator": lambda e, t: 0.0}, ["generator", "aggregator"])
+
+
+def test_format_penalty_example_docks_unboxed_turns():
+    import importlib
+
+    hook = importlib.import_module("examples.format_penalty").boxed_or_penalty
+    ep = voting_episode({"generator": hook})
+    assert [t.reward for t in ep.turns] == [1.0, 1.0, 1.0, 1.0]  # every turn boxed: nothing docked
+    ep.turns[1].completion.text = "7"
+    assign(ep, {"generator": hook})
+    assert [t.reward for t in ep.turns] == [1.0, pytest.approx(0.9), 1.0, 1.0]

@@ -39,7 +39,7 @@ def _overrides(a: argparse.Namespace, out: str) -> list[str]:
     ]
 
 
-def run_ours(a: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
+def run_ours(a: argparse.Namespace, extra: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> dict:
     from jobs.config import load_config
     from jobs.train import train
 
@@ -49,7 +49,7 @@ def run_ours(a: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
     class _Clock:
         def on_step(self, step, metrics, checkpoint):  # noqa: ARG002 - StepCallback signature
             stamps.append(time.perf_counter())
-            phases.append({k: v for k, v in metrics.items() if k.startswith("time/")})
+            phases.append({k: v for k, v in metrics.items() if k.startswith(("time/", *keep))})
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, [*_overrides(a, out), *extra])

@@ -68,7 +68,7 @@ class System:
                              fingerprint=adapter_fingerprint, indices=indices)
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
-        return broadcast(src, "get_weights", dsts, "load_weights", version, timeout, fingerprint=fingerprint,
+        return broadcast(src, "get_packed_weights", dsts, "load_weights", version, timeout, fingerprint=fingerprint,
                          indices=indices)
 
     def resync_member(self, engines: EngineGroup, index: int) -> None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from cluster import collective
 from cluster.nccl import WeightChannel
+from cluster.packing import PackedTensors, pack
 from learners.batch import TrainBatch
 from learners.checkpoint import load_learner_state, save_learner_state
 from learners.losses import (
@@ -249,6 +250,11 @@ class Learner:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
         (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
         return {k: v.cpu() for k, v in merged_state_dict(self.model).items()}
+
+    def get_packed_weights(self) -> PackedTensors:
+        """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it
+        zero-copy; a dict would be pickled tensor by tensor and copied on both sides)."""
+        return pack(self.get_weights())
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""

@@ -19,6 +19,15 @@ def test_yaml_and_overrides_merge_onto_the_schema():
     assert cfg.algo.clip_high == 0.28  # schema default survives
 
 
+def test_chat_template_kwargs_from_yaml_and_from_an_override(tmp_path):
+    assert load_config(TINY).model.chat_template_kwargs == {}
+    override = load_config(TINY, ["model.chat_template_kwargs.enable_thinking=false"])
+    assert override.model.chat_template_kwargs == {"enable_thinking": False}
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: builtin:tiny\n  chat_template_kwargs: {enable_thinking: false, tag: x}\n")
+    assert dict(load_config(str(path)).model.chat_template_kwargs) == {"enable_thinking": False, "tag": "x"}
+
+
 def test_loaded_config_is_frozen():
     cfg = load_config(TINY)
     with pytest.raises(ReadonlyConfigError):
@@ -42,6 +51,7 @@ def test_loaded_config_is_frozen():
         ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
         ("rollout.max_model_len=-8", "rollout.max_model_len"),
         ("learner.rank_num_gpus=1", "learner.backend=deepspeed"),
+        ("model.chat_template_kwargs.add_generation_prompt=false", "model.chat_template_kwargs.add_generation_prompt"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

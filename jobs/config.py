@@ -97,6 +97,13 @@ _NON_NEGATIVE = (
 )
 _GROUP_FIELDS = ("task", "agent", "role", "round")
 _GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here without importing torch)
+# Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
+# model.chat_template_kwargs holds template variables only (enable_thinking, ...).
+_CHAT_TEMPLATE_ARGS = (
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+)
 
 
 def validate(cfg: Any) -> None:
@@ -192,6 +199,10 @@ def _check_checkpoint(cfg: Any) -> None:
 
 
 def _check_serving(cfg: Any) -> None:
+    for key in cfg.model.chat_template_kwargs:
+        if key in _CHAT_TEMPLATE_ARGS:
+            raise ConfigError(f"config: model.chat_template_kwargs.{key} is an argument the engines set "
+                              "themselves; this mapping takes chat template variables only (e.g. enable_thinking)")
     if cfg.rollout.lora_serving == "multi" and not cfg.model.lora.enabled:
         raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; set model.lora.enabled=true")
     if cfg.sync.transport == "nccl":

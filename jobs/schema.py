@@ -4,6 +4,7 @@ reason behind each knob. jobs.config loads, validates and freezes it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -23,6 +24,9 @@ class ModelConfig:
     path: str = MISSING
     dtype: str = "float32"
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # Extra variables of the tokenizer's chat template, for every engine's prompt rendering (the learner trains
+    # on the token ids the engine rendered), e.g. {enable_thinking: false}: Qwen3 with thinking off.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from cluster.fingerprint import fingerprint
 from cluster.nccl import broadcast_nccl, connect
 from cluster.placement import RunPlacement
@@ -57,8 +59,12 @@ class System:
         with ThreadPoolExecutor(max_workers=len(pids), thread_name_prefix="sync") as pool:
             outs = list(pool.map(lambda pid: self._sync_policy(pid, self.engine_groups(pid), version), pids))
         self.version = version
-        return {"time/sync_s": time.perf_counter() - t0, "sync/bytes": float(sum(o["bytes"] for o in outs)),
-                "sync/verified": float(sum(o["verified"] for o in outs))}
+        out = {"time/sync_s": time.perf_counter() - t0, "sync/bytes": float(sum(o["bytes"] for o in outs)),
+               "sync/verified": float(sum(o["verified"] for o in outs))}
+        for pid in pids:  # merged serving: how much of each LoRA update the serving dtype kept
+            if not self.engine_groups(pid)[0].multi_lora:
+                out.update(self.learners[pid].sync_metrics())
+        return out
 
     def _sync_policy(self, pid: str, engines: list[EngineGroup], version: int,
                      indices: list[int] | None = None) -> dict[str, float]:
@@ -121,6 +127,7 @@ def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
 def _engine_groups(cfg: Any, model_path: str, policy_map: PolicyMap, bundles: Any) -> dict[str, EngineGroup]:
     """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object."""
     per_group = max(cfg.rollout.engines_per_role, 1)
+    chat = OmegaConf.to_container(cfg.model.chat_template_kwargs)  # plain values: they travel to Ray actors
     out: dict[str, EngineGroup] = {}
     for k, key in enumerate(engine_keys(cfg, policy_map)):
         if key == MULTI_LORA_KEY and cfg.rollout.lora_serving == "multi":
@@ -132,6 +139,7 @@ def _engine_groups(cfg: Any, model_path: str, policy_map: PolicyMap, bundles: An
         group = EngineGroup(key, {r: policy_map[r] for r in roles}, model_path, cfg.rollout, cfg.model.dtype,
                             cfg.run_name, first_slot=k * per_group,
                             placement=bundles(engine_group_name(cfg.run_name, key)),
-                            lora_rank=cfg.model.lora.rank, weight_channel=cfg.sync.transport == "nccl")
+                            lora_rank=cfg.model.lora.rank, weight_channel=cfg.sync.transport == "nccl",
+                            chat_template_kwargs=chat)
         out.update(dict.fromkeys(roles, group))
     return out

@@ -43,7 +43,7 @@ from cluster import collective
 from learners.batch import TrainBatch
 from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
 from learners.learner import Learner
-from learners.weights import DTYPES, adapter_payload, is_lora, merged_state_dict
+from learners.weights import DTYPES, adapter_payload, is_lora, merge_for_serving
 
 CHECKPOINT_TAG = "deepspeed"
 _JOIN_TIMEOUT_S = 300.0
@@ -174,8 +174,9 @@ class DeepSpeedLearner(Learner):
         with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
             if self.rank == 0:
                 lora = is_lora(self.model)
+                merged, rounding = merge_for_serving(self.model)
                 self._snapshot = {
-                    "merged": {k: v.detach().cpu().clone() for k, v in merged_state_dict(self.model).items()},
+                    "merged": {k: v.detach().cpu().clone() for k, v in merged.items()}, "merge_rounding": rounding,
                     "adapter": adapter_payload(self.model, self.policy_id) if lora else None,
                     "lora_state": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()
                                    if "lora_" in k} if lora else None,
@@ -183,7 +184,10 @@ class DeepSpeedLearner(Learner):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         self._check_serves_weights()
-        return self._snapshot["merged"] if self._snapshot else super().get_weights()
+        if not self._snapshot:
+            return super().get_weights()
+        self.merge_rounding = self._snapshot["merge_rounding"]
+        return self._snapshot["merged"]
 
     def get_adapter(self) -> dict[str, Any]:
         self._check_serves_weights()

@@ -83,6 +83,10 @@ class LearnerGroup:
     def update(self, batch: TrainBatch, step: int = 0) -> dict[str, float]:
         return self.submit_update(batch, step).result()
 
+    def sync_metrics(self) -> dict[str, float]:
+        """Rank 0's measurements of the weights it last handed out for sync (Learner.sync_metrics)."""
+        return self.group.call("sync_metrics", indices=[0], timeout=self.timeout)[0]
+
     def export(self, out_dir: str) -> str:
         return self.group.call("export", out_dir, indices=[0], timeout=self.timeout)[0]
 

@@ -37,7 +37,7 @@ from learners.mitigations import kl_coefficients, uses_kl
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
-from learners.weights import adapter_payload, export_hf, is_lora, load_policy_model, merged_state_dict
+from learners.weights import adapter_payload, export_hf, is_lora, load_policy_model, merge_for_serving
 
 
 class Learner:
@@ -249,7 +249,14 @@ class Learner:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
         (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
-        return {k: v.cpu() for k, v in merged_state_dict(self.model).items()}
+        merged, self.merge_rounding = merge_for_serving(self.model)
+        return {k: v.cpu() for k, v in merged.items()}
+
+    def sync_metrics(self) -> dict[str, float]:
+        """What the weights last handed out by get_weights lost: with LoRA merged into the serving dtype,
+        `sync/merge_rounding/<policy>` (learners.weights.update_lost); nothing for full weights."""
+        rounding = getattr(self, "merge_rounding", None)
+        return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
 
     def get_packed_weights(self) -> PackedTensors:
         """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it

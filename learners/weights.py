@@ -33,21 +33,66 @@ def is_lora(model: torch.nn.Module) -> bool:
 @torch.no_grad()
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full weights under the base model's HF names; LoRA deltas are added without mutating the model."""
+    return merge_for_serving(model)[0]
+
+
+@torch.no_grad()
+def merge_for_serving(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], float | None]:
+    """(merged_state_dict, merge_rounding): every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded
+    once to the base weight's dtype, the dtype the engines serve (learner and engines both hold model.dtype);
+    merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without LoRA."""
     if not is_lora(model):
-        return {k: v.detach() for k, v in model.state_dict().items()}
+        return {k: v.detach() for k, v in model.state_dict().items()}, None
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
     out: dict[str, torch.Tensor] = {}
+    norms: list[torch.Tensor] = []  # per layer [||E||², ||ΔW||²], read back once (one device sync)
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            adapter = module.active_adapters[0]
             weight = module.get_base_layer().weight
-            out[f"{name}.weight"] = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            merged, err, upd = merge_layer(weight, _lora_delta(module, module.active_adapters[0]), weight.dtype)
+            out[f"{name}.weight"] = merged
+            norms.append(torch.stack([err, upd]))
     for key, value in base.state_dict().items():
         if "lora_" not in key:
             out.setdefault(key.replace(".base_layer.", "."), value.detach())
-    return out
+    error_sq, delta_sq = torch.stack(norms).sum(0).tolist() if norms else (0.0, 0.0)
+    return out, update_lost(error_sq, delta_sq)
+
+
+def merge_layer(base: torch.Tensor, delta: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's merge for serving. base W0 [out, in] (any float dtype), delta ΔW [out, in] (fp32).
+
+    Returns (merged, ||E||², ||ΔW||²): merged = cast(W0 + ΔW) [out, in] in `dtype`, the sum taken in fp32 and
+    rounded once; E = merged − W0 − ΔW in fp32, the part of the update the served weights miss (with fp32
+    serving, only fp32's own rounding of the sum). The squared norms are fp64 scalars on base's device.
+    """
+    w0 = base.detach().float()
+    merged = (w0 + delta).to(dtype)
+    error = merged.float() - w0 - delta
+    return merged, error.square().sum(dtype=torch.float64), delta.square().sum(dtype=torch.float64)
+
+
+def update_lost(error_sq: float, delta_sq: float) -> float:
+    """Relative update lost to rounding over all merged layers l: sqrt(Σ_l ||E_l||²) / sqrt(Σ_l ||ΔW_l||²),
+    the Frobenius norm of every layer's error (`merge_layer`) taken together over that of the whole update.
+    1.0: the engines serve the base (ΔW below the serving dtype's resolution of W0); ~0: the update arrives
+    whole. 0.0 when there is no update yet (ΔW = 0, e.g. LoRA's B at initialisation)."""
+    return (error_sq / delta_sq) ** 0.5 if delta_sq > 0 else 0.0
+
+
+def _lora_delta(module: Any, adapter: str) -> torch.Tensor:
+    """ΔW = scale·B@A of a LoRA linear layer in fp32, [out, in] like its base weight (peft's get_delta_weight
+    returns it in the adapter's dtype). Other LoRA kinds (embedding, DoRA) go through peft, then to fp32."""
+    from peft.tuners.lora import Linear
+
+    if not isinstance(module, Linear) or module.use_dora.get(adapter, False):
+        return module.get_delta_weight(adapter).float()
+    a, b = module.lora_A[adapter].weight.float(), module.lora_B[adapter].weight.float()
+    delta = (b @ a) * module.scaling[adapter]
+    return delta.T if module.fan_in_fan_out else delta
 
 
 @torch.no_grad()

@@ -23,10 +23,13 @@ from marl.types import Completion, Message
 from rollout.engine import Sampling
 
 
-def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool) -> dict[str, Any]:
+def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool,
+                   chat_template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
+    chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
     if rollout.backend != "vllm":
-        return {}
-    return {"kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        return chat
+    return {**chat, "kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "max_model_len": rollout.max_model_len, "max_loras": adapters, "max_lora_rank": lora_rank,
             "weight_channel": weight_channel}
 
@@ -60,10 +63,12 @@ class EngineGroup:
 
     def __init__(self, name: str, policy_of: Mapping[str, str], model_path: str, rollout: Any, dtype: str,
                  run_name: str, first_slot: int = 0, placement: GroupPlacement | None = None, lora_rank: int = 0,
-                 weight_channel: bool = False, engine_cls: type | None = None):
+                 weight_channel: bool = False, engine_cls: type | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None):
         """`name`: the group's key (role, policy, or "lora"); `first_slot`: this group's first engine's index
         among all engines of the run (CPU core binding); `lora_rank`: adapters' rank (multi-LoRA);
-        `weight_channel`: engines receive weights over NCCL; `engine_cls`: instead of the backend's."""
+        `weight_channel`: engines receive weights over NCCL; `engine_cls`: instead of the backend's;
+        `chat_template_kwargs`: extra chat template variables (model.chat_template_kwargs)."""
         self.policy_of = dict(policy_of)
         self.multi_lora = rollout.lora_serving == "multi"
         policies = list(dict.fromkeys(self.policy_of.values()))
@@ -81,7 +86,8 @@ class EngineGroup:
         # caller's cores).
         threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads) if n else rollout.torch_threads or (
             os.cpu_count() or 1)
-        kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel)
+        kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel,
+                                chat_template_kwargs or {})
         self.group = Group(
             engine_cls or _engine_class(rollout.backend), n, name=f"{run_name}:engine:{name}",
             args=(model_path, dtype, threads, self.policy_id),

@@ -19,6 +19,15 @@ def test_yaml_and_overrides_merge_onto_the_schema():
     assert cfg.algo.clip_high == 0.28  # schema default survives
 
 
+def test_chat_template_kwargs_from_yaml_and_from_an_override(tmp_path):
+    assert load_config(TINY).model.chat_template_kwargs == {}
+    override = load_config(TINY, ["model.chat_template_kwargs.enable_thinking=false"])
+    assert override.model.chat_template_kwargs == {"enable_thinking": False}
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: builtin:tiny\n  chat_template_kwargs: {enable_thinking: false, tag: x}\n")
+    assert dict(load_config(str(path)).model.chat_template_kwargs) == {"enable_thinking": False, "tag": "x"}
+
+
 def test_loaded_config_is_frozen():
     cfg = load_config(TINY)
     with pytest.raises(ReadonlyConfigError):
@@ -50,6 +59,7 @@ def test_loaded_config_is_frozen():
         ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout"),
         ("rollout.max_prompt_tokens=-1", "rollout.max_prompt_tokens"),
         ("algo.max_role_drop_frac=1.5", "algo.max_role_drop_frac"),
+        ("model.chat_template_kwargs.add_generation_prompt=false", "model.chat_template_kwargs.add_generation_prompt"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

@@ -97,7 +97,10 @@ def test_paper_matrix_fits_two_gpus_per_trial():
     setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
     gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
     assert len(some) == 14 and 0 < min(gpus) and max(gpus) <= 2.0
+    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone.
+    assert (min(gpus), max(gpus)) == (0.5, 1.0)
     cfg = trial_config(setup, {"grid": some[-1]}, "p")
+    assert cfg.rollout.lora_serving == "multi" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
     assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.learner.optim.lr, cfg.learner.optim.warmup_steps,
             cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.steps, cfg.checkpoint.every) == (
         64, 32, 2e-5, 15, 64, 8, 500, 5)

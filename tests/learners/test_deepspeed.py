@@ -150,3 +150,16 @@ def test_two_mini_batches_match_torch(model_path, roles):
     assert m_ds == pytest.approx(m_plain, rel=METRIC_REL, abs=1e-6)
     assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
     assert ds.engine.global_steps == 2 and m_ds["optimizer_steps"] == 2.0 and ds.scheduler.last_epoch == 1
+
+
+def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
+    # ZeRO-3 hands out rank 0's gathered snapshot of the last step; its merge is measured like the torch learner's.
+    plain = make(model_path, "torch", *LORA)
+    ds = make(model_path, "deepspeed", *LORA, "learner.deepspeed.zero_stage=3")
+    batch = make_batch(ROWS)
+    update(plain, batch)
+    update(ds, batch)
+    assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
+    assert ds._snapshot is not None
+    lost, expected = ds.sync_metrics()["sync/merge_rounding/p"], plain.sync_metrics()["sync/merge_rounding/p"]
+    assert 0.0 < lost < 1e-3 and lost == pytest.approx(expected, abs=1e-4)  # fp32: only fp32's own rounding

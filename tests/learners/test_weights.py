@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from jobs.config import load_config
 from jobs.models import resolve_model
-from learners.weights import is_lora, load_policy_model, merged_state_dict
+from learners.weights import is_lora, load_policy_model, merge_for_serving, merge_layer, merged_state_dict, update_lost
 
 LORA = [  # scale = alpha / rank = 2
     "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.0",
@@ -59,3 +59,56 @@ def test_merged_state_dict_of_plain_model_is_its_state_dict(model_path):
     assert set(merged) == set(state)
     assert all(torch.equal(merged[k], state[k]) for k in state)
     assert not any(v.requires_grad for v in merged.values())
+
+
+def _lost(base: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype) -> float:
+    _, err, upd = merge_layer(base, delta, dtype)
+    return update_lost(err.item(), upd.item())
+
+
+@pytest.mark.parametrize(("delta", "bf16_lost"), [
+    (2.0 ** -10, 1.0),  # below half of bf16's spacing at 1 (2^-7): 1 + 2^-10 rounds back to 1, all of it lost
+    (2.0 ** -7 + 2.0 ** -9, 0.2),  # 1 + 5·2^-9 rounds to 1 + 2^-7: an error of 2^-9 per entry, 1/5 of the update
+    (0.5, 0.0),  # 1.5 is a bf16 number: the update arrives whole
+])
+def test_merge_rounding_hand_checked(delta, bf16_lost):
+    base = torch.ones(3, 4, dtype=torch.bfloat16)
+    update = torch.full((3, 4), delta)
+    merged, _, upd = merge_layer(base, update, torch.bfloat16)
+    assert merged.dtype == torch.bfloat16 and torch.equal(merged, (base.float() + update).to(torch.bfloat16))
+    assert upd.item() == pytest.approx(12 * delta ** 2)
+    assert _lost(base, update, torch.bfloat16) == pytest.approx(bf16_lost, abs=1e-12)
+    assert _lost(base.float(), update, torch.float32) == 0.0  # every one of these sums is exact in fp32
+
+
+def test_merge_rounding_is_taken_over_all_layers_together():
+    """A layer that keeps its update (||ΔW||² = 12·0.5²) and one that loses it (12·(2^-10)²): the error is the
+    second layer's whole update, over the norm of both updates."""
+    base, kept, lost = torch.ones(3, 4, dtype=torch.bfloat16), torch.full((3, 4), 0.5), torch.full((3, 4), 2.0 ** -10)
+    (_, e1, d1), (_, e2, d2) = merge_layer(base, kept, torch.bfloat16), merge_layer(base, lost, torch.bfloat16)
+    expected = (2.0 ** -10) / (0.5 ** 2 + 2.0 ** -20) ** 0.5
+    assert update_lost((e1 + e2).item(), (d1 + d2).item()) == pytest.approx(expected, rel=1e-12)
+    assert update_lost(0.0, 0.0) == 0.0  # no update yet (LoRA's B starts at 0)
+
+
+@pytest.mark.parametrize(("dtype", "scale", "expect"), [
+    ("bfloat16", 1e-6, (0.99, 1.0)),  # far below bf16's resolution of W0: the engines would serve the base
+    ("bfloat16", 1.0, (0.0, 0.01)),  # a large update survives bf16 up to its rounding
+    ("float32", 1e-2, (0.0, 1e-4)),
+])
+def test_merge_for_serving_reports_the_rounding(model_path, dtype, scale, expect):
+    torch.manual_seed(0)
+    model = load_policy_model(model_path, dtype, load_config("jobs/configs/tiny.yaml", LORA).model.lora)
+    layers = [m for m in model.get_base_model().modules() if hasattr(m, "lora_B")]
+    with torch.no_grad():
+        for layer in layers:
+            layer.lora_B["default"].weight.normal_(0.0, scale)
+    merged, lost = merge_for_serving(model)
+    assert expect[0] <= lost <= expect[1]
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    w0, a, b = layer.get_base_layer().weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    # The merge is taken in fp32 and rounded once to the serving dtype.
+    expected = (w0.float() + (b.float() @ a.float()) * 2.0).to(w0.dtype)
+    assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == w0.dtype
+    assert torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], expected)
+    assert merge_for_serving(AutoModelForCausalLM.from_pretrained(model_path))[1] is None  # no LoRA, no merge

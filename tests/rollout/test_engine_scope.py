@@ -5,6 +5,7 @@ way and each sync reaches every engine group once."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from jobs.config import load_config
 from jobs.models import resolve_model
@@ -72,6 +73,26 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
         assert _roles_served(episodes) == set(ROLES)
         served = {(t.role, t.completion.policy_id, t.completion.version) for e in episodes for t in e.turns}
         assert served == {("generator", "generator", 2), ("aggregator", "aggregator", 2)}
+        assert not [k for k in out if k.startswith("sync/merge_rounding")]  # nothing is merged
+    finally:
+        system.shutdown()
+
+
+def test_merged_lora_serving_in_bf16_reports_the_update_lost_to_rounding(tmp_path):
+    system = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16")
+    try:
+        assert system.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
+        learner = system.learners["shared"].group._members[0]
+        with torch.no_grad():  # an update far below bf16's resolution of the base weights
+            for module in learner.model.modules():
+                if hasattr(module, "lora_B"):
+                    module.lora_B["default"].weight.fill_(1e-6)
+        assert system.sync(2)["sync/merge_rounding/shared"] > 0.95
+        with torch.no_grad():  # a large one arrives (up to bf16's rounding of the merged weights)
+            for module in learner.model.modules():
+                if hasattr(module, "lora_B"):
+                    module.lora_B["default"].weight.normal_(0.0, 1.0)
+        assert system.sync(3)["sync/merge_rounding/shared"] < 0.01
     finally:
         system.shutdown()
 

@@ -24,7 +24,8 @@ def test_chat_template_kwargs_from_yaml_and_from_an_override(tmp_path):
     override = load_config(TINY, ["model.chat_template_kwargs.enable_thinking=false"])
     assert override.model.chat_template_kwargs == {"enable_thinking": False}
     path = tmp_path / "c.yaml"
-    path.write_text("model:\n  path: builtin:tiny\n  chat_template_kwargs: {enable_thinking: false, tag: x}\n")
+    path.write_text("model:\n  path: builtin:tiny\n  chat_template_kwargs: {enable_thinking: false, tag: x}\n"
+                    "data:\n  train: digit\n  train_size: 8\n")
     assert dict(load_config(str(path)).model.chat_template_kwargs) == {"enable_thinking": False, "tag": "x"}
 
 

@@ -243,6 +243,10 @@ class SyncConfig:
     # over its own NCCL process group (CUDA only). Multi-LoRA adapters always take the object store.
     transport: str = "object_store"
     bucket_mb: int = 256  # nccl: tensors travel packed in flat buckets of at most this size
+    # LoRA policies served merged (rollout.lora_serving=single), object store: a sync ships the adapter alone and
+    # every engine merges it into the base weights it holds once (rollout.lora.BaseWeights), fingerprint-checked
+    # against the learner's own merge. false: the learner ships the merged full weights.
+    lora_delta: bool = True
 
 
 @dataclass

@@ -24,7 +24,7 @@ from marl.workflows import get_workflow, roles_of
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
 from rollout.engine_group import EngineGroup
-from rollout.lora import adapter_fingerprint
+from rollout.lora import adapter_fingerprint, merged_fingerprint
 
 
 @dataclass
@@ -39,6 +39,7 @@ class System:
     bucket_bytes: int = 256 << 20  # sync.bucket_mb, for nccl
     version: int = 0  # the weight version the engines serve (what a replaced engine is caught up to)
     channels_ready: bool = False  # nccl: channels are formed on the first sync and after a replacement
+    lora_deltas: bool = False  # LoRA policies served merged: syncs ship adapters, engines merge (sync.lora_delta)
 
     def engine_groups(self, policy_id: str | None = None) -> list[EngineGroup]:
         """Distinct engine groups (of one policy's roles): a group serving several roles counts once."""
@@ -74,6 +75,10 @@ class System:
                              fingerprint=adapter_fingerprint, indices=indices)
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
+        if self.lora_deltas and self.transport == "object_store":
+            # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
+            return broadcast(src, "get_lora_delta", dsts, "load_lora_delta", version, timeout,
+                             fingerprint=merged_fingerprint, indices=indices)
         return broadcast(src, "get_packed_weights", dsts, "load_weights", version, timeout, fingerprint=fingerprint,
                          indices=indices)
 
@@ -118,7 +123,7 @@ def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping)
     system = System(policy_map, learners, engines, collector, cfg.sync_timeout_s, placement, cfg.sync.transport,
-                    cfg.sync.bucket_mb << 20)
+                    cfg.sync.bucket_mb << 20, lora_deltas=cfg.model.lora.enabled and cfg.sync.lora_delta)
     for group in system.engine_groups():
         group.resync = functools.partial(system.resync_member, group)
     return system

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from cluster import collective
+from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
 from learners.batch import TrainBatch
@@ -262,6 +263,13 @@ class Learner:
         """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it
         zero-copy; a dict would be pickled tensor by tensor and copied on both sides)."""
         return pack(self.get_weights())
+
+    def get_lora_delta(self) -> dict[str, Any]:
+        """Merged serving with adapter-only syncs: the adapter, the names of the weights the engines serve, and
+        the fingerprint of the merged weights (computed here, where the merge for serving is measured too), which
+        each engine must reproduce by merging the adapter into its own base weights."""
+        merged = self.get_weights()
+        return {**self.get_adapter(), "names": list(merged), "fingerprint": fingerprint(merged)}
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""

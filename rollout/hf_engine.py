@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 from cluster.fingerprint import fingerprint
 from marl.types import Completion, Message
 from rollout.engine import Sampling
-from rollout.lora import adapter_bytes, write_adapter
+from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,6 +33,8 @@ class HFEngine:
         self.policy_id = policy_id
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
+        self.model_path = model_path
+        self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
 
     def encode(self, messages: list[Message]) -> list[int]:
@@ -118,6 +120,20 @@ class HFEngine:
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
                 # Read back from the model itself, so a load that did not land is caught by the sender.
                 "fingerprint": fingerprint({name: own[name] for name in weights})}
+
+    def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
+        """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
+        once) and load the layers whose adapter changed. Reports the fingerprint of every weight the learner
+        named, read back from the model."""
+        if self._base is None:
+            self._base = BaseWeights(self.model_path, self.model.dtype)
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in self._base.merged_layers(payload, changed_only=True).items():
+                own[name].copy_(tensor)
+        self.version = version
+        return {"version": version, "bytes": adapter_bytes(payload),
+                "fingerprint": fingerprint({name: own[name] for name in payload["names"]})}
 
     def weight_version(self) -> int:
         return self.version

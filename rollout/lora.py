@@ -47,3 +47,64 @@ def module_of(peft_name: str) -> tuple[str, str]:
     body = peft_name.removeprefix("base_model.model.")
     module, kind, _ = body.rsplit(".", 2)
     return module, kind.removeprefix("lora_")
+
+
+def merged_fingerprint(payload: dict[str, Any]) -> float:
+    """The sender's side of an adapter-delta sync (merged serving): the learner's own fingerprint of the merged
+    weights it would have sent whole, which every engine must reproduce by merging the adapter itself."""
+    return float(payload["fingerprint"])
+
+
+class BaseWeights:
+    """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
+    the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).
+
+    The merge is the learner's (learners.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
+    the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted."""
+
+    def __init__(self, model_path: str, dtype: Any):
+        import glob
+
+        import torch
+        from safetensors.torch import load_file
+
+        files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"{model_path}: no *.safetensors files to hold the base weights of")
+        self.dtype = dtype
+        self.base = {k: v.to(dtype) for f in files for k, v in load_file(f).items()}
+        with open(os.path.join(model_path, "config.json")) as f:
+            tied = json.load(f).get("tie_word_embeddings", False)
+        if tied and "lm_head.weight" not in self.base and "model.embed_tokens.weight" in self.base:
+            self.base["lm_head.weight"] = self.base["model.embed_tokens.weight"]  # a tied head is not stored
+        self._last: dict[str, tuple[Any, Any]] = {}  # layer weight name -> the (A, B) merged into it last
+        self._torch = torch
+
+    def merged_layers(self, payload: dict[str, Any], changed_only: bool) -> dict[str, Any]:
+        """{layer weight name: merged weight} for the adapter in `payload` ({"tensors", "config"} as
+        learners.weights.adapter_payload): the layers whose A or B changed since the last call, or all."""
+        config = payload["config"]
+        if config.get("fan_in_fan_out") or config.get("use_dora"):
+            raise ValueError("adapter-delta sync merges plain LoRA linears only (no fan_in_fan_out, no DoRA)")
+        scale = lora_scaling(config)
+        pairs: dict[str, dict[str, Any]] = {}
+        for name, tensor in payload["tensors"].items():
+            module, kind = module_of(name)
+            pairs.setdefault(f"{module}.weight", {})[kind] = tensor
+        out = {}
+        for weight, ab in pairs.items():
+            a, b = ab["A"], ab["B"]
+            last = self._last.get(weight)
+            if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
+                continue
+            delta = (b.float() @ a.float()) * scale
+            out[weight] = (self.base[weight].float() + delta).to(self.dtype)
+            self._last[weight] = (a.clone(), b.clone())
+        return out
+
+    def full(self, names: list[str], merged: dict[str, Any]) -> dict[str, Any]:
+        """Every weight in `names`: the merged layers, and the base for the rest."""
+        missing = [n for n in names if n not in merged and n not in self.base]
+        if missing:
+            raise KeyError(f"base weights have no {missing[:3]}")
+        return {n: merged[n] if n in merged else self.base[n] for n in names}

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer
 
 from marl.types import Completion, Message
 from rollout.engine import Sampling
-from rollout.lora import adapter_bytes, write_adapter
+from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 from rollout.vllm_support import (
     adapter_fingerprint_served,
     default_cache_root,
@@ -68,7 +68,8 @@ class VLLMEngine:
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.eos_ids = eos_ids_of(model_path, self.tokenizer)
-        self.policy_id, self.dtype = policy_id, dtype
+        self.policy_id, self.dtype, self.model_path = policy_id, dtype, model_path
+        self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
@@ -161,6 +162,15 @@ class VLLMEngine:
         if not err <= PROBE_RTOL.get(self.dtype, 3e-2):
             raise RuntimeError(f"engine for policy {self.policy_id!r}: {name} serves other values than were "
                                f"loaded (relative error {err:.2e} on a probe input)")
+
+    def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
+        """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
+        once, from the model folder) and reload in process; checked as a full-weight load is."""
+        if self._base is None:
+            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype))
+        weights = self._base.full(payload["names"], self._base.merged_layers(payload, changed_only=False))
+        report = self.load_weights(weights, version)
+        return {**report, "bytes": adapter_bytes(payload)}
 
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on. Each version gets a new

@@ -108,10 +108,10 @@ def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: i
                version: int | None = None, before_update: Callable[[], None] | None = None,
                on_episode: Callable[[int, int], None] | None = None, rollout: Rollout | None = None,
                during_update: Callable[[], None] | None = None) -> dict:
-    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every policy,
-    or each policy's (policy -> pad id). `on_episode(done, total)`
-    follows the rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks`
-    is not used). `during_update` runs in the driver while the learners step (the next step's rollout)."""
+    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
+    policy, or policy -> pad id (policies on different base models). `on_episode(done, total)` follows the
+    rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks` is not used).
+    `during_update` runs in the driver while the learners step (the next step's rollout)."""
     t0 = time.perf_counter()
     collected = rollout is None
     if rollout is None:

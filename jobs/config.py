@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.schema import TrainConfig
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
@@ -128,6 +129,33 @@ def validate(cfg: Any) -> None:
     _check_learner_options(cfg)
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
+    _check_policies(cfg)
+
+
+def _check_policies(cfg: Any) -> None:
+    """marl.policies: only policies of the resolved map, only per-policy keys, and each policy's whole config
+    (the top level with its overrides) valid; errors name `marl.policies.<policy>[.<key>]`."""
+    try:
+        policies = policy_map_of(cfg).policies
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from None
+    for pid in cfg.marl.policies:
+        if pid not in policies:
+            raise ConfigError(f"config: marl.policies.{pid}: no such policy; marl.sharing={cfg.marl.sharing} with "
+                              f"{cfg.marl.workflow} has {', '.join(policies)}")
+        for key in override_keys(cfg, pid):
+            if not per_policy_key(key):
+                raise ConfigError(f"config: marl.policies.{pid}.{key} cannot be set per policy; per-policy keys: "
+                                  f"{', '.join(k + ('*' if k.endswith('.') else '') for k in POLICY_KEYS)}")
+            if cfg.rollout.lora_serving == "multi" and key.startswith(ENGINE_KEYS):
+                raise ConfigError(f"config: marl.policies.{pid}.{key}: rollout.lora_serving=multi serves every "
+                                  "policy from one engine group on one base model")
+        try:
+            validate(policy_config(cfg, pid))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"config: marl.policies.{pid}.{_omegaconf_message(e)}") from None
+        except ConfigError as e:
+            raise ConfigError(f"config: marl.policies.{pid}: {str(e).removeprefix('config: ')}") from None
 
 
 def _check_workflow(cfg: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,12 +53,12 @@ class StepCallback(Protocol):
 
 @dataclass
 class Inputs:
-    model_path: str
+    model_paths: dict[str, str]  # policy -> its model folder (marl.policies may give a policy its own model)
     family: Any
     sampler: PromptSampler
     eval_tasks: list[Task]
     policy_map: PolicyMap
-    pad_id: int
+    pad_ids: dict[str, int]  # policy -> its tokenizer's pad id
     data_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # data/*, logged with step 0
 
 
@@ -105,13 +105,14 @@ def off_policy_steps(episodes: list[Episode], learner_version: int) -> int:
     return learner_version - min((t.completion.version for e in episodes for t in e.turns), default=learner_version)
 
 
-def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int, run_dir: Path,
+def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int | Mapping[str, int], run_dir: Path,
                version: int | None = None, before_update: Callable[[], None] | None = None,
                on_episode: Callable[[int, int], None] | None = None, rollout: Rollout | None = None,
                during_update: Callable[[], None] | None = None) -> dict:
-    """One step; the engines serve weight `version` (default step + 1) afterwards. `on_episode(done, total)`
-    follows the rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks`
-    is not used). `during_update` runs in the driver while the learners step (the next step's rollout)."""
+    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
+    policy, or policy -> pad id (policies on different base models). `on_episode(done, total)` follows the
+    rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks` is not used).
+    `during_update` runs in the driver while the learners step (the next step's rollout)."""
     t0 = time.perf_counter()
     collected = rollout is None
     if rollout is None:
@@ -166,7 +167,7 @@ def attempt(run: Run, resume: Path | None) -> dict[str, float]:
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
     run.prefetched = None  # a new attempt starts from a checkpoint, never from an earlier attempt's episodes
-    system = build_system(cfg, run.inp.model_path, run.inp.policy_map, run.inp.family)
+    system = build_system(cfg, run.inp.model_paths, run.inp.policy_map, run.inp.family)
     try:
         if resume:
             _restore(run, system, resume)
@@ -241,7 +242,7 @@ def _step(run: Run, system: System) -> bool:
         run.prefetched = collect_rollout(system, cfg, run.inp.sampler.next(cfg.rollout.prompts_per_step), step + 1)
 
     version = run.progress.weight_version + 1
-    metrics = train_step(system, cfg, tasks, step, run.inp.pad_id, run.run_dir, version,
+    metrics = train_step(system, cfg, tasks, step, run.inp.pad_ids, run.run_dir, version,
                          before_update=lambda: setattr(run, "learners_ahead", True),
                          on_episode=run.log.display.episodes if run.log.display is not None else None,
                          rollout=rollout,

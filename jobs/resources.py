@@ -3,9 +3,10 @@ the config alone, turned into the run's placement group (a standalone run) or a 
 request (a sweep). Both go through the same layout, so a trial's placement group is exactly what the run
 inside it looks for.
 
-Per run: (engine groups x rollout.engines_per_role) bundles of {engine_num_cpus, engine_num_gpus,
-engine_resources} + (policies x learner.ranks) bundles of {rank_num_cpus, rank_num_gpus, rank_resources};
-a Tune trial adds one bundle in front for its driver.
+Per run: for each engine group, rollout.engines_per_role bundles of {engine_num_cpus, engine_num_gpus,
+engine_resources}, and for each policy, learner.ranks bundles of {rank_num_cpus, rank_num_gpus, rank_resources},
+each read from the settings of the policy the group serves (marl.policies, jobs/policies.py); a Tune trial adds
+one bundle in front for its driver.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from cluster.placement import Demand, PlacementError, RunPlacement, layout, place
+from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layout, place
+from jobs.policies import policy_configs, policy_map_of
 from marl.policy_map import PolicyMap
-from marl.workflows import roles_of
 
 # The config keys a placement failure points the user to.
 RESOURCE_KEYS = ("rollout.engines_per_role", "rollout.engine_num_cpus", "rollout.engine_num_gpus",
@@ -35,11 +36,6 @@ def learner_group_name(run_name: str, policy_id: str) -> str:
     return f"{run_name}:learner:{policy_id}"
 
 
-def policy_map_of(cfg: Any) -> PolicyMap:
-    roles = list(roles_of(cfg.marl.workflow))
-    return PolicyMap.build(cfg.marl.sharing, roles, OmegaConf.to_container(cfg.marl.policy_map))
-
-
 def engine_keys(cfg: Any, policy_map: PolicyMap) -> list[str]:
     """One engine group per role, or per policy with rollout.engine_scope=policy, or one for every policy
     with rollout.lora_serving=multi (the base model plus one LoRA adapter per policy)."""
@@ -50,16 +46,27 @@ def engine_keys(cfg: Any, policy_map: PolicyMap) -> list[str]:
     return list(policy_map.roles)
 
 
+def engine_policy(cfg: Any, policy_map: PolicyMap, key: str) -> str | None:
+    """The policy whose settings the engine group `key` takes; None for the multi-LoRA group (top level)."""
+    if key == MULTI_LORA_KEY and OmegaConf.select(cfg, "rollout.lora_serving", default="single") == "multi":
+        return None
+    return key if OmegaConf.select(cfg, "rollout.engine_scope", default="role") == "policy" else policy_map[key]
+
+
 def run_demands(cfg: Any, policy_map: PolicyMap) -> list[Demand]:
-    """Every engine group's and learner group's members with their per-member resources."""
-    r, lr = cfg.rollout, cfg.learner
-    engine = {"CPU": r.engine_num_cpus, "GPU": r.engine_num_gpus, **r.engine_resources}
-    learner = {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources}
-    return [
-        *(Demand(engine_group_name(cfg.run_name, k), r.engines_per_role, engine)
-          for k in engine_keys(cfg, policy_map)),
-        *(Demand(learner_group_name(cfg.run_name, p), lr.ranks, learner) for p in policy_map.policies),
-    ]
+    """Every engine group's and learner group's members with their per-member resources, each group's from the
+    settings of its policy."""
+    configs = policy_configs(cfg, policy_map)
+    engines = []
+    for k in engine_keys(cfg, policy_map):
+        pid = engine_policy(cfg, policy_map, k)
+        r = (configs[pid] if pid is not None else cfg).rollout
+        engines.append(Demand(engine_group_name(cfg.run_name, k), r.engines_per_role,
+                              {"CPU": r.engine_num_cpus, "GPU": r.engine_num_gpus, **r.engine_resources}))
+    learners = [Demand(learner_group_name(cfg.run_name, pid), lr.ranks,
+                       {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
+                for pid, lr in ((pid, configs[pid].learner) for pid in policy_map.policies)]
+    return [*engines, *learners]
 
 
 def build_placement(cfg: Any, policy_map: PolicyMap) -> RunPlacement | None:
@@ -74,3 +81,20 @@ def build_placement(cfg: Any, policy_map: PolicyMap) -> RunPlacement | None:
 def trial_bundles(cfg: Any, driver: dict[str, float]) -> list[dict[str, float]]:
     """A Tune trial's bundles: its driver's, then the run's own layout (what `build_placement` adopts)."""
     return layout(run_demands(cfg, policy_map_of(cfg)), head=driver).bundles
+
+
+def arithmetic(cfg: Any, driver: dict[str, float] | None = None) -> str:
+    """The run's resource sum, group by group (what `--dry-run` prints):
+    `driver 1 x {CPU: 1} + engine:generator 1 x {CPU: 2, GPU: 0.5} + ... = {CPU: 9, GPU: 2.25}`."""
+    demands = [d for d in run_demands(cfg, policy_map_of(cfg)) if d.n]
+    named = [("driver", 1, bundle(driver))] if driver else []
+    named += [(d.name.removeprefix(f"{cfg.run_name}:"), d.n, bundle(d.resources)) for d in demands]
+    total: dict[str, float] = {}
+    for _, n, res in named:
+        for k, v in res.items():
+            total[k] = total.get(k, 0.0) + n * v
+    return " + ".join(f"{name} {n} x {_fmt(res)}" for name, n, res in named) + f" = {_fmt(total)}"
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"

@@ -26,7 +26,7 @@ from ray.tune import PlacementGroupFactory
 
 from cluster.connect import ConnectError, connect
 from jobs.config import load_config
-from jobs.resources import trial_bundles
+from jobs.resources import arithmetic, trial_bundles
 from jobs.sweep_spec import (
     WHERE,
     SweepConfig,
@@ -151,6 +151,7 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
         sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
         print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
               f"{trial_resources(setup, {'grid': cell}).bundles}")
+        print(f"  {arithmetic(trial_config(setup, {'grid': cell}, f'{setup.name}_resources'), dict(setup.driver))}")
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
           f"runs in {setup.out_dir}")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -16,7 +17,8 @@ from cluster.fingerprint import fingerprint
 from cluster.nccl import broadcast_nccl, connect
 from cluster.placement import RunPlacement
 from cluster.transport import broadcast
-from jobs.resources import MULTI_LORA_KEY, build_placement, engine_group_name, engine_keys, learner_group_name
+from jobs.policies import model_paths, policy_configs
+from jobs.resources import build_placement, engine_group_name, engine_keys, engine_policy, learner_group_name
 from learners.group import LearnerGroup
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
@@ -39,7 +41,8 @@ class System:
     bucket_bytes: int = 256 << 20  # sync.bucket_mb, for nccl
     version: int = 0  # the weight version the engines serve (what a replaced engine is caught up to)
     channels_ready: bool = False  # nccl: channels are formed on the first sync and after a replacement
-    lora_deltas: bool = False  # LoRA policies served merged: syncs ship adapters, engines merge (sync.lora_delta)
+    # LoRA policies served merged whose syncs ship adapters, each engine merging them (sync.lora_delta)
+    lora_deltas: set[str] = field(default_factory=set)
 
     def engine_groups(self, policy_id: str | None = None) -> list[EngineGroup]:
         """Distinct engine groups (of one policy's roles): a group serving several roles counts once."""
@@ -75,7 +78,7 @@ class System:
                              fingerprint=adapter_fingerprint, indices=indices)
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
-        if self.lora_deltas and self.transport == "object_store":
+        if pid in self.lora_deltas and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
             return broadcast(src, "get_lora_delta", dsts, "load_lora_delta", version, timeout,
                              fingerprint=merged_fingerprint, indices=indices)
@@ -95,56 +98,67 @@ class System:
             self.placement.release()
 
 
-def build_system(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any) -> System:
+def build_system(cfg: Any, model_path: str | Mapping[str, str], policy_map: PolicyMap, family: Any) -> System:
+    """`model_path`: each policy's model folder, or one folder for the policies on the top-level `model.path`
+    (others, set in marl.policies, are resolved here)."""
+    paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(cfg, policy_map, model_path)
     placement = build_placement(cfg, policy_map)  # all bundles reserved before any member starts
     try:
-        return _build_groups(cfg, model_path, policy_map, family, placement)
+        return _build_groups(cfg, paths, policy_map, family, placement)
     except BaseException:
         if placement is not None:
             placement.release()  # also ends the members already started in it
         raise
 
 
-def _build_groups(cfg: Any, model_path: str, policy_map: PolicyMap, family: Any,
+def _build_groups(cfg: Any, paths: dict[str, str], policy_map: PolicyMap, family: Any,
                   placement: RunPlacement | None) -> System:
     def bundles(name: str):
         return placement.group(name) if placement is not None else None
 
     temperature = cfg.rollout.sampling.temperature
+    configs = policy_configs(cfg, policy_map)  # each policy's own model, learner and engine settings
     learners = {
-        pid: LearnerGroup(pid, model_path, cfg.model, cfg.learner, cfg.algo, temperature, cfg.steps,
-                          cfg.seed, cfg.run_name, placement=bundles(learner_group_name(cfg.run_name, pid)))
-        for pid in policy_map.policies
+        pid: LearnerGroup(pid, paths[pid], pc.model, pc.learner, cfg.algo, temperature, cfg.steps, cfg.seed,
+                          cfg.run_name, placement=bundles(learner_group_name(cfg.run_name, pid)))
+        for pid, pc in configs.items()
     }
-    engines = _engine_groups(cfg, model_path, policy_map, bundles)
+    engines = _engine_groups(cfg, configs, paths, policy_map, bundles)
     get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping)
     system = System(policy_map, learners, engines, collector, cfg.sync_timeout_s, placement, cfg.sync.transport,
-                    cfg.sync.bucket_mb << 20, lora_deltas=cfg.model.lora.enabled and cfg.sync.lora_delta)
+                    cfg.sync.bucket_mb << 20, lora_deltas=_lora_delta_policies(cfg, configs))
     for group in system.engine_groups():
         group.resync = functools.partial(system.resync_member, group)
     return system
 
 
-def _engine_groups(cfg: Any, model_path: str, policy_map: PolicyMap, bundles: Any) -> dict[str, EngineGroup]:
-    """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object."""
-    per_group = max(cfg.rollout.engines_per_role, 1)
-    chat = OmegaConf.to_container(cfg.model.chat_template_kwargs)  # plain values: they travel to Ray actors
+def _lora_delta_policies(cfg: Any, configs: dict[str, Any]) -> set[str]:
+    return {pid for pid, pc in configs.items() if pc.model.lora.enabled and cfg.sync.lora_delta}
+
+
+def _engine_groups(cfg: Any, configs: dict[str, Any], paths: dict[str, str], policy_map: PolicyMap,
+                   bundles: Any) -> dict[str, EngineGroup]:
+    """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object. Each group
+    serves its policy's model with that policy's engine settings; the multi-LoRA group the top-level model."""
     out: dict[str, EngineGroup] = {}
-    for k, key in enumerate(engine_keys(cfg, policy_map)):
-        if key == MULTI_LORA_KEY and cfg.rollout.lora_serving == "multi":
-            roles = policy_map.roles
-        elif cfg.rollout.engine_scope == "policy":
-            roles = policy_map.roles_of(key)
+    slot = 0
+    for key in engine_keys(cfg, policy_map):
+        pid = engine_policy(cfg, policy_map, key)
+        if pid is None:  # multi-LoRA: every role, one base model, adapters up to the largest rank
+            roles, pc, path = policy_map.roles, cfg, paths[policy_map.policies[0]]
+            lora_rank = max(c.model.lora.rank for c in configs.values())
         else:
-            roles = [key]
-        group = EngineGroup(key, {r: policy_map[r] for r in roles}, model_path, cfg.rollout, cfg.model.dtype,
-                            cfg.run_name, first_slot=k * per_group,
-                            placement=bundles(engine_group_name(cfg.run_name, key)),
-                            lora_rank=cfg.model.lora.rank, weight_channel=cfg.sync.transport == "nccl",
-                            chat_template_kwargs=chat)
+            roles = policy_map.roles_of(key) if cfg.rollout.engine_scope == "policy" else [key]
+            pc, path, lora_rank = configs[pid], paths[pid], configs[pid].model.lora.rank
+        group = EngineGroup(key, {r: policy_map[r] for r in roles}, path, pc.rollout, pc.model.dtype,
+                            cfg.run_name, first_slot=slot, placement=bundles(engine_group_name(cfg.run_name, key)),
+                            lora_rank=lora_rank, weight_channel=cfg.sync.transport == "nccl",
+                            # plain values: they travel to Ray actors
+                            chat_template_kwargs=OmegaConf.to_container(pc.model.chat_template_kwargs))
+        slot += max(pc.rollout.engines_per_role, 1)
         out.update(dict.fromkeys(roles, group))
     return out

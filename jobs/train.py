@@ -35,7 +35,7 @@ from jobs.loop import (
     evaluate,
     train_step,
 )
-from jobs.models import resolve_model
+from jobs.policies import model_paths
 from jobs.run_data import load_run_data
 from jobs.tracking import RunLog
 from learners.batch import RoleDropError
@@ -58,14 +58,15 @@ def prepare(cfg: Any) -> Inputs:
 
 
 def _prepare(cfg: Any) -> Inputs:
-    model_path = resolve_model(cfg.model.path)
-    data = load_run_data(cfg)
-    print(f"[{cfg.run_name}] {data.summary}", flush=True)
     roles = list(roles_of(cfg.marl.workflow))
     policy_map = PolicyMap.build(cfg.marl.sharing, roles, OmegaConf.to_container(cfg.marl.policy_map))
+    paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
+    data = load_run_data(cfg)
+    print(f"[{cfg.run_name}] {data.summary}", flush=True)
     family = get_family(cfg.data.task, cfg.data.answer_fallback, OmegaConf.to_container(cfg.data.sandbox))
-    return Inputs(model_path, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map, _pad_id(model_path),
-                  data.metrics)
+    pads = {path: _pad_id(path) for path in set(paths.values())}
+    return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
+                  {pid: pads[path] for pid, path in paths.items()}, data.metrics)
 
 
 def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,13 +29,16 @@ def run_concurrently(learner: Any, policies: int, cores: int | None = None) -> b
     return policies * max(learner.ranks, 1) * threads <= cores
 
 
-def update_all(learners: dict[str, LearnerGroup], batches: dict[str, TrainBatch], step: int, pad_id: int,
-               concurrent: bool, during: Callable[[], None] | None = None) -> tuple[dict[str, float], float]:
+def update_all(learners: dict[str, LearnerGroup], batches: dict[str, TrainBatch], step: int,
+               pad_id: int | Mapping[str, int], concurrent: bool,
+               during: Callable[[], None] | None = None) -> tuple[dict[str, float], float]:
     """Runs every policy's update for training step `step` and, meanwhile in this thread, `during` (the next
-    step's rollout). Returns (the updates' metrics, seconds `during` took)."""
+    step's rollout). `pad_id`: one for every policy, or each policy's. Returns (the updates' metrics, seconds
+    `during` took)."""
+    pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(learners, pad_id)
 
     def batch(pid: str) -> TrainBatch:
-        return batches.get(pid) or empty_batch(pid, pad_id)
+        return batches.get(pid) or empty_batch(pid, pads[pid])
 
     if concurrent:
         pending = [lg.submit_update(batch(pid), step) for pid, lg in learners.items()]

@@ -13,6 +13,7 @@ and compares it with rollout_logprobs[:, 1:] under loss_mask[:, 1:]; position 0 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -223,14 +224,16 @@ def build_batches(
     episodes: list[Episode],
     policy_map: PolicyMap,
     advantages: Tensor,
-    pad_id: int,
+    pad_id: int | Mapping[str, int],
     max_len: int | None = None,
     max_prompt_len: int | None = None,
 ) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
     advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes
-    a row of batch policy_map[turn.role]: prompt_ids + response_ids, cut to the first `max_len`
+    a row of batch policy_map[turn.role] (padded with `pad_id`, or with that policy's entry when it is a
+    mapping policy -> pad id: policies on different base models have their own tokenizers): prompt_ids +
+    response_ids, cut to the first `max_len`
     tokens if given (loss mask and logprobs cut with them). Turns with no response token left
     (empty response, or cut away entirely) are dropped, and so are turns whose prompt is longer than
     `max_prompt_len` (if given). Batches are keyed in policy_map.policies order; a policy with no rows
@@ -256,7 +259,8 @@ def build_batches(
         for key in counted:
             stats[key] += 1
             stats[f"{key}/{turn.role}"] = stats.get(f"{key}/{turn.role}", 0) + 1
-    return {p: _stack_rows(p, rows, pad_id) for p, rows in per_policy.items() if rows}, stats
+    pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(per_policy, pad_id)
+    return {p: _stack_rows(p, rows, pads[p]) for p, rows in per_policy.items() if rows}, stats
 
 
 class RoleDropError(RuntimeError):

@@ -21,3 +21,10 @@ def assert_learned(rows: list[dict], summary: dict[str, float]) -> None:
     assert sum(rewards[:3]) / 3 < 0.3, rewards  # chance level at the start
     assert max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2)) >= 0.9, rewards
     assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"]
+
+
+def first_token_parity(episode, turn) -> float:
+    """A reward-shaping hook (marl.reward_shaping.<role>=tests.learning.first_token_parity) that gives a random
+    model's turns differing rewards, so every policy gets a nonzero gradient from its first step."""
+    ids = turn.completion.response_ids
+    return float(ids[0] % 2) if ids else 0.0

@@ -89,6 +89,16 @@ def test_isolated_map_splits_rows_with_masks_over_responses_and_aligned_logprobs
     assert torch.allclose(ev.advantages, torch.tensor([0.2])) and ev.agents == ["evaluator"]
 
 
+def test_each_policy_is_padded_with_its_own_tokenizers_pad_id():
+    """Policies on different base models: the generator's tokenizer pads with 0, the evaluator's with 100."""
+    episodes = _episodes()
+    episodes[1].turns[1] = _turn("evaluator", [6], [7], [-0.7], 0.0, rnd=1)
+    batches, _ = build_batches(episodes, PolicyMap.isolated(ROLES), ADV, {"generator": 0, "evaluator": 100})
+    assert batches["generator"].input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
+    assert batches["evaluator"].input_ids.tolist() == [[6, 7, 8], [6, 7, 100]]
+    assert (batches["generator"].pad_id, batches["evaluator"].pad_id) == (0, 100)
+
+
 def test_shared_map_gives_one_batch_in_flat_order():
     batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, pad_id=-1)
     assert list(batches) == ["shared"]

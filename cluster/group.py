@@ -23,11 +23,25 @@ from cluster.threads import thread_env, threads_for
 
 
 class GroupError(RuntimeError):
-    """A member call failed; the message names the member and the method."""
+    """A member call failed; the message names the member and the method. `member_lost`: the member is gone
+    (its actor died) or hung (missed its deadline), as opposed to raising an exception of its own, so callers
+    outside this package can decide to replace it without knowing Ray's exception types."""
+
+    def __init__(self, message: str, member_lost: bool = False):
+        super().__init__(message)
+        self.member_lost = member_lost
 
 
 class GroupTimeout(GroupError):
     """A member call missed its deadline."""
+
+    def __init__(self, message: str):
+        super().__init__(message, member_lost=True)
+
+
+def _failed(name: str, error: BaseException) -> GroupError:
+    """GroupError for a member call that raised `error` (Ray's RayActorError: the actor died)."""
+    return GroupError(f"{name} failed: {error}", member_lost=isinstance(error, RayActorError))
 
 
 @dataclass
@@ -145,7 +159,7 @@ class Group:
         except asyncio.TimeoutError:
             raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:g}s deadline") from None
         except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
-            raise GroupError(f"{self.name}:{index}.{method} failed: {e}") from e
+            raise _failed(f"{self.name}:{index}.{method}", e) from e
 
     def replace(self, index: int, timeout: float) -> None:
         """Kill member `index` (dead or hung) and start a new one under the same name and slot. Ray frees a
@@ -189,7 +203,7 @@ class Group:
             except GetTimeoutError:
                 raise GroupTimeout(f"{self.name}:{i}.{method} missed its {timeout:g}s deadline") from None
             except (RayActorError, RayTaskError) as e:
-                raise GroupError(f"{self.name}:{i}.{method} failed: {e}") from e
+                raise _failed(f"{self.name}:{i}.{method}", e) from e
         return out
 
     def shutdown(self) -> None:

@@ -22,9 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray.exceptions import RayActorError
-
-from cluster.group import GroupError, GroupTimeout
+from cluster.group import GroupError
 
 MANIFEST, DRIVER, LATEST, FORMAT = "manifest.json", "driver.json", "latest", 1
 
@@ -81,7 +79,7 @@ def write(root: Path, progress: Progress, learners: dict[str, Any], config_yaml:
 
 def member_lost(e: Exception) -> bool:
     """A dead or hung rank (the driver may restart on it), as opposed to a rank that failed to write."""
-    return isinstance(e, GroupTimeout) or (isinstance(e, GroupError) and isinstance(e.__cause__, RayActorError))
+    return isinstance(e, GroupError) and e.member_lost
 
 
 def _write_manifest(folder: Path, progress: Progress) -> None:

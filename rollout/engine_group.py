@@ -14,9 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ray.exceptions import RayActorError
-
-from cluster.group import Group, GroupError, GroupTimeout, MemberOptions
+from cluster.group import Group, GroupError, MemberOptions
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.types import Completion, Message
@@ -156,9 +154,11 @@ def _replaceable(group: Group, error: GroupError) -> bool:
     """Dead (the actor is gone) or hung (missed its deadline); an engine's own exception is not retried."""
     if group.local:
         return False
-    return isinstance(error, GroupTimeout) or isinstance(error.__cause__, RayActorError)
+    return error.member_lost
 
 
 def _for_role(error: GroupError, role: str | None, retried: bool = False) -> GroupError:
     note = (f" (serving role {role!r})" if role else "") + (" after replacing the engine" if retried else "")
-    return type(error)(f"{error}{note}")
+    out = type(error)(f"{error}{note}")
+    out.member_lost = error.member_lost
+    return out

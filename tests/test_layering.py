@@ -19,6 +19,8 @@ ALLOWED = {
 # The only modules allowed to import these (lazily, inside an adapter).
 FENCES = {"vllm": {"rollout/vllm_engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
+# Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points.
+RAY_ALLOWED = {"cluster", "jobs"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -56,3 +58,9 @@ def test_marl_is_pure_python():
     for path in _sources("marl"):
         bad = _imports(path) & MARL_FORBIDDEN
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_ray_stays_in_cluster_and_jobs():
+    for package in OURS - RAY_ALLOWED:
+        for path in _sources(package):
+            assert "ray" not in _imports(path), f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"

@@ -106,10 +106,10 @@ class Group:
             return
         opts = options or MemberOptions()
         envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n
-        # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
-        envs = [{**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)]
         if placement is not None and len(placement.indices) != n:
             raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
+        # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
+        envs = [{**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)]
         remote_cls = ray.remote(cls)
 
         def spawn(i: int) -> Any:

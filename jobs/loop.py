@@ -27,7 +27,6 @@ from learners.batch import build_batches, check_role_drops, flat_rewards
 from marl.cliff import CliffTracker
 from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
-from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
 from rollout.engine import Sampling
@@ -94,7 +93,7 @@ def collect_rollout(system: System, cfg: Any, tasks: list[Task], step: int,
                     on_episode: Callable[[int, int], None] | None = None) -> Rollout:
     """Step `step`'s episodes for `tasks` (its sampling seed is the step's, whenever it runs)."""
     s = cfg.rollout.sampling
-    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "rollout", step))
+    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling, on_episode, timings)
@@ -158,7 +157,7 @@ def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
     if not tasks:
         return float("nan")
     s = cfg.rollout.sampling
-    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"))
+    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=cfg.seed + 17)
     episodes = system.collector.collect(tasks, 1, sampling)
     return sum(e.reward for e in episodes) / len(episodes)
 

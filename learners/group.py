@@ -20,7 +20,6 @@ from learners.batch import TrainBatch
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
-from marl.seeds import derive_seed
 
 
 class UpdateResult:
@@ -69,7 +68,7 @@ class LearnerGroup:
         extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float((~keep).sum())
         roles = sorted(set(batch.roles)) if self.diagnostics else None
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
-                                  self.algo_agg, derive_seed(self.seed, "ppo", step), roles)
+                                  self.algo_agg, self.seed * 1_000_003 + step, roles)
         shards = [(batch.select(r).to_dict(), plan) for r, plan in zip(rows, plans, strict=True)]
         return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout, extra)
 

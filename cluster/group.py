@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -65,6 +65,10 @@ def _member_cpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) 
     return float(placement.bundles[i].get("CPU", 0.0)) if placement is not None else opts.num_cpus
 
 
+def _apply(member: Any, fn: Callable[..., Any], *args: Any) -> Any:  # noqa: ARG001 - __ray_call__ passes the member
+    return fn(*args)
+
+
 class Pending:
     """Results of one call on some members, not yet awaited."""
 
@@ -118,7 +122,7 @@ class Group:
                 **_resource_options(opts, placement, i),
             ).remote(*args, **kwargs[i])
 
-        self._spawn = spawn  # kept for replace(): a member is rebuilt exactly as it was first built
+        self._spawn, self._placement = spawn, placement  # replace() rebuilds a member exactly as it was built
         self._members = [spawn(i) for i in range(n)]
 
     @property
@@ -145,6 +149,14 @@ class Group:
             items = [getattr(self._members[i], method).remote(*a) for i, a in enumerate(args_per_member)]
         return Pending(self, method, list(range(len(args_per_member))), items)
 
+    def run(self, index: int, fn: Callable[..., Any], *args: Any) -> Pending:
+        """fn(*args) inside member `index`'s process, after its queued calls: work next to what the member
+        holds (its own results, say) without starting a task worker for it. `fn` must be importable."""
+        name = getattr(fn, "__name__", "run")
+        if self.local:
+            return Pending(self, name, [index], [self._executors[index].submit(fn, *args)])
+        return Pending(self, name, [index], [self._members[index].__ray_call__.remote(_apply, fn, *args)])
+
     def call(self, method: str, *args: Any, timeout: float, **kwargs: Any) -> list[Any]:
         return self.submit(method, *args, **kwargs).result(timeout)
 
@@ -167,6 +179,9 @@ class Group:
         if self.local:
             raise GroupError(f"{self.name}:{index} is in-process and cannot be replaced")
         ray.kill(self._members[index], no_restart=True)
+        gone = self._placement.node_gone(index) if self._placement is not None else None
+        if gone is not None:  # its replacement would wait in the bundle until the node is back or replaced
+            raise GroupError(f"{self.name}:{index} cannot be replaced: {gone}")
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -17,6 +17,7 @@ from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
     placement_group,
+    placement_group_table,
     remove_placement_group,
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -56,6 +57,14 @@ class GroupPlacement:
     indices: list[int]
     bundles: list[dict[str, float]]
 
+    def node_gone(self, member: int) -> str | None:
+        """Why member `member`'s bundle has no live node (None when it has one): a member lost with its node
+        cannot be replaced in its bundle until the placement group finds another node for it."""
+        node = placement_group_table(self.pg)["bundles_to_node_id"].get(self.indices[member])
+        if not node:  # Ray unassigns the bundles of a dead node while it looks for another
+            return "its bundle lost its node"
+        return None if node in alive_nodes() else f"node {node} of its bundle is gone"
+
     def strategy(self, member: int) -> PlacementGroupSchedulingStrategy:
         # Children of a member (e.g. its own helper tasks) are not captured: they are not part of the layout.
         return PlacementGroupSchedulingStrategy(placement_group=self.pg,
@@ -81,11 +90,24 @@ def layout(demands: Sequence[Demand], head: Mapping[str, float] | None = None) -
     return Layout(bundles, indices)
 
 
+def alive_nodes() -> dict[str, str]:
+    """Node id -> address of every node the cluster counts as alive."""
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+
+
 class RunPlacement:
-    """The placement group of one run and each group's bundles in it."""
+    """The placement group of one run and each group's bundles in it; `nodes` are the bundles' nodes when the
+    group became ready (bundle index -> node id), to name what a lost node took along."""
 
     def __init__(self, pg: PlacementGroup, plan: Layout, owned: bool):
         self.pg, self.layout, self.owned = pg, plan, owned
+        self.nodes: dict[int, str] = dict(placement_group_table(pg)["bundles_to_node_id"])
+
+    def lost_members(self) -> list[str]:
+        """`<group>:<i> on node <id>` for every member placed on a node that is no longer alive."""
+        alive = alive_nodes()
+        return [f"{name}:{i} on node {self.nodes[b]}" for name, idx in self.layout.indices.items()
+                for i, b in enumerate(idx) if self.nodes.get(b) is not None and self.nodes[b] not in alive]
 
     def group(self, name: str) -> GroupPlacement | None:
         """`name`'s bundles, or None for a group without members in the layout (in-process groups)."""

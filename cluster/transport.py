@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from cluster.group import Group, Pending
+from cluster.group import Group, GroupTimeout, Pending
 
 
 class SyncError(RuntimeError):
@@ -45,7 +45,7 @@ def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: st
                 remote_payload = ray.put(payload)  # once, shared by every remote destination
             arg = remote_payload
         pendings.append((dst, dst.submit(dst_method, arg, version, indices=indices)))
-    expected = _expected_fingerprint(fingerprint, payload, deadline) if fingerprint else None
+    expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
     moved, verified = collect_reports(pendings, version, expected, deadline)
     return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
 
@@ -71,15 +71,15 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.01)
 
 
-def _expected_fingerprint(fingerprint: Callable[[Any], float], payload: Any, deadline: float) -> float:
-    """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted by a
-    zero-CPU task next to it (engines and learners may hold every CPU), never fetched to the driver."""
+def _expected_fingerprint(fingerprint: Callable[[Any], float], src: Group, payload: Any, deadline: float) -> float:
+    """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted inside the
+    source member that produced it, never fetched to the driver. (A task of its own would start a worker
+    process for every sync wherever the actors hold the node's CPUs, seconds each, leaving its log files.)"""
     if not isinstance(payload, ray.ObjectRef):
         return fingerprint(payload)
-    ref = ray.remote(fingerprint).options(num_cpus=0).remote(payload)
     try:
-        return ray.get(ref, timeout=_left(deadline))
-    except ray.exceptions.GetTimeoutError:
+        return src.run(0, fingerprint, payload).result(_left(deadline))[0]
+    except GroupTimeout:
         raise SyncError("fingerprinting the sent weights missed the sync deadline") from None
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cluster.group import GroupError
 from jobs import checkpoint as ckpt
 from jobs.checkpoint import Progress
 from jobs.config import to_yaml
@@ -77,6 +78,7 @@ class Run:
     cliff: CliffTracker
     learners_ahead: bool = False
     prefetched: Rollout | None = None  # the next step's episodes (rollout.one_step_off_policy)
+    lost: list[str] = dataclasses.field(default_factory=list)  # members a failure found on dead nodes
 
 
 @dataclass
@@ -182,6 +184,9 @@ def attempt(run: Run, resume: Path | None) -> dict[str, float]:
             learner.export(str(run.run_dir / "export" / pid))
     except StopRequested:
         _checkpoint_on_stop(run, system)
+        raise
+    except GroupError:
+        run.lost = system.placement.lost_members() if system.placement is not None else []
         raise
     finally:
         system.shutdown()

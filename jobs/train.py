@@ -81,20 +81,11 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     inp, resume = prepare(cfg), _initial_resume(cfg, run_dir)
-    fresh, log, failures, lost = inp.sampler.state(), RunLog.for_run(run_dir, cfg, inp.policy_map.roles), 0, 0
+    log = RunLog.for_run(run_dir, cfg, inp.policy_map.roles)
     try:
         with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s):
             _install_stop_handler()
-            while True:
-                run = Run(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
-                          CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
-                try:
-                    summary = attempt(run, resume)
-                    break
-                except GroupError as e:
-                    failures += 1
-                    resume = _restart_point(run, e, failures, resume)
-                    lost += run.progress.step - (ckpt.read_progress(resume).step if resume else 0)
+            summary, failures, lost = _attempts(cfg, inp, run_dir, log, callbacks, resume)
     finally:
         log.close()
     summary.update({"time/total_s": time.perf_counter() - t_start, "train/failures": float(failures),
@@ -102,6 +93,27 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     print(f"[{cfg.run_name}] held-out accuracy {summary['eval/accuracy_before']:.3f} -> "
           f"{summary['eval/accuracy_after']:.3f} in {summary['time/total_s']:.0f}s; run dir {run_dir}")
     return summary
+
+
+def _attempts(cfg: Any, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
+              resume: Path | None) -> tuple[dict[str, float], int, int]:
+    """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
+    fresh, failures, lost = inp.sampler.state(), 0, 0
+    while True:
+        run = Run(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
+                  CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
+        try:
+            return attempt(run, resume), failures, lost
+        except GroupError as e:
+            failures += 1
+            resume = _restart_point(run, e, failures, resume)
+            lost += run.progress.step - (ckpt.read_progress(resume).step if resume else 0)
+        except PlacementError as e:
+            if not failures:
+                raise
+            raise PlacementError(f"{e}\n  (after training failure {failures}; the last checkpoint, "
+                                 f"{resume or 'none'}, is kept: the same command resumes from it once the cluster "
+                                 "holds the run)") from None
 
 
 def _initial_resume(cfg: Any, run_dir: Path) -> Path | None:
@@ -123,8 +135,10 @@ def _restart_point(run: Run, error: GroupError, failures: int, resume: Path | No
     if failures > cfg.checkpoint.max_failures:
         raise error
     resume = ckpt.newest(run.root) or resume
-    print(f"[{cfg.run_name}] training failure {failures}/{cfg.checkpoint.max_failures}: {error}; system torn "
-          f"down, restarting from {resume or 'the start'}", flush=True)
+    gone = f"; lost with their node: {', '.join(run.lost)}" if run.lost else ""
+    print(f"[{cfg.run_name}] training failure {failures}/{cfg.checkpoint.max_failures}: {error}{gone}; system torn "
+          f"down, restarting from {resume or 'the start'} once the cluster holds the run (ray.placement_timeout_s="
+          f"{cfg.ray.placement_timeout_s:g})", flush=True)
     return resume
 
 

@@ -157,3 +157,13 @@ def test_remote_members_are_named_and_shutdown_kills_them(ray_cluster):
             ray.get(h.add.remote(3), timeout=30)
     with pytest.raises(ValueError):
         ray.get_actor("named:0")
+
+
+def test_run_executes_a_function_inside_the_member_after_its_queued_calls(group):
+    _, member_pid = group.call("ident", indices=[1 if group.n else 0], timeout=30)[0]
+    index = 1 if group.n else 0
+    slow = group.submit("hang", 0.3, indices=[index])
+    ran = group.run(index, os.getpid)  # queued behind `hang`, in the member's own process
+    assert ran.result(30) == [member_pid]
+    assert slow.result(30) == ["woke"]
+    assert (member_pid == os.getpid()) == group.local

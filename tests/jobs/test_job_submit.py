@@ -5,7 +5,9 @@ and `ray job stop` ends a running job with none of its actors or its placement g
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -110,3 +112,35 @@ def test_stopped_job_leaves_no_actors_or_placement_group(head, tmp_path):
     while left := _alive(head, "actors", "jobstop:") + _alive(head, "placement-groups", "jobstop:"):
         assert time.monotonic() < end, f"still alive after the job stopped: {left}"
         time.sleep(1)
+
+
+def _driver_pid(head: Head, job_id: str) -> int | None:
+    out = head.ray("list", "jobs", "--address", head.address, "--format", "json", timeout=60)
+    for job in json.loads(out.stdout or "[]"):
+        if job.get("submission_id") == job_id and (job.get("driver_info") or {}).get("pid"):
+            return int(job["driver_info"]["pid"])
+    return None
+
+
+def test_resubmitting_after_a_sigkilled_driver_resumes_from_the_last_checkpoint(head, tmp_path):
+    run = (f"out_dir={tmp_path}", "run_name=jobkill", "steps=8", "checkpoint.every=1", "data.eval_size=0",
+           "marl.workflow=single_agent", "marl.sharing=shared")
+    _submit(head, "tiny_kill", *run)
+    metrics, end = tmp_path / "jobkill" / "metrics.jsonl", time.monotonic() + 300
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert time.monotonic() < end and _status(head, "tiny_kill") not in TERMINAL, _logs(head, "tiny_kill")
+        time.sleep(0.5)
+    pid = _driver_pid(head, "tiny_kill")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # no cleanup runs in the driver
+    assert _wait(head, "tiny_kill", lambda s: s in TERMINAL, 120) == "FAILED"
+    end = time.monotonic() + 60
+    while left := _alive(head, "actors", "jobkill:") + _alive(head, "placement-groups", "jobkill:"):
+        assert time.monotonic() < end, f"still alive after the driver died: {left}"
+        time.sleep(1)
+    newest = (tmp_path / "jobkill" / "checkpoints" / "latest").read_text()
+    _submit(head, "tiny_kill_again", *run)
+    assert _wait(head, "tiny_kill_again", lambda s: s in TERMINAL, 300) == "SUCCEEDED", _logs(head, "tiny_kill_again")
+    assert f"resumed from {tmp_path / 'jobkill' / 'checkpoints' / newest} at step" in _logs(head, "tiny_kill_again")
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(9))  # steps 0..7 and the final eval row, each once

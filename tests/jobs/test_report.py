@@ -127,4 +127,4 @@ def test_report_of_real_tiny_runs(tmp_path):
     assert "tiny_isolated · voting · isolated" in page and "tiny_shared · voting · shared" in page
     for sharing in ("isolated", "shared"):
         xs, ys = eval_curve(load_run(tmp_path / "runs" / f"tiny_{sharing}").rows)
-        assert xs == [1, 2, 3] and all(0.0 <= y <= 1.0 for y in ys)
+        assert xs == [0, 1, 2, 3] and all(0.0 <= y <= 1.0 for y in ys)  # the base model at 0 steps, then each eval

@@ -15,6 +15,7 @@ Only a cluster this process started (or joined) is shut down on exit.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -141,9 +142,9 @@ def init_kwargs(target: Target, num_cpus: int, include_dashboard: bool) -> dict:
 
 
 def open_cluster(address: str = "", num_cpus: int = 0, include_dashboard: bool = False,
-                 timeout_s: float = 30.0) -> Target:
+                 timeout_s: float = 30.0, quiet: bool = False) -> Target:
     """Start or join the cluster `choose` picks (printing one line saying which); ConnectError when a cluster
-    to join does not answer within `timeout_s`."""
+    to join does not answer within `timeout_s`. `quiet`: Ray's own driver-side logging at ERROR only."""
     marker = marker_file()
     target = choose(address, os.environ, marker)
     if target.embedded:
@@ -159,7 +160,8 @@ def open_cluster(address: str = "", num_cpus: int = 0, include_dashboard: bool =
         if not live:
             raise ConnectError(dead_message(target, timeout_s))
     try:
-        ray.init(log_to_driver=True, **init_kwargs(target, num_cpus, include_dashboard))
+        ray.init(log_to_driver=True, logging_level=logging.ERROR if quiet else logging.INFO,
+                 **init_kwargs(target, num_cpus, include_dashboard))
     except ConnectionError as e:  # it answered the handshake, then refused the driver (auth, version)
         raise ConnectError(f"ray: the cluster at {target.address} (from {target.source}) answered but "
                            f"refused this driver: {e}") from e
@@ -168,13 +170,13 @@ def open_cluster(address: str = "", num_cpus: int = 0, include_dashboard: bool =
 
 @contextlib.contextmanager
 def connect(address: str = "", num_cpus: int = 0, include_dashboard: bool = False,
-            timeout_s: float = 30.0) -> Iterator[None]:
+            timeout_s: float = 30.0, quiet: bool = False) -> Iterator[None]:
     """Start or join Ray for the duration of the block (a process already connected, as a Tune trial is,
     keeps its connection)."""
     if ray.is_initialized():
         yield
         return
-    open_cluster(address, num_cpus, include_dashboard, timeout_s)
+    open_cluster(address, num_cpus, include_dashboard, timeout_s, quiet)
     try:
         yield
     finally:

@@ -276,8 +276,9 @@ class TrackingConfig:
     tensorboard: bool = True
     ray_metrics: bool = True  # Ray metrics for the dashboard / Prometheus / Grafana (jobs/dashboard.py)
     progress: str = "auto"  # auto: a progress bar when stdout is a terminal, else a line per step | bar | line
-    # false: engines log vLLM at WARNING (VLLM_LOGGING_LEVEL, if set, wins), so the console shows the run's own
-    # lines and the progress bar; true: vLLM's INFO lines too.
+    # false: vLLM logs at ERROR, torch's C++ log at ERROR, FutureWarnings and Ray's driver INFO lines are hidden
+    # (VLLM_LOGGING_LEVEL / TORCH_CPP_LOG_LEVEL / PYTHONWARNINGS, if set, win: jobs/train.quiet_logs), so the
+    # console shows the run's own lines and the progress bar; true: vLLM's INFO lines and everything else too.
     verbose: bool = False
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +70,32 @@ def _prepare(cfg: Any) -> Inputs:
                   {pid: pads[path] for pid, path in paths.items()}, data.metrics)
 
 
+def quiet_logs(verbose: bool) -> None:
+    """Unless `verbose`, the console shows the run's own lines: vLLM at ERROR (its start-up emits ~20 advisory
+    WARNING lines per engine), torch's C++ warnings at ERROR, no FutureWarnings. Read by every engine at import
+    (forwarded to engine actors by rollout/vllm_support.engine_env); the user's own settings win."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if not verbose:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:
     """Runs the whole job; returns the summary (accuracy before/after, wall time, cliff, failures).
 
     A member failure (dead or hung learner/engine: GroupError) tears the system down and restarts from the
     newest committed checkpoint, up to `checkpoint.max_failures` times."""
     t_start = time.perf_counter()
-    # Read by every engine at import (forwarded to engine actors, rollout/engine_group.py); the user's own wins.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if cfg.tracking.verbose else "WARNING")
+    quiet_logs(cfg.tracking.verbose)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     inp, resume = prepare(cfg), _initial_resume(cfg, run_dir)
     log = RunLog.for_run(run_dir, cfg, inp.policy_map.roles)
     try:
-        with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s):
+        with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
+                     quiet=not cfg.tracking.verbose):
             _install_stop_handler()
             summary, failures, lost = _attempts(cfg, inp, run_dir, log, callbacks, resume)
     finally:

@@ -92,6 +92,16 @@ class TrainBatch:
         start = rank * base + min(rank, extra)
         return self.select(range(start, start + base + (rank < extra)))
 
+    def longest_first(self, idx: list[int] | None = None) -> list[int]:
+        """Row positions (`idx`, default all) ordered by sequence length, longest first, ties in order.
+
+        Micro-batches are consecutive chunks padded to their widest row, so chunking rows in this order pads
+        each chunk only to rows of similar length. The loss is a sum over rows under one normaliser, so the
+        order changes no update (beyond float summation order)."""
+        rows = list(range(len(self))) if idx is None else list(idx)
+        lengths = self.attention_mask.sum(-1).tolist()
+        return sorted(rows, key=lambda i: -lengths[i])
+
     def micro_batches(self, size: int, min_count: int = 1) -> list[TrainBatch]:
         """Consecutive chunks of ≤ `size` rows, padded with empty batches up to `min_count` chunks.
 

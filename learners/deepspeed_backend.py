@@ -156,9 +156,9 @@ class DeepSpeedLearner(Learner):
         self.engine.step()
         return float(self.engine.get_global_grad_norm() or 0.0)
 
-    def _forward(self, mb: TrainBatch, plain: bool = False) -> torch.Tensor:
+    def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0) -> torch.Tensor:
         runner = self.model if plain or self.engine is None else self.engine
-        return runner(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return runner(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
 
     def _idle_loss(self, pad_id: int) -> torch.Tensor:
         """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for."""

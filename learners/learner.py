@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from cluster import collective
 from cluster.fingerprint import fingerprint
@@ -31,6 +32,7 @@ from learners.losses import (
     entropy_from_logits,
     kl_penalty,
     ppo_clip_loss,
+    response_start,
     tis_weights,
     token_logprobs,
 )
@@ -92,7 +94,7 @@ class Learner:
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
         per_step = []
         for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
-            mb = data.select(rows)
+            mb = data.select(data.longest_first(rows))
             if i == 0 and self.algo.old_logprobs == "recompute":
                 mb = dataclasses.replace(mb, old_logprobs=None)  # nothing moved yet: old = current, detached
             per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
@@ -143,7 +145,7 @@ class Learner:
             return dataclasses.replace(data, old_logprobs=data.rollout_logprobs)
         if len(plan.steps) < 2:
             return data
-        later = sorted({i for rows in plan.steps[1:] for i in rows})
+        later = data.longest_first(sorted({i for rows in plan.steps[1:] for i in rows}))
         old = torch.zeros_like(data.rollout_logprobs)
         chunks = [later[i:i + self.cfg.micro_batch_size] for i in range(0, len(later), self.cfg.micro_batch_size)]
         for j in range(self._matched_passes(len(chunks))):
@@ -151,8 +153,8 @@ class Learner:
                 self._idle_pass()
                 continue
             mb = data.select(chunks[j])
-            logits = self._forward(mb)[:, :-1].float() / self.temperature
-            old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1:])
+            logits, s = self._response_logits(mb)
+            old[torch.tensor(chunks[j]), 1 + s:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1 + s:])
         return dataclasses.replace(data, old_logprobs=old)
 
     # -- how gradients are reduced and applied (plain torch here; learners/deepspeed_backend.py overrides) --
@@ -194,10 +196,22 @@ class Learner:
         self.optimizer.step()
         return float(grad_norm)
 
-    def _forward(self, mb: TrainBatch, plain: bool = False) -> torch.Tensor:
-        """The policy's logits [B, T, V]; a backend that wraps the model (DeepSpeed) routes it through its
-        engine unless `plain`."""
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0) -> torch.Tensor:
+        """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V]; a backend that wraps the
+        model (DeepSpeed) routes it through its engine unless `plain`."""
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+
+    def _response_logits(self, mb: TrainBatch, plain: bool = False, model: Any = None) -> tuple[torch.Tensor, int]:
+        """(temperature-scaled fp32 logits [B, T−1−s, V] of shifted positions s.., s) with s = response_start:
+        the positions before s predict prompt tokens only, so the LM head and the vocabulary-wide softmax skip
+        them (most of an aggregator's or evaluator's row is prompt). `model`: another module (the reference)."""
+        s = response_start(mb.loss_mask)
+        keep = mb.input_ids.shape[1] - s
+        if model is None:
+            logits = self._forward(mb, plain, keep)
+        else:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+        return logits[:, :-1].float() / self.temperature, s
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
@@ -205,10 +219,9 @@ class Learner:
 
         The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
-        logits = self._forward(mb, plain)
-        logits = logits[:, :-1].float() / self.temperature
+        logits, s = self._response_logits(mb, plain)
         targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
-        lp = token_logprobs(logits, targets)
+        lp = F.pad(token_logprobs(logits, targets[:, s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else lp.detach()
         algo = self.algo
         advantages = mb.advantages.unsqueeze(-1).expand_as(lp)
@@ -223,7 +236,7 @@ class Learner:
         sums["tokens"] += float(m["tokens"])
         with torch.no_grad():
             _add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, mb.roles)
-            _add_per_role(sums, "entropy_sum", entropy_from_logits(logits), mask, mb.roles)
+            _add_per_role(sums, "entropy_sum", F.pad(entropy_from_logits(logits), (s, 0)), mask, mb.roles)
             diff = (lp.detach() - mb.rollout_logprobs[:, 1:]).abs()
             _add_per_role(sums, "logprob_diff_sum", diff, mask, mb.roles)
             _add_per_role(sums, "tokens", torch.ones_like(diff), mask, mb.roles)
@@ -240,12 +253,13 @@ class Learner:
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """The reference's log-probs [B, T−1], 0 before the response window (as the policy's)."""
         if self.reference is None:
             with self.model.disable_adapter():
-                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                logits, s = self._response_logits(mb, model=self.model)
         else:
-            logits = self.reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return token_logprobs(logits[:, :-1].float() / self.temperature, mb.input_ids[:, 1:])
+            logits, s = self._response_logits(mb, model=self.reference)
+        return F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device

@@ -31,6 +31,15 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
 
+def response_start(loss_mask: Tensor) -> int:
+    """The first shifted position whose target is a loss token in any row: loss_mask [B, T] → s in [0, T−1].
+
+    Position t's logits predict token t+1, so positions < s predict prompt tokens only and need no logits;
+    s = T−1 (nothing left) when no row has a loss token."""
+    hits = loss_mask[:, 1:].any(0).nonzero()
+    return int(hits[0]) if hits.numel() else max(loss_mask.shape[1] - 1, 0)
+
+
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     """log softmax(logits)[target] per position: logits [B, T, V], targets [B, T] long → [B, T].
 

@@ -79,6 +79,7 @@ class VLLMEngine:
         self.llm = LLM(
             model=model_path, dtype=dtype, seed=0, enforce_eager=True, distributed_executor_backend="uni",
             enable_prefix_caching=True, logprobs_mode="processed_logprobs", enable_chunked_prefill=False,
+            use_tqdm_on_load=False,  # a progress bar per engine start and per weight reload is console noise
             **memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
             **_lora_kwargs(max_loras, max_lora_rank),
             **({"worker_extension_cls": "rollout.vllm_worker.WeightChannelExtension"} if weight_channel else {}),

@@ -23,6 +23,7 @@ def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
         "VLLM_CACHE_ROOT": cache_root,
         # The driver's choice (tracking.verbose) reaches engine actors, whose environment is not the driver's.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        **{k: os.environ[k] for k in ("TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS") if k in os.environ},
     }
 
 

@@ -148,3 +148,24 @@ def test_read_metrics_round_trip(tmp_path):
     log.close()
     assert read_metrics(tmp_path) == [{"step": 4, "a": 1.0}]
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 4, "a": 1.0}
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_quiet_logs_sets_engine_log_levels_unless_verbose_and_user_settings_win(monkeypatch, verbose):
+    from jobs.train import quiet_logs
+    from rollout.vllm_support import engine_env
+
+    for key in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS"):
+        monkeypatch.setenv(key, "")  # recorded, so whatever quiet_logs sets is undone after the test
+        monkeypatch.delenv(key)
+    monkeypatch.setattr("warnings.filters", list(__import__("warnings").filters))  # undone after the test
+    quiet_logs(verbose)
+    env = engine_env("nobind", "/tmp/cache")  # what an engine actor starts with
+    if verbose:
+        assert env["VLLM_LOGGING_LEVEL"] == "INFO" and "TORCH_CPP_LOG_LEVEL" not in env
+    else:
+        assert env["VLLM_LOGGING_LEVEL"] == "ERROR" and env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+        assert env["PYTHONWARNINGS"] == "ignore::FutureWarning"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    quiet_logs(verbose)
+    assert engine_env("nobind", "/tmp/cache")["VLLM_LOGGING_LEVEL"] == "DEBUG"

@@ -235,3 +235,26 @@ def test_inconsistent_shapes_are_rejected():
     d = gen.to_dict() | {"loss_mask": gen.loss_mask[:, :3]}
     with pytest.raises(ValueError, match="loss_mask"):
         TrainBatch.from_dict(d)
+
+
+def _of_lengths(lengths):
+    """A shared-policy batch whose row i holds lengths[i] tokens (1 prompt token, the rest response)."""
+    rows = [_turn("generator", [1], list(range(2, n + 1)), [-0.1] * (n - 1), 1.0) for n in lengths]
+    episodes = [Episode(Task(f"t{i}", "q", "a"), 0, "eval_opt", [t]) for i, t in enumerate(rows)]
+    batches, _ = build_batches(episodes, PolicyMap.shared(ROLES), torch.ones(len(lengths)), PAD)
+    return batches["shared"]
+
+
+def test_longest_first_orders_rows_by_length_and_cuts_padding():
+    """Rows of lengths 2, 6, 3, 5 (ties keep their order): longest first is [1, 3, 2, 0]. Chunked in pairs, as
+    given they pad to 2·6 + 2·5 = 22 cells, longest first to 2·6 + 2·3 = 18."""
+    b = _of_lengths([2, 6, 3, 5])
+    assert b.attention_mask.sum(-1).tolist() == [2, 6, 3, 5]
+    assert b.longest_first() == [1, 3, 2, 0] and b.longest_first([0, 2]) == [2, 0]
+    assert _of_lengths([3, 3, 4]).longest_first() == [2, 0, 1]
+
+    def padded_cells(batch):
+        return sum(m.input_ids.numel() for m in batch.micro_batches(2))
+
+    assert padded_cells(b) == 22
+    assert padded_cells(b.select(b.longest_first())) == 18

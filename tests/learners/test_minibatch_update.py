@@ -50,6 +50,7 @@ def reference_update(model: torch.nn.Module, batch: TrainBatch, steps: list[list
         old = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1],
                              batch.input_ids[:, 1:])
     for rows in steps:
+        rows = batch.longest_first(rows)  # the learner's row order, so float sums run in the same order
         mb = batch.select(rows)
         width = mb.input_ids.shape[1]
         lp = token_logprobs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1],

@@ -18,6 +18,7 @@ Greedy requests get log_softmax of the raw logits, as in the HF engine.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import shutil
@@ -64,6 +65,9 @@ class VLLMEngine:
             os.environ.setdefault(key, value)  # in-process engines: no binding, the caller's process shares
         if torch_threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))  # else vLLM drops torch to 1 thread
+        # vLLM configures its log level on import, but some of its imports warn before that (via logging's
+        # last-resort handler, unformatted): the level applies from the start.
+        logging.getLogger("vllm").setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper())
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

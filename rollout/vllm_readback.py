@@ -16,7 +16,7 @@ and is not counted as read back. Runs inside the worker, through `LLM.apply_mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ def part_rows(parts: Sequence[str], config: Any, fused_rows: int) -> list[int]:
     return [fused_rows // len(parts)] * len(parts)
 
 
-def _read_back(model: torch.nn.Module, params: dict[str, torch.Tensor], modules: dict[str, torch.nn.Module],
+def _read_back(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
                name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
     """[k] the served elements of tensor `name` (HF shape `shape`) at its fingerprint's sampled positions."""
     numel = int(torch.Size(shape).numel())
@@ -70,8 +70,9 @@ def _read_back(model: torch.nn.Module, params: dict[str, torch.Tensor], modules:
     if slot is None:
         return None
     layer, leaf, offset = slot
-    if leaf == "bias" and len(shape) == 1:
-        return layer.bias.detach()[(idx + offset).to(layer.bias.device)]
+    bias = getattr(layer, "bias", None)
+    if leaf == "bias" and len(shape) == 1 and bias is not None:
+        return bias.detach()[(idx + offset).to(bias.device)]
     if leaf != "weight" or len(shape) != 2:
         return None
     rows, cols = idx // shape[1] + offset, idx % shape[1]
@@ -98,11 +99,12 @@ def _linear_slot(model: torch.nn.Module, modules: dict[str, torch.nn.Module], na
     prefix, part = path.rsplit(".", 1) if "." in path else ("", path)
     for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
         layer = modules.get(f"{prefix}.{fused}" if prefix else fused)
-        if part not in parts or layer is None or _rows_of(layer) is None:
+        fused_rows = _rows_of(layer) if layer is not None else None
+        if part not in parts or layer is None or fused_rows is None:
             continue
-        rows = part_rows(parts, model.config, _rows_of(layer))
+        rows = part_rows(parts, model.config, fused_rows)
         i = list(parts).index(part)
-        if sum(rows) != _rows_of(layer) or rows[i] != shape[0]:
+        if sum(rows) != fused_rows or rows[i] != shape[0]:
             return None  # another layout (tensor-parallel shards, an unknown stacking): not read back
         return layer, leaf, sum(rows[:i])
     return None

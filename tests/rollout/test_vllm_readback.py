@@ -120,3 +120,20 @@ def test_a_layout_the_config_does_not_explain_is_not_claimed_as_read_back():
     terms, read = served_terms(_served_model(w, packed=True, config=wrong), w)
     assert read == len(w) - 3  # q, k, v: the received tensors' terms, uncounted
     assert math.fsum(terms) == fingerprint(w)
+
+
+def test_fused_biases_are_split_like_their_weights():
+    w = _hf_weights()
+    attn = "model.layers.0.self_attn"
+    g = torch.Generator().manual_seed(1)
+    biases = {f"{attn}.{p}.bias": torch.randn(w[f"{attn}.{p}.weight"].shape[0], generator=g)
+              for p in PACKED["qkv_proj"]}
+    model = _served_model(w, packed=True)
+    qkv = model.get_submodule(f"{attn}.qkv_proj")
+    qkv.bias = nn.Parameter(torch.cat(list(biases.values())), requires_grad=False)
+    sent = {**w, **biases}
+    terms, read = served_terms(model, sent)
+    assert read == len(sent) and math.fsum(terms) == fingerprint(sent)
+    with torch.no_grad():
+        qkv.bias[48:] = 0.0  # v's bias
+    assert math.fsum(served_terms(model, sent)[0]) == fingerprint({**sent, f"{attn}.v_proj.bias": torch.zeros(16)})

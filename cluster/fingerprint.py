@@ -31,9 +31,14 @@ def fingerprint_terms(name: str, tensor: Any, k: int = SAMPLES_PER_TENSOR) -> li
     if flat.numel() == 0:
         return []
     idx = sample_indices(name, flat.numel(), k)
-    values = flat[torch.tensor(idx, device=flat.device)].double().cpu().tolist()
+    return sampled_terms(name, flat[torch.tensor(idx, device=flat.device)])
+
+
+def sampled_terms(name: str, values: torch.Tensor) -> list[float]:
+    """The terms of tensor `name` from its elements at `sample_indices(name, numel)`, in that order ([k]): what a
+    receiver that reads back only those elements (a fused or packed layer, element by element) reports."""
     salt = zlib.crc32(name.encode())
-    return [v * (1.0 + ((salt + j) % 101) / 101.0) for j, v in enumerate(values)]
+    return [v * (1.0 + ((salt + j) % 101) / 101.0) for j, v in enumerate(values.double().cpu().tolist())]
 
 
 def fingerprint(weights: Mapping[str, Any], k: int = SAMPLES_PER_TENSOR) -> float:

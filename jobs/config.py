@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
+from jobs.precision import dtype_problem
 from jobs.schema import TrainConfig
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
@@ -130,6 +131,17 @@ def validate(cfg: Any) -> None:
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
     _check_policies(cfg)
+    _check_dtype(cfg)
+
+
+def _check_dtype(cfg: Any) -> None:
+    """model.dtype where the run computes, for the policies that take the top level's settings (a policy with
+    settings of its own was checked with them by _check_policies, its errors naming marl.policies.<policy>)."""
+    if all(pid in cfg.marl.policies for pid in policy_map_of(cfg).policies):
+        return
+    problem = dtype_problem(cfg)
+    if problem:
+        raise ConfigError(f"config: {problem}")
 
 
 def _check_policies(cfg: Any) -> None:

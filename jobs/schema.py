@@ -22,7 +22,13 @@ class LoraConfig:
 class ModelConfig:
     # An HF model folder, or `builtin:tiny` / `builtin:smollm2-135m-instruct` (built offline, cached).
     path: str = MISSING
+    # float32 | bfloat16 | float16: what the engines serve and sync. bfloat16 on a GPU-less part (jobs/precision.py)
+    # needs a CPU with bf16 instructions (avx512_bf16 or amx_bf16); there the torch learner keeps fp32 master
+    # weights and optimizer state and computes under bf16 autocast.
     dtype: str = "float32"
+    # Allow bfloat16 on CPU parts whose CPU lacks bf16 instructions: PyTorch and vLLM then run it in software,
+    # correct but slower than float32 (for checking bf16 numerics on any machine). Top level only.
+    allow_emulated_bf16: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
     # Extra variables of the tokenizer's chat template, for every engine's prompt rendering (the learner trains
     # on the token ids the engine rendered), e.g. {enable_thinking: false}: Qwen3 with thinking off.

@@ -109,6 +109,8 @@ class DeepSpeedLearner(Learner):
             self.reference.to(self.engine.device)
         self._take_snapshot()
 
+    _autocast_bf16 = False  # bf16 weights, with fp32 partitions in ZeRO's optimizer (its `bf16` config)
+
     # -- how gradients are reduced and applied (the optimizer-step loop is Learner.update's) --
     @property
     def _per_role_gradients(self) -> bool:  # type: ignore[override]

@@ -8,10 +8,16 @@ taken against the old log-probs: a no-grad pass before the first step (`algo.old
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
 LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`).
 The backend-specific parts (how a gradient is reduced and applied) are the small methods DeepSpeed overrides.
+
+bfloat16 (`model.dtype`) on this CPU backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
+fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
+reductions and the loss in fp32), and the weights rounded to bf16 once per sync, as the engines serve them.
+(DeepSpeed keeps its own bf16 scheme.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
@@ -40,7 +46,7 @@ from learners.mitigations import kl_coefficients, uses_kl
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
-from learners.weights import adapter_payload, export_hf, is_lora, load_policy_model, merge_for_serving
+from learners.weights import DTYPES, adapter_payload, export_hf, is_lora, load_policy_model, merge_for_serving
 
 
 class Learner:
@@ -52,7 +58,11 @@ class Learner:
         self.policy_id, self.model_path, self.dtype = policy_id, model_path, model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
         self.temperature = temperature if temperature > 0 else 1.0
-        self.model = load_policy_model(model_path, model.dtype, model.lora)
+        self.autocast = torch.bfloat16 if self._autocast_bf16 and model.dtype == "bfloat16" else None
+        # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
+        # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
+        self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
+        self.model = load_policy_model(model_path, self.master_dtype, model.lora)
         if learner.gradient_checkpointing:
             # Non-reentrant: per-role gradients are taken with torch.autograd.grad, which reentrant
             # checkpointing does not support.
@@ -72,7 +82,7 @@ class Learner:
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
         if is_lora(self.model):
             return None
-        return load_policy_model(self.model_path, model.dtype, model.lora).eval().requires_grad_(False)
+        return load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
 
     # -- collective membership (delegated to cluster) --
     def rendezvous_address(self) -> tuple[str, int]:
@@ -159,6 +169,7 @@ class Learner:
 
     # -- how gradients are reduced and applied (plain torch here; learners/deepspeed_backend.py overrides) --
     _per_role_gradients = True  # ZeRO-3 holds no whole weights outside forward, so no per-role buffer
+    _autocast_bf16 = True  # bf16 as fp32 master weights under CPU autocast (DeepSpeed: bf16 weights, its own)
     _device = torch.device("cpu")
 
     def _prepare(self, data: TrainBatch) -> TrainBatch:
@@ -199,7 +210,12 @@ class Learner:
     def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0) -> torch.Tensor:
         """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V]; a backend that wraps the
         model (DeepSpeed) routes it through its engine unless `plain`."""
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+        with self._precision():
+            return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around a forward pass of the fp32 master weights, or nothing (weights in model.dtype)."""
+        return torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext()
 
     def _response_logits(self, mb: TrainBatch, plain: bool = False, model: Any = None) -> tuple[torch.Tensor, int]:
         """(temperature-scaled fp32 logits [B, T−1−s, V] of shifted positions s.., s) with s = response_start:
@@ -210,7 +226,8 @@ class Learner:
         if model is None:
             logits = self._forward(mb, plain, keep)
         else:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+            with self._precision():
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
         return logits[:, :-1].float() / self.temperature, s
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
@@ -264,7 +281,7 @@ class Learner:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
         (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
-        merged, self.merge_rounding = merge_for_serving(self.model)
+        merged, self.merge_rounding = merge_for_serving(self.model, DTYPES[self.dtype])
         return {k: v.cpu() for k, v in merged.items()}
 
     def sync_metrics(self) -> dict[str, float]:

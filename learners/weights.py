@@ -37,12 +37,14 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def merge_for_serving(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], float | None]:
-    """(merged_state_dict, merge_rounding): every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded
-    once to the base weight's dtype, the dtype the engines serve (learner and engines both hold model.dtype);
-    merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without LoRA."""
+def merge_for_serving(model: torch.nn.Module,
+                      dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], float | None]:
+    """(merged_state_dict, merge_rounding) in the dtype the engines serve: `dtype`, or each weight's own when None
+    (a learner that holds model.dtype itself). Every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded
+    once to it; merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without
+    LoRA. Fp32 master weights served in bf16 are rounded once, here."""
     if not is_lora(model):
-        return {k: v.detach() for k, v in model.state_dict().items()}, None
+        return {k: _serving(v, dtype) for k, v in model.state_dict().items()}, None
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -51,14 +53,20 @@ def merge_for_serving(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], 
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
             weight = module.get_base_layer().weight
-            merged, err, upd = merge_layer(weight, _lora_delta(module, module.active_adapters[0]), weight.dtype)
+            merged, err, upd = merge_layer(weight, _lora_delta(module, module.active_adapters[0]),
+                                           dtype or weight.dtype)
             out[f"{name}.weight"] = merged
             norms.append(torch.stack([err, upd]))
     for key, value in base.state_dict().items():
         if "lora_" not in key:
-            out.setdefault(key.replace(".base_layer.", "."), value.detach())
+            out.setdefault(key.replace(".base_layer.", "."), _serving(value, dtype))
     error_sq, delta_sq = torch.stack(norms).sum(0).tolist() if norms else (0.0, 0.0)
     return out, update_lost(error_sq, delta_sq)
+
+
+def _serving(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = tensor.detach()
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def merge_layer(base: torch.Tensor, delta: torch.Tensor,
@@ -111,7 +119,7 @@ def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
 def export_hf(model: torch.nn.Module, model_path: str, dtype: str, out_dir: str) -> None:
     """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`."""
     plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
-    plain.load_state_dict(merged_state_dict(model), strict=False)
+    plain.load_state_dict(merge_for_serving(model, DTYPES[dtype])[0], strict=False)
     plain.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
     if is_lora(model):

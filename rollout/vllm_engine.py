@@ -32,6 +32,7 @@ from transformers import AutoTokenizer
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
+from rollout.vllm_readback import served_terms
 from rollout.vllm_support import (
     adapter_fingerprint_served,
     default_cache_root,
@@ -40,7 +41,6 @@ from rollout.vllm_support import (
     memory_kwargs,
     probe_error,
     probe_name,
-    served_terms,
 )
 
 # A weight-load check: one linear layer's output on a fixed input must match the sent weight's, relative to
@@ -153,9 +153,9 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
     def _served_fingerprint(self, weights: dict[str, torch.Tensor]) -> float:
-        """cluster.fingerprint of the weights as the engine serves them (rollout.vllm_support.served_terms):
-        embeddings and norms (unfused linears on GPU) are read back from the engine's own parameters;
-        fused (qkv, gate_up) and CPU-repacked linears cannot be, and `_probe` checks one of them."""
+        """cluster.fingerprint of the weights as the engine serves them, read back inside the worker under the
+        sent names (rollout.vllm_readback): parameters kept as sent, the parts of fused linears (qkv, gate_up)
+        and, on CPU, the weights of the packed GEMM kernels. `own_tensors`: how many were read back."""
         terms, self.own_tensors = self.llm.apply_model(functools.partial(served_terms, weights=weights))[0]
         return math.fsum(terms)
 

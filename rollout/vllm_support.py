@@ -1,6 +1,6 @@
 """Helpers of the vLLM adapter that need no vllm import: the environment vLLM reads at import, CPU binding,
 memory settings, and the functions that run inside vLLM's worker (through `collective_rpc` / `apply_model`)
-to read back what the engine serves."""
+to check what the engine serves (the probe, the adapters; full weights: rollout/vllm_readback.py)."""
 
 from __future__ import annotations
 
@@ -62,13 +62,6 @@ def eos_ids_of(model_path: str, tokenizer: Any) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
-
-
-def _own_terms(model: torch.nn.Module, shapes: dict[str, tuple]) -> dict[str, list[float]]:
-    """Runs inside vLLM's worker: fingerprint terms of every parameter kept under an HF name and shape."""
-    params = dict(model.named_parameters())
-    return {name: fingerprint_terms(name, params[name].data) for name, shape in shapes.items()
-            if name in params and tuple(params[name].shape) == shape}
 
 
 @torch.no_grad()
@@ -134,11 +127,3 @@ def probe_error(model: torch.nn.Module, name: str, weight: torch.Tensor) -> floa
     got = _linear_output(model, module=name.rsplit(".", 1)[0], x=x)
     want = w @ x
     return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-12)
-
-
-def served_terms(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[float], int]:
-    """Fingerprint terms of `weights` as the model serves them: read back wherever vLLM keeps a parameter
-    under the HF name and shape, else the received tensor's (fused and repacked linears; see the probe).
-    Returns (terms, number of tensors read back)."""
-    own = _own_terms(model, {name: tuple(t.shape) for name, t in weights.items()})
-    return [x for name in weights for x in own.get(name) or fingerprint_terms(name, weights[name])], len(own)

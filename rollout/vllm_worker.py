@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from cluster.nccl import WeightChannel
-from rollout.vllm_support import probe_error, probe_name, served_terms
+from rollout.vllm_readback import served_terms
+from rollout.vllm_support import probe_error, probe_name
 
 
 class WeightChannelExtension:

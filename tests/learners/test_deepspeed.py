@@ -63,7 +63,8 @@ def copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_config_selects_and_validates_the_backend():
     assert rank_class("torch") is Learner and rank_class("deepspeed") is DeepSpeedLearner
     cfg = load_config("jobs/configs/tiny.yaml", ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3",
-                                                 "learner.deepspeed.offload_param=true", "model.dtype=bfloat16"])
+                                                 "learner.deepspeed.offload_param=true", "model.dtype=bfloat16",
+                                                 "model.allow_emulated_bf16=true"])
     ds = deepspeed_config(cfg.learner, cfg.model.dtype)
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"] == {"device": "cpu"}
     assert ds["bf16"] == {"enabled": True} and ds["managed_gradient_accumulation"] is False

@@ -37,8 +37,9 @@ def _move_adapter(learner, seed: int, only: str | None = None) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype):
-    system = _system(tmp_path, f"model.dtype={dtype}")
-    full = _system(tmp_path / "full", f"model.dtype={dtype}", "sync.lora_delta=false")
+    emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/precision.py)
+    system = _system(tmp_path, f"model.dtype={dtype}", emulated)
+    full = _system(tmp_path / "full", f"model.dtype={dtype}", emulated, "sync.lora_delta=false")
     try:
         learner = system.learners["generator"].group._members[0]
         engine = system.engines["generator"].group._members[0]

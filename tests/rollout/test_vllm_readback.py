@@ -1,0 +1,139 @@
+"""rollout.vllm_readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back into HF
+names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, and a changed served
+tensor showing in the fingerprint (the real engine: tests/rollout/test_vllm_engine.py)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from cluster.fingerprint import fingerprint
+from rollout.vllm_readback import part_rows, served_terms
+
+CONFIG = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=24)
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+HIDDEN, INTER, VOCAB, PADDED_VOCAB = 24, 40, 30, 64
+
+
+class Linear(nn.Module):
+    """A vLLM linear as the read-back sees it. `packed`: as on CPU, the weight lives only inside the GEMM kernel
+    and the parameter is emptied."""
+
+    def __init__(self, weight: torch.Tensor, packed: bool):
+        super().__init__()
+        self.output_size_per_partition, self.input_size_per_partition = weight.shape
+        self.kernel = weight.clone()
+        self.weight = nn.Parameter(torch.empty(0) if packed else weight.clone(), requires_grad=False)
+        self.quant_method = SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.served().T)
+
+    def served(self) -> torch.Tensor:
+        return self.kernel if self.weight.numel() == 0 else self.weight
+
+
+class Embedding(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.org_vocab_size = weight.shape[0]
+        padded = torch.zeros(PADDED_VOCAB, weight.shape[1])
+        padded[:weight.shape[0]] = weight
+        self.weight = nn.Parameter(padded, requires_grad=False)
+        self.quant_method = SimpleNamespace()
+
+
+def _hf_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
+    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,),
+              f"{attn}.q_proj.weight": (32, HIDDEN), f"{attn}.k_proj.weight": (16, HIDDEN),
+              f"{attn}.v_proj.weight": (16, HIDDEN), f"{attn}.o_proj.weight": (HIDDEN, 32),
+              f"{mlp}.gate_proj.weight": (INTER, HIDDEN), f"{mlp}.up_proj.weight": (INTER, HIDDEN),
+              f"{mlp}.down_proj.weight": (HIDDEN, INTER)}
+    return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def _served_model(w: dict[str, torch.Tensor], packed: bool, config=CONFIG) -> nn.Module:
+    """vLLM's layout of `w`: q/k/v and gate/up stacked in fused linears, embeddings padded."""
+    attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
+    root = nn.Module()
+    root.config, root.packed_modules_mapping = config, PACKED
+    modules = {
+        "model.embed_tokens": Embedding(w["model.embed_tokens.weight"]),
+        f"{attn}.qkv_proj": Linear(torch.cat([w[f"{attn}.{p}.weight"] for p in PACKED["qkv_proj"]]), packed),
+        f"{attn}.o_proj": Linear(w[f"{attn}.o_proj.weight"], packed),
+        f"{mlp}.gate_up_proj": Linear(torch.cat([w[f"{mlp}.{p}.weight"] for p in PACKED["gate_up_proj"]]), packed),
+        f"{mlp}.down_proj": Linear(w[f"{mlp}.down_proj.weight"], packed),
+    }
+    for path, module in modules.items():
+        parent = root
+        for part in path.split(".")[:-1]:
+            if not hasattr(parent, part):
+                parent.add_module(part, nn.Module())
+            parent = getattr(parent, part)
+        parent.add_module(path.rsplit(".", 1)[1], module)
+    root.model.norm = nn.Module()
+    root.model.norm.weight = nn.Parameter(w["model.norm.weight"].clone(), requires_grad=False)
+    return root
+
+
+def test_part_rows_follow_the_config():
+    assert part_rows(PACKED["qkv_proj"], CONFIG, 64) == [32, 16, 16]
+    no_head_dim = SimpleNamespace(num_attention_heads=4, num_key_value_heads=1, hidden_size=64)
+    assert part_rows(PACKED["qkv_proj"], no_head_dim, 96) == [64, 16, 16]  # head_dim = hidden / heads
+    mha = SimpleNamespace(num_attention_heads=2, hidden_size=16)
+    assert part_rows(PACKED["qkv_proj"], mha, 48) == [16, 16, 16]  # no kv heads: multi-head attention
+    assert part_rows(PACKED["gate_up_proj"], CONFIG, 80) == [40, 40]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_every_tensor_is_read_back_and_gives_the_senders_fingerprint(packed):
+    w = _hf_weights()
+    terms, read = served_terms(_served_model(w, packed), w)
+    assert read == len(w)
+    assert math.fsum(terms) == fingerprint(w)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize(("fused", "part", "rows"), [
+    ("self_attn.qkv_proj", "self_attn.k_proj", slice(32, 48)),
+    ("self_attn.qkv_proj", "self_attn.v_proj", slice(48, 64)),
+    ("mlp.gate_up_proj", "mlp.up_proj", slice(40, 80)),
+])
+def test_a_changed_part_of_a_fused_layer_shows_under_its_hf_name(packed, fused, part, rows):
+    w = _hf_weights()
+    model = _served_model(w, packed)
+    layer = model.get_submodule(f"model.layers.0.{fused}")
+    with torch.no_grad():
+        layer.served()[rows] += 1.0  # what vLLM serves, no longer what it was sent
+    terms, read = served_terms(model, w)
+    name = f"model.layers.0.{part}.weight"
+    assert read == len(w) and math.fsum(terms) != fingerprint(w)
+    assert math.fsum(terms) == fingerprint({**w, name: w[name] + 1.0})
+
+
+def test_a_layout_the_config_does_not_explain_is_not_claimed_as_read_back():
+    w = _hf_weights()
+    wrong = SimpleNamespace(num_attention_heads=4, num_key_value_heads=1, head_dim=8, hidden_size=24)
+    terms, read = served_terms(_served_model(w, packed=True, config=wrong), w)
+    assert read == len(w) - 3  # q, k, v: the received tensors' terms, uncounted
+    assert math.fsum(terms) == fingerprint(w)
+
+
+def test_fused_biases_are_split_like_their_weights():
+    w = _hf_weights()
+    attn = "model.layers.0.self_attn"
+    g = torch.Generator().manual_seed(1)
+    biases = {f"{attn}.{p}.bias": torch.randn(w[f"{attn}.{p}.weight"].shape[0], generator=g)
+              for p in PACKED["qkv_proj"]}
+    model = _served_model(w, packed=True)
+    qkv = model.get_submodule(f"{attn}.qkv_proj")
+    qkv.bias = nn.Parameter(torch.cat(list(biases.values())), requires_grad=False)
+    sent = {**w, **biases}
+    terms, read = served_terms(model, sent)
+    assert read == len(sent) and math.fsum(terms) == fingerprint(sent)
+    with torch.no_grad():
+        qkv.bias[48:] = 0.0  # v's bias
+    assert math.fsum(served_terms(model, sent)[0]) == fingerprint({**sent, f"{attn}.v_proj.bias": torch.zeros(16)})

@@ -1,6 +1,6 @@
-"""The quickstart as a new user runs it (`scripts/quickstart.sh`: SmolLM2-135M, voting, isolated LoRA policies,
-engines and learners as Ray actors on the embedded cluster) visibly learns: held-out accuracy on at least 64
-unseen prompts rises by at least 0.15 within its training budget, and the console prints before and after."""
+"""The quickstart as a new user runs it (`scripts/quickstart.sh`: SmolLM2-135M with a LoRA policy, the engine and
+the learner as Ray actors on the embedded cluster) visibly learns: held-out accuracy on at least 64 unseen
+prompts rises by at least 0.15 within its training budget, and the console prints before and after."""
 
 from __future__ import annotations
 

@@ -32,6 +32,8 @@ from typing import Any  # noqa: E402
 
 from jobs.config import load_config
 from jobs.models import resolve_model
+from marl.engine_map import EngineMap
+from marl.policy_map import PolicyMap
 from rollout.engine import Sampling
 from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
 
@@ -66,7 +68,8 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
     """Throughput through EngineGroup, then a verified full-weight sync into the same engine."""
     from rollout.engine_group import EngineGroup
 
-    group = EngineGroup("bench", {"bench": "pi"}, path, _rollout_cfg(args, lora=False).rollout, "float32", "bench")
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    group = EngineGroup(spec, path, _rollout_cfg(args, lora=False).rollout, "float32")
     try:
         def run(seed: int) -> int:
             batch = requests[:2] if seed < 0 else requests
@@ -90,7 +93,8 @@ def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
 
     cfg = _rollout_cfg(args, lora=True)
     payload = adapter_payload(load_policy_model(path, "float32", cfg.model.lora), "pi")
-    group = EngineGroup("lora", {"bench": "pi"}, path, cfg.rollout, "float32", "bench", lora_rank=args.lora_rank)
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench", multi_lora=True).groups
+    group = EngineGroup(spec, path, cfg.rollout, "float32", lora_rank=args.lora_rank)
     try:
         return _sync_seconds(group, "get_adapter", "load_adapter", payload, args.reps)
     finally:

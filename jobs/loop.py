@@ -1,9 +1,10 @@
 """One attempt of the driver loop on one built system: start (fresh or from a checkpoint), the steps, the
 cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
-One step = collect → score → assign → advantages → update every policy (one optimizer step each) →
-sync weights → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the policy map. With
-rollout.one_step_off_policy the next step's collect runs while the learners update (a knob of this loop).
+One step = train_step (jobs/step.py: collect → score → assign → advantages → update every policy, one
+optimizer step each → sync weights) → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the
+policy map. With rollout.one_step_off_policy the next step's collect runs while the learners update (a knob
+of the step's RolloutSource).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,18 +20,15 @@ from cluster.group import GroupError
 from jobs import checkpoint as ckpt
 from jobs.checkpoint import Progress
 from jobs.config import to_yaml
+from jobs.step import RolloutSource, train_step
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
-from jobs.updates import run_concurrently, update_all
-from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
-from learners.batch import build_batches, check_role_drops, flat_rewards
 from marl.cliff import CliffTracker
-from marl.metrics import episode_metrics
 from marl.policy_map import PolicyMap
+from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
-from marl.types import Episode, Task
+from marl.types import Task
 from rollout.engine import Sampling
-from rollout.storage import write_episodes
 
 
 class InputError(ValueError):
@@ -64,7 +61,7 @@ class Inputs:
 
 
 @dataclass
-class Run:
+class RunState:
     """One attempt's driver state. `progress` counts completed steps; `learners_ahead` is set while the
     learners may hold an update `progress` does not count yet (a stop then must not checkpoint them)."""
 
@@ -77,81 +74,11 @@ class Run:
     progress: Progress
     cliff: CliffTracker
     learners_ahead: bool = False
-    prefetched: Rollout | None = None  # the next step's episodes (rollout.one_step_off_policy)
     lost: list[str] = dataclasses.field(default_factory=list)  # members a failure found on dead nodes
 
-
-@dataclass
-class Rollout:
-    """One step's scored episodes and the wall time their collection took (`generate_s` of it with an engine
-    call in flight)."""
-
-    episodes: list[Episode]
-    rollout_s: float
-    generate_s: float
-
-
-def collect_rollout(system: System, cfg: Any, tasks: list[Task], step: int,
-                    on_episode: Callable[[int, int], None] | None = None) -> Rollout:
-    """Step `step`'s episodes for `tasks` (its sampling seed is the step's, whenever it runs)."""
-    s = cfg.rollout.sampling
-    sampling = Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    episodes = system.collector.collect(tasks, cfg.rollout.samples_per_prompt, sampling, on_episode, timings)
-    return Rollout(episodes, time.perf_counter() - t0, timings.get("generate_s", 0.0))
-
-
-def off_policy_steps(episodes: list[Episode], learner_version: int) -> int:
-    """How many weight versions the oldest turn's engine weights lag the learner that trains on them."""
-    return learner_version - min((t.completion.version for e in episodes for t in e.turns), default=learner_version)
-
-
-def train_step(system: System, cfg: Any, tasks: list[Task], step: int, pad_id: int | Mapping[str, int], run_dir: Path,
-               version: int | None = None, before_update: Callable[[], None] | None = None,
-               on_episode: Callable[[int, int], None] | None = None, rollout: Rollout | None = None,
-               during_update: Callable[[], None] | None = None) -> dict:
-    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
-    policy, or policy -> pad id (policies on different base models). `on_episode(done, total)` follows the
-    rollout (progress display). `rollout`: this step's episodes, collected earlier (then `tasks` is not used).
-    `during_update` runs in the driver while the learners step (the next step's rollout)."""
-    t0 = time.perf_counter()
-    collected = rollout is None
-    if rollout is None:
-        rollout = collect_rollout(system, cfg, tasks, step, on_episode)
-    episodes = rollout.episodes
-    t_collect = time.perf_counter()
-    write_episodes(episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
-    t1 = time.perf_counter()
-    keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
-    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std)
-    batches, batch_stats = build_batches(episodes, system.policy_map, advantages, pad_id, cfg.algo.max_len,
-                                         cfg.rollout.max_prompt_tokens or None)
-    check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)  # before any update trains on the rest
-    if before_update is not None:
-        before_update()
-    t_batch = time.perf_counter()
-    concurrent = run_concurrently(cfg.learner, len(system.learners))
-    update_metrics, prefetch_s = update_all(system.learners, batches, step, pad_id, concurrent, during_update)
-    t2 = time.perf_counter()
-    version = step + 1 if version is None else version
-    sync_metrics = system.sync(version=version)
-    # Phases: rollout = generation and scoring (overlapped per episode; generate = the part of it with an engine
-    # call in flight; both 0 when the episodes were collected during the previous step's update), store = the
-    # step's Parquet file, advantage = advantages and batch building, update = every policy's optimizer step
-    # (with prefetch = the next step's rollout, run meanwhile), sync (in sync_metrics).
-    rollout_metrics = episode_metrics(episodes, system.policy_map.roles)
-    if rollout.rollout_s > 0:  # the collection's own duration, also when it ran during the previous step
-        rollout_metrics["rollout/tokens_per_s"] = rollout_metrics.get("rollout/tokens", 0.0) / rollout.rollout_s
-    return {
-        **rollout_metrics, **update_metrics, **sync_metrics,
-        **{k: float(v) for k, v in batch_stats.items()},
-        "rollout/off_policy_steps": float(off_policy_steps(episodes, learner_version=version - 1)),
-        "time/rollout_s": t_collect - t0 if collected else 0.0,
-        "time/generate_s": rollout.generate_s if collected else 0.0,
-        "time/prefetch_s": prefetch_s, "time/store_s": t1 - t_collect, "time/advantage_s": t_batch - t1,
-        "time/update_s": t2 - t_batch, "time/step_s": time.perf_counter() - t0,
-    }
+    def mark_learners_ahead(self) -> None:
+        """The learners are about to take the step `progress` does not count yet."""
+        self.learners_ahead = True
 
 
 def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
@@ -159,24 +86,26 @@ def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
     if not tasks:
         return float("nan")
     s = cfg.rollout.sampling
-    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=cfg.seed + 17)
+    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"))
     episodes = system.collector.collect(tasks, 1, sampling)
     return sum(e.reward for e in episodes) / len(episodes)
 
 
-def attempt(run: Run, resume: Path | None) -> dict[str, float]:
+def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
     """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
-    run.prefetched = None  # a new attempt starts from a checkpoint, never from an earlier attempt's episodes
     system = build_system(cfg, run.inp.model_paths, run.inp.policy_map, run.inp.family)
     try:
+        # A new source holds no episodes: an attempt starts from a checkpoint, never from an earlier one's.
+        display = run.log.display.episodes if run.log.display is not None else None
+        source = RolloutSource(system, cfg, run.inp.sampler, on_episode=display)
         if resume:
             _restore(run, system, resume)
         else:
             _fresh_start(run, system)
         while run.progress.step < cfg.steps:
-            if _step(run, system):
+            if _step(run, system, source):
                 break
         acc_after = evaluate(system, cfg, run.inp.eval_tasks)
         run.log.log(cfg.steps, {"eval/accuracy": acc_after})
@@ -194,7 +123,7 @@ def attempt(run: Run, resume: Path | None) -> dict[str, float]:
             "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics()}
 
 
-def _fresh_start(run: Run, system: System) -> None:
+def _fresh_start(run: RunState, system: System) -> None:
     run.inp.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
     acc = evaluate(system, run.cfg, run.inp.eval_tasks)
@@ -205,7 +134,7 @@ def _fresh_start(run: Run, system: System) -> None:
           f"held-out accuracy {acc:.3f}", flush=True)
 
 
-def _restore(run: Run, system: System, folder: Path) -> None:
+def _restore(run: RunState, system: System, folder: Path) -> None:
     """Learner state into every rank, driver state, then the engines re-synced to the restored version."""
     try:
         progress = ckpt.read_progress(folder)
@@ -234,24 +163,12 @@ def _load_learners(system: System, folder: Path) -> None:
             raise ckpt.CheckpointError(str(e)) from e
 
 
-def _step(run: Run, system: System) -> bool:
+def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
     cfg, step = run.cfg, run.progress.step
-    rollout, run.prefetched = run.prefetched, None
-    tasks = run.inp.sampler.next(cfg.rollout.prompts_per_step) if rollout is None else []
-    # A checkpoint records the sampler before the next step's prompts were drawn: a resumed run collects them
-    # again (the prefetched episodes are not saved).
-    sampler_state = run.inp.sampler.state()
-
-    def prefetch() -> None:
-        run.prefetched = collect_rollout(system, cfg, run.inp.sampler.next(cfg.rollout.prompts_per_step), step + 1)
-
     version = run.progress.weight_version + 1
-    metrics = train_step(system, cfg, tasks, step, run.inp.pad_ids, run.run_dir, version,
-                         before_update=lambda: setattr(run, "learners_ahead", True),
-                         on_episode=run.log.display.episodes if run.log.display is not None else None,
-                         rollout=rollout,
-                         during_update=prefetch if cfg.rollout.one_step_off_policy and step + 1 < cfg.steps else None)
+    metrics = train_step(system, cfg, source, step, run.inp.pad_ids, run.run_dir, version,
+                         before_update=run.mark_learners_ahead)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
         accuracy = metrics["eval/accuracy"] = evaluate(system, cfg, run.inp.eval_tasks)
@@ -261,9 +178,9 @@ def _step(run: Run, system: System) -> bool:
         accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
     best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
     run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
-                                       sampler=sampler_state, cliff=run.cliff.state(), best_accuracy=best)
+                                       sampler=source.sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
-        _rollback(run, system, metrics)
+        _rollback(run, system, source, metrics)
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
         metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
     run.learners_ahead = False
@@ -288,7 +205,7 @@ def cliff_guard(cfg: Any, cliff: CliffTracker, step: int, metrics: dict[str, flo
     return flagged and cfg.cliff.action == "stop"
 
 
-def _rollback(run: Run, system: System, metrics: dict[str, float]) -> None:
+def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dict[str, float]) -> None:
     """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it.
 
     The tracker keeps its peak (the restored weights are the peak's) and restarts its window: another
@@ -299,9 +216,7 @@ def _rollback(run: Run, system: System, metrics: dict[str, float]) -> None:
         print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
         return
     _load_learners(system, target)
-    # Episodes prefetched by the weights being rolled back are dropped; their prompts are drawn again.
-    run.prefetched = None
-    run.inp.sampler.load_state(run.progress.sampler)
+    source.rewind(run.progress.sampler)  # episodes prefetched by the weights rolled back are dropped
     version = run.progress.weight_version + 1
     system.sync(version=version)
     run.cliff.below = 0
@@ -312,7 +227,7 @@ def _rollback(run: Run, system: System, metrics: dict[str, float]) -> None:
     print(f"[{run.cfg.run_name}] cliff rollback to {target}", flush=True)
 
 
-def _save(run: Run, system: System) -> Path:
+def _save(run: RunState, system: System) -> Path:
     t0 = time.perf_counter()
     folder = ckpt.write(run.root, run.progress, system.learners, to_yaml(run.cfg))
     ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
@@ -320,7 +235,7 @@ def _save(run: Run, system: System) -> Path:
     return folder
 
 
-def _checkpoint_on_stop(run: Run, system: System) -> None:
+def _checkpoint_on_stop(run: RunState, system: System) -> None:
     """On a graceful stop, commit the last completed step (unless the learners are already past it)."""
     if not run.cfg.checkpoint.every or run.progress.step == 0:
         return

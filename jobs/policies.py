@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from jobs.models import resolve_model
+from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of
 
@@ -34,6 +35,12 @@ def policy_map_of(cfg: Any) -> PolicyMap:
     """The run's role -> policy map (ValueError on a custom map that does not name exactly the roles)."""
     custom = OmegaConf.to_container(cfg.marl.policy_map)
     return PolicyMap.build(cfg.marl.sharing, list(roles_of(cfg.marl.workflow)), custom)  # type: ignore[arg-type]
+
+
+def engine_map_of(cfg: Any, policy_map: PolicyMap) -> EngineMap:
+    """The run's role -> engine group map, with every group's name (rollout.engine_scope, rollout.lora_serving)."""
+    return EngineMap.build(policy_map, cfg.run_name, OmegaConf.select(cfg, "rollout.engine_scope", default="role"),
+                           OmegaConf.select(cfg, "rollout.lora_serving", default="single") == "multi")
 
 
 def override_keys(cfg: Any, policy_id: str) -> list[str]:

@@ -34,7 +34,9 @@ ROLE_PANELS = (
 
 
 @dataclass
-class Run:
+class RunRecord:
+    """A finished (or running) run as its folder holds it: its config's identity and its metric rows."""
+
     path: Path
     name: str
     workflow: str
@@ -68,7 +70,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> Run:
+def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> RunRecord:
     notes: list[str] = []
     cfg: Any = {}
     if (path / "config.yaml").is_file():
@@ -81,7 +83,7 @@ def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> Run:
             row = json.loads(line)
             by_step.setdefault(row["step"], {}).update(row)  # a re-logged step (restart) updates the older row
     marl, cliff = cfg.get("marl", {}), cfg.get("cliff", {})
-    return Run(path, cfg.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
+    return RunRecord(path, cfg.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
                (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1]),
                 cliff.get("relative_drop", 0.0)),
                [by_step[s] for s in sorted(by_step)], notes)
@@ -123,7 +125,7 @@ def _figure(width: float = 7.0, height: float = 4.0) -> Any:
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
+def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
     """accuracy.png with every run's curve; returns notes (runs without held-out accuracy, cliffs found)."""
     fig, notes = _figure(8.0, 4.5), []
     ax = fig.add_subplot()
@@ -151,7 +153,7 @@ def plot_accuracy(runs: list[Run], out: Path) -> list[str]:
     return notes
 
 
-def plot_run(run: Run, index: int, out: Path) -> tuple[str, list[str]]:
+def plot_run(run: RunRecord, index: int, out: Path) -> tuple[str, list[str]]:
     """One 2x2 figure of the run's per-role panels; returns its file name and notes on missing metrics."""
     fig, notes = _figure(11.0, 7.0), []
     for k, (_, title, prefix, ylabel) in enumerate(ROLE_PANELS):
@@ -183,7 +185,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:60] or "run"
 
 
-def _summary_row(run: Run) -> str:
+def _summary_row(run: RunRecord) -> str:
     xs, ys = eval_curve(run.rows)
     steps = sum("time/step_s" in r for r in run.rows)
     if ys:
@@ -195,7 +197,7 @@ def _summary_row(run: Run) -> str:
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
 
 
-def write_html(runs: list[Run], figures: list[str], notes: list[str], out: Path) -> Path:
+def write_html(runs: list[RunRecord], figures: list[str], notes: list[str], out: Path) -> Path:
     e = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>marl-train report</title>",
              "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px;text-align:left}"

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layout, place
-from jobs.policies import policy_configs, policy_map_of
+from jobs.policies import engine_map_of, policy_configs, policy_map_of
+from marl.engine_map import group_name
 from marl.policy_map import PolicyMap
 
 # The config keys a placement failure points the user to.
@@ -25,45 +24,16 @@ RESOURCE_KEYS = ("rollout.engines_per_role", "rollout.engine_num_cpus", "rollout
                  "learner.rank_resources", "ray.placement_strategy")
 
 
-MULTI_LORA_KEY = "lora"  # the one engine group of multi-LoRA serving
-
-
-def engine_group_name(run_name: str, key: str) -> str:
-    return f"{run_name}:engine:{key}"
-
-
-def learner_group_name(run_name: str, policy_id: str) -> str:
-    return f"{run_name}:learner:{policy_id}"
-
-
-def engine_keys(cfg: Any, policy_map: PolicyMap) -> list[str]:
-    """One engine group per role, or per policy with rollout.engine_scope=policy, or one for every policy
-    with rollout.lora_serving=multi (the base model plus one LoRA adapter per policy)."""
-    if OmegaConf.select(cfg, "rollout.lora_serving", default="single") == "multi":
-        return [MULTI_LORA_KEY]
-    if OmegaConf.select(cfg, "rollout.engine_scope", default="role") == "policy":
-        return list(policy_map.policies)
-    return list(policy_map.roles)
-
-
-def engine_policy(cfg: Any, policy_map: PolicyMap, key: str) -> str | None:
-    """The policy whose settings the engine group `key` takes; None for the multi-LoRA group (top level)."""
-    if key == MULTI_LORA_KEY and OmegaConf.select(cfg, "rollout.lora_serving", default="single") == "multi":
-        return None
-    return key if OmegaConf.select(cfg, "rollout.engine_scope", default="role") == "policy" else policy_map[key]
-
-
 def run_demands(cfg: Any, policy_map: PolicyMap) -> list[Demand]:
     """Every engine group's and learner group's members with their per-member resources, each group's from the
-    settings of its policy."""
+    settings of its policy (a multi-LoRA group's from the top level)."""
     configs = policy_configs(cfg, policy_map)
     engines = []
-    for k in engine_keys(cfg, policy_map):
-        pid = engine_policy(cfg, policy_map, k)
-        r = (configs[pid] if pid is not None else cfg).rollout
-        engines.append(Demand(engine_group_name(cfg.run_name, k), r.engines_per_role,
+    for spec in engine_map_of(cfg, policy_map).groups:
+        r = (configs[spec.policy] if spec.policy is not None else cfg).rollout
+        engines.append(Demand(spec.name, r.engines_per_role,
                               {"CPU": r.engine_num_cpus, "GPU": r.engine_num_gpus, **r.engine_resources}))
-    learners = [Demand(learner_group_name(cfg.run_name, pid), lr.ranks,
+    learners = [Demand(group_name(cfg.run_name, "learner", pid), lr.ranks,
                        {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
                 for pid, lr in ((pid, configs[pid].learner) for pid in policy_map.policies)]
     return [*engines, *learners]

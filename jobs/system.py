@@ -17,9 +17,10 @@ from cluster.fingerprint import fingerprint
 from cluster.nccl import broadcast_nccl, connect
 from cluster.placement import RunPlacement
 from cluster.transport import broadcast
-from jobs.policies import model_paths, policy_configs
-from jobs.resources import build_placement, engine_group_name, engine_keys, engine_policy, learner_group_name
+from jobs.policies import engine_map_of, model_paths, policy_configs
+from jobs.resources import build_placement
 from learners.group import LearnerGroup
+from marl.engine_map import EngineMap, group_name
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
 from marl.workflows import get_workflow, roles_of
@@ -120,10 +121,10 @@ def _build_groups(cfg: Any, paths: dict[str, str], policy_map: PolicyMap, family
     configs = policy_configs(cfg, policy_map)  # each policy's own model, learner and engine settings
     learners = {
         pid: LearnerGroup(pid, paths[pid], pc.model, pc.learner, cfg.algo, temperature, cfg.steps, cfg.seed,
-                          cfg.run_name, placement=bundles(learner_group_name(cfg.run_name, pid)))
+                          cfg.run_name, placement=bundles(group_name(cfg.run_name, "learner", pid)))
         for pid, pc in configs.items()
     }
-    engines = _engine_groups(cfg, configs, paths, policy_map, bundles)
+    engines = _engine_groups(cfg, configs, paths, engine_map_of(cfg, policy_map), bundles)
     get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
@@ -140,25 +141,22 @@ def _lora_delta_policies(cfg: Any, configs: dict[str, Any]) -> set[str]:
     return {pid for pid, pc in configs.items() if pc.model.lora.enabled and cfg.sync.lora_delta}
 
 
-def _engine_groups(cfg: Any, configs: dict[str, Any], paths: dict[str, str], policy_map: PolicyMap,
+def _engine_groups(cfg: Any, configs: dict[str, Any], paths: dict[str, str], engine_map: EngineMap,
                    bundles: Any) -> dict[str, EngineGroup]:
     """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object. Each group
     serves its policy's model with that policy's engine settings; the multi-LoRA group the top-level model."""
     out: dict[str, EngineGroup] = {}
     slot = 0
-    for key in engine_keys(cfg, policy_map):
-        pid = engine_policy(cfg, policy_map, key)
-        if pid is None:  # multi-LoRA: every role, one base model, adapters up to the largest rank
-            roles, pc, path = policy_map.roles, cfg, paths[policy_map.policies[0]]
+    for spec in engine_map.groups:
+        if spec.policy is None:  # multi-LoRA: every role, one base model, adapters up to the largest rank
+            pc, path = cfg, paths[spec.policies[0]]
             lora_rank = max(c.model.lora.rank for c in configs.values())
         else:
-            roles = policy_map.roles_of(key) if cfg.rollout.engine_scope == "policy" else [key]
-            pc, path, lora_rank = configs[pid], paths[pid], configs[pid].model.lora.rank
-        group = EngineGroup(key, {r: policy_map[r] for r in roles}, path, pc.rollout, pc.model.dtype,
-                            cfg.run_name, first_slot=slot, placement=bundles(engine_group_name(cfg.run_name, key)),
+            pc, path, lora_rank = configs[spec.policy], paths[spec.policy], configs[spec.policy].model.lora.rank
+        group = EngineGroup(spec, path, pc.rollout, pc.model.dtype, first_slot=slot, placement=bundles(spec.name),
                             lora_rank=lora_rank, weight_channel=cfg.sync.transport == "nccl",
                             # plain values: they travel to Ray actors
                             chat_template_kwargs=OmegaConf.to_container(pc.model.chat_template_kwargs))
         slot += max(pc.rollout.engines_per_role, 1)
-        out.update(dict.fromkeys(roles, group))
+        out.update(dict.fromkeys(spec.roles, group))
     return out

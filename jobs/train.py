@@ -26,28 +26,14 @@ from cluster.placement import PlacementError
 from jobs import checkpoint as ckpt
 from jobs.checkpoint import Progress
 from jobs.config import ConfigError, load_config, to_yaml
-from jobs.loop import (
-    InputError,
-    Inputs,
-    Run,
-    StepCallback,
-    StopRequested,
-    attempt,
-    evaluate,
-    train_step,
-)
-from jobs.policies import model_paths
+from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested, attempt
+from jobs.policies import model_paths, policy_map_of
 from jobs.run_data import load_run_data
 from jobs.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
-from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.tasks.sampler import PromptSampler
-from marl.workflows import roles_of
-
-# The step-level pieces live in jobs/loop.py; the driver's module keeps offering what callers use.
-__all__ = ["InputError", "StepCallback", "StopRequested", "evaluate", "main", "prepare", "train", "train_step"]
 
 
 def prepare(cfg: Any) -> Inputs:
@@ -59,8 +45,7 @@ def prepare(cfg: Any) -> Inputs:
 
 
 def _prepare(cfg: Any) -> Inputs:
-    roles = list(roles_of(cfg.marl.workflow))
-    policy_map = PolicyMap.build(cfg.marl.sharing, roles, OmegaConf.to_container(cfg.marl.policy_map))
+    policy_map = policy_map_of(cfg)  # built once: the system, placement and metrics all take this one
     paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
@@ -112,8 +97,8 @@ def _attempts(cfg: Any, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tupl
     """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
     fresh, failures, lost = inp.sampler.state(), 0, 0
     while True:
-        run = Run(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
-                  CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
+        run = RunState(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
+                       CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
         try:
             return attempt(run, resume), failures, lost
         except GroupError as e:
@@ -141,7 +126,7 @@ def _initial_resume(cfg: Any, run_dir: Path) -> Path | None:
     return Path(spec)
 
 
-def _restart_point(run: Run, error: GroupError, failures: int, resume: Path | None) -> Path | None:
+def _restart_point(run: RunState, error: GroupError, failures: int, resume: Path | None) -> Path | None:
     """Where the next attempt starts; re-raises `error` once `checkpoint.max_failures` are used up."""
     cfg = run.cfg
     if failures > cfg.checkpoint.max_failures:

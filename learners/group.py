@@ -20,6 +20,8 @@ from learners.batch import TrainBatch
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
+from marl.engine_map import group_name
+from marl.seeds import derive_seed
 
 
 class UpdateResult:
@@ -46,7 +48,7 @@ class LearnerGroup:
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         self.group = Group(
-            rank_class(learner.backend), learner.ranks, name=f"{run_name}:learner:{policy_id}",
+            rank_class(learner.backend), learner.ranks, name=group_name(run_name, "learner", policy_id),
             args=(policy_id, model_path, model, learner, algo, temperature, total_steps, seed),
             options=MemberOptions(num_cpus=learner.rank_num_cpus, env=thread_env(threads) if threads else {}),
             per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
@@ -68,7 +70,7 @@ class LearnerGroup:
         extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float((~keep).sum())
         roles = sorted(set(batch.roles)) if self.diagnostics else None
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
-                                  self.algo_agg, self.seed * 1_000_003 + step, roles)
+                                  self.algo_agg, derive_seed(self.seed, "ppo", step), roles)
         shards = [(batch.select(r).to_dict(), plan) for r, plan in zip(rows, plans, strict=True)]
         return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout, extra)
 

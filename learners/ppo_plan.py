@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from learners.losses import local_normalizer
+from marl.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int) -> list[lis
     for epoch in range(epochs):
         order = list(range(shard_rows))
         if parts > 1:
-            random.Random(seed * 1_000_003 + epoch).shuffle(order)
+            random.Random(derive_seed(seed, "epoch", epoch)).shuffle(order)
         out.append(split_even(order, parts))
     return out
 
@@ -111,7 +112,7 @@ def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: in
     receives, in order; plans[r]: its optimizer steps as indices into rows[r])."""
     shards = contiguous_shards(loss_mask.shape[0], world)
     parts = num_mini_batches(loss_mask.shape[0], mini_batch_size)
-    chunks = [rank_chunks(len(s), parts, epochs, seed * 7919 + r) for r, s in enumerate(shards)]
+    chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r)) for r, s in enumerate(shards)]
     normalizers = step_normalizers(loss_mask, shards, chunks, agg)
     rows_out, plans = [], []
     for r, shard in enumerate(shards):

@@ -9,7 +9,6 @@ composition is a function of the workflow, not of timing, and no sleep is involv
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -65,13 +64,12 @@ class BatchingClient:
     async def _dispatch(self, role: str, queue: list[tuple[list[Message], asyncio.Future]]) -> None:
         k = self.batches.get(role, 0)
         self.batches[role] = k + 1
-        # Distinct, reproducible seeds per role and per batch within the step.
-        seed = self.sampling.seed + 1_000_003 * k + (sum(map(ord, role)) % 997) * 7919
         if self._calls == 0:
             self._busy_since = time.perf_counter()
         self._calls += 1
         try:
-            sampling = dataclasses.replace(self.sampling, seed=seed)
+            # Distinct, reproducible seeds per role and per batch within the step.
+            sampling = self.sampling.derive(role, k)
             outs = await self.engines[role].generate([m for m, _ in queue], sampling, role=role)
         except Exception as e:  # noqa: BLE001 - every waiting episode must see the engine's failure
             for _, fut in queue:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from marl.seeds import derive_seed
 from marl.types import Completion, Message
 
 
@@ -16,6 +18,14 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int = 0
+
+    def derive(self, *parts: int | str) -> Sampling:
+        """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk)."""
+        return dataclasses.replace(self, seed=derive_seed(self.seed, *parts))
+
+    def request_seed(self, index: int) -> int:
+        """The seed of request `index` of one call (engines that seed each request, as vLLM does)."""
+        return derive_seed(self.seed, "request", index)
 
 
 class InferenceEngine(Protocol):

@@ -1,7 +1,8 @@
 """EngineGroup: the inference engines that serve some roles, hosted by cluster.Group.
 
-A group serves one role, all roles of one policy (rollout.engine_scope=policy), or every policy at once as
-LoRA adapters on one base model (rollout.lora_serving=multi: requests of a role go to its policy's adapter).
+A group serves what its entry of the engine map (marl/engine_map.py) says: one role, all roles of one policy
+(rollout.engine_scope=policy), or every policy at once as LoRA adapters on one base model
+(rollout.lora_serving=multi: requests of a role go to its policy's adapter).
 A member that dies or misses its deadline is replaced (same name and slot), caught up to the current
 weights through `resync`, and the chunk it held is retried on it exactly once.
 """
@@ -9,7 +10,6 @@ weights through `resync`, and the chunk it held is retried on it exactly once.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from cluster.group import Group, GroupError, MemberOptions
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
+from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 
@@ -56,38 +57,33 @@ def _engine_class(backend: str) -> type:
 
 
 class EngineGroup:
-    """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `policy_of` (role ->
-    policy). Without multi-LoRA all its roles must map to one policy, whose weights the engines serve."""
+    """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `spec` (marl.engine_map):
+    one policy's weights, or every policy's LoRA adapter on one base model (multi-LoRA)."""
 
-    def __init__(self, name: str, policy_of: Mapping[str, str], model_path: str, rollout: Any, dtype: str,
-                 run_name: str, first_slot: int = 0, placement: GroupPlacement | None = None, lora_rank: int = 0,
-                 weight_channel: bool = False, engine_cls: type | None = None,
-                 chat_template_kwargs: Mapping[str, Any] | None = None):
-        """`name`: the group's key (role, policy, or "lora"); `first_slot`: this group's first engine's index
-        among all engines of the run (CPU core binding); `lora_rank`: adapters' rank (multi-LoRA);
-        `weight_channel`: engines receive weights over NCCL; `engine_cls`: instead of the backend's;
-        `chat_template_kwargs`: extra chat template variables (model.chat_template_kwargs)."""
-        self.policy_of = dict(policy_of)
-        self.multi_lora = rollout.lora_serving == "multi"
-        policies = list(dict.fromkeys(self.policy_of.values()))
-        if not self.multi_lora and len(policies) != 1:
-            raise ValueError(f"engine group {name!r} would serve several policies {policies} without multi-LoRA")
-        self.policy_id = "" if self.multi_lora else policies[0]
+    def __init__(self, spec: EngineGroupSpec, model_path: str, rollout: Any, dtype: str, first_slot: int = 0,
+                 placement: GroupPlacement | None = None, lora_rank: int = 0, weight_channel: bool = False,
+                 engine_cls: type | None = None, chat_template_kwargs: Mapping[str, Any] | None = None):
+        """`first_slot`: this group's first engine's index among all engines of the run (CPU core binding);
+        `lora_rank`: adapters' rank (multi-LoRA); `weight_channel`: engines receive weights over NCCL;
+        `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
+        (model.chat_template_kwargs)."""
+        self.policy_of = dict(spec.policy_of)
+        self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
         self.replace_dead = rollout.replace_dead_engines
         self.resync: Callable[[int], None] | None = None  # set by the System: catch a replaced member up
-        self.replacements = 0
-        self._epochs: dict[int, int] = {}
+        self.replacements = 0  # engines replaced, all members together
+        self._replacements: dict[int, int] = {}  # member -> its replacements so far (one per failure)
         self._locks: dict[int, asyncio.Lock] = {}
         n = rollout.engines_per_role
         # vLLM drops torch to one thread unless told: engines get their count explicitly (an in-process one, the
         # caller's cores).
         threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads) if n else rollout.torch_threads or (
             os.cpu_count() or 1)
-        kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel,
+        kwargs = _engine_kwargs(rollout, len(spec.policies) if self.multi_lora else 0, lora_rank, weight_channel,
                                 chat_template_kwargs or {})
         self.group = Group(
-            engine_cls or _engine_class(rollout.backend), n, name=f"{run_name}:engine:{name}",
+            engine_cls or _engine_class(rollout.backend), n, name=spec.name,
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
             per_member_kwargs=[kwargs] * max(n, 1),
@@ -107,35 +103,33 @@ class EngineGroup:
         adapter = (self.policy_of[role],) if self.multi_lora else ()
         size = self.max_batch_size
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
-        calls = [
-            self._generate_chunk(k % self.group.size, role,
-                                 (chunk, dataclasses.replace(sampling, seed=sampling.seed + k), *adapter))
-            for k, chunk in enumerate(chunks)
-        ]
+        calls = [self._generate_chunk(k % self.group.size, role, (chunk, sampling.derive("chunk", k), *adapter))
+                 for k, chunk in enumerate(chunks)]
         results = await asyncio.gather(*calls)
         return [c for chunk in results for c in chunk]
 
     async def _generate_chunk(self, index: int, role: str | None, args: tuple) -> list[Completion]:
-        epoch = self._epochs.get(index, 0)
+        replaced = self._replacements.get(index, 0)
         try:
             return await self.group.acall(index, "generate", *args, timeout=self.timeout)
         except GroupError as e:
             if not (self.replace_dead and _replaceable(self.group, e)):
                 raise _for_role(e, role) from e
             failure = e
-        await self._replace(index, epoch, failure)
+        await self._replace(index, replaced, failure)
         try:  # exactly once more, on the replacement; a second failure is the step's
             return await self.group.acall(index, "generate", *args, timeout=self.timeout)
         except GroupError as e:
             raise _for_role(e, role, retried=True) from e
 
-    async def _replace(self, index: int, epoch: int, failure: GroupError) -> None:
-        """One replacement per failure: chunks of the same member that failed with it wait for it."""
+    async def _replace(self, index: int, replaced: int, failure: GroupError) -> None:
+        """One replacement per failure: chunks of the same member that failed with it (when it had been
+        replaced `replaced` times) wait for it."""
         async with self._locks.setdefault(index, asyncio.Lock()):
-            if self._epochs.get(index, 0) != epoch:
+            if self._replacements.get(index, 0) != replaced:
                 return  # another chunk already replaced this member
             await asyncio.to_thread(self._replace_now, index)
-            self._epochs[index] = epoch + 1
+            self._replacements[index] = replaced + 1
 
     def _replace_now(self, index: int) -> None:
         self.group.replace(index, self.timeout)

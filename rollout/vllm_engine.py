@@ -103,7 +103,7 @@ class VLLMEngine:
         prompts = [self.encode(m) for m in requests]
         params = [
             SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                           max_tokens=sampling.max_new_tokens, seed=sampling.seed + i, logprobs=0,
+                           max_tokens=sampling.max_new_tokens, seed=sampling.request_seed(i), logprobs=0,
                            stop_token_ids=self.eos_ids, detokenize=False)
             for i in range(len(prompts))
         ]

@@ -20,8 +20,9 @@ import learners.checkpoint
 from cluster.group import GroupError
 from jobs import checkpoint as ckpt
 from jobs.config import load_config
+from jobs.loop import InputError, StopRequested
 from jobs.tracking import read_metrics
-from jobs.train import InputError, StopRequested, main, train
+from jobs.train import main, train
 
 TINY = "jobs/configs/tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,9 @@ import torch
 
 from jobs import checkpoint as ckpt
 from jobs.config import load_config
+from jobs.loop import StopRequested
 from jobs.tracking import read_metrics
-from jobs.train import StopRequested, train
+from jobs.train import train
 
 TINY = "jobs/configs/tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,12 +8,13 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from jobs.models import resolve_model
-from jobs.resources import policy_map_of
+from jobs.policies import policy_map_of
+from jobs.step import RolloutSource, train_step
 from jobs.system import build_system
-from jobs.train import train_step
 from marl.tasks import get_family
 from marl.tasks.data import digit_tasks
 from marl.tasks.math import last_boxed
+from marl.tasks.sampler import PromptSampler
 
 TINY = "jobs/configs/tiny.yaml"
 PENALTY = "examples.format_penalty.boxed_or_penalty"
@@ -42,11 +43,13 @@ def test_bad_hooks_name_the_key_and_the_problem(override, message):
 def test_format_penalty_shapes_its_role_in_a_step(tmp_path):
     """The generator's turns get the episode's reward less 0.1 when unboxed; the aggregator's the outcome."""
     cfg = load_config(TINY, [f"out_dir={tmp_path}", "marl.sharing=shared", "rollout.engines_per_role=0",
-                             "learner.ranks=0", f"marl.reward_shaping.generator={PENALTY}"])
+                             "learner.ranks=0", "rollout.prompts_per_step=2",
+                             f"marl.reward_shaping.generator={PENALTY}"])
     system = build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
     try:
         (tmp_path / "rollouts").mkdir()
-        train_step(system, cfg, digit_tasks(8, 0)[:2], 0, pad_id=0, run_dir=tmp_path)
+        source = RolloutSource(system, cfg, PromptSampler(digit_tasks(8, 0)[:2], 0))
+        train_step(system, cfg, source, 0, pad_id=0, run_dir=tmp_path)
     finally:
         system.shutdown()
     rows = pq.read_table(tmp_path / "rollouts" / "step_000000.parquet").to_pylist()

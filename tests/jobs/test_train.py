@@ -13,12 +13,15 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
+from jobs.loop import InputError
 from jobs.models import resolve_model
+from jobs.step import RolloutSource, train_step
 from jobs.system import build_system
 from jobs.tracking import read_metrics
-from jobs.train import InputError, train, train_step
+from jobs.train import train
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
+from marl.tasks.sampler import PromptSampler
 from marl.workflows import roles_of
 from tests.learning import assert_learned, write_seven_tasks
 
@@ -97,7 +100,8 @@ def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
     before = {pid: _weights(system, pid) for pid in policy_map.policies}
     (tmp_path / "tiny" / "rollouts").mkdir(parents=True)
     tasks = _load_digit_tasks()[:4]
-    train_step(system, cfg, tasks, 0, pad_id=0, run_dir=tmp_path / "tiny")
+    train_step(system, cfg, RolloutSource(system, cfg, PromptSampler(tasks, 0)), 0, pad_id=0,
+               run_dir=tmp_path / "tiny")
     after = {pid: _weights(system, pid) for pid in policy_map.policies}
     assert all(torch.equal(before["aggregator"][k], after["aggregator"][k]) for k in before["aggregator"])
     assert any(not torch.equal(before["generator"][k], after["generator"][k]) for k in before["generator"])

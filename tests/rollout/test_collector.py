@@ -4,7 +4,6 @@ replicas) on the tiny model."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import time
 from types import SimpleNamespace
@@ -13,6 +12,8 @@ import pytest
 import torch
 
 from jobs.models import resolve_model
+from marl.engine_map import EngineGroupSpec, EngineMap
+from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.types import Completion, Message, Task
 from marl.workflows.common import WorkflowOptions
@@ -143,6 +144,10 @@ REQUESTS = [[{"role": "user", "content": f"Write the digit {d}." + " x" * d}] fo
 MAX_BATCH = 4
 
 
+def _spec() -> EngineGroupSpec:
+    return EngineMap.build(PolicyMap.shared(["generator"], "pi"), "t").groups[0]
+
+
 def _rollout(engines_per_role: int) -> SimpleNamespace:
     return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
                            max_batch_size=MAX_BATCH, call_timeout_s=120.0, lora_serving="single",
@@ -156,13 +161,13 @@ def tiny() -> str:
 
 @pytest.fixture(scope="module")
 def expected(tiny):
-    """What EngineGroup.generate must return: chunks of max_batch_size, chunk k sampled with seed + k."""
+    """What EngineGroup.generate must return: chunks of max_batch_size, chunk k sampled with its own seed."""
     threads = torch.get_num_threads()
     try:
         engine = HFEngine(tiny, torch_threads=1, policy_id="pi")  # the replicas' thread count
         chunks = [REQUESTS[i:i + MAX_BATCH] for i in range(0, len(REQUESTS), MAX_BATCH)]
         out = [c for k, chunk in enumerate(chunks)
-               for c in engine.generate(chunk, dataclasses.replace(SAMPLING, seed=SAMPLING.seed + k))]
+               for c in engine.generate(chunk, SAMPLING.derive("chunk", k))]
         return out, {k: v.clone() for k, v in engine.model.state_dict().items()}
     finally:
         torch.set_num_threads(threads)
@@ -178,7 +183,7 @@ def _assert_same(got: list[Completion], want: list[Completion]) -> None:
 
 def test_in_process_engine_group_splits_by_max_batch_size(tiny, expected):
     want, _ = expected
-    group = EngineGroup("generator", {"generator": "pi"}, tiny, _rollout(0), "float32", "t")
+    group = EngineGroup(_spec(), tiny, _rollout(0), "float32")
     threads = torch.get_num_threads()
     try:
         assert group.group.local
@@ -191,7 +196,7 @@ def test_in_process_engine_group_splits_by_max_batch_size(tiny, expected):
 
 def test_two_ray_replicas_take_chunks_round_robin(ray_cluster, tiny, expected):
     want, state = expected
-    group = EngineGroup("generator", {"generator": "pi"}, tiny, _rollout(2), "float32", "t")
+    group = EngineGroup(_spec(), tiny, _rollout(2), "float32")
     try:
         assert group.group.size == 2 and not group.group.local
         # Same weights, distinct versions: each completion then says which replica produced it.

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -59,11 +59,13 @@ def prepare(cfg: Any) -> Inputs:
 
 def _prepare(cfg: Any) -> Inputs:
     roles = list(roles_of(cfg.marl.workflow))
-    policy_map = PolicyMap.build(cfg.marl.sharing, roles, OmegaConf.to_container(cfg.marl.policy_map))
+    custom = cast(dict[str, str], OmegaConf.to_container(cfg.marl.policy_map))
+    policy_map = PolicyMap.build(cfg.marl.sharing, roles, custom)
     paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
-    family = get_family(cfg.data.task, cfg.data.answer_fallback, OmegaConf.to_container(cfg.data.sandbox))
+    family = get_family(cfg.data.task, cfg.data.answer_fallback,
+                        cast(dict[str, Any], OmegaConf.to_container(cfg.data.sandbox)))
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
                   {pid: pads[path] for pid, path in paths.items()}, data.metrics)

@@ -3,7 +3,8 @@
 A group serves one role, all roles of one policy (rollout.engine_scope=policy), or every policy at once as
 LoRA adapters on one base model (rollout.lora_serving=multi: requests of a role go to its policy's adapter).
 A member that dies or misses its deadline is replaced (same name and slot), caught up to the current
-weights through `resync`, and the chunk it held is retried on it exactly once.
+weights through the `resync` callable the group was built with, and the chunk it held is retried on it exactly
+once. Members satisfy rollout.engine.EngineMember; the group names their methods through it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from cluster.group import Group, GroupError, MemberOptions
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.types import Completion, Message
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
+
+# Catches member `index` of a group up to the weights its policies' engines serve (after a replacement).
+Resync = Callable[["EngineGroup", int], None]
 
 
 def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool,
@@ -42,7 +46,7 @@ def _engine_env(rollout: Any, slot: int) -> dict[str, str]:
     return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
 
 
-def _engine_class(backend: str) -> type:
+def _engine_class(backend: str) -> type[EngineMember]:
     # Imported on selection so that a backend's heavy dependencies load only where it is used.
     if backend == "hf":
         from rollout.hf_engine import HFEngine
@@ -61,12 +65,13 @@ class EngineGroup:
 
     def __init__(self, name: str, policy_of: Mapping[str, str], model_path: str, rollout: Any, dtype: str,
                  run_name: str, first_slot: int = 0, placement: GroupPlacement | None = None, lora_rank: int = 0,
-                 weight_channel: bool = False, engine_cls: type | None = None,
-                 chat_template_kwargs: Mapping[str, Any] | None = None):
+                 weight_channel: bool = False, engine_cls: type[EngineMember] | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None, resync: Resync | None = None):
         """`name`: the group's key (role, policy, or "lora"); `first_slot`: this group's first engine's index
         among all engines of the run (CPU core binding); `lora_rank`: adapters' rank (multi-LoRA);
         `weight_channel`: engines receive weights over NCCL; `engine_cls`: instead of the backend's;
-        `chat_template_kwargs`: extra chat template variables (model.chat_template_kwargs)."""
+        `chat_template_kwargs`: extra chat template variables (model.chat_template_kwargs); `resync`: catches a
+        replaced member up to the current weights (none: a replacement serves the model folder's)."""
         self.policy_of = dict(policy_of)
         self.multi_lora = rollout.lora_serving == "multi"
         policies = list(dict.fromkeys(self.policy_of.values()))
@@ -75,7 +80,7 @@ class EngineGroup:
         self.policy_id = "" if self.multi_lora else policies[0]
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
         self.replace_dead = rollout.replace_dead_engines
-        self.resync: Callable[[int], None] | None = None  # set by the System: catch a replaced member up
+        self.resync = resync
         self.replacements = 0
         self._epochs: dict[int, int] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -86,7 +91,7 @@ class EngineGroup:
             os.cpu_count() or 1)
         kwargs = _engine_kwargs(rollout, len(policies) if self.multi_lora else 0, lora_rank, weight_channel,
                                 chat_template_kwargs or {})
-        self.group = Group(
+        self.group: Group[EngineMember] = Group(
             engine_cls or _engine_class(rollout.backend), n, name=f"{run_name}:engine:{name}",
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
@@ -118,14 +123,14 @@ class EngineGroup:
     async def _generate_chunk(self, index: int, role: str | None, args: tuple) -> list[Completion]:
         epoch = self._epochs.get(index, 0)
         try:
-            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
         except GroupError as e:
             if not (self.replace_dead and _replaceable(self.group, e)):
                 raise _for_role(e, role) from e
             failure = e
         await self._replace(index, epoch, failure)
         try:  # exactly once more, on the replacement; a second failure is the step's
-            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
         except GroupError as e:
             raise _for_role(e, role, retried=True) from e
 
@@ -141,10 +146,10 @@ class EngineGroup:
         self.group.replace(index, self.timeout)
         self.replacements += 1
         if self.resync is not None:
-            self.resync(index)
+            self.resync(self, index)
 
     def versions(self) -> list[int]:
-        return self.group.call("weight_version", timeout=self.timeout)
+        return self.group.submit(EngineMember.weight_version).result(self.timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()

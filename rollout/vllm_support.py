@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -121,7 +122,7 @@ def _held_lora_weights(adapter: Any, packed: dict[str, list[str]]) -> dict[str, 
 PROBE_SUFFIXES = ("mlp.down_proj.weight", "self_attn.o_proj.weight")
 
 
-def probe_name(weights: dict[str, torch.Tensor]) -> str | None:
+def probe_name(weights: Mapping[str, torch.Tensor]) -> str | None:
     """The linear weight a load is probed with (one unfused linear layer), if the payload has one."""
     return next((n for n in sorted(weights, reverse=True) if n.endswith(PROBE_SUFFIXES)), None)
 
@@ -135,7 +136,7 @@ def probe_error(model: torch.nn.Module, name: str, weight: torch.Tensor) -> floa
     return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-12)
 
 
-def served_terms(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[float], int]:
+def served_terms(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> tuple[list[float], int]:
     """Fingerprint terms of `weights` as the model serves them: read back wherever vLLM keeps a parameter
     under the HF name and shape, else the received tensor's (fused and repacked linears; see the probe).
     Returns (terms, number of tensors read back)."""

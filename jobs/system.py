@@ -13,11 +13,13 @@ from omegaconf import OmegaConf
 from cluster.placement import GroupPlacement, RunPlacement
 from jobs.policies import model_paths, policy_configs
 from jobs.resources import build_placement, engine_group_name, engine_keys, engine_policy, learner_group_name
+from jobs.schema import TrainConfig
 from jobs.weight_sync import WeightSync, resync_through, sync_all
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
+from marl.tasks import TaskFamily
 from marl.workflows import get_workflow, roles_of
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
@@ -50,7 +52,8 @@ class System:
             self.placement.release()
 
 
-def build_system(cfg: Any, model_path: str | Mapping[str, str], policy_map: PolicyMap, family: Any) -> System:
+def build_system(cfg: TrainConfig, model_path: str | Mapping[str, str], policy_map: PolicyMap,
+                 family: TaskFamily) -> System:
     """`model_path`: each policy's model folder, or one folder for the policies on the top-level `model.path`
     (others, set in marl.policies, are resolved here)."""
     paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(cfg, policy_map, model_path)
@@ -63,7 +66,7 @@ def build_system(cfg: Any, model_path: str | Mapping[str, str], policy_map: Poli
         raise
 
 
-def _build_groups(cfg: Any, paths: dict[str, str], policy_map: PolicyMap, family: Any,
+def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap, family: TaskFamily,
                   placement: RunPlacement | None) -> System:
     def bundles(name: str) -> GroupPlacement | None:
         return placement.group(name) if placement is not None else None
@@ -101,13 +104,13 @@ def _plain(section: Any) -> dict[str, Any]:
     return cast(dict[str, Any], OmegaConf.to_container(section))
 
 
-def _learner_spec(cfg: Any, pid: str, model_path: str, pc: Any) -> LearnerSpec:
+def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig) -> LearnerSpec:
     """Policy `pid`'s learner, from its own config `pc` (model and learner sections) and the run's."""
     return LearnerSpec(policy_id=pid, model_path=model_path, model=pc.model, learner=pc.learner, algo=cfg.algo,
                        temperature=cfg.rollout.sampling.temperature, total_steps=cfg.steps, seed=cfg.seed)
 
 
-def _engine_groups(cfg: Any, configs: dict[str, Any], paths: dict[str, str], policy_map: PolicyMap,
+def _engine_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dict[str, str], policy_map: PolicyMap,
                    bundles: Callable[[str], GroupPlacement | None], resync: Resync) -> dict[str, EngineGroup]:
     """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object. Each group
     serves its policy's model with that policy's engine settings; the multi-LoRA group the top-level model."""

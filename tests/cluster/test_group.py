@@ -172,3 +172,22 @@ def test_run_executes_a_function_inside_the_member_after_its_queued_calls(group)
     assert ran.result(30) == [member_pid]
     assert slow.result(30) == ["woke"]
     assert (member_pid == os.getpid()) == group.local
+
+
+def test_aresult_awaits_every_member_and_names_a_failing_one(group):
+    assert _run(group.submit(Counter.add, 2).aresult(30)) == [102] * group.size
+    with pytest.raises(GroupError, match=rf"(?s)^{group.name}:0\.boom failed.*boom: all") as info:
+        _run(group.submit(Counter.boom, "all").aresult(30))
+    assert not isinstance(info.value, GroupTimeout)
+
+
+def test_submit_each_takes_one_method(group):
+    with pytest.raises(GroupError, match=rf"^{group.name}: submit_each takes one method, got \['add', 'ident'\]"):
+        group.submit_each([Call(Counter.add, 1), Call(Counter.ident)])
+
+
+def test_a_member_method_is_named_by_the_method_itself():
+    for not_a_method in ("add", lambda member: 1):
+        with pytest.raises(TypeError, match=r"unbound method \(Member\.method\)"):
+            Call(not_a_method)  # type: ignore[arg-type]
+    assert Call(Counter.add, 1, scale=2).method == "add"

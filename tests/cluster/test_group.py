@@ -109,7 +109,7 @@ def test_calls_on_one_member_run_in_submission_order(group):
     assert group.submit_to([0], Counter.history).result(30)[0][before:] == list(range(6))
 
 
-def test_acall_from_asyncio(group):
+def test_aresult_from_asyncio(group):
     async def one(i):
         return (await group.submit_to([i], Counter.add, 7).aresult(30))[0]
 
@@ -127,7 +127,7 @@ def test_call_deadline_names_member_and_method(hanging):
     assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
 
 
-def test_acall_deadline_names_member_and_method(hanging):
+def test_aresult_deadline_names_member_and_method(hanging):
     index = hanging.size - 1
     t0 = time.monotonic()
     with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):

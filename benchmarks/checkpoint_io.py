@@ -21,12 +21,15 @@ from jobs.config import load_config, to_yaml
 from jobs.models import resolve_model
 from learners.batch import empty_batch
 from learners.group import LearnerGroup
+from learners.member import LearnerSpec
 
 
 def _group(model: str, lora_rank: int) -> tuple[LearnerGroup, str]:
     lora = [f"model.lora.enabled={lora_rank > 0}", f"model.lora.rank={max(lora_rank, 1)}"]
     cfg = load_config("jobs/configs/tiny.yaml", [f"model.path={model}", "learner.ranks=0", *lora])
-    group = LearnerGroup("p", resolve_model(model), cfg.model, cfg.learner, cfg.algo, 0.7, 10, 0, "bench")
+    spec = LearnerSpec(policy_id="p", model_path=resolve_model(model), model=cfg.model, learner=cfg.learner,
+                       algo=cfg.algo, temperature=0.7, total_steps=10, seed=0)
+    group = LearnerGroup(spec, "bench")
     group.update(empty_batch("p", 0))  # zero gradients still give the optimizer its moments
     return group, to_yaml(cfg)
 

@@ -23,6 +23,8 @@ from jobs.config import load_config
 from jobs.models import resolve_model
 from learners.backends import rank_class
 from learners.losses import local_normalizer
+from learners.member import LearnerSpec
+from learners.ppo_plan import UpdatePlan
 
 
 def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: int, vocab: int) -> list[float]:
@@ -31,11 +33,13 @@ def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: 
         "model.lora.target_modules=all-linear", f"learner.optim.lr={lr}", "learner.optim.warmup_steps=0",
         "learner.optim.schedule=constant", f"learner.micro_batch_size={rows}", "learner.role_grad_diagnostics=false",
         f"learner.torch_threads={torch.get_num_threads()}"])
-    learner = rank_class("torch")("p", path, cfg.model, cfg.learner, cfg.algo, 1.0, steps, 0)
+    learner = rank_class("torch")(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
+                                              algo=cfg.algo, temperature=1.0, total_steps=steps, seed=0))
     lost = []
     for step in range(steps):
         batch = make_batch(rows, seq, seq // 4, vocab, seed=step)
-        learner.update(batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg))
+        learner.update(batch.to_dict(), UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
+                                                                                    cfg.algo.loss_agg)))
         learner.get_weights()
         lost.append(learner.sync_metrics()["sync/merge_rounding/p"])
     return lost

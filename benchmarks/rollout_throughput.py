@@ -34,7 +34,7 @@ from jobs.config import load_config
 from jobs.models import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
 from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
 
 
@@ -81,7 +81,7 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
         from transformers import AutoModelForCausalLM
 
         weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
-        return rate, _sync_seconds(group, "get_weights", "load_weights", weights, args.reps)
+        return rate, _sync_seconds(group, _Source.get_weights, EngineMember.load_weights, weights, args.reps)
     finally:
         group.shutdown()
 
@@ -96,7 +96,7 @@ def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench", multi_lora=True).groups
     group = EngineGroup(spec, path, cfg.rollout, "float32", lora_rank=args.lora_rank)
     try:
-        return _sync_seconds(group, "get_adapter", "load_adapter", payload, args.reps)
+        return _sync_seconds(group, _Source.get_adapter, EngineMember.load_adapter, payload, args.reps)
     finally:
         group.shutdown()
 
@@ -114,13 +114,13 @@ class _Source:
         return self.payload
 
 
-def _sync_seconds(group, src_method: str, dst_method: str, payload, reps: int) -> dict:
+def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
     from cluster.fingerprint import fingerprint
     from cluster.group import Group
     from cluster.transport import broadcast
     from rollout.lora import adapter_fingerprint
 
-    check = adapter_fingerprint if dst_method == "load_adapter" else fingerprint
+    check = adapter_fingerprint if dst_method is EngineMember.load_adapter else fingerprint
     src = Group(_Source, 0, "bench:source", per_member_kwargs=[{"payload": payload}])
     outs = [broadcast(src, src_method, [group.group], dst_method, v + 1, 600.0, fingerprint=check)
             for v in range(reps + 1)][1:]  # the first includes one-off costs (e.g. vLLM's LoRA set-up)

@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ class Census:
                 f.write(json.dumps(asdict(self.samples[-1])) + "\n")
 
 
-def slope(xs: list[float], ys: list[float]) -> float:
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope of ys over xs (0 for fewer than two points)."""
     n = len(xs)
     if n < 2:
@@ -159,7 +160,7 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
-def block_minima(xs: list[float], ys: list[float], block: int = RSS_BLOCK) -> tuple[list[float], list[float]]:
+def block_minima(xs: Sequence[float], ys: Sequence[float], block: int = RSS_BLOCK) -> tuple[list[float], list[float]]:
     """The lowest y of every `block` consecutive points, at the block's middle x: the memory a process keeps.
     An update's transient peak (allocator high-water marks that vary with the step's batch) is not growth."""
     starts = range(0, len(xs) - block + 1, block) if len(xs) >= 2 * block else range(len(xs))

@@ -31,6 +31,8 @@ from jobs.models import resolve_model
 from learners.backends import rank_class
 from learners.batch import TrainBatch
 from learners.losses import local_normalizer, token_logprobs
+from learners.member import LearnerSpec
+from learners.ppo_plan import UpdatePlan
 from learners.weights import load_policy_model
 
 ROLES = ("generator", "evaluator")
@@ -53,7 +55,7 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def synchronized(step: Callable[[], None]) -> Callable[[], None]:
+def synchronized(step: Callable[[], object]) -> Callable[[], object]:
     """The step, waiting for the device's queued kernels so that the timer sees the whole step."""
     if device().type != "cuda":
         return step
@@ -83,14 +85,17 @@ def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
     return step
 
 
-def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], None]:
-    learner = rank_class(cfg.learner.backend)("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, 1000, 0)
+def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], object]:
+    learner = rank_class(cfg.learner.backend)(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model,
+                                                          learner=cfg.learner, algo=cfg.algo, temperature=1.0,
+                                                          total_steps=1000, seed=0))
     payload, norm = batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
     roles = sorted(set(batch.roles)) if role_grads else None
-    return lambda: learner.update(payload, norm, roles)
+    plan = UpdatePlan.whole(len(batch), norm, roles)  # one optimizer step over every row
+    return lambda: learner.update(payload, plan)
 
 
-def median_step_s(steps: dict[str, Callable[[], None]], warmup: int, rounds: int) -> dict[str, tuple[float, float]]:
+def median_step_s(steps: dict[str, Callable[[], object]], warmup: int, rounds: int) -> dict[str, tuple[float, float]]:
     """name → (median wall s, median CPU s of this process) per step. On a shared machine the CPU time is the
     steadier measure of the work done; the wall time is what a run on that machine sees."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
@@ -130,7 +135,8 @@ def main() -> None:
     base = cfg["torch", stages[0]]
     vocab = load_policy_model(path, "float32", base.model.lora).config.vocab_size
     batch = make_batch(args.rows, args.seq, args.prompt, vocab)
-    variants = {"plain fwd+bwd+AdamW": lambda: plain_step(path, base, batch)}
+    variants: dict[str, Callable[..., Callable[[], object]]] = {
+        "plain fwd+bwd+AdamW": lambda: plain_step(path, base, batch)}
     if device().type == "cpu":  # the torch backend is the CPU learner
         variants["torch backend"] = lambda: learner_step(path, base, batch, False)
         variants["torch backend + role grads"] = lambda: learner_step(path, base, batch, True)

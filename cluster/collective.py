@@ -1,19 +1,33 @@
 """Process groups among the members of a Group (data-parallel learner ranks).
 
-Members delegate to `rendezvous_address` and `join`; the driver calls `init_collective` once after the
-group starts. The backend is gloo on CPU and nccl on GPU; the caller picks.
+Members satisfy `CollectiveMember` (delegating to `rendezvous_address` and `join` here); the driver calls
+`init_collective` once after the group starts. The backend is gloo on CPU and nccl on GPU; the caller picks.
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch.distributed as dist
 
+from cluster.member import Call
+
 if TYPE_CHECKING:  # members import this module; only the driver needs Ray
     from cluster.group import Group
+
+
+class CollectiveMember(Protocol):
+    """What a member of a group with a process group among its members implements."""
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """A reachable address and free port on this member's node (asked of member 0)."""
+        ...
+
+    def join(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None:
+        """Join the process group as `rank` of `world_size`."""
+        ...
 
 
 def rendezvous_address() -> tuple[str, int]:
@@ -31,10 +45,11 @@ def join(backend: str, host: str, port: int, rank: int, world_size: int, timeout
     )
 
 
-def init_collective(group: Group, backend: str, timeout_s: float) -> None:
-    """Every member joins one process group; members implement `rendezvous_address()` and `join(...)`."""
+def init_collective(group: Group[CollectiveMember], backend: str, timeout_s: float) -> None:
+    """Every member joins one process group."""
     if group.size < 2:
         return
-    host, port = group.call("rendezvous_address", indices=[0], timeout=timeout_s)[0]
-    args = [(backend, host, port, rank, group.size, timeout_s) for rank in range(group.size)]
-    group.submit_each("join", args).result(timeout_s)
+    host, port = group.submit_to([0], CollectiveMember.rendezvous_address).result(timeout_s)[0]
+    world = group.size
+    group.submit_each([Call(CollectiveMember.join, backend, host, port, rank, world, timeout_s)
+                       for rank in range(world)]).result(timeout_s)

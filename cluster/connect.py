@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -131,11 +132,11 @@ def local_note(marker: Path, probe_s: float = 1.0) -> str:
     return f"; {marker} names {recorded}, which does not answer (a head gone without `ray stop`)"
 
 
-def init_kwargs(target: Target, num_cpus: int, include_dashboard: bool) -> dict:
+def init_kwargs(target: Target, num_cpus: int, include_dashboard: bool) -> dict[str, Any]:
     """ray.init arguments: resources only for the cluster we start, never for one we join."""
     if not target.embedded:
         return {"address": target.address}
-    kwargs: dict = {"address": LOCAL, "include_dashboard": include_dashboard}
+    kwargs: dict[str, Any] = {"address": LOCAL, "include_dashboard": include_dashboard}
     if num_cpus:
         kwargs["num_cpus"] = num_cpus
     return kwargs

@@ -1,5 +1,9 @@
 """A group of N members of one plain class, hosted as Ray actors (N >= 1) or in-process (N = 0).
 
+A member method is named by the method itself, never by a string: `group.submit(Member.method, *args)`
+takes the unbound method of the member class (or of a Protocol the members satisfy), so a type checker
+sees a wrong method name or wrong arguments before anything runs remotely.
+
 Every call carries a deadline. Failures name the member (`<name>:<index>`) and the method, so a hung or
 dead actor is attributable. Object refs never leave this package: callers get values, or `Pending`
 handles they can wait on or hand to another group's call.
@@ -13,13 +17,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
+
+M = TypeVar("M", covariant=True)  # the member class (or a Protocol it satisfies)
+R = TypeVar("R")  # what the called method returns
+R_co = TypeVar("R_co", covariant=True)
+P = ParamSpec("P")  # the called method's parameters after `self`
 
 
 class GroupError(RuntimeError):
@@ -65,20 +75,34 @@ def _member_cpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) 
     return float(placement.bundles[i].get("CPU", 0.0)) if placement is not None else opts.num_cpus
 
 
-def _apply(member: Any, fn: Callable[..., Any], *args: Any) -> Any:  # noqa: ARG001 - __ray_call__ passes the member
-    return fn(*args)
+def _apply(member: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:  # noqa: ARG001 - __ray_call__ passes the member
+    return fn(*args, **kwargs)
 
 
-class Pending:
+class Pending(Generic[R_co]):
     """Results of one call on some members, not yet awaited."""
 
-    def __init__(self, group: Group, method: str, indices: list[int], items: list[Any]):
+    def __init__(self, group: Group[Any], method: str, indices: list[int], items: list[Any]):
         self._group, self._method, self._indices, self._items = group, method, indices, items
 
-    def result(self, timeout: float) -> list[Any]:
+    def result(self, timeout: float) -> list[R_co]:
         if self._group.local:
             return self._group._get_local(self._items, self._indices, self._method, timeout)
         return self._group._get(self._items, self._indices, self._method, timeout)
+
+    async def aresult(self, timeout: float) -> list[R_co]:
+        """`result` from asyncio code: awaits the members in order, all within one deadline."""
+        deadline = time.monotonic() + timeout
+        name, out = self._group.name, []
+        for i, item in zip(self._indices, self._items, strict=True):
+            future = asyncio.wrap_future(item if self._group.local else item.future())
+            try:
+                out.append(await asyncio.wait_for(future, max(deadline - time.monotonic(), 0.0)))
+            except asyncio.TimeoutError:
+                raise GroupTimeout(f"{name}:{i}.{self._method} missed its {timeout:g}s deadline") from None
+            except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
+                raise _failed(f"{name}:{i}.{self._method}", e) from e
+        return out
 
     @property
     def indices(self) -> list[int]:
@@ -92,11 +116,11 @@ class Pending:
         return self._items[0]
 
 
-class Group:
+class Group(Generic[M]):
     """N members of `cls`. Members of a remote group are named `<name>:<index>` in the Ray dashboard."""
 
-    def __init__(self, cls: type, n: int, name: str, args: Sequence[Any] = (),
-                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict] | None = None,
+    def __init__(self, cls: type[M], n: int, name: str, args: Sequence[Any] = (),
+                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict[str, Any]] | None = None,
                  per_member_env: Sequence[dict[str, str]] | None = None, placement: GroupPlacement | None = None):
         """`placement`: the placement-group bundle of each member (remote groups); members then take their
         bundle's resources instead of `options`' counts, so they always fit the bundle they are scheduled into."""
@@ -114,7 +138,7 @@ class Group:
             raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
         # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
         envs = [{**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)]
-        remote_cls = ray.remote(cls)
+        remote_cls: Any = ray.remote(cls)
 
         def spawn(i: int) -> Any:
             return remote_cls.options(
@@ -133,45 +157,37 @@ class Group:
     def size(self) -> int:
         return len(self._members)
 
-    def submit(self, method: str, *args: Any, indices: Sequence[int] | None = None, **kwargs: Any) -> Pending:
-        idx = list(range(self.size)) if indices is None else list(indices)
-        if self.local:
-            items = [self._call_local(i, method, args, kwargs) for i in idx]
-        else:
-            items = [getattr(self._members[i], method).remote(*args, **kwargs) for i in idx]
-        return Pending(self, method, idx, items)
+    def submit(self, method: Callable[Concatenate[M, P], R], /, *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        """method(member, *args, **kwargs) on every member; `method` is `Member.method`."""
+        return self._submit(range(self.size), [Call(method, *args, **kwargs)] * self.size)
 
-    def submit_each(self, method: str, args_per_member: Sequence[tuple]) -> Pending:
-        """Member i receives args_per_member[i] (scatter)."""
-        if self.local:
-            items = [self._call_local(i, method, a, {}) for i, a in enumerate(args_per_member)]
-        else:
-            items = [getattr(self._members[i], method).remote(*a) for i, a in enumerate(args_per_member)]
-        return Pending(self, method, list(range(len(args_per_member))), items)
+    def submit_to(self, indices: Sequence[int], method: Callable[Concatenate[M, P], R], /,
+                  *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        """`submit` on the members `indices` only."""
+        return self._submit(indices, [Call(method, *args, **kwargs)] * len(indices))
 
-    def run(self, index: int, fn: Callable[..., Any], *args: Any) -> Pending:
+    def submit_each(self, calls: Sequence[Call[M, R]]) -> Pending[R]:
+        """Member i runs calls[i] (scatter); every call names the same method."""
+        if len({c.method for c in calls}) > 1:
+            raise GroupError(f"{self.name}: submit_each takes one method, got {sorted({c.method for c in calls})}")
+        return self._submit(range(len(calls)), calls)
+
+    def _submit(self, indices: Sequence[int], calls: Sequence[Call[Any, R]]) -> Pending[R]:
+        idx = list(indices)
+        if self.local:
+            items = [self._call_local(i, c.method, c.args, c.kwargs) for i, c in zip(idx, calls, strict=True)]
+        else:
+            items = [getattr(self._members[i], c.method).remote(*c.args, **c.kwargs)
+                     for i, c in zip(idx, calls, strict=True)]
+        return Pending(self, calls[0].method if calls else "", idx, items)
+
+    def run(self, index: int, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
         """fn(*args) inside member `index`'s process, after its queued calls: work next to what the member
         holds (its own results, say) without starting a task worker for it. `fn` must be importable."""
         name = getattr(fn, "__name__", "run")
         if self.local:
-            return Pending(self, name, [index], [self._executors[index].submit(fn, *args)])
-        return Pending(self, name, [index], [self._members[index].__ray_call__.remote(_apply, fn, *args)])
-
-    def call(self, method: str, *args: Any, timeout: float, **kwargs: Any) -> list[Any]:
-        return self.submit(method, *args, **kwargs).result(timeout)
-
-    async def acall(self, index: int, method: str, *args: Any, timeout: float) -> Any:
-        """Await one member's call from asyncio code, with a deadline."""
-        try:
-            if self.local:
-                coro = asyncio.wrap_future(self._call_local(index, method, args, {}))
-            else:
-                coro = asyncio.wrap_future(getattr(self._members[index], method).remote(*args).future())
-            return await asyncio.wait_for(coro, timeout)
-        except asyncio.TimeoutError:
-            raise GroupTimeout(f"{self.name}:{index}.{method} missed its {timeout:g}s deadline") from None
-        except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
-            raise _failed(f"{self.name}:{index}.{method}", e) from e
+            return Pending(self, name, [index], [self._executors[index].submit(fn, *args, **kwargs)])
+        return Pending(self, name, [index], [self._members[index].__ray_call__.remote(_apply, fn, *args, **kwargs)])
 
     def replace(self, index: int, timeout: float) -> None:
         """Kill member `index` (dead or hung) and start a new one under the same name and slot. Ray frees a
@@ -192,10 +208,10 @@ class Group:
                     raise GroupTimeout(f"{self.name}:{index} could not be replaced within {timeout:g}s: {e}") from e
                 time.sleep(0.05)
 
-    def _call_local(self, index: int, method: str, args: tuple, kwargs: dict) -> Future:
+    def _call_local(self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         return self._executors[index].submit(getattr(self._members[index], method), *args, **kwargs)
 
-    def _get_local(self, futures: list[Future], indices: list[int], method: str, timeout: float) -> list[Any]:
+    def _get_local(self, futures: list[Future[Any]], indices: list[int], method: str, timeout: float) -> list[Any]:
         _, not_done = wait_futures(futures, timeout=timeout)
         if not_done:
             late = [f"{self.name}:{i}" for i, f in zip(indices, futures, strict=True) if f in not_done]

@@ -49,7 +49,7 @@ class MetricSpec:
 
 
 @functools.cache
-def _compiled(pattern: str) -> re.Pattern:
+def _compiled(pattern: str) -> re.Pattern[str]:
     parts = _PLACEHOLDER.split(pattern)  # literal, tag, literal, tag, ..., literal
     regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+?)" for i, p in enumerate(parts))
     return re.compile(f"^{regex}$")

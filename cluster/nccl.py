@@ -9,9 +9,7 @@ Tensors travel as raw bytes packed into flat uint8 buckets of at most `bucket_by
 bucket of its own): one collective per bucket, whatever the dtypes. The sender puts the layout (names,
 shapes, dtypes) in the store under the version, so receivers need no extra round trip through the driver.
 
-Members implement: the sender `rendezvous_address()`, `nccl_join(host, port, rank, world, timeout_s)`,
-`nccl_send(version, bucket_bytes, fingerprint) -> {"fingerprint", "bytes"}`; every receiver
-`nccl_join(...)` and `nccl_receive(version, bucket_bytes) -> {"version", "bytes", "fingerprint"}`.
+The sender satisfies `WeightSender`, every receiver `WeightReceiver`.
 """
 
 from __future__ import annotations
@@ -19,12 +17,14 @@ from __future__ import annotations
 import datetime
 import pickle
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
+
+from cluster.member import Call
 
 if TYPE_CHECKING:  # the member side (WeightChannel) runs in processes that need no Ray import
     from cluster.group import Group
@@ -41,6 +41,29 @@ class Slot:
     dtype: str  # torch dtype name, e.g. "float32"
     offset: int
     nbytes: int
+
+
+class WeightSender(Protocol):
+    """The sending member (a learner's rank 0): opens the channel as rank 0 and sends its weights."""
+
+    def rendezvous_address(self) -> tuple[str, int]: ...
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None: ...
+
+    def nccl_send(self, version: int, bucket_bytes: int,
+                  fingerprint: Callable[[Mapping[str, Any]], float], /) -> dict[str, float]:
+        """Send the weights; returns {"fingerprint": fingerprint(weights sent), "bytes"}."""
+        ...
+
+
+class WeightReceiver(Protocol):
+    """A receiving member (an engine): joins the channel and serves what arrives."""
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None: ...
+
+    def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:
+        """Receive one broadcast and serve it; returns {"version", "bytes", "fingerprint"} of what it serves."""
+        ...
 
 
 def plan_buckets(layout: Sequence[tuple[str, tuple[int, ...], str, int]], bucket_bytes: int) -> list[list[Slot]]:
@@ -74,6 +97,8 @@ class WeightChannel:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.store = dist.PrefixStore("marl/weights", store)
         self.rank = rank
+        # torch's stubs give the two backends no common type with `broadcast`; both have it.
+        self.backend: Any
         if backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             options = dist.ProcessGroupNCCL.Options()
@@ -90,7 +115,7 @@ class WeightChannel:
 
     def send(self, weights: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> int:
         layout = layout_of(weights)
-        self.store.set(f"layout/{version}", pickle.dumps(layout))
+        self.store.set(f"layout/{version}", pickle.dumps(layout))  # type: ignore[arg-type]  # bytes are stored as-is
         for bucket in plan_buckets(layout, bucket_bytes):
             buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8, device=self.device)
             for slot in bucket:
@@ -110,30 +135,31 @@ class WeightChannel:
                 yield slot.name, raw.view(getattr(torch, slot.dtype)).reshape(slot.shape)
 
 
-def connect(src: Group, dsts: Sequence[Group], timeout: float) -> int:
+def connect(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], timeout: float) -> int:
     """Form the channel once: src member 0 is rank 0, the destinations' members follow in order. Returns
     the world size."""
     deadline = time.monotonic() + timeout
-    host, port = src.call("rendezvous_address", indices=[0], timeout=timeout)[0]
+    host, port = src.submit_to([0], WeightSender.rendezvous_address).result(timeout)[0]
     world = 1 + sum(d.size for d in dsts)
-    joins = [src.submit("nccl_join", host, port, 0, world, timeout, indices=[0])]
+    joins = [src.submit_to([0], WeightSender.nccl_join, host, port, 0, world, timeout)]
     rank = 1
     for dst in dsts:
-        joins.append(dst.submit_each("nccl_join", [(host, port, rank + i, world, timeout) for i in range(dst.size)]))
+        joins.append(dst.submit_each([Call(WeightReceiver.nccl_join, host, port, rank + i, world, timeout)
+                                      for i in range(dst.size)]))
         rank += dst.size
     for pending in joins:
         pending.result(max(deadline - time.monotonic(), 0.01))
     return world
 
 
-def broadcast_nccl(src: Group, dsts: Sequence[Group], version: int, timeout: float,
-                   fingerprint: Callable[[Any], float], bucket_bytes: int) -> dict[str, float]:
+def broadcast_nccl(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], version: int, timeout: float,
+                   fingerprint: Callable[[Mapping[str, Any]], float], bucket_bytes: int) -> dict[str, float]:
     """cluster.transport.broadcast over a connected channel: every member of `dsts` receives src member 0's
     weights as `version` and must report that version and the sender's fingerprint."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    sent = src.submit("nccl_send", version, bucket_bytes, fingerprint, indices=[0])
-    pendings = [(dst, dst.submit("nccl_receive", version, bucket_bytes)) for dst in dsts]
+    sent = src.submit_to([0], WeightSender.nccl_send, version, bucket_bytes, fingerprint)
+    pendings = [(dst, dst.submit(WeightReceiver.nccl_receive, version, bucket_bytes)) for dst in dsts]
     expected = sent.result(timeout)[0]["fingerprint"]
     from cluster.transport import collect_reports  # driver side only: it imports Ray
 

@@ -183,5 +183,5 @@ def shortfall(demands: Sequence[Demand], plan: Layout, strategy: str, timeout_s:
                      f"({free.get(k, 0.0):g} free); asked by {', '.join(askers) or 'token shares'}")
     if not short:
         lines.append("  every total fits: the resources are in use, or no node mix satisfies the strategy "
-                     f"(nodes alive: {sum(1 for n in ray.nodes() if n['Alive'])})")
+                     f"(nodes alive: {len(alive_nodes())})")
     return "\n".join(lines)

@@ -10,22 +10,28 @@ another fingerprint, or misses the deadline, is an error naming it, never a sile
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import ray
 
 from cluster.group import Group, GroupTimeout, Pending
+
+S = TypeVar("S")  # the source member
+D = TypeVar("D")  # a destination member
+X = TypeVar("X")  # the payload
+Report = Mapping[str, float]  # a destination's {"version", "bytes"[, "fingerprint"]}
 
 
 class SyncError(RuntimeError):
     """A destination did not end up on the version that was sent."""
 
 
-def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: str, version: int,
-              timeout: float, fingerprint: Callable[[Any], float] | None = None,
+def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], load: Callable[[D, X, int], Report],
+              version: int, timeout: float, fingerprint: Callable[[X], float] | None = None,
               indices: Sequence[int] | None = None) -> dict[str, float]:
-    """Send src[0].<src_method>() to every dst member's <dst_method>(payload, version).
+    """Send get(src[0]) to every dst member's load(payload, version); `get` and `load` are member methods
+    (`Source.method`, `Destination.method`).
 
     Destination methods return {"version": int, "bytes": int} and, with `fingerprint`, "fingerprint":
     fingerprint(weights they serve). One deadline covers the whole sync. `indices`: only these members of
@@ -34,7 +40,7 @@ def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: st
     """
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    payload = src.submit(src_method, indices=[0]).payload(timeout)
+    payload = src.submit_to([0], get).payload(timeout)
     remote_payload = payload if not src.local else None
     pendings = []
     for dst in dsts:
@@ -44,13 +50,14 @@ def broadcast(src: Group, src_method: str, dsts: Sequence[Group], dst_method: st
             if remote_payload is None:
                 remote_payload = ray.put(payload)  # once, shared by every remote destination
             arg = remote_payload
-        pendings.append((dst, dst.submit(dst_method, arg, version, indices=indices)))
+        every = range(dst.size) if indices is None else indices
+        pendings.append((dst, dst.submit_to(every, load, arg, version)))
     expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
     moved, verified = collect_reports(pendings, version, expected, deadline)
     return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
 
 
-def collect_reports(pendings: Sequence[tuple[Group, Pending]], version: int, expected: float | None,
+def collect_reports(pendings: Sequence[tuple[Group[Any], Pending[Report]]], version: int, expected: float | None,
                     deadline: float) -> tuple[int, int]:
     """Wait for every destination's report; (bytes moved, members verified). Raises SyncError naming the
     first member on another version or, when `expected` is given, with another fingerprint."""
@@ -71,24 +78,26 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.01)
 
 
-def _expected_fingerprint(fingerprint: Callable[[Any], float], src: Group, payload: Any, deadline: float) -> float:
+def _expected_fingerprint(fingerprint: Callable[[X], float], src: Group[Any], payload: Any, deadline: float) -> float:
     """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted inside the
     source member that produced it, never fetched to the driver. (A task of its own would start a worker
     process for every sync wherever the actors hold the node's CPUs, seconds each, leaving its log files.)"""
     if not isinstance(payload, ray.ObjectRef):
         return fingerprint(payload)
     try:
-        return src.run(0, fingerprint, payload).result(_left(deadline))[0]
+        # Ray resolves a top-level object ref argument to its value inside the member.
+        ref: Any = payload
+        return src.run(0, fingerprint, ref).result(_left(deadline))[0]
     except GroupTimeout:
         raise SyncError("fingerprinting the sent weights missed the sync deadline") from None
 
 
-def _check_fingerprint(member: str, report: dict, expected: float, version: int) -> None:
+def _check_fingerprint(member: str, report: Report, expected: float, version: int) -> None:
     got = report.get("fingerprint")
     if got != expected:
         raise SyncError(f"{member} serves weights with fingerprint {got!r} after loading version {version}; "
                         f"the sent weights have {expected!r}")
 
 
-def payload_bytes(state: dict[str, Any]) -> int:
+def payload_bytes(state: Mapping[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())

@@ -2,13 +2,16 @@
 
 `load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
 OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
-returns a read-only config. Each component receives only its own section.
+returns a read-only config. Each component receives only its own section. Choices that name a registry
+(advantage estimators, loss aggregations, KL estimators, backends, GRPO group fields) are read from it, so
+registering a variant there is the only edit it needs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from collections.abc import Collection
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -16,9 +19,13 @@ from omegaconf.errors import OmegaConfBaseException
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
 from jobs.schema import TrainConfig
+from learners.advantages import ADVANTAGE_ESTIMATORS, GROUP_FIELDS, GROUP_PRESETS
+from learners.backends import BACKENDS
+from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
 from marl.workflows import PROMPT_SETS, get_workflow, roles_of
+from rollout.engine import ENGINE_BACKENDS
 
 
 class ConfigError(ValueError):
@@ -42,7 +49,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         raise ConfigError(f"config: file not found: {path}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
-    return cfg  # type: ignore[return-value]  # a DictConfig typed by the schema
+    return cast(TrainConfig, cfg)  # a DictConfig typed by the schema
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
@@ -55,16 +62,16 @@ def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-_CHOICES = {
+_CHOICES: dict[str, Collection[str]] = {
     "data.task": ("math", "digit", "code"),
     "data.answer_fallback": ("none", "last_number"),
     "marl.sharing": ("shared", "isolated", "custom"),
     "marl.prompts": PROMPT_SETS,
-    "rollout.backend": ("hf", "vllm"),
-    "algo.advantage": ("grpo", "rloo"),
-    "algo.loss_agg": ("token_mean", "seq_mean_token_mean"),
-    "algo.kl_estimator": ("k1", "k2", "k3"),
-    "learner.backend": ("torch", "deepspeed"),
+    "rollout.backend": ENGINE_BACKENDS,
+    "algo.advantage": ADVANTAGE_ESTIMATORS,
+    "algo.loss_agg": LOSS_AGGREGATIONS,
+    "algo.kl_estimator": KL_ESTIMATORS,
+    "learner.backend": BACKENDS,
     "learner.optim.schedule": ("cosine", "constant"),
     "learner.optim.schedule_unit": ("step", "optimizer_step"),
     "learner.concurrent_updates": ("auto", "true", "false"),
@@ -97,8 +104,7 @@ _NON_NEGATIVE = (
     "algo.ppo_mini_batch_size",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
 )
-_GROUP_FIELDS = ("task", "agent", "role", "round")
-_GROUP_PRESETS = ("paper",)  # learners.advantages.GROUP_PRESETS (read here without importing torch)
+_GROUP_FIELDS, _GROUP_PRESETS = tuple(GROUP_FIELDS), tuple(GROUP_PRESETS)
 # Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
 # model.chat_template_kwargs holds template variables only (enable_thinking, ...).
 _CHAT_TEMPLATE_ARGS = (
@@ -248,7 +254,7 @@ def _check_serving(cfg: Any) -> None:
     if cfg.sync.transport == "nccl":
         if cfg.rollout.backend != "vllm":
             raise ConfigError("config: sync.transport=nccl receives into vLLM engines; set rollout.backend=vllm")
-        import torch  # here only: loading a config needs no torch otherwise
+        import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")

@@ -70,7 +70,7 @@ def source_files(src: Path, split: str) -> list[Path]:
             break
     else:
         raise ValueError(f"--src {src} holds no .parquet, .arrow or .jsonl files")
-    found = {split_of(p, src) for p in files} - {None}
+    found = {s for s in (split_of(p, src) for p in files) if s is not None}
     if found:
         files = [p for p in files if split_of(p, src) == split]
         if not files:

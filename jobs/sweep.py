@@ -48,7 +48,8 @@ class TuneReporter:
     (the folder stays where the run wrote it, on shared storage, instead of being copied by Tune)."""
 
     def __init__(self, run_dir: Path | None = None):
-        self.run_dir, self.last = run_dir, {}
+        self.run_dir = run_dir
+        self.last: dict[str, float] = {}
 
     def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
         self.last = {**metrics, "step": step}

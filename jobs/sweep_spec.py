@@ -109,7 +109,7 @@ def _check_rule_keys(raw: Any) -> None:
     for i, rule in enumerate(rules or []):
         unknown = [k for k in rule if k not in ("when", "set")] if isinstance(rule, DictConfig) else []
         if unknown:
-            raise SweepError(f"sweep: where[{i}].{unknown[0]}: a rule has only `when` and `set`")
+            raise SweepError(f"sweep: where[{i}].{unknown[0]!s}: a rule has only `when` and `set`")
 
 
 WHERE = "where"  # the cell entry holding what `where` rules set (a mapping, like a grid label's)

@@ -194,7 +194,7 @@ class StepDisplay:
                  mininterval: float = 0.5):
         self.steps, self.roles, self.stream = steps, list(roles), stream or sys.stdout
         self.mininterval = mininterval
-        self._tqdm = _tqdm() if mode == "bar" or (mode == "auto" and self.stream.isatty()) else None
+        self._tqdm: Any = _tqdm() if mode == "bar" or (mode == "auto" and self.stream.isatty()) else None
         self._bar: Any = None
         self._episodes: Any = None
 

@@ -16,7 +16,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -49,7 +49,8 @@ def _prepare(cfg: Any) -> Inputs:
     paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
-    family = get_family(cfg.data.task, cfg.data.answer_fallback, OmegaConf.to_container(cfg.data.sandbox))
+    family = get_family(cfg.data.task, cfg.data.answer_fallback,
+                        cast(dict[str, Any], OmegaConf.to_container(cfg.data.sandbox)))
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
                   {pid: pads[path] for pid, path in paths.items()}, data.metrics)

@@ -28,7 +28,7 @@ GROUP_FIELDS: dict[str, Callable[[Episode, Turn], Hashable]] = {
 DEFAULT_GROUP_BY = ("task", "agent")
 
 
-def paper_group_key(ep: Episode, turn: Turn) -> tuple:
+def paper_group_key(ep: Episode, turn: Turn) -> tuple[Hashable, ...]:
     """The GRPO group of one turn as in the paper (arXiv 2605.24202): (task_id, agent) when the turn's role is
     one of its workflow's slot roles (marl.workflows.slot_roles), else (task_id, role).
 
@@ -41,10 +41,10 @@ def paper_group_key(ep: Episode, turn: Turn) -> tuple:
 
 
 # A preset is a whole grouping rule named in place of the fields: group_by = ["paper"].
-GROUP_PRESETS: dict[str, Callable[[Episode, Turn], tuple]] = {"paper": paper_group_key}
+GROUP_PRESETS: dict[str, Callable[[Episode, Turn], tuple[Hashable, ...]]] = {"paper": paper_group_key}
 
 
-def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple]:
+def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple[Hashable, ...]]:
     """One key per (episode, turn) in flattened order.
 
     `group_by` is either fields, the key holding them in order: 'task' (episode.task.task_id), 'agent'

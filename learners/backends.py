@@ -1,16 +1,20 @@
 """Learner backends by name (`learner.backend`): the class a LearnerGroup hosts as its ranks.
 
-Every backend exposes the Learner interface (update, get_weights, get_adapter, export, save_state, load_state,
-rendezvous_address, join). The deepspeed module imports deepspeed only when a rank builds its engine, so
-resolving the class works on a machine without it.
+Every backend implements learners.member.LearnerMember. The deepspeed module imports deepspeed only when a rank
+builds its engine, so resolving the class works on a machine without it.
 """
 
 from __future__ import annotations
 
-BACKENDS = ("torch", "deepspeed")
+from typing import Literal, get_args
+
+from learners.member import LearnerMember
+
+LearnerBackend = Literal["torch", "deepspeed"]
+BACKENDS: tuple[LearnerBackend, ...] = get_args(LearnerBackend)
 
 
-def rank_class(backend: str) -> type:
+def rank_class(backend: str) -> type[LearnerMember]:
     if backend == "torch":
         from learners.learner import Learner
 

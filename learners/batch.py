@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -140,15 +140,15 @@ class TrainBatch:
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
+        moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
         return TrainBatch(**moved)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain {field: tensor | list | str} (no copies), e.g. for moving through Ray."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> TrainBatch:
+    def from_dict(cls, d: dict[str, Any]) -> TrainBatch:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # absent pad_id → 0
 
 

@@ -43,6 +43,7 @@ from cluster import collective
 from learners.batch import TrainBatch
 from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
 from learners.learner import Learner
+from learners.member import LearnerSpec
 from learners.weights import DTYPES, adapter_payload, is_lora, merge_for_serving
 
 CHECKPOINT_TAG = "deepspeed"
@@ -72,11 +73,10 @@ def deepspeed_config(learner: Any, dtype: str) -> dict[str, Any]:
 
 
 class DeepSpeedLearner(Learner):
-    def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
-                 temperature: float, total_steps: int, seed: int, rank: int = 0):
-        super().__init__(policy_id, model_path, model, learner, algo, temperature, total_steps, seed, rank)
+    def __init__(self, spec: LearnerSpec, rank: int = 0):
+        super().__init__(spec, rank)
         self.engine: Any = None
-        self.stage = learner.deepspeed.zero_stage
+        self.stage = spec.learner.deepspeed.zero_stage
         self._snapshot: dict[str, Any] | None = None  # ZeRO-3, rank 0: gathered weights of the last step
         self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
 

@@ -1,22 +1,24 @@
 """LearnerGroup: the data-parallel ranks of one policy, hosted by cluster.Group.
 
 The driver hands over a whole TrainBatch; the group computes the global loss normaliser from it (no
-collective needed), scatters contiguous shards, and merges the ranks' metric sums into per-policy means.
+collective needed), scatters contiguous shards, and merges the ranks' metric sums into per-policy means. Ranks
+are built from one LearnerSpec and called through learners.member.LearnerMember.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
 from cluster.collective import init_collective
 from cluster.group import Group, MemberOptions, Pending
+from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env
 from learners.backends import rank_class
 from learners.batch import TrainBatch
+from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
@@ -27,7 +29,7 @@ from marl.seeds import derive_seed
 class UpdateResult:
     """An update in flight; `result()` waits (with the group's deadline) and returns its metrics."""
 
-    def __init__(self, pending: Pending, policy_id: str, timeout: float, extra: dict[str, float]):
+    def __init__(self, pending: Pending[dict[str, float]], policy_id: str, timeout: float, extra: dict[str, float]):
         self._pending, self.policy_id, self._timeout, self._extra = pending, policy_id, timeout, extra
 
     def result(self) -> dict[str, float]:
@@ -35,11 +37,10 @@ class UpdateResult:
 
 
 class LearnerGroup:
-    """`learner.ranks` ranks (0 = one in-process learner) training policy `policy_id`."""
+    """`spec.learner.ranks` ranks (0 = one in-process learner) training policy `spec.policy_id`."""
 
-    def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
-                 temperature: float, total_steps: int, seed: int, run_name: str,
-                 placement: GroupPlacement | None = None):
+    def __init__(self, spec: LearnerSpec, run_name: str, placement: GroupPlacement | None = None):
+        policy_id, learner, algo, seed = spec.policy_id, spec.learner, spec.algo, spec.seed
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
@@ -47,9 +48,8 @@ class LearnerGroup:
         self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
-        self.group = Group(
-            rank_class(learner.backend), learner.ranks, name=group_name(run_name, "learner", policy_id),
-            args=(policy_id, model_path, model, learner, algo, temperature, total_steps, seed),
+        self.group: Group[LearnerMember] = Group(
+            rank_class(learner.backend), learner.ranks, name=group_name(run_name, "learner", policy_id), args=(spec,),
             options=MemberOptions(num_cpus=learner.rank_num_cpus, env=thread_env(threads) if threads else {}),
             per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
         )
@@ -71,8 +71,9 @@ class LearnerGroup:
         roles = sorted(set(batch.roles)) if self.diagnostics else None
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
                                   self.algo_agg, derive_seed(self.seed, "ppo", step), roles)
-        shards = [(batch.select(r).to_dict(), plan) for r, plan in zip(rows, plans, strict=True)]
-        return UpdateResult(self.group.submit_each("update", shards), self.policy_id, self.timeout, extra)
+        shards = [Call(LearnerMember.update, batch.select(r).to_dict(), plan)
+                  for r, plan in zip(rows, plans, strict=True)]
+        return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra)
 
     def _mitigation_weights(self, batch: TrainBatch, tokens: torch.Tensor) -> torch.Tensor:
         weights = torch.ones(len(batch))
@@ -87,18 +88,18 @@ class LearnerGroup:
 
     def sync_metrics(self) -> dict[str, float]:
         """Rank 0's measurements of the weights it last handed out for sync (Learner.sync_metrics)."""
-        return self.group.call("sync_metrics", indices=[0], timeout=self.timeout)[0]
+        return self.group.submit_to([0], LearnerMember.sync_metrics).result(self.timeout)[0]
 
     def export(self, out_dir: str) -> str:
-        return self.group.call("export", out_dir, indices=[0], timeout=self.timeout)[0]
+        return self.group.submit_to([0], LearnerMember.export, out_dir).result(self.timeout)[0]
 
     def save(self, path: str) -> None:
         """Every rank writes its part of the policy's state into `path` (learners/checkpoint.py)."""
-        self.group.call("save_state", path, timeout=self.timeout)
+        self.group.submit(LearnerMember.save_state, path).result(self.timeout)
 
     def load(self, path: str) -> None:
         """Every rank restores the policy's state from `path`."""
-        self.group.call("load_state", path, timeout=self.timeout)
+        self.group.submit(LearnerMember.load_state, path).result(self.timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -42,6 +42,7 @@ from learners.losses import (
     tis_weights,
     token_logprobs,
 )
+from learners.member import LearnerSpec
 from learners.mitigations import kl_coefficients, uses_kl
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
@@ -50,8 +51,12 @@ from learners.weights import DTYPES, adapter_payload, export_hf, is_lora, load_p
 
 
 class Learner:
-    def __init__(self, policy_id: str, model_path: str, model: Any, learner: Any, algo: Any,
-                 temperature: float, total_steps: int, seed: int, rank: int = 0):
+    """A rank of policy `spec.policy_id` (learners.member.LearnerMember)."""
+
+    def __init__(self, spec: LearnerSpec, rank: int = 0):
+        policy_id, model_path, model, learner, algo = (spec.policy_id, spec.model_path, spec.model, spec.learner,
+                                                       spec.algo)
+        temperature, total_steps, seed = spec.temperature, spec.total_steps, spec.seed
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
         torch.manual_seed(seed)

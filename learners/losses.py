@@ -11,7 +11,7 @@ Shapes: B rows, T positions, V vocabulary. `mask` is the batch's loss mask (bool
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -68,7 +68,8 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.stack([entropy_from_logits(row.float()) for row in logits])
 
 
-class Aggregation(NamedTuple):
+@dataclass(frozen=True)
+class Aggregation:
     """How per-token losses become one scalar, and what one shard contributes to the normaliser."""
 
     reduce: Callable[[Tensor, Tensor, Tensor | float], Tensor]  # (loss [B,T], mask [B,T], normalizer)

@@ -12,8 +12,9 @@ hf_logging.disable_progress_bar()  # one bar per weight load floods the driver l
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy_model(model_path: str, dtype: str, lora: Any) -> torch.nn.Module:
-    """The HF model at `model_path`, wrapped with a LoRA adapter on all linear layers when enabled."""
+def load_policy_model(model_path: str, dtype: str, lora: Any) -> Any:
+    """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
+    layers (a peft PeftModel) when enabled."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
     if not lora.enabled:
         return model

@@ -1,13 +1,22 @@
-"""The inference-engine interface every backend implements (shaped after vLLM), and its request types."""
+"""The engine contract: `EngineMember`, what every backend's engine implements (shaped after vLLM) and what an
+EngineGroup and the weight sync call on it, and the request types."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from marl.seeds import derive_seed
 from marl.types import Completion, Message
+
+if TYPE_CHECKING:  # the contract needs no torch to import
+    from torch import Tensor
+
+# rollout.backend: the engine classes (rollout.engine_group picks one by name)
+EngineBackend = Literal["hf", "vllm"]
+ENGINE_BACKENDS: tuple[EngineBackend, ...] = get_args(EngineBackend)
 
 
 @dataclass(frozen=True)
@@ -28,16 +37,42 @@ class Sampling:
         return derive_seed(self.seed, "request", index)
 
 
-class InferenceEngine(Protocol):
-    """One inference replica holding one policy's weights."""
+class EngineMember(Protocol):
+    """One inference replica holding one policy's weights (or a base model and LoRA adapters): an EngineGroup
+    member. Its group names these methods as `EngineMember.<method>`, so a misspelt one fails the type check.
+    Load methods return {"version", "bytes", "fingerprint"}, the fingerprint (cluster.fingerprint) taken from
+    what the engine now serves, under the names it was sent."""
 
-    def generate(self, requests: list[list[Message]], sampling: Sampling) -> list[Completion]:
-        """One completion per chat request, in order."""
+    def encode(self, messages: list[Message]) -> list[int]:
+        """The prompt token ids of one chat request (the chat template rendered, generation prompt added)."""
         ...
 
-    def load_weights(self, weights: dict[str, Any], version: int) -> dict[str, float]:
-        """Serve `weights` (HF parameter names) from now on; returns {"version", "bytes", "fingerprint"}, the
-        fingerprint (cluster.fingerprint) taken from the weights the engine now serves, under the same names."""
+    def generate(self, requests: list[list[Message]], sampling: Sampling,
+                 adapter: str | None = None) -> list[Completion]:
+        """One completion per chat request, in order; `adapter`: through that policy's LoRA adapter."""
         ...
 
-    def weight_version(self) -> int: ...
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> dict[str, float]:
+        """Serve `weights` (HF parameter names) from now on."""
+        ...
+
+    def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, float]:
+        """Merged serving with adapter-only syncs: merge the adapter payload (rollout.lora) into the base weights
+        and serve the result; the fingerprint covers every weight `payload["names"]` lists."""
+        ...
+
+    def load_adapter(self, payload: dict[str, Any], version: int) -> dict[str, float]:
+        """Multi-LoRA serving: serve the adapter payload (rollout.lora) as its policy's adapter."""
+        ...
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None:
+        """Join the learner's NCCL weight channel (cluster.nccl) as `rank`."""
+        ...
+
+    def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:
+        """Receive one broadcast over the channel and serve it."""
+        ...
+
+    def weight_version(self) -> int:
+        """The version of the weights served (the last one loaded; 0 = the model folder's)."""
+        ...

@@ -4,7 +4,8 @@ A group serves what its entry of the engine map (marl/engine_map.py) says: one r
 (rollout.engine_scope=policy), or every policy at once as LoRA adapters on one base model
 (rollout.lora_serving=multi: requests of a role go to its policy's adapter).
 A member that dies or misses its deadline is replaced (same name and slot), caught up to the current
-weights through `resync`, and the chunk it held is retried on it exactly once.
+weights through the `resync` callable the group was built with, and the chunk it held is retried on it exactly
+once. Members satisfy rollout.engine.EngineMember; the group names their methods through it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, Message
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
+
+# Catches member `index` of a group up to the weights its policies' engines serve (after a replacement).
+Resync = Callable[["EngineGroup", int], None]
 
 
 def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool,
@@ -43,7 +47,7 @@ def _engine_env(rollout: Any, slot: int) -> dict[str, str]:
     return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
 
 
-def _engine_class(backend: str) -> type:
+def _engine_class(backend: str) -> type[EngineMember]:
     # Imported on selection so that a backend's heavy dependencies load only where it is used.
     if backend == "hf":
         from rollout.hf_engine import HFEngine
@@ -62,16 +66,18 @@ class EngineGroup:
 
     def __init__(self, spec: EngineGroupSpec, model_path: str, rollout: Any, dtype: str, first_slot: int = 0,
                  placement: GroupPlacement | None = None, lora_rank: int = 0, weight_channel: bool = False,
-                 engine_cls: type | None = None, chat_template_kwargs: Mapping[str, Any] | None = None):
+                 engine_cls: type[EngineMember] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 resync: Resync | None = None):
         """`first_slot`: this group's first engine's index among all engines of the run (CPU core binding);
         `lora_rank`: adapters' rank (multi-LoRA); `weight_channel`: engines receive weights over NCCL;
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
-        (model.chat_template_kwargs)."""
+        (model.chat_template_kwargs); `resync`: catches a replaced member up to the current weights (none: a
+        replacement serves the model folder's)."""
         self.policy_of = dict(spec.policy_of)
         self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
         self.replace_dead = rollout.replace_dead_engines
-        self.resync: Callable[[int], None] | None = None  # set by the System: catch a replaced member up
+        self.resync = resync
         self.replacements = 0  # engines replaced, all members together
         self._replacements: dict[int, int] = {}  # member -> its replacements so far (one per failure)
         self._locks: dict[int, asyncio.Lock] = {}
@@ -82,7 +88,7 @@ class EngineGroup:
             os.cpu_count() or 1)
         kwargs = _engine_kwargs(rollout, len(spec.policies) if self.multi_lora else 0, lora_rank, weight_channel,
                                 chat_template_kwargs or {})
-        self.group = Group(
+        self.group: Group[EngineMember] = Group(
             engine_cls or _engine_class(rollout.backend), n, name=spec.name,
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
@@ -111,14 +117,14 @@ class EngineGroup:
     async def _generate_chunk(self, index: int, role: str | None, args: tuple) -> list[Completion]:
         replaced = self._replacements.get(index, 0)
         try:
-            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
         except GroupError as e:
             if not (self.replace_dead and _replaceable(self.group, e)):
                 raise _for_role(e, role) from e
             failure = e
         await self._replace(index, replaced, failure)
         try:  # exactly once more, on the replacement; a second failure is the step's
-            return await self.group.acall(index, "generate", *args, timeout=self.timeout)
+            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
         except GroupError as e:
             raise _for_role(e, role, retried=True) from e
 
@@ -135,10 +141,10 @@ class EngineGroup:
         self.group.replace(index, self.timeout)
         self.replacements += 1
         if self.resync is not None:
-            self.resync(index)
+            self.resync(self, index)
 
     def versions(self) -> list[int]:
-        return self.group.call("weight_version", timeout=self.timeout)
+        return self.group.submit(EngineMember.weight_version).result(self.timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()

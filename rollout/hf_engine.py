@@ -1,9 +1,11 @@
-"""The transformers-generate stand-in engine: same interface as the vLLM adapter, for CPU tests and laptops."""
+"""The transformers-generate stand-in engine: same interface (rollout.engine.EngineMember) as the vLLM adapter, for
+CPU tests and laptops."""
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,7 +110,7 @@ class HFEngine:
         return {"version": version, "bytes": adapter_bytes(payload),
                 "fingerprint": fingerprint({k: served[k] for k in payload["tensors"]})}
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         own = self.model.state_dict()
         unknown = [k for k in weights if k not in own]
         if unknown:
@@ -134,6 +136,14 @@ class HFEngine:
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload),
                 "fingerprint": fingerprint({name: own[name] for name in payload["names"]})}
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        raise NotImplementedError("the hf engine receives weights through the object store; "
+                                  "sync.transport=nccl needs rollout.backend=vllm")
+
+    def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
+        raise NotImplementedError("the hf engine receives weights through the object store; "
+                                  "sync.transport=nccl needs rollout.backend=vllm")
 
     def weight_version(self) -> int:
         return self.version

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -125,7 +126,7 @@ class VLLMEngine:
             version=version, policy_id=policy_id,
         )
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         """Reload in place (HF names; vLLM fuses and repacks them itself), then check what it serves."""
         with _PROCESS_LOCK:
             if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
@@ -139,7 +140,7 @@ class VLLMEngine:
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
                 "fingerprint": served}
 
-    def _reload_through_files(self, weights: dict[str, torch.Tensor]) -> None:
+    def _reload_through_files(self, weights: Mapping[str, torch.Tensor]) -> None:
         # A multi-process engine core receives RPC tensors as nested lists; a safetensors folder is cheaper.
         # (Clones: safetensors refuses tensors that share storage, as tied embeddings do. Reading the served
         # weights back through apply_model then needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 in that setup.)
@@ -152,14 +153,14 @@ class VLLMEngine:
                       os.path.join(folder, "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
-    def _served_fingerprint(self, weights: dict[str, torch.Tensor]) -> float:
+    def _served_fingerprint(self, weights: Mapping[str, torch.Tensor]) -> float:
         """cluster.fingerprint of the weights as the engine serves them, read back inside the worker under the
         sent names (rollout.vllm_readback): parameters kept as sent, the parts of fused linears (qkv, gate_up)
         and, on CPU, the weights of the packed GEMM kernels. `own_tensors`: how many were read back."""
         terms, self.own_tensors = self.llm.apply_model(functools.partial(served_terms, weights=weights))[0]
         return math.fsum(terms)
 
-    def _probe(self, weights: dict[str, torch.Tensor]) -> None:
+    def _probe(self, weights: Mapping[str, torch.Tensor]) -> None:
         name = probe_name(weights)
         if name is None:
             return

@@ -25,7 +25,7 @@ from cluster.fingerprint import fingerprint_terms, sample_indices, sampled_terms
 
 
 @torch.no_grad()
-def served_terms(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[float], int]:
+def served_terms(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> tuple[list[float], int]:
     """Fingerprint terms of `weights` (HF name -> received tensor) as `model` serves them, and the number of
     tensors read back from the model (the rest are the received tensors' terms)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head keeps its own name

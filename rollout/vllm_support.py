@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -115,7 +116,7 @@ def _held_lora_weights(adapter: Any, packed: dict[str, list[str]]) -> dict[str, 
 PROBE_SUFFIXES = ("mlp.down_proj.weight", "self_attn.o_proj.weight")
 
 
-def probe_name(weights: dict[str, torch.Tensor]) -> str | None:
+def probe_name(weights: Mapping[str, torch.Tensor]) -> str | None:
     """The linear weight a load is probed with (one unfused linear layer), if the payload has one."""
     return next((n for n in sorted(weights, reverse=True) if n.endswith(PROBE_SUFFIXES)), None)
 

@@ -19,8 +19,10 @@ ALLOWED = {
 # The only modules allowed to import these (lazily, inside an adapter).
 FENCES = {"vllm": {"rollout/vllm_engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
-# Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points.
+# Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points; benchmarks,
+# tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.
 RAY_ALLOWED = {"cluster", "jobs"}
+NOT_LAYERS = {"benchmarks", "tests", "scripts"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -64,3 +66,23 @@ def test_ray_stays_in_cluster_and_jobs():
     for package in OURS - RAY_ALLOWED:
         for path in _sources(package):
             assert "ray" not in _imports(path), f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+
+
+def test_no_ray_outside_cluster_jobs_and_non_layers():
+    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and _sources(p.name))
+    checked = [f for f in folders if f not in RAY_ALLOWED | NOT_LAYERS]
+    assert {"marl", "rollout", "learners", "examples"} <= set(checked)
+    for folder in checked:
+        for path in _sources(folder):
+            assert "ray" not in _imports(path), f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+
+
+def test_the_import_scan_sees_every_form_of_a_ray_import(tmp_path):
+    forms = ["import ray", "import ray.util as u", "from ray import get", "from ray.exceptions import RayActorError",
+             "def f():\n    import ray", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ray"]
+    for i, source in enumerate(forms):
+        path = tmp_path / f"m{i}.py"
+        path.write_text(source + "\n")
+        assert "ray" in _imports(path), source
+    (tmp_path / "clean.py").write_text("import rayon_like\nfrom .ray import x\nx = 'import ray'\n")
+    assert "ray" not in _imports(tmp_path / "clean.py")

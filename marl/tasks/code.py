@@ -64,7 +64,8 @@ def last_python_block(text: str) -> str | None:
     blocks = code_blocks(text)
     tagged = [code for tag, code in blocks if tag in PYTHON_TAGS]
     bare = [code for tag, code in blocks if not tag]
-    return (tagged or bare or [None])[-1]
+    found = tagged or bare
+    return found[-1] if found else None
 
 
 def program_for(task: Task, code: str) -> Program:
@@ -133,8 +134,8 @@ class CodeFamily:
                 self._checked = True
         return self.pool.submit(program)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"pool": self.pool, "checked": self._checked}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.pool, self._checked, self._check_lock = state["pool"], state["checked"], threading.Lock()

@@ -125,7 +125,7 @@ def problem_text(row: dict[str, Any]) -> str:
     `prompt` chat messages; '' when there is none."""
     for key in ("problem", "question"):
         if _string(row.get(key)):
-            return row[key].strip()
+            return str(row[key]).strip()
     prompt = row.get("prompt")
     if isinstance(prompt, str):
         return prompt.strip()
@@ -190,7 +190,7 @@ def code_synthetic_tasks(size: int, seed: int) -> list[Task]:
         task_id = f"code_synthetic:{seed}:{i}"
         if i % 2 == 0:
             test = "def check(candidate):\n" + "".join(f"    assert candidate({x}) == {v}\n" for x, v in pairs)
-            meta = {"style": "functional", "test": test, "entry_point": "f", "source": "synthetic"}
+            meta: dict[str, Any] = {"style": "functional", "test": test, "entry_point": "f", "source": "synthetic"}
             tasks.append(Task(task_id, f"Write a Python function `f(x)` that returns {words}.",
                               f"def f(x):\n    return {expr}\n", kind="code", meta=meta))
         else:

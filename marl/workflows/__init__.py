@@ -57,7 +57,7 @@ def get_workflow(name: str) -> Workflow:
         if problem:
             where = module.__file__ if is_file_spec(name) else module.__name__
             raise ValueError(f"marl.workflow={name}: {where} {problem}")
-        _LOADED[name] = module  # type: ignore[assignment]  # checked structurally above
+        _LOADED[name] = module  # checked structurally above
     return _LOADED[name]
 
 

@@ -12,6 +12,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from cluster.group import Group, GroupError, GroupTimeout, MemberOptions
+from cluster.member import Call
 
 CPU = MemberOptions(num_cpus=0.5)
 HANG_S = 3.0  # how long a deliberately hanging member sleeps
@@ -22,7 +23,8 @@ class Counter:
     """A plain member: remembers its construction arguments and the calls it served, in order."""
 
     def __init__(self, base: int, tag: str = ""):
-        self.base, self.tag, self.seen = base, tag, []
+        self.base, self.tag = base, tag
+        self.seen: list[int] = []
 
     def add(self, x: int, scale: int = 1) -> int:
         self.seen.append(x)
@@ -81,7 +83,7 @@ def test_size_and_locality(group):
 
 
 def test_per_member_kwargs_reach_each_member(group):
-    idents = group.call("ident", timeout=30)
+    idents = group.submit(Counter.ident).result(30)
     assert [tag for tag, _ in idents] == [f"m{i}" for i in range(group.size)]
     pids = {pid for _, pid in idents}
     if group.local:
@@ -91,25 +93,28 @@ def test_per_member_kwargs_reach_each_member(group):
 
 
 def test_call_returns_one_result_per_member_in_order(group):
-    assert group.call("add", 5, scale=3, timeout=30) == [115] * group.size
-    assert group.call("add", 1, indices=[group.size - 1], timeout=30) == [101]
+    assert group.submit(Counter.add, 5, scale=3).result(30) == [115] * group.size
+    assert group.submit_to([group.size - 1], Counter.add, 1).result(30) == [101]
 
 
 def test_submit_each_scatters_args_in_order(group):
     args = [(i + 1, 10 * (i + 1)) for i in range(group.size)]
-    assert group.submit_each("add", args).result(30) == [100 + a * s for a, s in args]
+    assert group.submit_each([Call(Counter.add, *a) for a in args]).result(30) == [100 + a * s for a, s in args]
 
 
 def test_calls_on_one_member_run_in_submission_order(group):
-    before = len(group.call("history", indices=[0], timeout=30)[0])
-    pendings = [group.submit("add", x, indices=[0]) for x in range(6)]
+    before = len(group.submit_to([0], Counter.history).result(30)[0])
+    pendings = [group.submit_to([0], Counter.add, x) for x in range(6)]
     assert [p.result(30) for p in pendings] == [[100 + x] for x in range(6)]
-    assert group.call("history", indices=[0], timeout=30)[0][before:] == list(range(6))
+    assert group.submit_to([0], Counter.history).result(30)[0][before:] == list(range(6))
 
 
-def test_acall_from_asyncio(group):
+def test_aresult_from_asyncio(group):
+    async def one(i):
+        return (await group.submit_to([i], Counter.add, 7).aresult(30))[0]
+
     async def main():
-        return await asyncio.gather(*(group.acall(i, "add", 7, timeout=30) for i in range(group.size)))
+        return await asyncio.gather(*(one(i) for i in range(group.size)))
 
     assert _run(main()) == [107] * group.size
 
@@ -118,37 +123,37 @@ def test_call_deadline_names_member_and_method(hanging):
     index = hanging.size - 1
     t0 = time.monotonic()
     with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
-        hanging.call("hang", HANG_S, indices=[index], timeout=DEADLINE_S)
+        hanging.submit_to([index], Counter.hang, HANG_S).result(DEADLINE_S)
     assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
 
 
-def test_acall_deadline_names_member_and_method(hanging):
+def test_aresult_deadline_names_member_and_method(hanging):
     index = hanging.size - 1
     t0 = time.monotonic()
     with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
-        _run(hanging.acall(index, "hang", HANG_S, timeout=DEADLINE_S))
+        _run(hanging.submit_to([index], Counter.hang, HANG_S).aresult(DEADLINE_S))
     assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
 
 
 def test_a_call_that_finishes_in_time_is_not_a_timeout(hanging):
-    assert hanging.call("hang", 0.0, timeout=30) == ["woke"] * hanging.size
+    assert hanging.submit(Counter.hang, 0.0).result(30) == ["woke"] * hanging.size
 
 
 def test_failing_member_raises_group_error_naming_it(group):
     index = group.size - 1
     with pytest.raises(GroupError, match=rf"(?s)^{group.name}:{index}\.boom failed.*boom: sync") as info:
-        group.call("boom", "sync", indices=[index], timeout=30)
+        group.submit_to([index], Counter.boom, "sync").result(30)
     assert not isinstance(info.value, GroupTimeout)
     with pytest.raises(GroupError, match=rf"(?s)^{group.name}:{index}\.boom failed.*boom: async") as info:
-        _run(group.acall(index, "boom", "async", timeout=30))
+        _run(group.submit_to([index], Counter.boom, "async").aresult(30))
     assert not isinstance(info.value, GroupTimeout)
     # The member survives its method's exception.
-    assert group.call("add", 1, indices=[index], timeout=30) == [101]
+    assert group.submit_to([index], Counter.add, 1).result(30) == [101]
 
 
 def test_remote_members_are_named_and_shutdown_kills_them(ray_cluster):
     g = Group(Counter, 2, "named", args=(0,), options=CPU)
-    assert g.call("add", 1, timeout=30) == [1, 1]
+    assert g.submit(Counter.add, 1).result(30) == [1, 1]
     handles = [ray.get_actor(f"named:{i}") for i in range(2)]
     assert ray.get([h.add.remote(2) for h in handles], timeout=30) == [2, 2]
     g.shutdown()
@@ -160,10 +165,29 @@ def test_remote_members_are_named_and_shutdown_kills_them(ray_cluster):
 
 
 def test_run_executes_a_function_inside_the_member_after_its_queued_calls(group):
-    _, member_pid = group.call("ident", indices=[1 if group.n else 0], timeout=30)[0]
+    _, member_pid = group.submit_to([1 if group.n else 0], Counter.ident).result(30)[0]
     index = 1 if group.n else 0
-    slow = group.submit("hang", 0.3, indices=[index])
+    slow = group.submit_to([index], Counter.hang, 0.3)
     ran = group.run(index, os.getpid)  # queued behind `hang`, in the member's own process
     assert ran.result(30) == [member_pid]
     assert slow.result(30) == ["woke"]
     assert (member_pid == os.getpid()) == group.local
+
+
+def test_aresult_awaits_every_member_and_names_a_failing_one(group):
+    assert _run(group.submit(Counter.add, 2).aresult(30)) == [102] * group.size
+    with pytest.raises(GroupError, match=rf"(?s)^{group.name}:0\.boom failed.*boom: all") as info:
+        _run(group.submit(Counter.boom, "all").aresult(30))
+    assert not isinstance(info.value, GroupTimeout)
+
+
+def test_submit_each_takes_one_method(group):
+    with pytest.raises(GroupError, match=rf"^{group.name}: submit_each takes one method, got \['add', 'ident'\]"):
+        group.submit_each([Call(Counter.add, 1), Call(Counter.ident)])
+
+
+def test_a_member_method_is_named_by_the_method_itself():
+    for not_a_method in ("add", lambda member: 1):
+        with pytest.raises(TypeError, match=r"unbound method \(Member\.method\)"):
+            Call(not_a_method)  # type: ignore[arg-type]
+    assert Call(Counter.add, 1, scale=2).method == "add"

@@ -63,7 +63,8 @@ class Receiver:
     """Stands in for an engine; a `corrupting` one flips a sign of what it received before serving it."""
 
     def __init__(self, corrupting: bool = False, backend: str = "gloo"):
-        self.corrupting, self.backend, self.served = corrupting, backend, {}
+        self.corrupting, self.backend = corrupting, backend
+        self.served: dict[str, torch.Tensor] = {}
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         self.channel = WeightChannel(host, port, rank, world_size, timeout_s, self.backend)
@@ -96,7 +97,7 @@ def test_every_receiver_gets_exact_tensors_over_several_buckets_and_versions():
             assert out["verified"] == 2.0
             assert out["bytes"] == 2.0 * sum(t.numel() * t.element_size() for t in _weights(0).values())
             for dst in dsts:
-                got = dst.call("get", timeout=TIMEOUT)[0]
+                got = dst.submit(Receiver.get).result(TIMEOUT)[0]
                 assert got.keys() == _weights(0).keys()
                 for name, want in _weights(0).items():
                     assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
@@ -128,7 +129,7 @@ def test_nccl_broadcast_between_two_gpus(ray_gpus):
         connect(src, [dst], TIMEOUT)
         out = broadcast_nccl(src, [dst], 7, TIMEOUT, fingerprint, bucket_bytes=64)
         assert out["verified"] == 1.0
-        got = dst.call("get", timeout=TIMEOUT)[0]
+        got = dst.submit(Receiver.get).result(TIMEOUT)[0]
         assert all(torch.equal(got[k], v) for k, v in _weights(0).items())
     finally:
         src.shutdown()

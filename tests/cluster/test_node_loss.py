@@ -50,7 +50,8 @@ class RemoveNodeAfter:
     """Removes the worker node (no graceful exit) after step `at`, once; records when."""
 
     def __init__(self, cluster: Cluster, at: int):
-        self.cluster, self.at, self.removed_at, self.steps = cluster, at, 0.0, []
+        self.cluster, self.at, self.removed_at = cluster, at, 0.0
+        self.steps: list = []
 
     def on_step(self, step, metrics, checkpoint):
         self.steps.append((step, time.monotonic()))

@@ -55,7 +55,7 @@ def test_members_run_in_the_bundles_they_are_given(ray_cluster):
     try:
         # Member 0 into bundle 2, member 1 into bundle 0: each bundle's slot resource shows where it ran.
         group = Group(Probe, 2, "probe", placement=GroupPlacement(pg, [2, 0], [bundles[2], bundles[0]]))
-        where = group.call("where", timeout=60)
+        where = group.submit(Probe.where).result(60)
         assert [w[0] for w in where] == [pg.id.hex()] * 2
         assert where[0][1] == {"CPU": 0.5, "slot2": 1.0} and where[1][1] == {"CPU": 0.5, "slot0": 1.0}
         group.shutdown()
@@ -73,7 +73,7 @@ def test_run_placement_holds_every_group_and_is_released(ray_cluster):
     with pytest.raises(PlacementError, match="no bundles were laid out for group 'run:d'"):
         rp.group("run:d")
     b = Group(Probe, 1, "run:b", placement=rp.group("run:b"))
-    assert b.call("where", timeout=60)[0] == (rp.pg.id.hex(), {"CPU": 0.25, "slot1": 1.0})
+    assert b.submit(Probe.where).result(60)[0] == (rp.pg.id.hex(), {"CPU": 0.25, "slot1": 1.0})
     b.shutdown()
     rp.release()
     assert _state(rp.pg) == "REMOVED"
@@ -99,6 +99,7 @@ def _adopt(demands: list[Demand]) -> tuple[str, bool, dict[str, list[int]]] | st
         rp = place(demands, strategy="STRICT_SPREAD")  # ignored: the enclosing group's layout is used
     except PlacementError as e:
         return str(e)
+    assert rp is not None
     return rp.pg.id.hex(), rp.owned, rp.layout.indices
 
 

@@ -25,9 +25,9 @@ def test_an_actor_gets_as_many_threads_as_cpus_and_explicit_env_wins(ray_cluster
     two = Group(_Probe, 1, "threads-two", options=MemberOptions(num_cpus=2))
     pinned = Group(_Probe, 1, "threads-pinned", options=MemberOptions(num_cpus=2, env=thread_env(1)))
     try:
-        assert two.call("env", timeout=60)[0] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
+        assert two.submit(_Probe.env).result(60)[0] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
                                                   "OMP_WAIT_POLICY": "PASSIVE", "torch": "2"}
-        got = pinned.call("env", timeout=60)[0]
+        got = pinned.submit(_Probe.env).result(60)[0]
         assert got["OMP_NUM_THREADS"] == got["MKL_NUM_THREADS"] == got["torch"] == "1"
     finally:
         two.shutdown()

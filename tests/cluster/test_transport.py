@@ -13,6 +13,7 @@ import pytest
 
 from cluster.fingerprint import fingerprint
 from cluster.group import Group, GroupTimeout, MemberOptions
+from cluster.member import Call
 from cluster.transport import SyncError, broadcast, payload_bytes
 
 CPU = MemberOptions(num_cpus=0.5)
@@ -61,9 +62,10 @@ class Sink:
     and keeps reporting the one it had."""
 
     def __init__(self, stale: bool = False):
-        self.stale, self.version, self.weights = stale, 0, None
+        self.stale, self.version = stale, 0
+        self.weights: dict[str, np.ndarray] | None = None
 
-    def receive(self, weights: dict[str, np.ndarray], version: int) -> dict[str, int]:
+    def receive(self, weights: dict[str, np.ndarray], version: int) -> dict[str, float]:
         self.weights = {k: np.array(v) for k, v in weights.items()}
         if not self.stale:
             self.version = version
@@ -103,8 +105,9 @@ def source(request, ranks):
 
 def _assert_serving(groups: list[Group], version: int, expected: dict[str, np.ndarray]) -> None:
     for g in groups:
-        for i, (served_version, weights) in enumerate(g.call("served", timeout=TIMEOUT)):
+        for i, (served_version, weights) in enumerate(g.submit(Sink.served).result(TIMEOUT)):
             assert served_version == version, f"{g.name}:{i}"
+            assert weights is not None
             assert weights.keys() == expected.keys()
             for k in expected:
                 np.testing.assert_array_equal(weights[k], expected[k], err_msg=f"{g.name}:{i} {k}")
@@ -115,7 +118,7 @@ def test_broadcast_delivers_rank0_payload_and_counts_bytes(source, sinks, dst_ki
     src, state = source
     dsts = [sinks[n] for n in dst_kinds]
     version = 10 * src.n + len(dst_kinds) + dst_kinds[-1]  # distinct per case: a stale sink cannot pass
-    out = broadcast(src, "state", dsts, "receive", version, TIMEOUT)
+    out = broadcast(src, Rank.state, dsts, Sink.receive, version, TIMEOUT)
     assert out["bytes"] == float(STATE_BYTES * sum(g.size for g in dsts))
     assert out["sync_s"] > 0
     _assert_serving(dsts, version, state)
@@ -128,7 +131,7 @@ def test_destination_on_wrong_version_raises_sync_error_naming_it(sinks, stale_n
     stale = _sinks(stale_n, f"stale{stale_n}", stale=(index,))
     try:
         with pytest.raises(SyncError, match=rf"^stale{stale_n}:{index} reports weight version 0, expected 42$"):
-            broadcast(src, "state", [sinks[0], stale], "receive", 42, TIMEOUT)
+            broadcast(src, Rank.state, [sinks[0], stale], Sink.receive, 42, TIMEOUT)
     finally:
         stale.shutdown()
         src.shutdown()
@@ -150,11 +153,11 @@ class CheckedSink(Sink):
         if not self.skipping:
             self.weights = {k: np.array(v) for k, v in weights.items()}
         self.version = version
-        return {"version": version, "bytes": STATE_BYTES, "fingerprint": fingerprint(self.weights)}
+        return {"version": version, "bytes": STATE_BYTES, "fingerprint": fingerprint(self.weights or {})}
 
 
 def _checked(n: int, name: str, **flags_of_last: bool) -> Group:
-    kwargs = [{} for _ in range(max(n, 1) - 1)] + [flags_of_last]
+    kwargs: list[dict[str, bool]] = [{} for _ in range(max(n, 1) - 1)] + [flags_of_last]
     return Group(CheckedSink, n, name, options=CPU, per_member_kwargs=kwargs)
 
 
@@ -163,7 +166,7 @@ def test_fingerprints_of_every_member_are_verified(source, n):
     src, state = source
     dst = _checked(n, f"ok{n}")
     try:
-        out = broadcast(src, "state", [dst], "receive", 3, TIMEOUT, fingerprint=fingerprint)
+        out = broadcast(src, Rank.state, [dst], Sink.receive, 3, TIMEOUT, fingerprint=fingerprint)
         assert out["verified"] == float(dst.size)
         _assert_serving([dst], 3, state)
     finally:
@@ -177,7 +180,7 @@ def test_member_that_skipped_the_load_is_caught_by_fingerprint_and_named(source,
     index = max(n - 1, 0)
     try:
         with pytest.raises(SyncError, match=rf"^run:engine:generator{n}:{index} serves weights with fingerprint"):
-            broadcast(src, "state", [dst], "receive", 4, TIMEOUT, fingerprint=fingerprint)
+            broadcast(src, Rank.state, [dst], Sink.receive, 4, TIMEOUT, fingerprint=fingerprint)
     finally:
         dst.shutdown()
 
@@ -188,7 +191,7 @@ def test_hung_member_trips_the_sync_deadline_and_is_named(ray_cluster, n):
     dst = _checked(n, f"run:engine:aggregator{n}", hung=True)
     try:
         with pytest.raises(GroupTimeout, match=rf"run:engine:aggregator{n}:0\.receive missed its [0-9.]+s deadline"):
-            broadcast(src, "state", [dst], "receive", 5, 1.0, fingerprint=fingerprint)
+            broadcast(src, Rank.state, [dst], Sink.receive, 5, 1.0, fingerprint=fingerprint)
     finally:
         dst.shutdown()
         src.shutdown()
@@ -206,7 +209,7 @@ def test_init_collective_then_all_reduce_sums_across_ranks(ranks):
     from cluster.collective import init_collective
 
     init_collective(ranks, "gloo", TIMEOUT)
-    out = ranks.submit_each("all_reduce", [([1.0, 2.0],), ([10.0, 20.0],)]).result(TIMEOUT)
+    out = ranks.submit_each([Call(Rank.all_reduce, [1.0, 2.0]), Call(Rank.all_reduce, [10.0, 20.0])]).result(TIMEOUT)
     assert out == [(0, 2, [11.0, 22.0]), (1, 2, [11.0, 22.0])]
 
 
@@ -227,10 +230,10 @@ def test_broadcast_to_chosen_members_leaves_the_others_alone(ray_cluster):
     dst = _checked(2, "some", skipping=True)  # member 1 skips its load: the error must name index 1
     try:
         with pytest.raises(SyncError, match=r"^some:1 serves weights with fingerprint"):
-            broadcast(src, "state", [dst], "receive", 6, TIMEOUT, fingerprint=fingerprint, indices=[1])
-        out = broadcast(src, "state", [dst], "receive", 7, TIMEOUT, fingerprint=fingerprint, indices=[0])
+            broadcast(src, Rank.state, [dst], Sink.receive, 6, TIMEOUT, fingerprint=fingerprint, indices=[1])
+        out = broadcast(src, Rank.state, [dst], Sink.receive, 7, TIMEOUT, fingerprint=fingerprint, indices=[0])
         assert out["verified"] == 1.0 and out["bytes"] == float(STATE_BYTES)
-        assert [v for v, _ in dst.call("served", timeout=TIMEOUT)] == [7, 6]
+        assert [v for v, _ in dst.submit(Sink.served).result(TIMEOUT)] == [7, 6]
     finally:
         dst.shutdown()
         src.shutdown()

@@ -68,6 +68,20 @@ def test_bad_values_name_their_key(override, key):
         load_config(TINY, [override])
 
 
+def test_choices_are_read_from_the_registries(monkeypatch):
+    """A variant registered in its registry is a valid choice with no edit to the config code."""
+    from learners.advantages import ADVANTAGE_ESTIMATORS
+    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+
+    with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):
+        load_config(TINY, ["algo.advantage=mean"])
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "mean", ADVANTAGE_ESTIMATORS["rloo"])
+    monkeypatch.setitem(LOSS_AGGREGATIONS, "seq_sum", LOSS_AGGREGATIONS["token_mean"])
+    monkeypatch.setitem(KL_ESTIMATORS, "k0", KL_ESTIMATORS["k1"])
+    cfg = load_config(TINY, ["algo.advantage=mean", "algo.loss_agg=seq_sum", "algo.kl_estimator=k0"])
+    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("mean", "seq_sum", "k0")
+
+
 def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():
     # tiny: max_new_tokens 8
     with pytest.raises(ConfigError, match=r"algo\.max_len must be >= .* = 100 \+ 8; got 107"):

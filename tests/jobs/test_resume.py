@@ -41,7 +41,8 @@ class StopAfter:
     checkpoint folder each step reported."""
 
     def __init__(self, k: int):
-        self.k, self.checkpoints = k, []
+        self.k = k
+        self.checkpoints: list = []
 
     def on_step(self, step, metrics, checkpoint):
         self.checkpoints.append(checkpoint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -18,6 +19,7 @@ from marl.tasks.sampler import PromptSampler
 from marl.types import Completion
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
+from rollout.engine import EngineMember
 from rollout.engine_group import EngineGroup
 
 ROLES = ["generator", "evaluator"]
@@ -49,7 +51,8 @@ def _cfg(tmp_path, *overrides: str):
 
 def _system(cfg) -> SimpleNamespace:
     engine_map = EngineMap.build(PolicyMap.isolated(ROLES), cfg.run_name)
-    engines = {spec.roles[0]: EngineGroup(spec, "unused", cfg.rollout, "float32", engine_cls=SeedRecorder)
+    engines = {spec.roles[0]: EngineGroup(spec, "unused", cfg.rollout, "float32",
+                                              engine_cls=cast(type[EngineMember], SeedRecorder))
                for spec in engine_map.groups}
     collector = Collector(engines, "eval_opt", get_family("digit"), WorkflowOptions(max_rounds=3))
     return SimpleNamespace(collector=collector, engines=engines)

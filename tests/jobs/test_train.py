@@ -19,6 +19,7 @@ from jobs.step import RolloutSource, train_step
 from jobs.system import build_system
 from jobs.tracking import read_metrics
 from jobs.train import train
+from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.tasks.sampler import PromptSampler
@@ -109,7 +110,8 @@ def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
 
 
 def _weights(system, pid):
-    return {k: v.clone() for k, v in system.learners[pid].group.call("get_weights", indices=[0], timeout=60)[0].items()}
+    weights = system.learners[pid].group.submit_to([0], LearnerMember.get_weights).result(60)[0]
+    return {k: v.clone() for k, v in weights.items()}
 
 
 def _load_digit_tasks():

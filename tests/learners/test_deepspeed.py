@@ -19,6 +19,7 @@ from learners.batch import empty_batch
 from learners.deepspeed_backend import DeepSpeedLearner, deepspeed_config
 from learners.learner import Learner
 from learners.losses import local_normalizer
+from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
 
@@ -47,7 +48,11 @@ def model_path():
 
 def make(model_path, backend: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, f"learner.backend={backend}", *overrides])
-    return rank_class(backend)("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, 10, seed=0)
+    learner = rank_class(backend)(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model,
+                                              learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10,
+                                              seed=0))
+    assert isinstance(learner, Learner)
+    return learner
 
 
 def update(learner: Learner, batch, roles: bool = False) -> dict[str, float]:

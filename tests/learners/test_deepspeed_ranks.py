@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from jobs.config import load_config
 from jobs.models import resolve_model
 from learners.group import LearnerGroup
+from learners.member import LearnerSpec
 from tests.learners.test_learner import LORA
 from tests.learners.test_learner_group import BASE, ROWS, make_batch, make_group, max_abs_diff, weights
 
@@ -64,7 +65,9 @@ def test_zero3_checkpoint_round_trip_on_two_ranks(ray_cluster, tmp_path):
                                                  "learner.ranks=2", "learner.deepspeed.zero_stage=3"])
 
     def group(run_name: str) -> LearnerGroup:  # two groups alive at once: their actors need distinct names
-        return LearnerGroup("p", resolve_model("builtin:tiny"), cfg.model, cfg.learner, cfg.algo, 0.7, 10, 0, run_name)
+        spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
+                           learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0)
+        return LearnerGroup(spec, run_name)
 
     first, resumed = group("first"), None
     try:

@@ -12,6 +12,7 @@ from jobs.models import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs
+from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
 from learners.schedule import lr_factor
 from learners.weights import merged_state_dict
@@ -38,7 +39,8 @@ def model_path():
 def make_learner(model_path):
     def make(*overrides: str, total_steps: int = 10) -> Learner:
         cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-        return Learner("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, total_steps, seed=0)
+        return Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
+                                   algo=cfg.algo, temperature=1.0, total_steps=total_steps, seed=0))
 
     return make
 

@@ -19,6 +19,7 @@ from jobs.models import resolve_model
 from learners.group import merge_rank_metrics
 from learners.learner import Learner
 from learners.losses import token_logprobs
+from learners.member import LearnerSpec
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, update
@@ -33,7 +34,8 @@ def model_path():
 
 def _learner(model_path: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-    return Learner("p", model_path, cfg.model, cfg.learner, cfg.algo, 1.0, 10, seed=0)
+    return Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
+                               algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
 
 
 def _flat(tensors) -> torch.Tensor:

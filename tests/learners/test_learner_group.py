@@ -8,6 +8,7 @@ from jobs.config import load_config
 from jobs.models import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.group import LearnerGroup, merge_rank_metrics
+from learners.member import LearnerMember, LearnerSpec
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [
@@ -51,12 +52,15 @@ ROWS = [
 def make_group(*overrides: str) -> LearnerGroup:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.micro_batch_size=2", *overrides])
     path = resolve_model("builtin:tiny")
-    return LearnerGroup("p", path, cfg.model, cfg.learner, cfg.algo, 0.7, 10, 0, "test")
+    spec = LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
+                       temperature=0.7, total_steps=10, seed=0)
+    return LearnerGroup(spec, "test")
 
 
 def weights(group: LearnerGroup, rank: int = 0) -> dict[str, torch.Tensor]:
     # An in-process learner hands out views of its live parameters: copy before the next update.
-    return {k: v.clone() for k, v in group.group.call("get_weights", indices=[rank], timeout=TIMEOUT)[0].items()}
+    weights = group.group.submit_to([rank], LearnerMember.get_weights).result(TIMEOUT)[0]
+    return {k: v.clone() for k, v in weights.items()}
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

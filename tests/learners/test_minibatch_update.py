@@ -12,6 +12,7 @@ from jobs.models import resolve_model
 from learners.batch import TrainBatch
 from learners.learner import Learner
 from learners.losses import local_normalizer, ppo_clip_loss, token_logprobs
+from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
 from tests.learners.test_learner import BASE, ROWS, make_batch, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights
@@ -25,7 +26,8 @@ def make_learner():
 
     def make(*overrides: str) -> Learner:
         cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-        return Learner("p", path, cfg.model, cfg.learner, cfg.algo, 1.0, 10, seed=0)
+        return Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
+                                   temperature=1.0, total_steps=10, seed=0))
 
     return make
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cluster.member import Call
 from jobs.models import resolve_model
 from marl.engine_map import EngineGroupSpec, EngineMap
 from marl.policy_map import PolicyMap
@@ -18,7 +19,7 @@ from marl.tasks import get_family
 from marl.types import Completion, Message, Task
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
 from rollout.engine_group import EngineGroup
 from rollout.hf_engine import HFEngine
 
@@ -46,7 +47,9 @@ class RecordingEngines:
 
 
 def _generator_reply(messages: list[Message]) -> str:
-    digit = re.search(r"Write the digit (\d)\.", messages[-1]["content"]).group(1)
+    match = re.search(r"Write the digit (\d)\.", messages[-1]["content"])
+    assert match is not None
+    digit = match.group(1)
     return f"{'4' if digit == WRONG_ON else digit} is my answer"
 
 
@@ -200,7 +203,8 @@ def test_two_ray_replicas_take_chunks_round_robin(ray_cluster, tiny, expected):
     try:
         assert group.group.size == 2 and not group.group.local
         # Same weights, distinct versions: each completion then says which replica produced it.
-        group.group.submit_each("load_weights", [(state, 1), (state, 2)]).result(120)
+        loads = [Call(EngineMember.load_weights, state, 1), Call(EngineMember.load_weights, state, 2)]
+        group.group.submit_each(loads).result(120)
         assert group.versions() == [1, 2]
         got = asyncio.run(group.generate(REQUESTS, SAMPLING))
         _assert_same(got, want)

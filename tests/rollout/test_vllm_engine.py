@@ -19,7 +19,7 @@ from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.transport import SyncError, broadcast
 from jobs.models import resolve_model
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
 from rollout.vllm_engine import VLLMEngine
 from rollout.vllm_support import cpu_bind
@@ -240,10 +240,10 @@ def test_sender_catches_an_engine_that_serves_other_weights_and_names_it(tiny):
     bad = Group(PartialLoadEngine, 0, "run:engine:aggregator", args=(tiny,),
                 per_member_kwargs=[{"kv_cache_gb": KV_GB}])
     try:
-        out = broadcast(src, "get_weights", [good], "load_weights", 1, 60.0, fingerprint=fingerprint)
+        out = broadcast(src, Source.get_weights, [good], EngineMember.load_weights, 1, 60.0, fingerprint=fingerprint)
         assert out["verified"] == 1.0
         with pytest.raises(SyncError, match=r"^run:engine:aggregator:0 serves weights with fingerprint"):
-            broadcast(src, "get_weights", [good, bad], "load_weights", 2, 60.0, fingerprint=fingerprint)
+            broadcast(src, Source.get_weights, [good, bad], EngineMember.load_weights, 2, 60.0, fingerprint=fingerprint)
     finally:
         for g in (src, good, bad):
             g.shutdown()

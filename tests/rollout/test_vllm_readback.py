@@ -59,7 +59,7 @@ def _served_model(w: dict[str, torch.Tensor], packed: bool, config=CONFIG) -> nn
     """vLLM's layout of `w`: q/k/v and gate/up stacked in fused linears, embeddings padded."""
     attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
     root = nn.Module()
-    root.config, root.packed_modules_mapping = config, PACKED
+    root.config, root.packed_modules_mapping = config, PACKED  # type: ignore[assignment]  # plain attributes, as vLLM's
     modules = {
         "model.embed_tokens": Embedding(w["model.embed_tokens.weight"]),
         f"{attn}.qkv_proj": Linear(torch.cat([w[f"{attn}.{p}.weight"] for p in PACKED["qkv_proj"]]), packed),
@@ -74,7 +74,7 @@ def _served_model(w: dict[str, torch.Tensor], packed: bool, config=CONFIG) -> nn
                 parent.add_module(part, nn.Module())
             parent = getattr(parent, part)
         parent.add_module(path.rsplit(".", 1)[1], module)
-    root.model.norm = nn.Module()
+    root.model.norm = nn.Module()  # type: ignore[method-assign]  # `model` is a submodule added above
     root.model.norm.weight = nn.Parameter(w["model.norm.weight"].clone(), requires_grad=False)
     return root
 

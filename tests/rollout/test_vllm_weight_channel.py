@@ -12,7 +12,7 @@ from cluster.fingerprint import fingerprint
 from cluster.group import Group, MemberOptions
 from cluster.nccl import broadcast_nccl, connect
 from jobs.models import resolve_model
-from rollout.engine import Sampling
+from rollout.engine import EngineMember, Sampling
 from rollout.vllm_engine import VLLMEngine
 from tests.cluster.test_nccl import Sender
 
@@ -35,11 +35,11 @@ def test_engine_receives_a_bucketed_broadcast_inside_its_worker_and_verifies_it(
     dst = Group(VLLMEngine, 0, "run:engine:generator", args=(tiny,),
                 per_member_kwargs=[{"kv_cache_gb": 0.25, "weight_channel": True}])
     try:
-        before = dst.call("generate", REQUESTS, GREEDY, timeout=120)[0]
+        before = dst.submit(EngineMember.generate, REQUESTS, GREEDY).result(120)[0]
         assert connect(src, [dst], 120.0) == 2
         out = broadcast_nccl(src, [dst], 5, 120.0, fingerprint, bucket_bytes=4096)  # many buckets
         assert out["verified"] == 1.0
-        after = dst.call("generate", REQUESTS, GREEDY, timeout=120)[0]
+        after = dst.submit(EngineMember.generate, REQUESTS, GREEDY).result(120)[0]
         assert [c.response_ids for c in after] != [c.response_ids for c in before]
         assert {c.version for c in after} == {5}
     finally:

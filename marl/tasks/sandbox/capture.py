@@ -8,6 +8,7 @@ import selectors
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 KEEP_BYTES = 64 * 1024  # how much of stdout / stderr is kept for the result
 CHUNK = 64 * 1024
@@ -26,7 +27,7 @@ class Capture:
     setup_at: float | None = None  # monotonic time the first result record arrived
 
 
-def communicate(proc: subprocess.Popen, result_fd: int, payload: bytes, deadline: float,
+def communicate(proc: subprocess.Popen[bytes], result_fd: int, payload: bytes, deadline: float,
                 max_output: int, max_result: int) -> Capture:
     """Run the loop until the child exited and its pipes closed, or it must be stopped."""
     cap = Capture()
@@ -66,12 +67,14 @@ def _loop(sel: selectors.BaseSelector, cap: Capture, payload: bytes, deadline: f
             return
 
 
-def _register(sel: selectors.BaseSelector, proc: subprocess.Popen, result_fd: int) -> int | None:
+def _register(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], result_fd: int) -> int | None:
     """Register the child's pipes and, where the OS has one, a pidfd; returns the pidfd to close after."""
-    os.set_blocking(proc.stdin.fileno(), False)  # a payload larger than the pipe must not block the loop
-    sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+    assert stdin is not None and stdout is not None and stderr is not None  # runner._spawn pipes all three
+    os.set_blocking(stdin.fileno(), False)  # a payload larger than the pipe must not block the loop
+    sel.register(stdin, selectors.EVENT_WRITE, "stdin")
+    sel.register(stdout, selectors.EVENT_READ, "stdout")
+    sel.register(stderr, selectors.EVENT_READ, "stderr")
     sel.register(result_fd, selectors.EVENT_READ, "result")
     try:
         # A pidfd turns readable when the child exits, before a reap, so the pid stays reserved meanwhile.
@@ -89,7 +92,7 @@ def _waiting(sel: selectors.BaseSelector) -> bool:
     return any(key.data != "stdin" for key in sel.get_map().values())
 
 
-def _feed(sel: selectors.BaseSelector, stdin, payload: bytes, sent: int) -> int:
+def _feed(sel: selectors.BaseSelector, stdin: Any, payload: bytes, sent: int) -> int:
     try:
         sent += os.write(stdin.fileno(), payload[sent : sent + CHUNK])
     except (BrokenPipeError, BlockingIOError) as e:

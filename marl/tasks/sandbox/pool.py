@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from marl.tasks.sandbox.limits import Program, SandboxLimits, SandboxResult
 from marl.tasks.sandbox.runner import run
@@ -54,11 +55,11 @@ class SandboxPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"limits": self.limits, "workers": self.workers}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["limits"], state["workers"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        SandboxPool.__init__(self, state["limits"], state["workers"])
 
     def _start(self) -> ThreadPoolExecutor:
         with self._lock:

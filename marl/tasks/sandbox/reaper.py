@@ -49,14 +49,14 @@ def kill_group_and_uid(leader: int, uid: int | None) -> None:
     # The usual case costs one /proc scan: the leader has exited and nothing else ran under the uid, so
     # nothing is left that could still fork.
     alone = uid is None or (set(processes_of(uid)) <= {leader} and _is_zombie(leader))
-    if not alone:
+    if uid is not None and not alone:
         _signal_until_stable(uid, signal.SIGSTOP, spare=None)  # nothing can fork while we kill
         _signal_until_stable(uid, signal.SIGKILL, spare=leader)
     try:
         os.killpg(leader, signal.SIGKILL)  # the group id stays reserved until the leader is reaped
     except (ProcessLookupError, PermissionError):
         pass
-    if not alone:
+    if uid is not None and not alone:
         _signal_until_stable(uid, signal.SIGKILL, spare=None)
 
 

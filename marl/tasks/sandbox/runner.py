@@ -74,7 +74,7 @@ def _execute(program: Program, limits: SandboxLimits, uid: int | None, workdir: 
     )
 
 
-def _spawn(limits: SandboxLimits, workdir: str) -> tuple[subprocess.Popen, int]:
+def _spawn(limits: SandboxLimits, workdir: str) -> tuple[subprocess.Popen[bytes], int]:
     """The child in a new session (its own process group), cwd = workdir, with a result pipe on an extra fd.
 
     Confinement happens inside the child before it reads the candidate (child.py), not in a preexec_fn,
@@ -110,7 +110,7 @@ def _result_cap(program: Program, limits: SandboxLimits) -> int:
     return 6 * limits.max_output_bytes * max(1, len(program.inputs)) + MIB
 
 
-def _reap(proc: subprocess.Popen) -> tuple[int, float]:
+def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
     """Wait for the (killed) child; its exit code and CPU seconds. Sets proc.returncode so Popen agrees."""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)

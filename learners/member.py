@@ -1,0 +1,75 @@
+"""The contract between a LearnerGroup and the ranks it hosts: `LearnerSpec`, what every rank is built from
+(one keyword dataclass crosses to the Ray actors), and `LearnerMember`, the methods the group and the weight sync
+call on a rank (learners/learner.py, learners/deepspeed_backend.py), named as `LearnerMember.<method>`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster.collective import CollectiveMember
+from cluster.nccl import WeightSender
+
+if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
+    from torch import Tensor
+
+    from cluster.packing import PackedTensors
+    from learners.ppo_plan import UpdatePlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerSpec:
+    """One policy's learner: its model folder and the config sections its ranks read (plain values and read-only
+    config sections, so it pickles to the rank actors)."""
+
+    policy_id: str
+    model_path: str
+    model: Any  # the policy's `model` config section (dtype, lora)
+    learner: Any  # its `learner` section (optim, micro-batch, backend, ...)
+    algo: Any  # the `algo` section (clipping, KL, loss aggregation, ...)
+    temperature: float  # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
+    total_steps: int  # training steps of the run (the LR schedule's length)
+    seed: int
+
+
+class LearnerMember(CollectiveMember, WeightSender, Protocol):
+    """One data-parallel rank of a policy: trains on its shard, hands out weights (rank 0 also over the NCCL
+    channel: WeightSender), saves and restores state; ranks form a process group (CollectiveMember)."""
+
+    def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...
+
+    def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
+        """The optimizer steps of one training step on this rank's shard (a TrainBatch.to_dict()); returns
+        metric sums (learners.group.merge_rank_metrics)."""
+        ...
+
+    def get_weights(self) -> dict[str, Tensor]:
+        """The weights engines serve (LoRA merged), as host tensors under HF names."""
+        ...
+
+    def get_packed_weights(self) -> PackedTensors:
+        """`get_weights` in one byte buffer: the object-store sync payload."""
+        ...
+
+    def get_adapter(self) -> dict[str, Any]:
+        """The LoRA adapter alone (rollout.lora payload): multi-LoRA serving."""
+        ...
+
+    def get_lora_delta(self) -> dict[str, Any]:
+        """The adapter, the names of the served weights and their merged fingerprint: adapter-only syncs of merged
+        serving."""
+        ...
+
+    def sync_metrics(self) -> dict[str, float]:
+        """What the weights last handed out lost to the serving dtype (`sync/merge_rounding/<policy>`)."""
+        ...
+
+    def export(self, out_dir: str) -> str:
+        """An HF model folder of the current weights (and the adapter, for LoRA); returns the folder."""
+        ...
+
+    def save_state(self, path: str) -> None:
+        """This rank's part of the policy's state (learners/checkpoint.py)."""
+        ...
+
+    def load_state(self, path: str) -> None: ...

@@ -1,0 +1,161 @@
+"""jobs.weight_sync with in-process stand-ins for a learner's rank 0 and engines (no Ray, no model): which payload
+each serving mode ships, over which transport (the NCCL channel over gloo on CPU), the versions a replaced engine
+is caught up to, and the channel formed anew after a replacement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from cluster import collective
+from cluster.fingerprint import fingerprint
+from cluster.group import Group
+from cluster.nccl import WeightChannel
+from cluster.packing import pack
+from jobs.weight_sync import WeightSync, resync_through, sync_all
+
+TIMEOUT = 60.0
+WEIGHTS = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.float64)}
+ADAPTER = {"policy_id": "pi", "tensors": {"lora_A": torch.full((2, 2), 0.5)}, "config": {}}
+
+
+class Rank0:
+    """A learner's rank 0: hands out WEIGHTS (and ADAPTER) the ways the learner does, and counts channel joins."""
+
+    def __init__(self) -> None:
+        self.joins = 0
+
+    def get_packed_weights(self):
+        return pack(WEIGHTS)
+
+    def get_adapter(self):
+        return ADAPTER
+
+    def get_lora_delta(self):
+        return {**ADAPTER, "names": list(WEIGHTS), "fingerprint": fingerprint(WEIGHTS)}
+
+    def rendezvous_address(self):
+        return collective.rendezvous_address()
+
+    def nccl_join(self, host, port, rank, world_size, timeout_s):
+        self.joins += 1
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend="gloo")
+
+    def nccl_send(self, version, bucket_bytes, fingerprint_fn):
+        return {"fingerprint": fingerprint_fn(WEIGHTS), "bytes": self.channel.send(WEIGHTS, version, bucket_bytes)}
+
+    def joined(self) -> int:
+        return self.joins
+
+
+class Engine:
+    """Serves what it is sent; records which load method each version arrived through."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, int]] = []
+        self.joins = 0
+
+    def _report(self, how: str, version: int, served: dict[str, Any]) -> dict[str, float]:
+        self.loads.append((how, version))
+        return {"version": version, "bytes": 1, "fingerprint": fingerprint(served)}
+
+    def load_weights(self, weights, version):
+        return self._report("load_weights", version, dict(weights))
+
+    def load_adapter(self, payload, version):
+        return self._report("load_adapter", version, payload["tensors"])
+
+    def load_lora_delta(self, payload, version):
+        return self._report("load_lora_delta", version, WEIGHTS)  # the merge the learner fingerprinted
+
+    def nccl_join(self, host, port, rank, world_size, timeout_s):
+        self.joins += 1
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend="gloo")
+
+    def nccl_receive(self, version, bucket_bytes):
+        return self._report("nccl_receive", version, dict(self.channel.receive(version, bucket_bytes)))
+
+    def history(self) -> tuple[list[tuple[str, int]], int]:
+        return self.loads, self.joins
+
+
+@dataclass
+class Learners:
+    """What WeightSync reads of a LearnerGroup."""
+
+    policy_id: str
+    group: Group = field(default_factory=lambda: Group(Rank0, 0, "run:learner:pi"))
+
+    def sync_metrics(self) -> dict[str, float]:
+        return {f"sync/merge_rounding/{self.policy_id}": 0.5}
+
+
+@dataclass
+class Engines:
+    """What WeightSync reads of an EngineGroup."""
+
+    name: str
+    policies: list[str]
+    multi_lora: bool = False
+    group: Group = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = Group(Engine, 0, f"run:engine:{self.name}")
+
+
+def _history(engines: Engines) -> tuple[list[tuple[str, int]], int]:
+    return engines.group.submit(Engine.history).result(TIMEOUT)[0]
+
+
+def _sync(engines: list[Engines], transport: str = "object_store", lora_delta: bool = False,
+          pid: str = "pi") -> WeightSync:
+    return WeightSync(Learners(pid), engines, transport, 64, TIMEOUT, lora_delta)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("multi_lora", "transport", "lora_delta", "method"), [
+    (False, "object_store", False, "load_weights"),
+    (False, "object_store", True, "load_lora_delta"),
+    (False, "nccl", True, "nccl_receive"),
+    (True, "object_store", False, "load_adapter"),
+    (True, "nccl", True, "load_adapter"),  # adapters always take the object store
+])
+def test_each_serving_mode_ships_its_payload_and_is_verified(multi_lora, transport, lora_delta, method):
+    engines = [Engines("a", ["pi"], multi_lora), Engines("b", ["pi"], multi_lora)]
+    out = _sync(engines, transport, lora_delta).run(3)
+    assert out["verified"] == 2.0
+    for e in engines:
+        assert _history(e)[0] == [(method, 3)]
+
+
+def test_sync_all_sums_policies_and_adds_merged_serving_metrics():
+    a, b = Engines("a", ["pi"]), Engines("b", ["rho"], multi_lora=True)
+    syncs = {"pi": _sync([a], pid="pi"), "rho": _sync([b], pid="rho")}
+    out = sync_all(syncs, 5)
+    assert out["sync/verified"] == 2.0 and out["sync/bytes"] == 2.0 and out["time/sync_s"] > 0
+    assert out["sync/merge_rounding/pi"] == 0.5 and "sync/merge_rounding/rho" not in out  # multi-LoRA: no merge
+    assert syncs["pi"].version == syncs["rho"].version == 5
+
+
+def test_a_replaced_engine_is_caught_up_through_the_object_store_and_the_channel_formed_anew():
+    engines = Engines("a", ["pi"])
+    sync = _sync([engines], transport="nccl")
+    sync.run(1)
+    sync.run(2)  # the channel stands: no new joins
+    assert _history(engines) == ([("nccl_receive", 1), ("nccl_receive", 2)], 1)
+    resync_through({"pi": sync})(engines, 0)  # what EngineGroup calls after replacing member 0
+    assert _history(engines) == ([("nccl_receive", 1), ("nccl_receive", 2), ("load_weights", 2)], 1)
+    sync.run(3)  # a channel's members are fixed: it is formed again, then used
+    assert _history(engines) == ([("nccl_receive", 1), ("nccl_receive", 2), ("load_weights", 2),
+                                  ("nccl_receive", 3)], 2)
+    assert sync.learner.group.submit(Rank0.joined).result(TIMEOUT) == [2]
+
+
+def test_a_group_serving_several_policies_is_caught_up_on_each():
+    shared = Engines("lora", ["pi", "rho"], multi_lora=True)
+    syncs = {pid: _sync([shared], pid=pid) for pid in ("pi", "rho")}
+    sync_all(syncs, 4)
+    resync_through(syncs)(shared, 0)
+    assert _history(shared)[0][-2:] == [("load_adapter", 4), ("load_adapter", 4)]

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, cast
 
+import torch
 from omegaconf import OmegaConf
 
 from cluster.connect import ConnectError, connect
@@ -61,6 +62,8 @@ def quiet_logs(verbose: bool) -> None:
     WARNING lines per engine), torch's C++ warnings at ERROR, no FutureWarnings. Read by every engine at import
     (forwarded to engine actors by rollout/vllm_support.engine_env); the user's own settings win."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if not torch.cuda.is_available():  # DeepSpeed (imported by HF saving code) otherwise warns it found no GPU;
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # actors of the embedded cluster inherit the driver's env
     if not verbose:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")

@@ -1,7 +1,7 @@
-"""The layout users run against the in-process one: the vs_trl workload with engines and learners in the
-driver's process, then as Ray actors (one engine actor, one learner actor), then the quickstart's layout
-(voting, isolated, LoRA, actors), then bf16 where the CPU has it. One invocation, each mode in its own
-subprocess; medians after warm-up, ratios side by side.
+"""The layout users run against the in-process one: the vs_trl workload with engines and learners in the driver's
+process, then as Ray actors (one engine actor, one learner actor), then with a LoRA r16 policy (the quickstart's
+layout), then voting with isolated LoRA policies (actors), then bf16 where the CPU has it. One invocation, each
+mode in its own subprocess; medians after warm-up, ratios side by side.
 
     .venv/bin/python -m benchmarks.actor_overhead [--steps 4] [--warmup 1] [--prompts 16] [--n 4] [--tokens 128]
 
@@ -23,11 +23,12 @@ from benchmarks.vs_trl import breakdown, run_ours, workload_parser
 
 ACTORS = ("rollout.engines_per_role=1", "learner.ranks=1", "rollout.engine_num_cpus=2", "learner.rank_num_cpus=2",
           "ray.num_cpus=8")
+LORA = ("model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32", "learner.optim.lr=1e-3")
 MODES = {
     "in-process": (),
     "actors": ACTORS,
-    "quickstart layout": (*ACTORS, "marl.workflow=voting", "marl.sharing=isolated", "model.lora.enabled=true",
-                          "model.lora.rank=16", "model.lora.alpha=32"),
+    "actors, LoRA": (*ACTORS, *LORA),  # the quickstart's layout
+    "voting, isolated, LoRA": (*ACTORS, "marl.workflow=voting", "marl.sharing=isolated", *LORA),
     "actors, bf16": (*ACTORS, "model.dtype=bfloat16"),
 }
 

@@ -80,8 +80,13 @@ def test_completions_are_shaped_like_the_hf_engines(engine, hf):
     assert len(out) == len(REQUESTS)
     for messages, c in zip(REQUESTS, out, strict=True):
         assert c.prompt_ids == hf.encode(messages)
-        assert len(c.response_ids) == len(c.logprobs) == 6
-        assert c.finish_reason == "length" and all(lp <= 0 for lp in c.logprobs)
+        # Sampled at temperature 1 from a random tiny model: a request may draw EOS before its 6 tokens (which
+        # ones do depends on the derived request seeds); the shape contract is the same either way.
+        assert 1 <= len(c.response_ids) == len(c.logprobs) <= 6 and all(lp <= 0 for lp in c.logprobs)
+        if len(c.response_ids) < 6:
+            assert c.finish_reason == "stop" and c.response_ids[-1] in engine.eos_ids
+        else:
+            assert c.finish_reason == "length"
         assert c.text == hf.tokenizer.decode(c.response_ids, skip_special_tokens=True)
         assert (c.version, c.policy_id) == (0, "pi")
 

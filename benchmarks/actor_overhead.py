@@ -27,9 +27,9 @@ LORA = ("model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32", 
 MODES = {
     "in-process": (),
     "actors": ACTORS,
-    "actors, LoRA": (*ACTORS, *LORA),  # the quickstart's layout
-    "voting, isolated, LoRA": (*ACTORS, "marl.workflow=voting", "marl.sharing=isolated", *LORA),
-    "actors, bf16": (*ACTORS, "model.dtype=bfloat16"),
+    "actors+LoRA": (*ACTORS, *LORA),  # the quickstart's layout
+    "voting isolated LoRA": (*ACTORS, "marl.workflow=voting", "marl.sharing=isolated", *LORA),
+    "actors+bf16": (*ACTORS, "model.dtype=bfloat16"),
 }
 
 

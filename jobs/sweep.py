@@ -38,6 +38,7 @@ from jobs.sweep_spec import (
     search_space,
     validate,
 )
+from jobs.tracking import read_metrics
 
 POINTER = "pointer.json"
 FINISHED = "sweep/finished"  # in a trial's last result once its run returned (Tune's own `done` is not saved)
@@ -99,7 +100,16 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     cfg = trial_config(setup, config, f"{setup.name}_{tune.get_context().get_trial_id()}")
     reporter = TuneReporter(Path(cfg.out_dir) / cfg.run_name)
     summary = train(cfg, callbacks=(reporter,))
-    tune.report({**reporter.last, **summary, FINISHED: 1.0})
+    # A trial resumed after its run's last step had committed trains no step here: its final result carries the
+    # run's last logged step instead, so the sweep's metric (reward/mean) is still in it.
+    tune.report({**(reporter.last or last_step_metrics(Path(cfg.out_dir) / cfg.run_name)), **summary, FINISHED: 1.0})
+
+
+def last_step_metrics(run_dir: Path) -> dict[str, float]:
+    """The numeric metrics of the last training step logged in `run_dir`'s metrics.jsonl ({} without one)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [r for r in read_metrics(run_dir) if "reward/mean" in r] if path.exists() else []
+    return {k: float(v) for k, v in rows[-1].items() if isinstance(v, int | float)} if rows else {}
 
 
 def make_trainable(setup: TrialSetup) -> Any:

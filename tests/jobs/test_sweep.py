@@ -259,3 +259,15 @@ def test_cli_dry_run_and_exit_codes(tmp_path):
 def test_cells_of_a_sweep_without_grid_is_one_empty_cell(tmp_path):
     assert cells(load_sweep(_sweep_file(tmp_path, ""))) == [{}]
     assert json.loads(json.dumps(sweep.POINTER)) == "pointer.json"
+
+
+def test_a_trial_resumed_after_its_last_step_reports_its_last_logged_step(tmp_path):
+    """A trial whose run had committed its last step before the sweep was interrupted trains nothing when
+    resumed; its final result still needs the sweep's metric, taken from the run's last logged step."""
+    from jobs.sweep import last_step_metrics
+
+    rows = [{"step": 0, "reward/mean": 0.25, "eval/accuracy_before": 0.1}, {"step": 1, "reward/mean": 0.5,
+            "note": "text"}, {"step": 2, "eval/accuracy": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert last_step_metrics(tmp_path) == {"step": 1.0, "reward/mean": 0.5}
+    assert last_step_metrics(tmp_path / "absent") == {}

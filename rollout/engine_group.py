@@ -73,7 +73,7 @@ class EngineGroup:
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
         (model.chat_template_kwargs); `resync`: catches a replaced member up to the current weights (none: a
         replacement serves the model folder's)."""
-        self.policy_of = dict(spec.policy_of)
+        self.spec, self.policy_of = spec, dict(spec.policy_of)
         self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
         self.replace_dead = rollout.replace_dead_engines
@@ -98,7 +98,7 @@ class EngineGroup:
 
     @property
     def policies(self) -> list[str]:
-        return list(dict.fromkeys(self.policy_of.values()))
+        return self.spec.policies
 
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
                        role: str | None = None) -> list[Completion]:

@@ -7,6 +7,7 @@ stays."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -82,7 +83,10 @@ def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(cluster,
     driver.join(timeout=300)
     summary = result["summary"]
     out = capsys.readouterr().out
-    assert "training failure 1/1: lost:engine:" in out  # the first call after the loss: an engine's
+    # The first call to fail names its member. Which one is timing: the dead node's workers may answer a step
+    # more before they notice their raylet is gone, so it can be an engine's or a learner's call, or the engine
+    # group finding that a member's bundle lost its node.
+    assert re.search(r"training failure 1/1: lost:(engine|learner):(generator|aggregator):0[ .]", out), out
     members = ", ".join(f"{m} on node {remove.node}" for m in (
         "lost:engine:generator:0", "lost:engine:aggregator:0", "lost:learner:generator:0",
         "lost:learner:aggregator:0"))

@@ -123,16 +123,22 @@ def _driver_pid(head: Head, job_id: str) -> int | None:
 
 
 def test_resubmitting_after_a_sigkilled_driver_resumes_from_the_last_checkpoint(head, tmp_path):
-    run = (f"out_dir={tmp_path}", "run_name=jobkill", "steps=8", "checkpoint.every=1", "data.eval_size=0",
+    steps = 24  # tiny steps take well under a second: leave the kill a wide margin before the run's end
+    run = (f"out_dir={tmp_path}", "run_name=jobkill", f"steps={steps}", "checkpoint.every=1", "data.eval_size=0",
            "marl.workflow=single_agent", "marl.sharing=shared")
     _submit(head, "tiny_kill", *run)
     metrics, end = tmp_path / "jobkill" / "metrics.jsonl", time.monotonic() + 300
-    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+    # The driver's pid first (a CLI call of its own, seconds), so nothing slow sits between step 3 and the kill.
+    while (pid := _driver_pid(head, "tiny_kill")) is None:
         assert time.monotonic() < end and _status(head, "tiny_kill") not in TERMINAL, _logs(head, "tiny_kill")
         time.sleep(0.5)
-    pid = _driver_pid(head, "tiny_kill")
-    assert pid is not None
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert time.monotonic() < end, _logs(head, "tiny_kill")
+        os.kill(pid, 0)  # raises if the driver is gone before its third step
+        time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)  # no cleanup runs in the driver
+    killed_after = len(metrics.read_text().splitlines())
+    assert killed_after < steps, f"the run was done ({killed_after} rows) before its driver was killed"
     assert _wait(head, "tiny_kill", lambda s: s in TERMINAL, 120) == "FAILED"
     end = time.monotonic() + 60
     while left := _alive(head, "actors", "jobkill:") + _alive(head, "placement-groups", "jobkill:"):
@@ -142,5 +148,5 @@ def test_resubmitting_after_a_sigkilled_driver_resumes_from_the_last_checkpoint(
     _submit(head, "tiny_kill_again", *run)
     assert _wait(head, "tiny_kill_again", lambda s: s in TERMINAL, 300) == "SUCCEEDED", _logs(head, "tiny_kill_again")
     assert f"resumed from {tmp_path / 'jobkill' / 'checkpoints' / newest} at step" in _logs(head, "tiny_kill_again")
-    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert steps == list(range(9))  # steps 0..7 and the final eval row, each once
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert logged == list(range(steps + 1))  # steps 0..steps-1 and the final eval row, each once

@@ -75,6 +75,7 @@ class RunState:
     cliff: CliffTracker
     learners_ahead: bool = False
     lost: list[str] = dataclasses.field(default_factory=list)  # members a failure found on dead nodes
+    base_eval_s: float | None = None  # the base model's eval time, logged with step 0 (fresh starts only)
 
     def mark_learners_ahead(self) -> None:
         """The learners are about to take the step `progress` does not count yet."""
@@ -89,6 +90,13 @@ def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
     sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"))
     episodes = system.collector.collect(tasks, 1, sampling)
     return sum(e.reward for e in episodes) / len(episodes)
+
+
+def timed_evaluate(system: System, cfg: Any, tasks: list[Task]) -> dict[str, float]:
+    """{"eval/accuracy", "time/eval_s"}: `evaluate` and its wall time (a study's cost includes its evals)."""
+    t0 = time.perf_counter()
+    accuracy = evaluate(system, cfg, tasks)
+    return {"eval/accuracy": accuracy, "time/eval_s": time.perf_counter() - t0}
 
 
 def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
@@ -107,8 +115,9 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
         while run.progress.step < cfg.steps:
             if _step(run, system, source):
                 break
-        acc_after = evaluate(system, cfg, run.inp.eval_tasks)
-        run.log.log(cfg.steps, {"eval/accuracy": acc_after})
+        final = timed_evaluate(system, cfg, run.inp.eval_tasks)
+        acc_after = final["eval/accuracy"]
+        run.log.log(cfg.steps, final)
         for pid, learner in system.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
     except StopRequested:
@@ -126,7 +135,8 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
 def _fresh_start(run: RunState, system: System) -> None:
     run.inp.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
-    acc = evaluate(system, run.cfg, run.inp.eval_tasks)
+    base = timed_evaluate(system, run.cfg, run.inp.eval_tasks)
+    acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
     run.cliff.update(0, acc)
     run.progress = dataclasses.replace(run.progress, acc_before=acc, cliff=run.cliff.state(),
                                        best_accuracy=acc if not math.isnan(acc) else -math.inf)
@@ -171,7 +181,8 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
                          before_update=run.mark_learners_ahead)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-        accuracy = metrics["eval/accuracy"] = evaluate(system, cfg, run.inp.eval_tasks)
+        metrics.update(timed_evaluate(system, cfg, run.inp.eval_tasks))
+        accuracy = metrics["eval/accuracy"]
         stop = cliff_guard(cfg, run.cliff, step + 1, metrics)
         flagged = metrics["cliff/flagged"] == 1.0
     if accuracy is not None and math.isnan(accuracy):
@@ -183,6 +194,8 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
         _rollback(run, system, source, metrics)
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
         metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
+        if run.base_eval_s is not None:
+            metrics["time/eval_before_s"] = run.base_eval_s
     run.learners_ahead = False
     run.log.log(step, metrics)
     every = cfg.checkpoint.every

@@ -28,7 +28,13 @@ STYLE = {"shared": "-", "isolated": "--", "custom": ":"}  # one-role runs: "-." 
 ROLE_PANELS = (
     ("reward", "Reward per role", "reward/mean/", "mean reward"),
     ("grad_norm", "Gradient norm per role", "grad/role_norm/", "norm"),
-    ("mass_share", "Gradient mass share per role", "grad/mass_share/", "share of tokens x |advantage|"),
+    ("mass_share", "Gradient mass share per role (within its policy)", "grad/mass_share/",
+     "share of tokens x |advantage|"),
+    # Across policies: under isolated policies the within-policy share of a policy's only role is 1.
+    ("step_mass_share", "Gradient mass share per role (whole step)", "grad/step_mass_share/",
+     "share of the step's tokens x |advantage|"),
+    ("step_norm_share", "Gradient norm share per role (whole step)", "grad/step_norm_share/",
+     "share of the summed role norms"),
     ("response_len", "Response length per role", "response_len/mean/", "tokens"),
 )
 
@@ -154,10 +160,12 @@ def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
 
 
 def plot_run(run: RunRecord, index: int, out: Path) -> tuple[str, list[str]]:
-    """One 2x2 figure of the run's per-role panels; returns its file name and notes on missing metrics."""
-    fig, notes = _figure(11.0, 7.0), []
+    """One figure of the run's per-role panels (two per row); returns its file name and notes on missing
+    metrics."""
+    rows = (len(ROLE_PANELS) + 1) // 2
+    fig, notes = _figure(11.0, 3.5 * rows), []
     for k, (_, title, prefix, ylabel) in enumerate(ROLE_PANELS):
-        ax = fig.add_subplot(2, 2, k + 1)
+        ax = fig.add_subplot(rows, 2, k + 1)
         ax.set(title=title, xlabel="step", ylabel=ylabel)
         series = role_series(run.rows, prefix)
         if not series:

@@ -18,6 +18,7 @@ from jobs.system import System
 from jobs.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
+from learners.role_grads import step_role_shares
 from marl.metrics import episode_metrics
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
@@ -141,7 +142,8 @@ def train_step(system: System, cfg: Any, source: RolloutSource, step: int, pad_i
     timer.add("prefetch", prefetch_s)
     version = step + 1 if version is None else version
     synced = system.sync(version=version)
-    return {**rollout_metrics(rollout, system.policy_map.roles, version), **updated, **synced,
+    shares = step_role_shares(updated, system.policy_map.roles)
+    return {**rollout_metrics(rollout, system.policy_map.roles, version), **updated, **shares, **synced,
             **{k: float(v) for k, v in batch_stats.items()}, **timer.metrics()}
 
 

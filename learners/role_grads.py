@@ -67,11 +67,28 @@ def metrics_from_gram(g: Tensor, roles: list[str], policy_id: str) -> dict[str, 
 
 
 def advantage_mass(roles: list[str], advantages: Tensor, loss_tokens: Tensor) -> dict[str, float]:
-    """Each role's share of Σ tokens × |advantage| (cheap, no backward): advantages, loss_tokens [B]."""
+    """Each role's Σ tokens × |advantage| (cheap, no backward) and its share of the policy's total:
+    grad/mass/<role>, grad/mass_share/<role>. advantages, loss_tokens [B]."""
     mass = advantages.abs().double() * loss_tokens.double()
     total = float(mass.sum())
     out: dict[str, float] = {}
     for role in sorted(set(roles)):
         rows = torch.tensor([r == role for r in roles])
-        out[f"grad/mass_share/{role}"] = float(mass[rows].sum()) / total if total > 0 else 0.0
+        out[f"grad/mass/{role}"] = float(mass[rows].sum())
+        out[f"grad/mass_share/{role}"] = out[f"grad/mass/{role}"] / total if total > 0 else 0.0
+    return out
+
+
+def step_role_shares(metrics: dict[str, float], roles: list[str]) -> dict[str, float]:
+    """Each role's share of the whole step across policies, from the merged per-policy metrics: of the gradient
+    mass (grad/step_mass_share/<role>, from grad/mass/<role>) and of the sum of the roles' gradient norms
+    (grad/step_norm_share/<role>, from grad/role_norm/<role>, where diagnostics recorded them).
+
+    Under a shared policy these equal the per-policy shares; under isolated policies the per-policy share of a
+    policy's only role is 1 by construction, and only these say which role drives the step."""
+    out: dict[str, float] = {}
+    for key, share in (("mass", "step_mass_share"), ("role_norm", "step_norm_share")):
+        values = {r: metrics[f"grad/{key}/{r}"] for r in roles if f"grad/{key}/{r}" in metrics}
+        total = sum(values.values())
+        out.update({f"grad/{share}/{r}": v / total if total > 0 else 0.0 for r, v in values.items()})
     return out

@@ -19,7 +19,7 @@ from cluster.metrics import METRIC_NAME, TAG_KEY, MetricSpec, RayMetricsSink, ch
 from jobs.config import load_config
 from jobs.dashboard import GRAFANA_JSON, RUN_TAGS, STEP_METRIC, TABLE, dashboard_sink, grafana_dashboard
 from jobs.tracking import derived_metrics
-from learners.role_grads import advantage_mass, role_grad_metrics
+from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
 from marl.metrics import episode_metrics
 from marl.types import Completion, Episode, Task, Turn
 
@@ -123,6 +123,7 @@ def real_step_metrics(step: int, sharing: str = "isolated", accuracy: float | No
     turn_roles = [t.role for e in episodes for t in e.turns]
     advantages = torch.randn(len(turn_roles), generator=gen)
     m.update(advantage_mass(turn_roles, advantages, torch.full((len(turn_roles),), 4.0)))
+    m.update(step_role_shares(m, list(ROLES)))
     m.update({"time/rollout_s": 2.0, "time/update_s": 1.0, "time/sync_s": 0.5, "time/step_s": 3.5, "sync/bytes": 1e6})
     if accuracy is not None:
         m["eval/accuracy"] = accuracy

@@ -9,7 +9,7 @@ import torch
 
 from learners.losses import tis_weights
 from learners.mitigations import parallel_agent_weights, role_balance_weights
-from learners.role_grads import advantage_mass, role_grad_metrics
+from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
 from tests.learners.test_learner_group import ROWS, make_batch, make_group, max_abs_diff, weights
 
 
@@ -24,7 +24,20 @@ def test_role_grad_metrics_by_hand():
 
 def test_advantage_mass_by_hand():
     m = advantage_mass(["g", "g", "e"], torch.tensor([1.0, -2.0, 0.5]), torch.tensor([2, 1, 4]))
-    assert m == pytest.approx({"grad/mass_share/g": 4.0 / 6.0, "grad/mass_share/e": 2.0 / 6.0})
+    assert m == pytest.approx({"grad/mass/g": 4.0, "grad/mass/e": 2.0, "grad/mass_share/g": 4.0 / 6.0,
+                               "grad/mass_share/e": 2.0 / 6.0})
+
+
+def test_step_role_shares_span_policies():
+    # Isolated: each policy's only role has within-policy share 1; across the step the generator carries 3/4.
+    per_policy = {"grad/mass/g": 6.0, "grad/mass_share/g": 1.0, "grad/mass/a": 2.0, "grad/mass_share/a": 1.0,
+                  "grad/role_norm/g": 0.5, "grad/role_norm/a": 2.0}
+    m = step_role_shares(per_policy, ["g", "a"])
+    assert m == pytest.approx({"grad/step_mass_share/g": 0.75, "grad/step_mass_share/a": 0.25,
+                               "grad/step_norm_share/g": 0.2, "grad/step_norm_share/a": 0.8})
+    # A role with no recorded norms (diagnostics off) gets no norm share; a zero step gets zeros, not NaN.
+    assert step_role_shares({"grad/mass/g": 0.0, "grad/mass/a": 0.0}, ["g", "a"]) == {
+        "grad/step_mass_share/g": 0.0, "grad/step_mass_share/a": 0.0}
 
 
 def test_role_balance_weights_equalise_each_roles_mean():

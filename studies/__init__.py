@@ -1,0 +1,1 @@
+"""Studies run with the system; each folder holds its committed results and the script that tabulates them."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CMD = [sys.executable, "-m", "jobs.train", "--config", "jobs/configs/tiny.yaml"]
 
@@ -26,6 +28,7 @@ def test_missing_model_exits_3_naming_the_key(tmp_path):
     assert out.returncode == 3 and "model.path" in out.stderr
 
 
+@pytest.mark.slow  # a CLI process with its own Ray cluster, stopped mid-run: ~35 s
 def test_sigterm_stops_the_run_and_releases_it(tmp_path):
     proc = subprocess.Popen([*CMD, f"out_dir={tmp_path}", "steps=500", "data.eval_size=0", "ray.num_cpus=2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -42,6 +45,7 @@ def test_sigterm_stops_the_run_and_releases_it(tmp_path):
     assert 1 <= steps < 500
 
 
+@pytest.mark.slow  # a CLI process with its own Ray cluster: ~20 s
 def test_resources_the_cluster_cannot_hold_exit_2_naming_the_key(tmp_path):
     # 2 learner ranks of 1.5 CPUs each cannot fit an embedded cluster of 2 CPUs: refused before any actor starts.
     out = _run(f"out_dir={tmp_path}", "ray.num_cpus=2", "learner.ranks=2", "learner.rank_num_cpus=1.5",

@@ -61,7 +61,7 @@ def test_off_policy_sees_the_same_prompts_as_on_policy(tmp_path):
         assert _column(tmp_path / "on", step, "task_id") == _column(tmp_path / "off", step, "task_id")
 
 
-@pytest.mark.parametrize("stop_after", [1, 2])
+@pytest.mark.parametrize("stop_after", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_resumed_run_collects_the_prefetched_prompts_again(tmp_path, stop_after):
     whole = tmp_path / "whole"
     _train(whole, "steps=3", *OFF_POLICY)

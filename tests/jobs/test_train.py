@@ -72,7 +72,8 @@ def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
 
 
 @pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), pytest.param("isolated", 1, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+# The fast tier learns through the HF engine; the vLLM engine's whole cycle (50 s) is in the slow tier.
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, backend):
     """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.
 

@@ -27,6 +27,7 @@ def test_auto_rule(kw, policies, cores, expected):
     assert run_concurrently(learner(**kw), policies, cores) is expected
 
 
+@pytest.mark.slow  # two whole steps of two policies: ~20 s
 def test_in_turn_and_at_once_give_the_same_step(tmp_path):
     from jobs.config import load_config
     from jobs.tracking import read_metrics

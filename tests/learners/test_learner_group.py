@@ -138,7 +138,8 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
             "grad/role_norm/generator", "grad/role_norm/evaluator",
             "grad/norm_share/generator", "grad/norm_share/evaluator",
             "grad/dominance/p", "grad/cos/evaluator__generator", "grad/mass_share/generator",
-            "grad/mass_share/evaluator", "grad/mass/generator", "grad/mass/evaluator", "clip_frac/role/generator", "clip_frac/role/evaluator",
+            "grad/mass_share/evaluator", "grad/mass/generator", "grad/mass/evaluator",
+            "clip_frac/role/generator", "clip_frac/role/evaluator",
             "optim/steps/p"} | LAST == set(m)
 
 

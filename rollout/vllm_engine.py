@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
-from rollout.vllm_readback import served_terms
+from rollout.vllm_readback import served_terms, whole_modules
 from rollout.vllm_support import (
     adapter_fingerprint_served,
     default_cache_root,
@@ -75,6 +75,7 @@ class VLLMEngine:
         self.eos_ids = eos_ids_of(model_path, self.tokenizer)
         self.policy_id, self.dtype, self.model_path = policy_id, dtype, model_path
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
+        self._packed: dict[str, list[str]] | None = None  # the model's fused modules, read on first use
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
@@ -129,16 +130,21 @@ class VLLMEngine:
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         """Reload in place (HF names; vLLM fuses and repacks them itself), then check what it serves."""
         with _PROCESS_LOCK:
-            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-            else:
-                self._reload_through_files(weights)
-            self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
-            self._probe(weights)
+            self._reload(weights)
             served = self._served_fingerprint(weights)
         self.version = version
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
                 "fingerprint": served}
+
+    def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Reload `weights` (any subset of the model's, HF names) in place and probe that they landed. vLLM
+        repacks the layers it is given and leaves the others as they were."""
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        else:
+            self._reload_through_files(weights)
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
+        self._probe(weights)
 
     def _reload_through_files(self, weights: Mapping[str, torch.Tensor]) -> None:
         # A multi-process engine core receives RPC tensors as nested lists; a safetensors folder is cheaper.
@@ -171,12 +177,21 @@ class VLLMEngine:
 
     def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
         """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
-        once, from the model folder) and reload in process; checked as a full-weight load is."""
+        once, from the model folder) and reload only the layers whose adapter changed; the rest of the model is
+        what vLLM loaded from that folder, or an earlier merge. The fingerprint then reads back every weight the
+        learner named, as a full-weight load's does."""
         if self._base is None:
             self._base = BaseWeights(self.model_path, getattr(torch, self.dtype))
-        weights = self._base.full(payload["names"], self._base.merged_layers(payload, changed_only=False))
-        report = self.load_weights(weights, version)
-        return {**report, "bytes": adapter_bytes(payload)}
+        changed = self._base.merged_layers(payload, changed_only=True)
+        served = self._base.full(payload["names"], self._base.merged)  # every named weight as it now should be
+        with _PROCESS_LOCK:
+            if changed:
+                if self._packed is None:
+                    self._packed = self.llm.apply_model(_packed_modules)[0]
+                self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed), self._packed)})
+            fingerprint = self._served_fingerprint(served)
+        self.version = version
+        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint}
 
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on. Each version gets a new
@@ -221,6 +236,11 @@ class VLLMEngine:
 
     def weight_version(self) -> int:
         return self.version
+
+
+def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Inside the worker (LLM.apply_model): fused module -> its HF parts, e.g. qkv_proj -> [q_proj, k_proj, v_proj]."""
+    return {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}
 
 
 # The adapter ranks vLLM sizes its LoRA buffers for; an adapter of a smaller rank fits the next one up.

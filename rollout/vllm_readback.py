@@ -42,6 +42,27 @@ def served_terms(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) ->
     return terms, read
 
 
+def vllm_module(name: str, packed: Mapping[str, Sequence[str]]) -> str:
+    """The vLLM module an HF tensor loads into: its own module, or the fused one its part is stacked into
+    (`packed`: the model's packed_modules_mapping):
+    'm.layers.0.self_attn.k_proj.bias' → 'm.layers.0.self_attn.qkv_proj', 'm.norm.weight' → 'm.norm'."""
+    path = name.rsplit(".", 1)[0]
+    prefix, _, part = path.rpartition(".")
+    for fused, parts in packed.items():
+        if part in parts:
+            return f"{prefix}.{fused}" if prefix else fused
+    return path
+
+
+def whole_modules(names: Sequence[str], changed: Sequence[str], packed: Mapping[str, Sequence[str]]) -> list[str]:
+    """The tensors of `names` to reload so that `changed` lands: every tensor loading into a vLLM module that a
+    changed one loads into. vLLM's in-place reload rebuilds each module it is given any tensor of from those
+    tensors alone (a fused qkv_proj sent q alone would serve uninitialised k and v rows), and keeps the modules
+    it is given nothing of as they were."""
+    touched = {vllm_module(n, packed) for n in changed}
+    return [n for n in names if vllm_module(n, packed) in touched]
+
+
 def part_rows(parts: Sequence[str], config: Any, fused_rows: int) -> list[int]:
     """Rows of each HF part of a fused linear, in stacking order: q, k, v from the model config
     (num_heads × head_dim, then num_kv_heads × head_dim twice); any other stack (gate, up) equal shares of

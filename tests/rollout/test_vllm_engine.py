@@ -10,6 +10,7 @@ Measured on the tiny float32 model: vLLM's logprobs match the manual forward pas
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.transport import SyncError, broadcast
 from jobs.models import resolve_model
+from learners.weights import adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
 from rollout.vllm_engine import VLLMEngine
@@ -252,6 +254,43 @@ def test_sender_catches_an_engine_that_serves_other_weights_and_names_it(tiny):
     finally:
         for g in (src, good, bad):
             g.shutdown()
+
+
+def _lora_payload(model, version_seed: int, only: str | None = None) -> dict:
+    """What LearnerMember.get_lora_delta ships, after moving the adapter's B matrices (all, or one layer's)."""
+    g = torch.Generator().manual_seed(version_seed)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if hasattr(module, "lora_B") and (only is None or name.endswith(only)):
+                w = module.lora_B["default"].weight
+                w.copy_(torch.randn(w.shape, generator=g) * 0.05)
+    merged = merge_for_serving(model, torch.float32)[0]
+    return {**adapter_payload(model, "pi"), "names": list(merged), "fingerprint": fingerprint(merged)}, merged
+
+
+def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_every_weight_back(tiny, hf, monkeypatch):
+    engine = VLLMEngine(tiny, policy_id="pi", kv_cache_gb=KV_GB)
+    lora = SimpleNamespace(enabled=True, rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
+    model = load_policy_model(tiny, "float32", lora)
+    reloaded: list[list[str]] = []
+    reload = engine._reload
+    monkeypatch.setattr(engine, "_reload", lambda weights: (reloaded.append(sorted(weights)), reload(weights)))
+
+    payload, merged = _lora_payload(model, 0)
+    report = engine.load_lora_delta(payload, 1)
+    layers = sorted(n for n in merged if n.endswith("_proj.weight"))
+    assert reloaded == [layers]  # the merged layers only: embeddings and norms stay as vLLM loaded them
+    assert report["fingerprint"] == payload["fingerprint"] and engine.own_tensors == len(merged)
+    reference = HFEngine(tiny, policy_id="pi")
+    reference.load_weights(merged, 1)
+    served = engine.generate(REQUESTS, GREEDY)
+    assert [c.response_ids for c in served] == [c.response_ids for c in reference.generate(REQUESTS, GREEDY)]
+
+    payload, merged = _lora_payload(model, 1, only="layers.0.self_attn.q_proj")
+    assert engine.load_lora_delta(payload, 2)["fingerprint"] == payload["fingerprint"]
+    # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts.
+    assert reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"]
+    assert engine.load_lora_delta(payload, 3)["fingerprint"] == payload["fingerprint"] and len(reloaded) == 2
 
 
 def test_cpu_bind_spreads_engines_over_cores():

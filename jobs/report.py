@@ -201,8 +201,17 @@ def _summary_row(run: RunRecord) -> str:
         acc = f"{ys[peak]:.3f} @ {xs[peak]}", f"{ys[-1]:.3f} @ {xs[-1]}"
     else:
         acc = ("–", "–")
-    cells = (run.label, str(run.path), str(steps), *acc)
+    cells = (run.label, _shown(run.path), str(steps), *acc)
     return "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def _shown(path: Path) -> str:
+    """A run dir as the page shows it: relative to the working directory when under it (a committed report then
+    names its runs as the repository does), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def write_html(runs: list[RunRecord], figures: list[str], notes: list[str], out: Path) -> Path:

@@ -156,21 +156,31 @@ def grad_ratio_table(runs: list[RunRecord]) -> str:
                    "all steps (median)"], rows)
 
 
+def _updating(run: RunRecord, key: str) -> list[float]:
+    """`key` over the training rows whose step had a gradient (some row with a non-zero advantage): a step whose
+    every advantage was zero has all shares 0 and would pull the means towards it."""
+    roles = roles_in(run, "grad/step_mass_share/")
+    return [float(r[key]) for r in run.rows if key in r and "time/step_s" in r
+            and sum(r.get(f"grad/step_mass_share/{x}", 0.0) for x in roles) > 0]
+
+
 def role_share_table(runs: list[RunRecord]) -> str:
-    """Per multi-role cell and role: its share of the step's gradient mass and of the summed role gradient norms
-    across policies, the shared policy's dominance index, and its response length early and late."""
+    """Per multi-role cell and role, over the steps that had a gradient: its share of the step's gradient mass
+    and of the summed role gradient norms across policies, and the shared policy's dominance index; then the
+    number of such steps, and the role's response length over the first and the last 5 steps (all steps)."""
     rows = []
     for run in runs:
         if run.single_role:
             continue
-        dominance = mean(series(run, "grad/dominance/shared")) if run.sharing == "shared" else math.nan
+        dominance = mean(_updating(run, "grad/dominance/shared")) if run.sharing == "shared" else math.nan
         for role in roles_in(run, "grad/step_mass_share/"):
             lengths = series(run, f"response_len/mean/{role}")
-            rows.append([cell_name(run), role, _fmt(mean(series(run, f"grad/step_mass_share/{role}"))),
-                         _fmt(mean(series(run, f"grad/step_norm_share/{role}"))), _fmt(dominance),
-                         _fmt(mean(lengths[:5]), 1), _fmt(mean(lengths[-5:]), 1)])
+            mass = _updating(run, f"grad/step_mass_share/{role}")
+            norm = _updating(run, f"grad/step_norm_share/{role}")
+            rows.append([cell_name(run), role, _fmt(mean(mass)), _fmt(mean(norm)), _fmt(dominance),
+                         f"{len(mass)}/{steps_done(run)}", _fmt(mean(lengths[:5]), 1), _fmt(mean(lengths[-5:]), 1)])
     return _table(["cell", "role", "mass share (step)", "norm share (step)", "dominance (shared)",
-                   "response tokens, first 5 steps", "last 5 steps"], rows)
+                   "steps with a gradient", "response tokens, first 5 steps", "last 5 steps"], rows)
 
 
 def optimizer_steps_table(runs: list[RunRecord]) -> str:

@@ -256,7 +256,7 @@ def test_sender_catches_an_engine_that_serves_other_weights_and_names_it(tiny):
             g.shutdown()
 
 
-def _lora_payload(model, version_seed: int, only: str | None = None) -> dict:
+def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[dict, dict]:
     """What LearnerMember.get_lora_delta ships, after moving the adapter's B matrices (all, or one layer's)."""
     g = torch.Generator().manual_seed(version_seed)
     with torch.no_grad():

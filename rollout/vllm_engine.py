@@ -138,11 +138,18 @@ class VLLMEngine:
 
     def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Reload `weights` (any subset of the model's, HF names) in place and probe that they landed. vLLM
-        repacks the layers it is given and leaves the others as they were."""
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-        else:
-            self._reload_through_files(weights)
+        repacks the layers it is given and leaves the others as they were; it warns about each of those (and
+        lists them all) on every partial reload, which is the point of one here: those warnings are muted."""
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
+        level = reload_log.level
+        reload_log.setLevel(logging.ERROR)
+        try:
+            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+            else:
+                self._reload_through_files(weights)
+        finally:
+            reload_log.setLevel(level)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
         self._probe(weights)
 

@@ -78,7 +78,6 @@ class BaseWeights:
         if tied and "lm_head.weight" not in self.base and "model.embed_tokens.weight" in self.base:
             self.base["lm_head.weight"] = self.base["model.embed_tokens.weight"]  # a tied head is not stored
         self._last: dict[str, tuple[Any, Any]] = {}  # layer weight name -> the (A, B) merged into it last
-        self.merged: dict[str, Any] = {}  # layer weight name -> its latest merge (what the engine serves)
         self._torch = torch
 
     def merged_layers(self, payload: dict[str, Any], changed_only: bool) -> dict[str, Any]:
@@ -99,7 +98,7 @@ class BaseWeights:
             if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
                 continue
             delta = (b.float() @ a.float()) * scale
-            out[weight] = self.merged[weight] = (self.base[weight].float() + delta).to(self.dtype)
+            out[weight] = (self.base[weight].float() + delta).to(self.dtype)
             self._last[weight] = (a.clone(), b.clone())
         return out
 

@@ -17,6 +17,7 @@ Greedy requests get log_softmax of the raw logits, as in the HF engine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -24,7 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -75,6 +76,7 @@ class VLLMEngine:
         self.eos_ids = eos_ids_of(model_path, self.tokenizer)
         self.policy_id, self.dtype, self.model_path = policy_id, dtype, model_path
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
+        self._merged: dict[str, torch.Tensor] = {}  # adapter-delta sync: each LoRA layer's latest merge
         self._packed: dict[str, list[str]] | None = None  # the model's fused modules, read on first use
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
@@ -138,18 +140,11 @@ class VLLMEngine:
 
     def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Reload `weights` (any subset of the model's, HF names) in place and probe that they landed. vLLM
-        repacks the layers it is given and leaves the others as they were; it warns about each of those (and
-        lists them all) on every partial reload, which is the point of one here: those warnings are muted."""
-        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
-        level = reload_log.level
-        reload_log.setLevel(logging.ERROR)
-        try:
-            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-            else:
-                self._reload_through_files(weights)
-        finally:
-            reload_log.setLevel(level)
+        repacks the layers it is given and leaves the others as they were."""
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        else:
+            self._reload_through_files(weights)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
         self._probe(weights)
 
@@ -190,12 +185,15 @@ class VLLMEngine:
         if self._base is None:
             self._base = BaseWeights(self.model_path, getattr(torch, self.dtype))
         changed = self._base.merged_layers(payload, changed_only=True)
-        served = self._base.full(payload["names"], self._base.merged)  # every named weight as it now should be
+        self._merged.update(changed)
+        served = self._base.full(payload["names"], self._merged)  # every named weight as it now should be
         with _PROCESS_LOCK:
             if changed:
                 if self._packed is None:
                     self._packed = self.llm.apply_model(_packed_modules)[0]
-                self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed), self._packed)})
+                with _quiet_partial_reload():
+                    self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
+                                                                      self._packed)})
             fingerprint = self._served_fingerprint(served)
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint}
@@ -243,6 +241,20 @@ class VLLMEngine:
 
     def weight_version(self) -> int:
         return self.version
+
+
+@contextlib.contextmanager
+def _quiet_partial_reload() -> Iterator[None]:
+    """vLLM warns about (and lists) every layer a reload is given nothing of: on a partial reload, which leaves
+    them as they are on purpose, that is one console line per sync of noise. Muted for that reload only, so a full
+    reload that misses a layer still says so (the probe and the fingerprint check either way)."""
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
+    level = reload_log.level
+    reload_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        reload_log.setLevel(level)
 
 
 def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:

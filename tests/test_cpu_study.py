@@ -62,8 +62,7 @@ def test_the_sweep_fixes_the_declared_settings():
         assert cfg.learner.optim.lr == 1e-3 and cfg.seed == 0 and cfg.model.lora.enabled
 
 
-def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], norms: dict[str, float],
-         steps_per_eval: int = 1) -> Path:
+def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], norms: dict[str, float]) -> Path:
     """A run dir: config.yaml and metrics.jsonl with one eval after every step, and constant role norms."""
     run = folder / f"{workflow}-{sharing}"
     run.mkdir(parents=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs.report import RunRecord, eval_curve, find_runs, load_run, report
+from jobs.report import RunRecord, eval_curve, find_runs, load_run, report, role_series
 from marl.cliff import CliffTracker
 
 HERE = Path(__file__).resolve().parent
@@ -100,8 +100,8 @@ def mean(values: list[float]) -> float:
 
 
 def roles_in(run: RunRecord, prefix: str) -> list[str]:
-    return sorted({k[len(prefix):] for r in run.rows for k in r if k.startswith(prefix)
-                   and "/" not in k[len(prefix):]})
+    """The roles (or policies) with a `prefix<name>` metric in the run."""
+    return sorted(role_series(run.rows, prefix))
 
 
 def _fmt(value: float, digits: int = 3) -> str:
@@ -146,9 +146,9 @@ def grad_ratio_table(runs: list[RunRecord]) -> str:
         doers = [r for r in roles if r in DOERS]
         for sup in (r for r in roles if r in SUPERVISORS):
             for doer in doers:
-                ratios = [s / d for row in run.rows if "time/step_s" in row
-                          for s, d in [(row.get(f"grad/role_norm/{sup}"), row.get(f"grad/role_norm/{doer}"))]
-                          if s is not None and d]
+                pairs = [(row.get(f"grad/role_norm/{sup}"), row.get(f"grad/role_norm/{doer}"))
+                         for row in run.rows if "time/step_s" in row]
+                ratios = [s / d for s, d in pairs if s is not None and d]
                 first, second = _halves(ratios)
                 rows.append([cell_name(run), f"{sup} / {doer}", _fmt(first, 2), _fmt(second, 2),
                              _fmt(mean(ratios), 2), _fmt(statistics.median(ratios) if ratios else math.nan, 2)])

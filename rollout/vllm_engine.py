@@ -112,6 +112,10 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         lora, version = self.adapters.get(adapter, (None, 0, ""))[:2] if adapter else (None, self.version)
+        # vLLM's CPU attention sizes its schedule by this thread's OpenMP count, then runs after torch's
+        # first parallel op has set that count from torch's process-wide one: a thread that never ran a torch
+        # op would plan for the cores and run with torch's count, and the kernel refuses the mismatch.
+        torch.get_num_threads()  # settles this thread's count first
         with _PROCESS_LOCK:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
                                      lora_request=lora)

@@ -10,6 +10,7 @@ Measured on the tiny float32 model: vLLM's logprobs match the manual forward pas
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -321,3 +322,14 @@ def test_generates_from_a_fresh_thread_whose_openmp_count_differs_from_torchs(en
     finally:
         torch._C.set_num_threads(before)
     assert out[0].response_ids == engine.generate(REQUESTS[:1], GREEDY)[0].response_ids
+
+
+def test_collecting_one_engine_leaves_the_other_engines_of_the_process_serving(engine, tiny):
+    """vLLM's in-process engine core tears down the process's distributed state when collected; the engines
+    still alive in the process must keep serving (in-process groups and tests hold several)."""
+    before = engine.generate(REQUESTS[:1], GREEDY)[0].response_ids
+    other = VLLMEngine(tiny, policy_id="other", kv_cache_gb=KV_GB)
+    assert other.generate(REQUESTS[:1], GREEDY)[0].response_ids == before
+    del other
+    gc.collect()
+    assert engine.generate(REQUESTS[:1], GREEDY)[0].response_ids == before

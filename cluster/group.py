@@ -127,10 +127,12 @@ class Group(Generic[M]):
         self.name, self.n = name, n
         kwargs = list(per_member_kwargs or [{} for _ in range(max(n, 1))])
         if n == 0:
-            self._members: list[Any] = [cls(*args, **kwargs[0])]
             # One thread per in-process member gives it an actor's semantics (one call at a time, in
-            # submission order) and lets the caller stop waiting at a deadline.
+            # submission order) and lets the caller stop waiting at a deadline. The member is built on that
+            # thread too, as an actor is: OpenMP thread counts are per thread, and a native kernel that sizes
+            # its work in the constructor's thread and runs it in another one refuses to run.
             self._executors = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}:0")]
+            self._members: list[Any] = [self._executors[0].submit(cls, *args, **kwargs[0]).result()]
             return
         opts = options or MemberOptions()
         envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n

@@ -29,13 +29,15 @@ class SyncError(RuntimeError):
 
 def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], load: Callable[[D, X, int], Report],
               version: int, timeout: float, fingerprint: Callable[[X], float] | None = None,
-              indices: Sequence[int] | None = None) -> dict[str, float]:
+              indices: Sequence[int] | None = None, expect: Callable[[S], float] | None = None) -> dict[str, float]:
     """Send get(src[0]) to every dst member's load(payload, version); `get` and `load` are member methods
     (`Source.method`, `Destination.method`).
 
     Destination methods return {"version": int, "bytes": int} and, with `fingerprint`, "fingerprint":
     fingerprint(weights they serve). One deadline covers the whole sync. `indices`: only these members of
-    each destination (a replaced engine catching up).
+    each destination (a replaced engine catching up). `expect` (a source member method, in place of
+    `fingerprint`): the sender's fingerprint when the payload is not what the destinations end up serving (an
+    adapter they merge); it is asked for after the loads were sent, so the source computes it while they load.
     Returns {"sync_s", "bytes", "verified"} (verified: members whose fingerprint matched).
     """
     t0 = time.perf_counter()
@@ -52,7 +54,10 @@ def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], lo
             arg = remote_payload
         every = range(dst.size) if indices is None else indices
         pendings.append((dst, dst.submit_to(every, load, arg, version)))
-    expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
+    if expect is not None:
+        expected: float | None = src.submit_to([0], expect).result(_left(deadline))[0]
+    else:
+        expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
     moved, verified = collect_reports(pendings, version, expected, deadline)
     return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
 

@@ -26,7 +26,7 @@ from learners.group import LearnerGroup
 from learners.member import LearnerMember
 from rollout.engine import EngineMember
 from rollout.engine_group import EngineGroup, Resync
-from rollout.lora import adapter_fingerprint, merged_fingerprint
+from rollout.lora import adapter_fingerprint
 
 
 class WeightSync:
@@ -76,7 +76,7 @@ class WeightSync:
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
             return broadcast(src, LearnerMember.get_lora_delta, dsts, EngineMember.load_lora_delta, version, timeout,
-                             fingerprint=merged_fingerprint, indices=indices)
+                             expect=LearnerMember.merged_fingerprint, indices=indices)
         return broadcast(src, LearnerMember.get_packed_weights, dsts, EngineMember.load_weights, version, timeout,
                          fingerprint=fingerprint, indices=indices)
 

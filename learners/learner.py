@@ -82,6 +82,7 @@ class Learner:
         )
         self.reference = self._reference_model(model) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         self.step = 0
+        self._served_names: list[str] | None = None
 
     def _reference_model(self, model: Any) -> torch.nn.Module | None:
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
@@ -301,11 +302,16 @@ class Learner:
         return pack(self.get_weights())
 
     def get_lora_delta(self) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: the adapter, the names of the weights the engines serve, and
-        the fingerprint of the merged weights (computed here, where the merge for serving is measured too), which
+        """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
+        The merge itself (for the fingerprint) waits for `merged_fingerprint`, so engines start on theirs first."""
+        if self._served_names is None:  # fixed by the model's structure: merged once, on the first sync
+            self._served_names = list(self.get_weights())
+        return {**self.get_adapter(), "names": self._served_names}
+
+    def merged_fingerprint(self) -> float:
+        """The fingerprint of the merged weights (merged here, where the merge for serving is measured too), which
         each engine must reproduce by merging the adapter into its own base weights."""
-        merged = self.get_weights()
-        return {**self.get_adapter(), "names": list(merged), "fingerprint": fingerprint(merged)}
+        return fingerprint(self.get_weights())
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""

@@ -56,8 +56,11 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         ...
 
     def get_lora_delta(self) -> dict[str, Any]:
-        """The adapter, the names of the served weights and their merged fingerprint: adapter-only syncs of merged
-        serving."""
+        """The adapter and the names of the served weights: adapter-only syncs of merged serving."""
+        ...
+
+    def merged_fingerprint(self) -> float:
+        """The fingerprint of the merged weights that each engine must reproduce from the adapter alone."""
         ...
 
     def sync_metrics(self) -> dict[str, float]:

@@ -80,8 +80,10 @@ def merge_layer(base: torch.Tensor, delta: torch.Tensor,
     """
     w0 = base.detach().float()
     merged = (w0 + delta).to(dtype)
-    error = merged.float() - w0 - delta
-    return merged, error.square().sum(dtype=torch.float64), delta.square().sum(dtype=torch.float64)
+    error = (merged.float() - w0).sub_(delta)
+    # fp32 sums (pairwise, ~1e-7 relative: ample for a diagnostic ratio) run 3-4x faster than fp64 ones, which
+    # convert every element: at 100M+ weights the fp64 sums took half of the learner's side of a LoRA sync.
+    return merged, error.square_().sum().double(), delta.square().sum().double()
 
 
 def update_lost(error_sq: float, delta_sq: float) -> float:

@@ -49,12 +49,6 @@ def module_of(peft_name: str) -> tuple[str, str]:
     return module, kind.removeprefix("lora_")
 
 
-def merged_fingerprint(payload: dict[str, Any]) -> float:
-    """The sender's side of an adapter-delta sync (merged serving): the learner's own fingerprint of the merged
-    weights it would have sent whole, which every engine must reproduce by merging the adapter itself."""
-    return float(payload["fingerprint"])
-
-
 class BaseWeights:
     """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
     the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).

@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -52,6 +53,25 @@ PROBE_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 # corrupt when called from two threads (in-process groups run each member on its own thread): in-process
 # engines take turns. A Ray actor holds one engine, so this lock is never contended there.
 _PROCESS_LOCK = threading.Lock()
+_LIVE: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # this process's engines, for _keep_shared_state_alive
+
+
+def _keep_shared_state_alive() -> None:
+    """An in-process vLLM engine core tears down vLLM's distributed state when it is collected, but that state
+    is the process's, shared by every engine in it: the others would fail on their next step ("pipeline model
+    parallel group is not initialized"). Only the last engine of the process tears it down."""
+    from vllm.v1.engine import core
+
+    teardown = core.cleanup_dist_env_and_memory
+    if getattr(teardown, "marl_guarded", False):
+        return
+
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        if not _LIVE:  # engines being collected have left the set already (weak references clear first)
+            teardown(*args, **kwargs)
+
+    guarded.marl_guarded = True  # type: ignore[attr-defined]
+    core.cleanup_dist_env_and_memory = guarded
 
 
 class VLLMEngine:
@@ -72,6 +92,7 @@ class VLLMEngine:
         logging.getLogger("vllm").setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper())
         from vllm import LLM
 
+        _keep_shared_state_alive()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.eos_ids = eos_ids_of(model_path, self.tokenizer)
         self.policy_id, self.dtype, self.model_path = policy_id, dtype, model_path
@@ -92,6 +113,7 @@ class VLLMEngine:
             **_lora_kwargs(max_loras, max_lora_rank),
             **({"worker_extension_cls": "rollout.vllm_worker.WeightChannelExtension"} if weight_channel else {}),
         )
+        _LIVE.add(self)
 
     def encode(self, messages: list[Message]) -> list[int]:
         out = self.tokenizer.apply_chat_template(
@@ -112,6 +134,10 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         lora, version = self.adapters.get(adapter, (None, 0, ""))[:2] if adapter else (None, self.version)
+        # vLLM's CPU attention sizes its schedule by this thread's OpenMP count, then runs after torch's
+        # first parallel op has set that count from torch's process-wide one: a thread that never ran a torch
+        # op would plan for the cores and run with torch's count, and the kernel refuses the mismatch.
+        torch.get_num_threads()  # settles this thread's count first
         with _PROCESS_LOCK:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
                                      lora_request=lora)

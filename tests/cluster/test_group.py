@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -24,6 +25,7 @@ class Counter:
 
     def __init__(self, base: int, tag: str = ""):
         self.base, self.tag = base, tag
+        self.built_on = threading.get_ident()
         self.seen: list[int] = []
 
     def add(self, x: int, scale: int = 1) -> int:
@@ -35,6 +37,10 @@ class Counter:
 
     def ident(self) -> tuple[str, int]:
         return self.tag, os.getpid()
+
+    def threads(self) -> tuple[int, int]:
+        """The thread that built this member and the one serving this call."""
+        return self.built_on, threading.get_ident()
 
     def hang(self, seconds: float) -> str:
         time.sleep(seconds)
@@ -191,3 +197,12 @@ def test_a_member_method_is_named_by_the_method_itself():
         with pytest.raises(TypeError, match=r"unbound method \(Member\.method\)"):
             Call(not_a_method)  # type: ignore[arg-type]
     assert Call(Counter.add, 1, scale=2).method == "add"
+
+
+def test_a_member_is_built_on_the_thread_that_serves_its_calls(group):
+    """An actor's constructor and methods share one thread; in-process members must too (per-thread native
+    state such as OpenMP counts is set up in the constructor)."""
+    for built_on, serving in group.submit(Counter.threads).result(30):
+        assert built_on == serving
+    if group.local:
+        assert group.submit(Counter.threads).result(30)[0][0] != threading.get_ident()

@@ -48,6 +48,11 @@ class Rank:
 
         collective.join(backend, host, port, rank, world_size, timeout_s)
 
+    def doubled_fingerprint(self) -> float:
+        """What a DoublingSink must serve from this rank's state: the sender's side of a payload that the
+        destinations transform (as engines merge an adapter) rather than serve as sent."""
+        return fingerprint({k: v * 2 for k, v in self.state().items()})
+
     def all_reduce(self, values: list[float]) -> tuple[int, int, list[float]]:
         import torch
         import torch.distributed as dist
@@ -156,6 +161,14 @@ class CheckedSink(Sink):
         return {"version": version, "bytes": STATE_BYTES, "fingerprint": fingerprint(self.weights or {})}
 
 
+class DoublingSink(CheckedSink):
+    """Serves twice what it is sent (a `skipping` one: what it was sent) and fingerprints what it serves."""
+
+    def receive(self, weights: dict[str, np.ndarray], version: int) -> dict[str, float]:
+        factor = 1 if self.skipping else 2
+        return super().receive({k: np.asarray(v) * factor for k, v in weights.items()}, version)
+
+
 def _checked(n: int, name: str, **flags_of_last: bool) -> Group:
     kwargs: list[dict[str, bool]] = [{} for _ in range(max(n, 1) - 1)] + [flags_of_last]
     return Group(CheckedSink, n, name, options=CPU, per_member_kwargs=kwargs)
@@ -183,6 +196,24 @@ def test_member_that_skipped_the_load_is_caught_by_fingerprint_and_named(source,
             broadcast(src, Rank.state, [dst], Sink.receive, 4, TIMEOUT, fingerprint=fingerprint)
     finally:
         dst.shutdown()
+
+
+@pytest.mark.parametrize("n", [0, 2], ids=["local", "remote"])
+def test_the_senders_fingerprint_can_come_from_a_member_method_and_still_catches_a_skipped_load(source, n):
+    """`expect`: the source member computes what the destinations must serve (they transform the payload)."""
+    src, state = source
+    ok = Group(DoublingSink, n, f"double{n}", options=CPU)
+    skipping = Group(DoublingSink, n, f"run:engine:skip{n}", options=CPU,
+                     per_member_kwargs=[{"skipping": True} for _ in range(max(n, 1))])
+    try:
+        out = broadcast(src, Rank.state, [ok], Sink.receive, 6, TIMEOUT, expect=Rank.doubled_fingerprint)
+        assert out["verified"] == float(ok.size)
+        _assert_serving([ok], 6, {k: v * 2 for k, v in state.items()})
+        with pytest.raises(SyncError, match=rf"^run:engine:skip{n}:0 serves weights with fingerprint"):
+            broadcast(src, Rank.state, [skipping], Sink.receive, 7, TIMEOUT, expect=Rank.doubled_fingerprint)
+    finally:
+        ok.shutdown()
+        skipping.shutdown()
 
 
 @pytest.mark.parametrize("n", [0, 1], ids=["local", "remote"])

@@ -10,7 +10,10 @@ Measured on the tiny float32 model: vLLM's logprobs match the manual forward pas
 from __future__ import annotations
 
 import functools
+import gc
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -266,7 +269,7 @@ def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[di
                 w = module.lora_B["default"].weight
                 w.copy_(torch.randn(w.shape, generator=g) * 0.05)
     merged = merge_for_serving(model, torch.float32)[0]
-    return {**adapter_payload(model, "pi"), "names": list(merged), "fingerprint": fingerprint(merged)}, merged
+    return {**adapter_payload(model, "pi"), "names": list(merged)}, merged
 
 
 def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_every_weight_back(tiny, hf, monkeypatch):
@@ -286,17 +289,17 @@ def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_every_weight
     report = engine.load_lora_delta(payload, 1)
     layers = sorted(n for n in merged if n.endswith("_proj.weight"))
     assert reloaded == [layers]  # the merged layers only: embeddings and norms stay as vLLM loaded them
-    assert report["fingerprint"] == payload["fingerprint"] and engine.own_tensors == len(merged)
+    assert report["fingerprint"] == fingerprint(merged) and engine.own_tensors == len(merged)
     reference = HFEngine(tiny, policy_id="pi")
     reference.load_weights(merged, 1)
     served = engine.generate(REQUESTS, GREEDY)
     assert [c.response_ids for c in served] == [c.response_ids for c in reference.generate(REQUESTS, GREEDY)]
 
     payload, merged = _lora_payload(model, 1, only="layers.0.self_attn.q_proj")
-    assert engine.load_lora_delta(payload, 2)["fingerprint"] == payload["fingerprint"]
+    assert engine.load_lora_delta(payload, 2)["fingerprint"] == fingerprint(merged)
     # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts.
     assert reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"]
-    assert engine.load_lora_delta(payload, 3)["fingerprint"] == payload["fingerprint"] and len(reloaded) == 2
+    assert engine.load_lora_delta(payload, 3)["fingerprint"] == fingerprint(merged) and len(reloaded) == 2
     assert not warned, [r.getMessage()[:200] for r in warned]  # muted: the console stays the run's own
 
 
@@ -304,3 +307,29 @@ def test_cpu_bind_spreads_engines_over_cores():
     assert [cpu_bind(s, 1, 4) for s in range(5)] == ["0", "1", "2", "3", "0"]
     assert [cpu_bind(s, 2, 4) for s in range(3)] == ["0,1", "2,3", "0,1"]
     assert cpu_bind(1, 8, 2) == "0,1"
+
+
+def test_generates_from_a_fresh_thread_whose_openmp_count_differs_from_torchs(engine):
+    """vLLM's CPU attention plans with the calling thread's OpenMP count; a thread that has not run a torch
+    op yet reports the core count there, then runs with torch's process-wide count, and the kernel refuses
+    the mismatch. (vLLM replaces torch.set_num_threads with a no-op once it binds threads: hence _C.)"""
+    fresh_thread_count = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(fresh_thread_count + 1)  # any count other than a fresh thread's
+    try:
+        with ThreadPoolExecutor(1) as fresh:
+            out = fresh.submit(engine.generate, REQUESTS[:1], GREEDY).result(120)
+    finally:
+        torch._C.set_num_threads(before)
+    assert out[0].response_ids == engine.generate(REQUESTS[:1], GREEDY)[0].response_ids
+
+
+def test_collecting_one_engine_leaves_the_other_engines_of_the_process_serving(engine, tiny):
+    """vLLM's in-process engine core tears down the process's distributed state when collected; the engines
+    still alive in the process must keep serving (in-process groups and tests hold several)."""
+    before = engine.generate(REQUESTS[:1], GREEDY)[0].response_ids
+    other = VLLMEngine(tiny, policy_id="other", kv_cache_gb=KV_GB)
+    assert other.generate(REQUESTS[:1], GREEDY)[0].response_ids == before
+    del other
+    gc.collect()
+    assert engine.generate(REQUESTS[:1], GREEDY)[0].response_ids == before

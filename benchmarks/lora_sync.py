@@ -45,8 +45,9 @@ def _move_adapter(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
-            if hasattr(module, "lora_B"):
-                w = module.lora_B["default"].weight
+            lora_b: Any = getattr(module, "lora_B", None)
+            if lora_b is not None:
+                w = lora_b["default"].weight
                 w.copy_(torch.randn(w.shape, generator=g) * 0.01)
 
 

@@ -33,17 +33,10 @@ from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
 from learners.batch import TrainBatch
 from learners.checkpoint import load_learner_state, save_learner_state
-from learners.losses import (
-    LOSS_AGGREGATIONS,
-    entropy_from_logits,
-    kl_penalty,
-    ppo_clip_loss,
-    response_start,
-    tis_weights,
-    token_logprobs,
-)
+from learners.losses import entropy_from_logits, response_start, token_logprobs
 from learners.member import LearnerSpec
-from learners.mitigations import kl_coefficients, uses_kl
+from learners.mitigations import uses_kl
+from learners.policy_loss import policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
 from learners.schedule import lr_factor
@@ -237,41 +230,22 @@ class Learner:
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
-        """One micro-batch's loss (normalised by the global `normalizer`); adds its metric sums to `sums`.
-
-        The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
+        """One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`); adds its metric sums
+        to `sums`. The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
         logits, s = self._response_logits(mb, plain)
-        targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
-        lp = F.pad(token_logprobs(logits, targets[:, s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
-        old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else lp.detach()
-        algo = self.algo
-        advantages = mb.advantages.unsqueeze(-1).expand_as(lp)
-        if algo.tis_cap > 0:
-            advantages = advantages * tis_weights(old, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
-        loss, m = ppo_clip_loss(lp, old, advantages, mask, clip_low=algo.clip_low,
-                                clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
-        if uses_kl(algo.kl_coef, algo.kl_anchor_roles):
-            loss = loss + self._kl_term(mb, lp, mask, normalizer, sums)
-        sums["loss"] += float(loss.detach())
-        sums["clip_frac_sum"] += float(m["clip_frac_sum"])
-        sums["tokens"] += float(m["tokens"])
+        lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
         with torch.no_grad():
-            _add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, mb.roles)
-            _add_per_role(sums, "entropy_sum", F.pad(entropy_from_logits(logits), (s, 0)), mask, mb.roles)
-            diff = (lp.detach() - mb.rollout_logprobs[:, 1:]).abs()
-            _add_per_role(sums, "logprob_diff_sum", diff, mask, mb.roles)
-            _add_per_role(sums, "tokens", torch.ones_like(diff), mask, mb.roles)
-        return loss
-
-    def _kl_term(self, mb: TrainBatch, lp: torch.Tensor, mask: torch.Tensor, normalizer: float,
-                 sums: dict[str, float]) -> torch.Tensor:
-        """KL to the reference, each row weighted by algo.kl_coef plus its role's kl_anchor_roles entry."""
+            entropy = F.pad(entropy_from_logits(logits), (s, 0))
         algo = self.algo
-        kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
-        coef = kl_coefficients(mb.roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
-        _add_per_role(sums, "kl_sum", kl.detach(), mask, mb.roles)
-        return LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
+        reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+        old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
+        loss, metrics = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
+                                    mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
+                                    normalizer=normalizer)
+        for key, value in metrics.items():
+            sums[key] += value
+        return loss
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
@@ -343,11 +317,4 @@ def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.nn.Paramete
     """[P] fp32 concatenation of autograd.grad's result (zeros for parameters the loss did not reach)."""
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
                       for g, p in zip(grads, params, strict=True)])
-
-
-def _add_per_role(sums: dict[str, float], key: str, values: torch.Tensor, mask: torch.Tensor,
-                  roles: list[str]) -> None:
-    per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
-    for role, v in zip(roles, per_row.tolist(), strict=True):
-        sums[f"{key}/{role}"] += v
 

@@ -21,7 +21,7 @@ import torch
 from benchmarks.update import make_batch
 from jobs.config import load_config
 from jobs.models import resolve_model
-from learners.backends import rank_class
+from learners.learner import Learner
 from learners.losses import local_normalizer
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
@@ -33,8 +33,8 @@ def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: 
         "model.lora.target_modules=all-linear", f"learner.optim.lr={lr}", "learner.optim.warmup_steps=0",
         "learner.optim.schedule=constant", f"learner.micro_batch_size={rows}", "learner.role_grad_diagnostics=false",
         f"learner.torch_threads={torch.get_num_threads()}"])
-    learner = rank_class("torch")(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
-                                              algo=cfg.algo, temperature=1.0, total_steps=steps, seed=0))
+    learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
+                                  algo=cfg.algo, temperature=1.0, total_steps=steps, seed=0))
     lost = []
     for step in range(steps):
         batch = make_batch(rows, seq, seq // 4, vocab, seed=step)

@@ -28,8 +28,8 @@ import torch
 
 from jobs.config import load_config
 from jobs.models import resolve_model
-from learners.backends import rank_class
 from learners.batch import TrainBatch
+from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
@@ -86,9 +86,8 @@ def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
 
 
 def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], object]:
-    learner = rank_class(cfg.learner.backend)(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model,
-                                                          learner=cfg.learner, algo=cfg.algo, temperature=1.0,
-                                                          total_steps=1000, seed=0))
+    learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
+                                  algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
     payload, norm = batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
     roles = sorted(set(batch.roles)) if role_grads else None
     plan = UpdatePlan.whole(len(batch), norm, roles)  # one optimizer step over every row

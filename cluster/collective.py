@@ -15,6 +15,8 @@ import torch.distributed as dist
 from cluster.member import Call
 
 if TYPE_CHECKING:  # members import this module; only the driver needs Ray
+    from torch import Tensor
+
     from cluster.group import Group
 
 
@@ -43,6 +45,13 @@ def join(backend: str, host: str, port: int, rank: int, world_size: int, timeout
         backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def all_reduce_sum(tensor: Tensor) -> None:
+    """Sum `tensor` over the members of this process's group, in place (one collective)."""
+    # One rank has nothing to sum (and a process's NCCL group, if any, cannot reduce host tensors).
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
 
 def init_collective(group: Group[CollectiveMember], backend: str, timeout_s: float) -> None:

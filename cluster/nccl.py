@@ -135,7 +135,7 @@ class WeightChannel:
                 yield slot.name, raw.view(getattr(torch, slot.dtype)).reshape(slot.shape)
 
 
-def connect(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], timeout: float) -> int:
+def form_channel(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], timeout: float) -> int:
     """Form the channel once: src member 0 is rank 0, the destinations' members follow in order. Returns
     the world size."""
     deadline = time.monotonic() + timeout
@@ -154,8 +154,8 @@ def connect(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], tim
 
 def broadcast_nccl(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], version: int, timeout: float,
                    fingerprint: Callable[[Mapping[str, Any]], float], bucket_bytes: int) -> dict[str, float]:
-    """cluster.transport.broadcast over a connected channel: every member of `dsts` receives src member 0's
-    weights as `version` and must report that version and the sender's fingerprint."""
+    """cluster.transport.broadcast over a channel formed by `form_channel`: every member of `dsts` receives src
+    member 0's weights as `version` and must report that version and the sender's fingerprint."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     sent = src.submit_to([0], WeightSender.nccl_send, version, bucket_bytes, fingerprint)

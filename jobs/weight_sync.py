@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from cluster.fingerprint import fingerprint
-from cluster.nccl import broadcast_nccl, connect
+from cluster.nccl import broadcast_nccl, form_channel
 from cluster.transport import broadcast
 from learners.group import LearnerGroup
 from learners.member import LearnerMember
@@ -46,7 +46,7 @@ class WeightSync:
     def connect(self) -> None:
         """Form the NCCL channel learner rank 0 → every engine, unless it stands (nothing for the object store)."""
         if self.transport == "nccl" and not self.channel_ready:
-            connect(self.learner.group, [e.group for e in self.engines], self.timeout_s)
+            form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s)
             self.channel_ready = True
 
     def run(self, version: int) -> dict[str, float]:

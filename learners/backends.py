@@ -1,26 +1,121 @@
-"""Learner backends by name (`learner.backend`): the class a LearnerGroup hosts as its ranks.
+"""Learner backends by name (`learner.backend`): how a Learner rank reduces and applies its gradients.
 
-Every backend implements learners.member.LearnerMember. The deepspeed module imports deepspeed only when a rank
-builds its engine, so resolving the class works on a machine without it.
+Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
+training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen by name at setup) owns only what
+differs between plain torch (learners/torch_backend.py: one all-reduce, AdamW, clipping) and DeepSpeed
+(learners/deepspeed_backend.py: the ZeRO engine, its idle passes, ZeRO-3's weight snapshot and checkpoint
+layout). Both modules are imported when a rank resolves its backend, so the config reads BACKENDS on a machine
+without deepspeed.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
 
-from learners.member import LearnerMember
+if TYPE_CHECKING:  # the config imports this module; models and optimizers are the ranks' business
+    import torch
+    from torch import Tensor
+
+    from learners.batch import TrainBatch
+    from learners.member import LearnerSpec
+    from learners.weights import WeightSnapshot
 
 LearnerBackend = Literal["torch", "deepspeed"]
 BACKENDS: tuple[LearnerBackend, ...] = get_args(LearnerBackend)
 
 
-def rank_class(backend: str) -> type[LearnerMember]:
+@dataclass(frozen=True, kw_only=True)
+class LearnerParts:
+    """What a Learner builds and hands its backend: the policy module and its trainable parameters, the torch
+    AdamW and LR schedule (every backend steps the same optimizer; the schedule stays the learner's), and the
+    frozen reference (None without one, or for LoRA, whose reference is the base with the adapter off)."""
+
+    spec: LearnerSpec
+    rank: int
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    reference: torch.nn.Module | None
+
+
+class GradientBackend(Protocol):
+    """How one rank's gradient is summed over the data-parallel ranks and applied, and what that changes about
+    forward passes, weights and checkpoints."""
+
+    # bf16 as fp32 master weights under CPU autocast, run by the Learner (False: the backend's own bf16 scheme).
+    autocast_bf16: ClassVar[bool]
+    # Backward passes every rank runs at least once per optimizer step, even with no rows anywhere.
+    min_backward_passes: ClassVar[int]
+
+    def __init__(self, parts: LearnerParts) -> None: ...
+
+    @property
+    def per_role_gradients(self) -> bool:
+        """Whether whole weights exist outside forward, so that each role's gradient can be taken apart."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the batch and gradient buffers live."""
+        ...
+
+    def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        """Join the ranks' process group (cluster.collective)."""
+        ...
+
+    def prepare(self, data: TrainBatch) -> TrainBatch:
+        """Ready for an update (the engine built): `data` on `device`."""
+        ...
+
+    def runner(self, plain: bool) -> torch.nn.Module:
+        """The module a forward pass goes through: an engine's wrapper (its hooks), or the plain module."""
+        ...
+
+    def matched_passes(self, n: int) -> int:
+        """Forward passes this rank runs when it has `n` of its own (ranks that communicate inside forward must run
+        equally many; the Learner fills the rest with idle passes)."""
+        ...
+
+    def backward(self, losses: Iterable[Tensor]) -> None:
+        """Backward through each micro-batch loss as it is yielded; the sum over losses and ranks becomes the
+        step's gradient."""
+        ...
+
+    def apply_gradient(self, total: Tensor) -> None:
+        """Make `total` [P], a gradient already summed over ranks (identical on every rank), the step's gradient."""
+        ...
+
+    def step(self) -> tuple[float, float]:
+        """Clip the step's gradient and take the optimizer step: (the lr it used, the gradient norm)."""
+        ...
+
+    def after_update(self) -> None:
+        """After a training step's last optimizer step."""
+        ...
+
+    def snapshot(self) -> WeightSnapshot | None:
+        """Weights this rank gathered for serving, when its module holds only a partition; None: read the module."""
+        ...
+
+    def save_state(self, path: str, step: int) -> None:
+        """This rank's part of the policy's state (contract: learners/checkpoint.py), with the update counter."""
+        ...
+
+    def load_state(self, path: str) -> int:
+        """Restore what save_state wrote; returns the update counter."""
+        ...
+
+
+def backend_class(backend: str) -> type[GradientBackend]:
     if backend == "torch":
-        from learners.learner import Learner
+        from learners.torch_backend import TorchBackend
 
-        return Learner
+        return TorchBackend
     if backend == "deepspeed":
-        from learners.deepspeed_backend import DeepSpeedLearner
+        from learners.deepspeed_backend import DeepSpeedBackend
 
-        return DeepSpeedLearner
+        return DeepSpeedBackend
     raise ValueError(f"learner.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

@@ -1,6 +1,7 @@
 """Learner-state I/O: what one rank of a policy writes into, and reads back from, a checkpoint folder.
 
-The interface every learner backend implements (torch here; other backends follow the same contract):
+The interface of every learner rank (Learner, through its gradient backend: the torch backend writes the files
+described here, DeepSpeed its engine's layout under the same contract):
 
     save_state(path: str) -> None
     load_state(path: str) -> None

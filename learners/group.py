@@ -16,7 +16,6 @@ from cluster.group import Group, MemberOptions, Pending
 from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env
-from learners.backends import rank_class
 from learners.batch import TrainBatch
 from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
@@ -48,8 +47,10 @@ class LearnerGroup:
         self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
+        from learners.learner import Learner  # here: importing this module (jobs, the config) loads no model code
+
         self.group: Group[LearnerMember] = Group(
-            rank_class(learner.backend), learner.ranks, name=group_name(run_name, "learner", policy_id), args=(spec,),
+            Learner, learner.ranks, name=group_name(run_name, "learner", policy_id), args=(spec,),
             options=MemberOptions(num_cpus=learner.rank_num_cpus, env=thread_env(threads) if threads else {}),
             per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
         )

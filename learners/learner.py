@@ -1,15 +1,15 @@
-"""Learner: one data-parallel rank owning a policy's model and optimizer (plain torch backend).
+"""Learner: one data-parallel rank owning a policy's model, its forward passes and its optimizer-step loop.
 
 One `update` call = one training step = the optimizer steps of an `UpdatePlan` (PPO mini-batches × epochs,
 learners/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every micro-batch's loss
-is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and micro-batches sum to
-the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps. The PPO ratio is
-taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
+(learners.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and
+micro-batches sum to the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps:
+how, is the rank's `backend` (learners/backends.py: plain torch or DeepSpeed, by `learner.backend`). The PPO ratio
+is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
 LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`).
-The backend-specific parts (how a gradient is reduced and applied) are the small methods DeepSpeed overrides.
 
-bfloat16 (`model.dtype`) on this CPU backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
+bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
 reductions and the loss in fp32), and the weights rounded to bf16 once per sync, as the engines serve them.
 (DeepSpeed keeps its own bf16 scheme.)
@@ -20,82 +20,68 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from cluster import collective
 from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
+from learners.backends import GradientBackend, LearnerParts, backend_class
 from learners.batch import TrainBatch
-from learners.checkpoint import load_learner_state, save_learner_state
-from learners.losses import (
-    LOSS_AGGREGATIONS,
-    entropy_from_logits,
-    kl_penalty,
-    ppo_clip_loss,
-    response_start,
-    tis_weights,
-    token_logprobs,
-)
+from learners.losses import entropy_from_logits, response_start, token_logprobs
 from learners.member import LearnerSpec
-from learners.mitigations import kl_coefficients, uses_kl
+from learners.mitigations import uses_kl
+from learners.policy_loss import policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
-from learners.role_grads import assign_flat_grads, flat_grads, role_grad_metrics
+from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_factor
-from learners.weights import DTYPES, adapter_payload, export_hf, is_lora, load_policy_model, merge_for_serving
+from learners.weights import DTYPES, export_hf, is_lora, load_policy_model, serving_adapter, serving_weights
 
 
 class Learner:
-    """A rank of policy `spec.policy_id` (learners.member.LearnerMember)."""
+    """A rank of policy `spec.policy_id` (learners.member.LearnerMember), its gradients applied by `backend`."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0):
-        policy_id, model_path, model, learner, algo = (spec.policy_id, spec.model_path, spec.model, spec.learner,
-                                                       spec.algo)
-        temperature, total_steps, seed = spec.temperature, spec.total_steps, spec.seed
+        model, learner, algo = spec.model, spec.learner, spec.algo
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
-        torch.manual_seed(seed)
-        self.policy_id, self.model_path, self.dtype = policy_id, model_path, model.dtype
+        torch.manual_seed(spec.seed)
+        self.policy_id, self.model_path, self.dtype = spec.policy_id, spec.model_path, model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
-        self.temperature = temperature if temperature > 0 else 1.0
-        self.autocast = torch.bfloat16 if self._autocast_bf16 and model.dtype == "bfloat16" else None
+        self.temperature = spec.temperature if spec.temperature > 0 else 1.0
+        backend = backend_class(learner.backend)
+        self.autocast = torch.bfloat16 if backend.autocast_bf16 and model.dtype == "bfloat16" else None
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
-        self.model = load_policy_model(model_path, self.master_dtype, model.lora)
-        if learner.gradient_checkpointing:
-            # Non-reentrant: per-role gradients are taken with torch.autograd.grad, which reentrant
-            # checkpointing does not support.
+        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora)
+        if learner.gradient_checkpointing:  # non-reentrant: per-role gradients use torch.autograd.grad
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = learner.optim
+        self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
                                            weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_factor(s, opt.warmup_steps, total_steps, opt.schedule, opt.min_lr_ratio),
-        )
-        self.reference = self._reference_model(model) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
-        self.step = 0
-        self._served_names: list[str] | None = None
-
-    def _reference_model(self, model: Any) -> torch.nn.Module | None:
+            self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
-        if is_lora(self.model):
-            return None
-        return load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
+        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
+                          if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
+        self.backend: GradientBackend = backend(LearnerParts(
+            spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
+            scheduler=self.scheduler, reference=self.reference))
+        self.step = 0
+        self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
+        self._served_names: list[str] | None = None
 
     # -- collective membership (delegated to cluster) --
     def rendezvous_address(self) -> tuple[str, int]:
         return collective.rendezvous_address()
 
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
-        collective.join(backend, host, port, rank, world, timeout_s)
+        self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
         """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py).
@@ -105,7 +91,9 @@ class Learner:
         taken separately; the step uses their sum, which is the plain gradient.
         """
         self.model.train()
-        data = self._with_old_logprobs(self._prepare(TrainBatch.from_dict(batch)), plan)
+        data = TrainBatch.from_dict(batch)
+        self.pad_id = data.pad_id
+        data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
         per_step = []
@@ -119,36 +107,49 @@ class Learner:
         if self.cfg.optim.schedule_unit == "step":
             self.scheduler.step()
         self.step += 1
-        self._after_update()
+        self.backend.after_update()
         sums["loss"] /= len(plan.steps)
         return {**sums, **mean_and_last(per_step), "optimizer_steps": float(len(plan.steps))}
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: dict[str, float]) -> dict[str, float]:
-        """One optimizer step on mini-batch `mb`: gradients (per role when asked), clipping, the step."""
-        metrics: dict[str, float] = {}
-        if roles and self._per_role_gradients:
-            role_grads = self._role_gradients(mb, normalizer, sums, roles)
-            self._apply_gradient(role_grads.sum(0))
-            metrics.update(role_grad_metrics(role_grads, roles, self.policy_id))
-        else:
-            self._backward(mb, normalizer, sums)
-        metrics["lr"] = self._current_lr()
-        metrics["grad_norm"] = self._clip_and_step()
+        """One optimizer step on mini-batch `mb`: its gradient (per role when asked), clipping, the step."""
+        metrics = self._backward_by_role(mb, normalizer, roles, sums)
+        metrics["lr"], metrics["grad_norm"] = self.backend.step()
         return metrics
+
+    def _backward_by_role(self, data: TrainBatch, normalizer: float, roles: list[str] | None,
+                          sums: dict[str, float]) -> dict[str, float]:
+        """Hand the backend `data`'s gradient, summed over ranks; returns the per-role gradient metrics, if taken.
+
+        With `roles` (and a backend holding whole weights outside forward) each role's gradient is taken apart and
+        the step uses their sum, which is the plain gradient. Otherwise the backend runs one backward per
+        micro-batch, and idle ones up to the passes it matches across ranks."""
+        if roles and self.backend.per_role_gradients:
+            role_grads = self._role_gradients(data, normalizer, sums, roles)
+            self.backend.apply_gradient(role_grads.sum(0))
+            return role_grad_metrics(role_grads, roles, self.policy_id)
+        self.backend.backward(self._micro_losses(data, normalizer, sums))
+        return {}
+
+    def _micro_losses(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> Iterator[torch.Tensor]:
+        """Each micro-batch's loss, built as the backend consumes it (one graph alive at a time), then idle ones."""
+        micro = data.micro_batches(self.cfg.micro_batch_size) if len(data) else []
+        for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
+            yield self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss()
 
     def _role_gradients(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
                         roles: list[str]) -> torch.Tensor:
         """[R, P], summed over ranks: row r is the gradient of role r's rows' share of the mini-batch's loss.
 
         Taken with torch.autograd.grad through the plain module, outside any engine's reduction hooks."""
-        out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self._device)
+        out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self.backend.device)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
             for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
                 loss = self._micro_step(mb, normalizer, sums, plain=True)
-                out[r] += _flat(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
-        _all_reduce(out)
+                out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
+        collective.all_reduce_sum(out)
         return out
 
     @torch.no_grad()
@@ -164,115 +165,54 @@ class Learner:
         later = data.longest_first(sorted({i for rows in plan.steps[1:] for i in rows}))
         old = torch.zeros_like(data.rollout_logprobs)
         chunks = [later[i:i + self.cfg.micro_batch_size] for i in range(0, len(later), self.cfg.micro_batch_size)]
-        for j in range(self._matched_passes(len(chunks))):
+        for j in range(self.backend.matched_passes(len(chunks))):
             if j >= len(chunks):
-                self._idle_pass()
+                self._idle_loss()
                 continue
             mb = data.select(chunks[j])
             logits, s = self._response_logits(mb)
             old[torch.tensor(chunks[j]), 1 + s:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1 + s:])
         return dataclasses.replace(data, old_logprobs=old)
 
-    # -- how gradients are reduced and applied (plain torch here; learners/deepspeed_backend.py overrides) --
-    _per_role_gradients = True  # ZeRO-3 holds no whole weights outside forward, so no per-role buffer
-    _autocast_bf16 = True  # bf16 as fp32 master weights under CPU autocast (DeepSpeed: bf16 weights, its own)
-    _device = torch.device("cpu")
+    def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
+        """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V], through the backend's runner
+        (an engine, unless `plain`), or those of `model` (the reference); bf16 autocast around fp32 masters."""
+        module = self.backend.runner(plain) if model is None else model
+        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
+            return module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
 
-    def _prepare(self, data: TrainBatch) -> TrainBatch:
-        return data
-
-    def _after_update(self) -> None:
-        pass
-
-    def _matched_passes(self, n: int) -> int:
-        """Forward passes this rank runs when it has `n` of its own (ranks that communicate inside forward
-        must run equally many)."""
-        return n
-
-    def _idle_pass(self) -> None:
-        pass
-
-    def _backward(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> None:
-        self.optimizer.zero_grad(set_to_none=False)
-        for mb in data.micro_batches(self.cfg.micro_batch_size) if len(data) else []:
-            self._micro_step(mb, normalizer, sums).backward()
-        flat = flat_grads(self.params)  # zeros on a rank with an empty shard: it still joins the step
-        _all_reduce(flat)
-        self._apply_gradient(flat)
-
-    def _apply_gradient(self, total: torch.Tensor) -> None:
-        """Make `total` [P], the gradient summed over ranks (identical on every rank), the step's gradient."""
-        assign_flat_grads(self.params, total)
-
-    def _current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _clip_and_step(self) -> float:
-        clip = self.cfg.optim.grad_clip or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        self.optimizer.step()
-        return float(grad_norm)
-
-    def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0) -> torch.Tensor:
-        """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V]; a backend that wraps the
-        model (DeepSpeed) routes it through its engine unless `plain`."""
-        with self._precision():
-            return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
-
-    def _precision(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast around a forward pass of the fp32 master weights, or nothing (weights in model.dtype)."""
-        return torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext()
+    def _idle_loss(self) -> torch.Tensor:
+        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for."""
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.backend.device)
+        return self.backend.runner(False)(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool)
+                                          ).logits.sum() * 0.0
 
     def _response_logits(self, mb: TrainBatch, plain: bool = False, model: Any = None) -> tuple[torch.Tensor, int]:
         """(temperature-scaled fp32 logits [B, T−1−s, V] of shifted positions s.., s) with s = response_start:
         the positions before s predict prompt tokens only, so the LM head and the vocabulary-wide softmax skip
         them (most of an aggregator's or evaluator's row is prompt). `model`: another module (the reference)."""
         s = response_start(mb.loss_mask)
-        keep = mb.input_ids.shape[1] - s
-        if model is None:
-            logits = self._forward(mb, plain, keep)
-        else:
-            with self._precision():
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+        logits = self._forward(mb, plain, mb.input_ids.shape[1] - s, model)
         return logits[:, :-1].float() / self.temperature, s
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
-        """One micro-batch's loss (normalised by the global `normalizer`); adds its metric sums to `sums`.
-
-        The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
+        """One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`); adds its metric sums
+        to `sums`. The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
         logits, s = self._response_logits(mb, plain)
-        targets, mask = mb.input_ids[:, 1:], mb.loss_mask[:, 1:]
-        lp = F.pad(token_logprobs(logits, targets[:, s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
-        old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else lp.detach()
-        algo = self.algo
-        advantages = mb.advantages.unsqueeze(-1).expand_as(lp)
-        if algo.tis_cap > 0:
-            advantages = advantages * tis_weights(old, mb.rollout_logprobs[:, 1:], mask, algo.tis_cap)
-        loss, m = ppo_clip_loss(lp, old, advantages, mask, clip_low=algo.clip_low,
-                                clip_high=algo.clip_high, agg=algo.loss_agg, normalizer=normalizer)
-        if uses_kl(algo.kl_coef, algo.kl_anchor_roles):
-            loss = loss + self._kl_term(mb, lp, mask, normalizer, sums)
-        sums["loss"] += float(loss.detach())
-        sums["clip_frac_sum"] += float(m["clip_frac_sum"])
-        sums["tokens"] += float(m["tokens"])
+        lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
         with torch.no_grad():
-            _add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, mb.roles)
-            _add_per_role(sums, "entropy_sum", F.pad(entropy_from_logits(logits), (s, 0)), mask, mb.roles)
-            diff = (lp.detach() - mb.rollout_logprobs[:, 1:]).abs()
-            _add_per_role(sums, "logprob_diff_sum", diff, mask, mb.roles)
-            _add_per_role(sums, "tokens", torch.ones_like(diff), mask, mb.roles)
-        return loss
-
-    def _kl_term(self, mb: TrainBatch, lp: torch.Tensor, mask: torch.Tensor, normalizer: float,
-                 sums: dict[str, float]) -> torch.Tensor:
-        """KL to the reference, each row weighted by algo.kl_coef plus its role's kl_anchor_roles entry."""
+            entropy = F.pad(entropy_from_logits(logits), (s, 0))
         algo = self.algo
-        kl = kl_penalty(lp, self._reference_logprobs(mb), algo.kl_estimator)
-        coef = kl_coefficients(mb.roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
-        _add_per_role(sums, "kl_sum", kl.detach(), mask, mb.roles)
-        return LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
+        reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+        old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
+        loss, metrics = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
+                                    mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
+                                    normalizer=normalizer)
+        for key, value in metrics.items():
+            sums[key] += value
+        return loss
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
@@ -287,8 +227,8 @@ class Learner:
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
         (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
-        merged, self.merge_rounding = merge_for_serving(self.model, DTYPES[self.dtype])
-        return {k: v.cpu() for k, v in merged.items()}
+        merged, self.merge_rounding = serving_weights(self.model, DTYPES[self.dtype], self.backend.snapshot())
+        return merged
 
     def sync_metrics(self) -> dict[str, float]:
         """What the weights last handed out by get_weights lost: with LoRA merged into the serving dtype,
@@ -315,7 +255,7 @@ class Learner:
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
-        return adapter_payload(self.model, self.policy_id)
+        return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
@@ -327,33 +267,13 @@ class Learner:
         return {"fingerprint": fingerprint(weights), "bytes": self.weight_channel.send(weights, version, bucket_bytes)}
 
     def export(self, out_dir: str) -> str:
-        export_hf(self.model, self.model_path, self.dtype, out_dir)
+        export_hf(self.model, self.model_path, self.dtype, out_dir, self.backend.snapshot())
         return out_dir
 
-    # -- checkpoint state (the contract is in learners/checkpoint.py) --
+    # -- checkpoint state (the contract is in learners/checkpoint.py; the layout is the backend's) --
     def save_state(self, path: str) -> None:
-        save_learner_state(path, self.rank, self.model, self.optimizer, self.scheduler, self.step)
+        self.backend.save_state(path, self.step)
 
     def load_state(self, path: str) -> None:
-        self.step = load_learner_state(path, self.rank, self.model, self.optimizer, self.scheduler)
-
-
-def _all_reduce(flat: torch.Tensor) -> None:
-    """Sum a flat tensor over the data-parallel ranks (one collective per step), in place."""
-    # One rank has nothing to sum (and a process's NCCL group, if any, cannot reduce host tensors).
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-
-
-def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """[P] fp32 concatenation of autograd.grad's result (zeros for parameters the loss did not reach)."""
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                      for g, p in zip(grads, params, strict=True)])
-
-
-def _add_per_role(sums: dict[str, float], key: str, values: torch.Tensor, mask: torch.Tensor,
-                  roles: list[str]) -> None:
-    per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
-    for role, v in zip(roles, per_row.tolist(), strict=True):
-        sums[f"{key}/{role}"] += v
+        self.step = self.backend.load_state(path)
 

@@ -1,6 +1,6 @@
 """The contract between a LearnerGroup and the ranks it hosts: `LearnerSpec`, what every rank is built from
 (one keyword dataclass crosses to the Ray actors), and `LearnerMember`, the methods the group and the weight sync
-call on a rank (learners/learner.py, learners/deepspeed_backend.py), named as `LearnerMember.<method>`."""
+call on a rank (learners/learner.py, whatever its gradient backend), named as `LearnerMember.<method>`."""
 
 from __future__ import annotations
 

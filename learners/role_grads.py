@@ -9,6 +9,7 @@ shared policy) and the cosine similarity between roles (do they pull the weights
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -17,6 +18,12 @@ from torch import Tensor
 def flat_grads(params: list[torch.nn.Parameter]) -> Tensor:
     """[P] concatenation of every parameter's gradient (zeros where a gradient is missing)."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def flat_autograd(grads: Sequence[Tensor | None], params: list[torch.nn.Parameter]) -> Tensor:
+    """[P] fp32 concatenation of torch.autograd.grad's result (zeros for parameters the loss did not reach)."""
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                      for g, p in zip(grads, params, strict=True)])
 
 
 def assign_flat_grads(params: list[torch.nn.Parameter], flat: Tensor) -> None:

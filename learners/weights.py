@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -119,11 +120,56 @@ def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
     return {"policy_id": policy_id, "tensors": tensors, "config": config}
 
 
-def export_hf(model: torch.nn.Module, model_path: str, dtype: str, out_dir: str) -> None:
-    """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`."""
+@dataclass(frozen=True)
+class WeightSnapshot:
+    """A module's weights gathered once and kept on the host (a ZeRO-3 rank 0 after each step, whose module holds a
+    partition otherwise): the merged serving weights and their merge rounding (`merge_for_serving`); for LoRA the
+    adapter payload (`adapter_payload`) and the adapter's own state dict."""
+
+    merged: dict[str, torch.Tensor]
+    merge_rounding: float | None
+    adapter: dict[str, Any] | None
+    lora_state: dict[str, torch.Tensor] | None
+
+
+@torch.no_grad()
+def take_snapshot(model: torch.nn.Module, policy_id: str) -> WeightSnapshot:
+    """Host copies of `model`'s weights as served (in each weight's own dtype), merged now."""
+    lora = is_lora(model)
+    merged, rounding = merge_for_serving(model)
+    return WeightSnapshot(
+        merged={k: v.detach().cpu().clone() for k, v in merged.items()}, merge_rounding=rounding,
+        adapter=adapter_payload(model, policy_id) if lora else None,
+        lora_state={k: v.detach().cpu().clone() for k, v in model.state_dict().items() if "lora_" in k}
+        if lora else None,
+    )
+
+
+def serving_weights(model: torch.nn.Module, dtype: torch.dtype, snapshot: WeightSnapshot | None = None,
+                    ) -> tuple[dict[str, torch.Tensor], float | None]:
+    """(the weights engines serve, as host tensors under HF names; their merge rounding): `snapshot`'s when given
+    (the module itself then holds a partition), else `model` merged for serving in `dtype`."""
+    if snapshot is not None:
+        return snapshot.merged, snapshot.merge_rounding
+    merged, rounding = merge_for_serving(model, dtype)
+    return {k: v.cpu() for k, v in merged.items()}, rounding
+
+
+def serving_adapter(model: torch.nn.Module, policy_id: str, snapshot: WeightSnapshot | None = None) -> dict[str, Any]:
+    """The LoRA adapter payload (`adapter_payload`), from `snapshot` when it holds one."""
+    if snapshot is not None and snapshot.adapter is not None:
+        return snapshot.adapter
+    return adapter_payload(model, policy_id)
+
+
+def export_hf(model: torch.nn.Module, model_path: str, dtype: str, out_dir: str,
+              snapshot: WeightSnapshot | None = None) -> None:
+    """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`; the weights come
+    from `snapshot` when given (the module itself then holds a partition)."""
     plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
-    plain.load_state_dict(merge_for_serving(model, DTYPES[dtype])[0], strict=False)
+    merged = snapshot.merged if snapshot is not None else merge_for_serving(model, DTYPES[dtype])[0]
+    plain.load_state_dict(merged, strict=False)
     plain.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
     if is_lora(model):
-        model.save_pretrained(f"{out_dir}/adapter")
+        model.save_pretrained(f"{out_dir}/adapter", state_dict=snapshot.lora_state if snapshot is not None else None)

@@ -91,8 +91,10 @@ class BaseWeights:
             last = self._last.get(weight)
             if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
                 continue
-            delta = (b.float() @ a.float()) * scale
-            out[weight] = (self.base[weight].float() + delta).to(self.dtype)
+            # In place on the product, one allocation per layer: scale·(B@A) then + W0 round exactly as the
+            # learner's out-of-place W0 + scale·(B@A) (learners.weights.merge_layer), bit for bit.
+            merged = (b.float() @ a.float()).mul_(scale).add_(self.base[weight].float())
+            out[weight] = merged.to(self.dtype)
             self._last[weight] = (a.clone(), b.clone())
         return out
 

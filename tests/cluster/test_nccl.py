@@ -9,7 +9,7 @@ import torch
 from cluster import collective
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
-from cluster.nccl import ALIGN, WeightChannel, broadcast_nccl, bucket_size, connect, layout_of, plan_buckets
+from cluster.nccl import ALIGN, WeightChannel, broadcast_nccl, bucket_size, form_channel, layout_of, plan_buckets
 from cluster.transport import SyncError
 
 TIMEOUT = 60.0
@@ -85,7 +85,7 @@ def _channel(n_receivers: int, corrupting_last: bool = False) -> tuple[Group, li
     dsts = [Group(Receiver, 0, f"run:engine:r{i}",
                   per_member_kwargs=[{"corrupting": corrupting_last and i == n_receivers - 1}])
             for i in range(n_receivers)]
-    assert connect(src, dsts, TIMEOUT) == 1 + n_receivers
+    assert form_channel(src, dsts, TIMEOUT) == 1 + n_receivers
     return src, dsts
 
 
@@ -126,7 +126,7 @@ def test_nccl_broadcast_between_two_gpus(ray_gpus):
                 per_member_kwargs=[{"backend": "nccl", "weights": _weights(0)}])
     dst = Group(Receiver, 1, "gpu:engine:r0", options=gpu, per_member_kwargs=[{"backend": "nccl"}])
     try:
-        connect(src, [dst], TIMEOUT)
+        form_channel(src, [dst], TIMEOUT)
         out = broadcast_nccl(src, [dst], 7, TIMEOUT, fingerprint, bucket_bytes=64)
         assert out["verified"] == 1.0
         got = dst.submit(Receiver.get).result(TIMEOUT)[0]

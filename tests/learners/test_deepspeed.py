@@ -14,13 +14,14 @@ import torch
 
 from jobs.config import ConfigError, load_config
 from jobs.models import resolve_model
-from learners.backends import rank_class
+from learners.backends import backend_class
 from learners.batch import empty_batch
-from learners.deepspeed_backend import DeepSpeedLearner, deepspeed_config
+from learners.deepspeed_backend import DeepSpeedBackend, deepspeed_config
 from learners.learner import Learner
 from learners.losses import local_normalizer
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
+from learners.torch_backend import TorchBackend
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
 
 WEIGHT_TOL = 1e-5
@@ -48,10 +49,9 @@ def model_path():
 
 def make(model_path, backend: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, f"learner.backend={backend}", *overrides])
-    learner = rank_class(backend)(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model,
-                                              learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10,
-                                              seed=0))
-    assert isinstance(learner, Learner)
+    learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
+                                  algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    assert isinstance(learner.backend, backend_class(backend))
     return learner
 
 
@@ -65,8 +65,10 @@ def copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in weights.items()}
 
 
-def test_config_selects_and_validates_the_backend():
-    assert rank_class("torch") is Learner and rank_class("deepspeed") is DeepSpeedLearner
+def test_config_selects_and_validates_the_backend(model_path):
+    assert backend_class("torch") is TorchBackend and backend_class("deepspeed") is DeepSpeedBackend
+    assert type(make(model_path, "torch").backend) is TorchBackend
+    assert type(make(model_path, "deepspeed").backend) is DeepSpeedBackend
     cfg = load_config("jobs/configs/tiny.yaml", ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3",
                                                  "learner.deepspeed.offload_param=true", "model.dtype=bfloat16",
                                                  "model.allow_emulated_bf16=true"])
@@ -92,7 +94,8 @@ def test_zero2_in_process_matches_torch_with_role_gradients(model_path):
         assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
     assert max_abs_diff(initial, ds.get_weights()) > 1e-4
     assert {"grad/role_norm/generator", "grad/cos/evaluator__generator", "clip_frac_sum/generator"} <= set(m_ds)
-    assert ds.step == 2 and ds.engine.global_steps == 2 and m_ds["lr"] == pytest.approx(1e-3 * 0.9698463, rel=1e-6)
+    assert ds.step == 2 and ds.backend.engine.global_steps == 2
+    assert m_ds["lr"] == pytest.approx(1e-3 * 0.9698463, rel=1e-6)
 
 
 def test_zero2_gradient_accumulation_1x8_equals_8x1(model_path):
@@ -103,14 +106,14 @@ def test_zero2_gradient_accumulation_1x8_equals_8x1(model_path):
     assert m_eight["loss"] == pytest.approx(m_one["loss"], rel=1e-5, abs=1e-7)
     assert m_eight["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-5)
     assert max_abs_diff(copy(one.get_weights()), eight.get_weights()) < WEIGHT_TOL
-    assert one.engine.global_steps == eight.engine.global_steps == 1
+    assert one.backend.engine.global_steps == eight.backend.engine.global_steps == 1
 
 
 def test_empty_batch_still_steps(model_path):
     ds = make(model_path, "deepspeed")
     before = copy(ds.get_weights())
     m = ds.update(empty_batch("p").to_dict(), UpdatePlan.whole(0, 0.0))
-    assert ds.engine.global_steps == 1 and m["loss"] == 0.0 and m["grad_norm"] == 0.0
+    assert ds.backend.engine.global_steps == 1 and m["loss"] == 0.0 and m["grad_norm"] == 0.0
     assert max_abs_diff(ds.get_weights(), before) == 0.0
 
 
@@ -155,7 +158,7 @@ def test_two_mini_batches_match_torch(model_path, roles):
     m_plain, m_ds = plain.update(batch.to_dict(), plan), ds.update(batch.to_dict(), plan)
     assert m_ds == pytest.approx(m_plain, rel=METRIC_REL, abs=1e-6)
     assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
-    assert ds.engine.global_steps == 2 and m_ds["optimizer_steps"] == 2.0 and ds.scheduler.last_epoch == 1
+    assert ds.backend.engine.global_steps == 2 and m_ds["optimizer_steps"] == 2.0 and ds.scheduler.last_epoch == 1
 
 
 def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
@@ -166,6 +169,6 @@ def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
     update(plain, batch)
     update(ds, batch)
     assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
-    assert ds._snapshot is not None
+    assert ds.backend.snapshot() is not None
     lost, expected = ds.sync_metrics()["sync/merge_rounding/p"], plain.sync_metrics()["sync/merge_rounding/p"]
     assert 0.0 < lost < 1e-3 and lost == pytest.approx(expected, abs=1e-4)  # fp32: only fp32's own rounding

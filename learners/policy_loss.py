@@ -1,0 +1,77 @@
+"""One micro-batch's policy loss as a pure function of the learner's log-probs: the clipped PPO loss (with truncated
+importance-sampling weights when `algo.tis_cap` > 0), the optional KL term to a reference, and the metric sums the
+learner reports (overall and per role).
+
+No module, optimizer or collective here: the learner runs the forward passes and hands in their results.
+Shapes: B rows of T tokens. Per-token tensors are over the shifted positions, [B, T−1]: position t predicts
+token t+1, so `mask` is the batch's loss mask without its first column.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from learners.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
+from learners.mitigations import kl_coefficients
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    rollout_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    roles: list[str],
+    *,
+    ref_logprobs: Tensor | None,
+    entropy: Tensor,
+    algo: Any,
+    normalizer: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """(scalar loss, metric sums) of one micro-batch; the loss is normalised by the GLOBAL `normalizer`
+    (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch losses add up.
+
+    logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's for the PPO ratio, or
+    None for the current ones, detached (ratio 1). rollout_logprobs [B, T−1]: the engines'. advantages [B].
+    mask [B, T−1] bool. roles: B role names. ref_logprobs [B, T−1]: the reference's, or None for no KL term.
+    entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config section
+    (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator).
+
+    Metric sums over this micro-batch's loss tokens: loss, clip_frac_sum, tokens, and per role
+    clip_frac_sum/<role>, entropy_sum/<role>, logprob_diff_sum/<role> (|learner − engine| log-prob),
+    tokens/<role>, and kl_sum/<role> with a KL term.
+    """
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    weighted = advantages.unsqueeze(-1).expand_as(logprobs)
+    if algo.tis_cap > 0:
+        weighted = weighted * tis_weights(old, rollout_logprobs, mask, algo.tis_cap)
+    loss, m = ppo_clip_loss(logprobs, old, weighted, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                            agg=algo.loss_agg, normalizer=normalizer)
+    sums: dict[str, float] = defaultdict(float)
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
+        # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.mitigations.kl_coefficients).
+        coef = kl_coefficients(roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
+        loss = loss + LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
+        add_per_role(sums, "kl_sum", kl.detach(), mask, roles)
+    sums["loss"] += float(loss.detach())
+    sums["clip_frac_sum"] += float(m["clip_frac_sum"])
+    sums["tokens"] += float(m["tokens"])
+    with torch.no_grad():
+        add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, roles)
+        add_per_role(sums, "entropy_sum", entropy, mask, roles)
+        diff = (logprobs.detach() - rollout_logprobs).abs()
+        add_per_role(sums, "logprob_diff_sum", diff, mask, roles)
+        add_per_role(sums, "tokens", torch.ones_like(diff), mask, roles)
+    return loss, dict(sums)
+
+
+def add_per_role(sums: dict[str, float], key: str, values: Tensor, mask: Tensor, roles: list[str]) -> None:
+    """Add each row's masked sum of `values` [B, T−1] to sums[f"{key}/{role}"] (a defaultdict(float))."""
+    per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
+    for role, v in zip(roles, per_row.tolist(), strict=True):
+        sums[f"{key}/{role}"] += v

@@ -141,7 +141,9 @@ def test_engine_call_past_its_deadline_names_the_engine(tmp_path):
 
 
 def test_unparsable_outputs_are_counted(tmp_path):
-    train(_cfg(tmp_path, "steps=1", "data.eval_size=0", "ray.num_cpus=2"))
+    # In-process members: what is counted is the same, without starting actors.
+    train(_cfg(tmp_path, "steps=1", "data.eval_size=0", "ray.num_cpus=2", "rollout.engines_per_role=0",
+               "learner.ranks=0"))
     row = read_metrics(tmp_path / "tiny")[0]
     # A random model never writes \boxed{i}: every aggregator turn falls back and is counted.
     assert row["rollout/parse_failures/aggregator"] == row["rollout/episodes"] > 0

@@ -5,6 +5,7 @@ settings the README declares."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,12 @@ def test_the_report_regenerates_from_the_committed_runs(tmp_path):
     for run in collect.committed_runs():
         assert run.label in page
     assert len(list(tmp_path.glob("*.png"))) == len(collect.committed_runs()) + 1
+
+
+def test_the_committed_report_holds_only_the_figures_its_page_shows():
+    page = (collect.REPORT / "index.html").read_text()
+    shown = set(re.findall(r"[\w.-]+\.png", page))
+    assert {p.name for p in collect.REPORT.glob("*.png")} == shown
 
 
 def test_the_sweep_fixes_the_declared_settings():

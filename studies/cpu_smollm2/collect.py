@@ -245,8 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     README.write_text(rewrite_readme(text, computed))
     if runs:
-        print(f"wrote {report([RUNS], REPORT)}")
+        print(f"wrote {write_report()}")
     return 0
+
+
+def write_report() -> Path:
+    """The study's report, regenerated whole: per-run figures are numbered in run order, so a new run renames
+    the others' and the old files would stay behind, unreferenced."""
+    for old in REPORT.glob("*.png"):
+        old.unlink()
+    return report([RUNS], REPORT)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,60 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
         from transformers import AutoModelForCausalLM
 
         weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
-        return rate, _sync_seconds(group, _Source.get_weights, EngineMember.load_weights, weights, args.reps)
+        return rate, _sync_seconds(group, _Source.get_packed, EngineMember.load_weights, weights, args.reps)
     finally:
         group.shutdown()
+
+
+def bench_full_sync(path: str, args: argparse.Namespace) -> dict[str, dict]:
+    """Full-weight syncs into one engine actor, side by side: the weights as a dict of tensors, and packed into
+    one buffer (cluster.packing, what learners send); then where the packed sync's time goes, timed inside an
+    in-process engine of the same kind (the engine's reload and read-back do not depend on the hop)."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout.engine_group import EngineGroup
+
+    weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    out = {}
+    group = EngineGroup(spec, path, _rollout_cfg(args, lora=False).rollout, "float32")
+    try:
+        out["full weights, dict"] = _sync_seconds(group, _Source.get_weights, EngineMember.load_weights, weights,
+                                                  args.reps)
+        out["full weights, packed"] = _sync_seconds(group, _Source.get_packed, EngineMember.load_weights, weights,
+                                                    args.reps)
+    finally:
+        group.shutdown()
+    return out
+
+
+def full_sync_parts(path: str, args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine."""
+    from transformers import AutoModelForCausalLM
+
+    from cluster.packing import pack
+    from rollout.vllm_engine import VLLMEngine
+
+    packed = pack(AutoModelForCausalLM.from_pretrained(path).state_dict())
+    engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi")
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                times.setdefault(name, []).append(time.perf_counter() - t0)
+        return wrapper
+
+    engine._probe = timed("probe", engine._probe)  # type: ignore[method-assign]
+    engine._reload = timed("vLLM reload + probe", engine._reload)  # type: ignore[method-assign]
+    engine._served_fingerprint = timed("read-back fingerprint", engine._served_fingerprint)  # type: ignore[method-assign]
+    load = timed("engine load_weights", engine.load_weights)
+    for version in range(args.reps + 1):
+        load(packed, version)
+    return {k: statistics.median(v[1:]) for k, v in times.items()}
 
 
 def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
@@ -112,6 +163,11 @@ class _Source:
 
     def get_adapter(self):
         return self.payload
+
+    def get_packed(self):
+        from cluster.packing import pack
+
+        return pack(self.payload)  # as Learner.get_packed_weights: one copy into one buffer, on every call
 
 
 def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
@@ -175,7 +231,12 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=64)
     parser.add_argument("--no-hf", action="store_true", help="skip HFEngine (minutes per repetition on CPU)")
     parser.add_argument("--bare-only", action="store_true", help="only the bare vllm.LLM")
+    parser.add_argument("--sync-only", action="store_true",
+                        help="only full-weight syncs (dict vs packed) into an engine actor, and their parts")
     args = parser.parse_args()
+    if args.sync_only:
+        _sync_only(args)
+        return
     if args.bare_only:
         path = resolve_model(args.model)
         rate = bench_bare_vllm(path, args, _requests(args.prompts, args.n), Sampling(1.0, 1.0, args.tokens))
@@ -193,6 +254,25 @@ def main() -> None:
     if not args.no_hf:
         rates["HFEngine"] = bench_hf(path, args, requests, sampling)
     _report(args, rates, full_sync, lora_sync)
+
+
+def _sync_only(args: argparse.Namespace) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
+    path = resolve_model(args.model)
+    syncs = bench_full_sync(path, args)
+    ray.shutdown()
+    parts = full_sync_parts(path, args)
+    print(f"{args.model}: verified full-weight sync into one vLLM engine actor, median of {args.reps} after warm-up")
+    for name, s in syncs.items():
+        print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
+              f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
+    packed = syncs["full weights, packed"]["sync_s"]
+    print(f"  packed / dict = {packed / syncs['full weights, dict']['sync_s']:.2f}; "
+          f"parts of a packed load (in-process engine):")
+    for name, seconds in parts.items():
+        print(f"    {name:<28} {seconds:8.3f} s")
 
 
 def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:

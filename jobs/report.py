@@ -1,10 +1,10 @@
 """Plots of finished runs: `python -m jobs.report RUN_DIR|SWEEP_DIR [...] --out DIR`.
 
 Writes PNGs and one index.html: held-out accuracy vs step of every run overlaid (line style by sharing, peak
-and final marked, terminal cliffs flagged by marl.cliff's detector), and per run the reward, gradient norm,
-gradient mass share and response length of each role. A run dir is any folder holding metrics.jsonl (labels
-come from its config.yaml); any other folder, e.g. a Tune experiment, is searched recursively for run dirs.
-Metrics a run did not record are skipped with a note in the page.
+and final marked, cliffs flagged by marl.cliff's detector, each noted as terminal or recovered from), and per
+run the reward, gradient norm, gradient mass share and response length of each role. A run dir is any folder
+holding metrics.jsonl (labels come from its config.yaml); any other folder, e.g. a Tune experiment, is searched
+recursively for run dirs. Metrics a run did not record are skipped with a note in the page.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from marl.cliff import detect
+from marl.cliff import CliffEvent, detect, first_cliff
 from marl.workflows import WORKFLOWS, roles_of
 
 STYLE = {"shared": "-", "isolated": "--", "custom": ":"}  # one-role runs: "-." whatever their sharing
@@ -131,6 +131,19 @@ def _figure(width: float = 7.0, height: float = 4.0) -> Any:
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
+def _cliff_note(run: RunRecord, xs: list[int], ys: list[float], event: CliffEvent) -> str:
+    """The first cliff of a run's held-out curve: where it was flagged, the running peak it fell from, and
+    whether the run came back (a flag marks a persistent drop, not the run's end)."""
+    drop, window, relative = run.cliff
+    rule = f"drop >= {drop}" + (f" or to <= {1 - relative:g}x of it" if relative > 0 else "")
+    where = (f"cliff flagged at step {xs[event.index]} (running peak {event.peak:.3f} at step "
+             f"{xs[event.peak_index]}, {rule} for {int(window)} evaluations)")
+    final = f"final {ys[-1]:.3f} at step {xs[-1]}"
+    if event.recovered:
+        return f"{run.label}: {where}, recovered: {final}"
+    return f"{run.label}: terminal {where}; {final}"
+
+
 def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
     """accuracy.png with every run's curve; returns notes (runs without held-out accuracy, cliffs found)."""
     fig, notes = _figure(8.0, 4.5), []
@@ -145,12 +158,14 @@ def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
         peak = max(range(len(ys)), key=ys.__getitem__)
         ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
-        cliffs = detect(ys, drop=run.cliff[0], window=int(run.cliff[1]), relative_drop=run.cliff[2])
+        drop, window, relative = run.cliff[0], int(run.cliff[1]), run.cliff[2]
+        cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
         if cliffs:
             ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
-            notes.append(f"{run.label}: terminal cliff flagged at step {xs[cliffs[0]]} (peak {ys[peak]:.3f} at "
-                         f"step {xs[peak]}, drop >= {run.cliff[0]} for {int(run.cliff[1])} evaluations)")
-    ax.set(title="Held-out accuracy (★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
+            event = first_cliff(ys, drop=drop, window=window, relative_drop=relative)
+            if event is not None:
+                notes.append(_cliff_note(run, xs, ys, event))
+    ax.set(title="Held-out accuracy\n(★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
            xlabel="training steps done", ylabel="accuracy")
     _decorate(ax)
     if ax.get_legend_handles_labels()[0]:

@@ -65,3 +65,23 @@ def detect(curve: list[float], drop: float = 0.1, window: int = 2, relative_drop
     """Indices of the evaluations at which a cliff is flagged (for offline curves and reports)."""
     tracker = CliffTracker(drop, window, relative_drop)
     return [i for i, acc in enumerate(curve) if tracker.update(i, acc)]
+
+
+@dataclass(frozen=True)
+class CliffEvent:
+    index: int  # the evaluation at which the cliff was first flagged
+    peak: float  # the running peak it fell from (not the run's overall peak, which may come later)
+    peak_index: int
+    recovered: bool  # the curve's last evaluation is no longer below its running peak by either condition
+
+
+def first_cliff(curve: list[float], drop: float = 0.1, window: int = 2,
+                relative_drop: float = 0.0) -> CliffEvent | None:
+    """The first cliff flagged on `curve` (None if none), and whether the curve came back from it: a flag says a
+    drop persisted for `window` evaluations, not that the run never recovered."""
+    tracker = CliffTracker(drop, window, relative_drop)
+    first: tuple[int, float, int] | None = None
+    for i, acc in enumerate(curve):
+        if tracker.update(i, acc) and first is None:
+            first = (i, tracker.peak, tracker.peak_step)
+    return None if first is None else CliffEvent(*first, recovered=tracker.below == 0)

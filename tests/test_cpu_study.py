@@ -96,12 +96,16 @@ def test_the_tables_by_hand(tmp_path):
     # Peaks at 0.6 after 2 steps, then falls to 0.3 and 0.25: 0.3 below the peak (absolute, 0.2) and at most
     # half of it (relative, 0.5) for two evaluations in a row.
     _run(tmp_path, "voting", "isolated", [0.2, 0.5, 0.6, 0.3, 0.25], {"generator": 0.5, "aggregator": 3.0})
+    # Falls from 0.5 to 0.2 and 0.25 (flagged), then climbs back past it: recovered.
+    _run(tmp_path, "eval_opt", "shared", [0.1, 0.5, 0.2, 0.25, 0.55], {"generator": 1.0, "evaluator": 1.0})
     runs = collect.committed_runs(tmp_path)
-    assert [collect.cell_name(r) for r in runs] == ["single_agent-shared", "voting-isolated"]
+    assert [collect.cell_name(r) for r in runs] == ["single_agent-shared", "voting-isolated", "eval_opt-shared"]
     results = collect.results_table(runs).splitlines()
     assert results[2] == "| single_agent | – | 3 | 0.200 | 0.400 @ 2 | 0.400 @ 3 | +0.000 | +0.000 | no |"
     assert results[3] == ("| voting | isolated | 4 | 0.200 | 0.600 @ 2 | 0.250 @ 4 | +0.200 | -0.150 | "
                           "absolute/relative |")
+    assert results[4] == ("| eval_opt | shared | 4 | 0.100 | 0.550 @ 4 | 0.550 @ 4 | +0.150 | +0.150 | "
+                          "absolute/relative, recovered |")
     assert collect.grad_ratio_table(runs).splitlines()[2] == \
         "| voting-isolated | aggregator / generator | 6.00 | 6.00 | 6.00 | 6.00 |"
     steps = collect.optimizer_steps_table(runs).splitlines()

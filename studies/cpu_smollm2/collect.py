@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.report import RunRecord, eval_curve, find_runs, load_run, report, role_series
-from marl.cliff import CliffTracker
+from marl.cliff import CliffTracker, first_cliff
 
 HERE = Path(__file__).resolve().parent
 RUNS, REPORT, README = HERE / "runs", HERE / "report", HERE / "README.md"
@@ -76,7 +76,7 @@ def curve_summary(run: RunRecord) -> dict[str, Any]:
     xs, ys = eval_curve(run.rows)
     if not ys:
         return {"base": math.nan, "peak": math.nan, "peak_at": -1, "final": math.nan, "final_at": -1,
-                "cliff_abs": False, "cliff_rel": False}
+                "cliff_abs": False, "cliff_rel": False, "cliff_recovered": False}
     drop, window, relative = run.cliff
     tracker = CliffTracker(drop=drop, window=int(window), relative_drop=relative)
     flagged = {"cliff_abs": False, "cliff_rel": False}
@@ -86,8 +86,9 @@ def curve_summary(run: RunRecord) -> dict[str, Any]:
         flagged["cliff_abs"] |= m["cliff/flagged_absolute"] == 1.0
         flagged["cliff_rel"] |= m["cliff/flagged_relative"] == 1.0
     peak = max(range(len(ys)), key=ys.__getitem__)
+    event = first_cliff(ys, drop=drop, window=int(window), relative_drop=relative)
     return {"base": ys[0] if xs[0] == 0 else math.nan, "peak": ys[peak], "peak_at": xs[peak], "final": ys[-1],
-            "final_at": xs[-1], **flagged}
+            "final_at": xs[-1], **flagged, "cliff_recovered": event is not None and event.recovered}
 
 
 def series(run: RunRecord, key: str) -> list[float]:
@@ -123,6 +124,8 @@ def results_table(runs: list[RunRecord]) -> str:
         gain_peak = s["peak"] - single["peak"] if single else math.nan
         gain_final = s["final"] - single["final"] if single else math.nan
         cliff = "/".join(n for n, f in (("absolute", s["cliff_abs"]), ("relative", s["cliff_rel"])) if f) or "no"
+        if s["cliff_recovered"]:
+            cliff += ", recovered"
         rows.append([run.workflow, "–" if run.single_role else run.sharing, str(steps_done(run)), _fmt(s["base"]),
                      f"{_fmt(s['peak'])} @ {s['peak_at']}", f"{_fmt(s['final'])} @ {s['final_at']}",
                      f"{gain_peak:+.3f}" if gain_peak == gain_peak else "–",

@@ -53,13 +53,18 @@ def test_sweep_tree_renders_every_run_with_cliffs_and_notes(tmp_path):
     _write_run(sweep / "trial_0" / "runs", "iso", "isolated", [0.5, 0.7, 0.45, 0.4, 0.4])
     _write_run(sweep / "trial_1" / "runs", "sha", "shared", [0.5, 0.55, 0.6, 0.65, 0.7])
     _write_run(sweep / "trial_2" / "runs", "nograd", "shared", [0.5, 0.5, 0.5], drop_grads=True)
+    _write_run(sweep / "trial_4" / "runs", "rec", "shared", [0.5, 0.7, 0.45, 0.4, 0.75])
     (sweep / "trial_3").mkdir()  # a failed trial with nothing in it
     assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
-    page = _check_outputs(tmp_path / "out", 3)
+    page = _check_outputs(tmp_path / "out", 4)
     for label in ("iso · voting · isolated", "sha · voting · shared", "nograd · voting · shared"):
         assert label in page
     # iso: peak 0.7 after 2 steps, then 0.45 and 0.4 (>= 0.2 below) for two evaluations → flagged at step 4.
-    assert "iso · voting · isolated: terminal cliff flagged at step 4" in page
+    assert "iso · voting · isolated: terminal cliff flagged at step 4 (running peak 0.700" in page
+    assert "final 0.400" in page
+    # The same fall, then back above the peak it fell from: flagged, and noted as recovered, not terminal.
+    assert "rec · voting · shared: cliff flagged at step 4 (running peak 0.700" in page
+    assert "recovered: final 0.750" in page and "rec · voting · shared: terminal" not in page
     assert "sha · voting · shared: terminal cliff" not in page
     assert "nograd · voting · shared: no grad/role_norm/&lt;role&gt; metrics recorded" in page
     assert "nograd · voting · shared: no grad/mass_share/&lt;role&gt; metrics recorded" in page

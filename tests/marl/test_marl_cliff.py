@@ -6,13 +6,24 @@ import random
 
 import pytest
 
-from marl.cliff import CliffTracker, detect
+from marl.cliff import CliffTracker, detect, first_cliff
 
 
 def test_terminal_cliff_is_flagged():
     curve = [0.30, 0.40, 0.50, 0.55, 0.56, 0.20, 0.05, 0.02, 0.01]
     flags = detect(curve, drop=0.1, window=2)
     assert flags and flags[0] == 6  # second evaluation below peak - 0.1
+
+
+def test_first_cliff_names_the_running_peak_and_whether_the_curve_came_back():
+    # Flagged at index 3 (two evaluations >= 0.1 below 0.3); the later 0.32 is not the peak it fell from.
+    dip = first_cliff([0.12, 0.30, 0.13, 0.19, 0.30, 0.32], drop=0.1, window=2)
+    assert dip is not None and (dip.index, dip.peak, dip.peak_index, dip.recovered) == (3, 0.30, 1, True)
+    fall = first_cliff([0.2, 0.25, 0.0, 0.0, 0.01], drop=0.1, window=2)
+    assert fall is not None and (fall.index, fall.peak, fall.recovered) == (3, 0.25, False)
+    # Back near the peak but still 0.1 below it at the end: not recovered.
+    assert first_cliff([0.5, 0.3, 0.3, 0.6, 0.4], drop=0.1, window=2).recovered is False  # type: ignore[union-attr]
+    assert first_cliff([0.5, 0.6, 0.45, 0.6], drop=0.1, window=2) is None
 
 
 def test_noisy_plateau_is_not_flagged():

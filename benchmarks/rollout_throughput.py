@@ -54,8 +54,8 @@ def _median_rate(run: Callable[[int], int], reps: int, name: str) -> float:
     return statistics.median(rates)
 
 
-def _rollout_cfg(args: argparse.Namespace, lora: bool) -> Any:
-    overrides = [f"model.path={args.model}", "rollout.backend=vllm", "rollout.engines_per_role=1",
+def _rollout_cfg(args: argparse.Namespace, lora: bool, backend: str = "vllm") -> Any:
+    overrides = [f"model.path={args.model}", f"rollout.backend={backend}", "rollout.engines_per_role=1",
                  f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
                  "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0",
                  "data.train=digit", "data.train_size=1", "data.eval_size=0"]  # no tasks drawn; the schema needs one
@@ -88,8 +88,8 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
 
 def bench_full_sync(path: str, args: argparse.Namespace) -> dict[str, dict]:
     """Full-weight syncs into one engine actor, side by side: the weights as a dict of tensors, and packed into
-    one buffer (cluster.packing, what learners send); then where the packed sync's time goes, timed inside an
-    in-process engine of the same kind (the engine's reload and read-back do not depend on the hop)."""
+    one buffer (cluster.packing, what learners send), into a vLLM engine and into the HF stand-in (whose load is
+    a copy into its parameters and a read-back fingerprint, with no kernel repacking)."""
     from transformers import AutoModelForCausalLM
 
     from rollout.engine_group import EngineGroup
@@ -97,14 +97,14 @@ def bench_full_sync(path: str, args: argparse.Namespace) -> dict[str, dict]:
     weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
     out = {}
-    group = EngineGroup(spec, path, _rollout_cfg(args, lora=False).rollout, "float32")
-    try:
-        out["full weights, dict"] = _sync_seconds(group, _Source.get_weights, EngineMember.load_weights, weights,
-                                                  args.reps)
-        out["full weights, packed"] = _sync_seconds(group, _Source.get_packed, EngineMember.load_weights, weights,
-                                                    args.reps)
-    finally:
-        group.shutdown()
+    for backend in ("vllm", "hf"):
+        group = EngineGroup(spec, path, _rollout_cfg(args, lora=False, backend=backend).rollout, "float32")
+        try:
+            for name, get in (("dict", _Source.get_weights), ("packed", _Source.get_packed)):
+                out[f"{backend} engine, {name}"] = _sync_seconds(group, get, EngineMember.load_weights, weights,
+                                                                 args.reps)
+        finally:
+            group.shutdown()
     return out
 
 
@@ -264,13 +264,14 @@ def _sync_only(args: argparse.Namespace) -> None:
     syncs = bench_full_sync(path, args)
     ray.shutdown()
     parts = full_sync_parts(path, args)
-    print(f"{args.model}: verified full-weight sync into one vLLM engine actor, median of {args.reps} after warm-up")
+    print(f"{args.model}: verified full-weight sync into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
         print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
               f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
-    packed = syncs["full weights, packed"]["sync_s"]
-    print(f"  packed / dict = {packed / syncs['full weights, dict']['sync_s']:.2f}; "
-          f"parts of a packed load (in-process engine):")
+    for backend in ("vllm", "hf"):
+        packed, plain = syncs[f"{backend} engine, packed"]["sync_s"], syncs[f"{backend} engine, dict"]["sync_s"]
+        print(f"  {backend}: packed / dict = {packed / plain:.2f}")
+    print("  parts of a packed load into an in-process vLLM engine:")
     for name, seconds in parts.items():
         print(f"    {name:<28} {seconds:8.3f} s")
 

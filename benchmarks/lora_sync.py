@@ -17,28 +17,17 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from benchmarks.timing import timed
 from jobs.config import load_config
 from jobs.models import resolve_model
 from jobs.system import build_system
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from rollout.lora import BaseWeights
-
-
-def _timed(times: dict[str, list[float]], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            times[name].append(time.perf_counter() - t0)
-
-    return wrapper
 
 
 def _move_adapter(model: torch.nn.Module, seed: int) -> None:
@@ -67,11 +56,11 @@ def main() -> None:
         learner, engine = learners.group._members[0], engines.group._members[0]
         times: dict[str, list[float]] = defaultdict(list)
         for name in ("get_lora_delta", "merged_fingerprint"):
-            setattr(learner, name, _timed(times, f"learner {name}", getattr(learner, name)))
-        engine.load_lora_delta = _timed(times, "engine load_lora_delta", engine.load_lora_delta)
-        engine._reload = _timed(times, "  vLLM reload", engine._reload)
-        engine._served_fingerprint = _timed(times, "  read-back fingerprint", engine._served_fingerprint)
-        BaseWeights.merged_layers = _timed(times, "  merge", BaseWeights.merged_layers)  # type: ignore[method-assign]
+            setattr(learner, name, timed(times, f"learner {name}", getattr(learner, name)))
+        engine.load_lora_delta = timed(times, "engine load_lora_delta", engine.load_lora_delta)
+        engine._reload = timed(times, "  vLLM reload", engine._reload)
+        engine._served_fingerprint = timed(times, "  read-back fingerprint", engine._served_fingerprint)
+        BaseWeights.merged_layers = timed(times, "  merge", BaseWeights.merged_layers)  # type: ignore[method-assign]
         _move_adapter(learner.model, 0)
         system.sync(1)  # warm-up: the engine reads its base weights, vLLM sets up its reload
         times.clear()

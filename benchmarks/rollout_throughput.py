@@ -86,15 +86,12 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
         group.shutdown()
 
 
-def bench_full_sync(path: str, args: argparse.Namespace) -> dict[str, dict]:
+def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[str, dict]:
     """Full-weight syncs into one engine actor, side by side: the weights as a dict of tensors, and packed into
     one buffer (cluster.packing, what learners send), into a vLLM engine and into the HF stand-in (whose load is
     a copy into its parameters and a read-back fingerprint, with no kernel repacking)."""
-    from transformers import AutoModelForCausalLM
-
     from rollout.engine_group import EngineGroup
 
-    weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
     out = {}
     for backend in ("vllm", "hf"):
@@ -108,33 +105,23 @@ def bench_full_sync(path: str, args: argparse.Namespace) -> dict[str, dict]:
     return out
 
 
-def full_sync_parts(path: str, args: argparse.Namespace) -> dict[str, float]:
+def full_sync_parts(path: str, weights: dict, args: argparse.Namespace) -> dict[str, float]:
     """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine."""
-    from transformers import AutoModelForCausalLM
-
+    from benchmarks.timing import timed
     from cluster.packing import pack
     from rollout.vllm_engine import VLLMEngine
 
-    packed = pack(AutoModelForCausalLM.from_pretrained(path).state_dict())
+    packed = pack(weights)
     engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi")
     times: dict[str, list[float]] = {}
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                times.setdefault(name, []).append(time.perf_counter() - t0)
-        return wrapper
-
-    engine._probe = timed("probe", engine._probe)  # type: ignore[method-assign]
-    engine._reload = timed("vLLM reload + probe", engine._reload)  # type: ignore[method-assign]
-    engine._served_fingerprint = timed("read-back fingerprint", engine._served_fingerprint)  # type: ignore[method-assign]
-    load = timed("engine load_weights", engine.load_weights)
+    engine._probe = timed(times, "probe", engine._probe)  # type: ignore[method-assign]
+    engine._reload = timed(times, "vLLM reload + probe", engine._reload)  # type: ignore[method-assign]
+    engine._served_fingerprint = timed(  # type: ignore[method-assign]
+        times, "read-back fingerprint", engine._served_fingerprint)
+    load = timed(times, "engine load_weights", engine.load_weights)
     for version in range(args.reps + 1):
         load(packed, version)
-    return {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first load pays one-off costs
 
 
 def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
@@ -260,14 +247,16 @@ def _sync_only(args: argparse.Namespace) -> None:
     import ray
 
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
+    from transformers import AutoModelForCausalLM
+
     path = resolve_model(args.model)
-    syncs = bench_full_sync(path, args)
+    weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    syncs = bench_full_sync(path, weights, args)
     ray.shutdown()
-    parts = full_sync_parts(path, args)
+    parts = full_sync_parts(path, weights, args)
     print(f"{args.model}: verified full-weight sync into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
-        print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
-              f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
+        _print_sync(name, s)
     for backend in ("vllm", "hf"):
         packed, plain = syncs[f"{backend} engine, packed"]["sync_s"], syncs[f"{backend} engine, dict"]["sync_s"]
         print(f"  {backend}: packed / dict = {packed / plain:.2f}")
@@ -286,8 +275,12 @@ def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora:
     print(f"ours / bare vLLM = {rates['ours (EngineGroup)'] / bare:.2f} (target >= 0.8); "
           f"bare vLLM / HFEngine = {bare / hf:.2f}")
     for name, s in (("full weights", full), (f"LoRA adapter r={args.lora_rank}", lora)):
-        print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
-              f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
+        _print_sync(name, s)
+
+
+def _print_sync(name: str, s: dict) -> None:
+    print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
+          f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
 
 
 if __name__ == "__main__":

@@ -159,12 +159,11 @@ def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
         ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
         drop, window, relative = run.cliff[0], int(run.cliff[1]), run.cliff[2]
-        cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
-        if cliffs:
+        event = first_cliff(ys, drop=drop, window=window, relative_drop=relative)
+        if event is not None:
+            cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
             ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
-            event = first_cliff(ys, drop=drop, window=window, relative_drop=relative)
-            if event is not None:
-                notes.append(_cliff_note(run, xs, ys, event))
+            notes.append(_cliff_note(run, xs, ys, event))
     ax.set(title="Held-out accuracy\n(★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
            xlabel="training steps done", ylabel="accuracy")
     _decorate(ax)

@@ -173,8 +173,16 @@ def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
     return notes
 
 
-def plot_run(run: RunRecord, index: int, out: Path) -> tuple[str, list[str]]:
-    """One figure of the run's per-role panels (two per row); returns its file name and notes on missing
+def figure_names(runs: list[RunRecord]) -> list[str]:
+    """One PNG name per run, from its run name, so a run's figure keeps its name as other runs join the report
+    (a committed report then changes only where a run did). Names two runs share (runs of several sweeps, each
+    named alike) get the run's position as well."""
+    slugs = [_slug(run.name) for run in runs]
+    return [f"run_{s}.png" if slugs.count(s) == 1 else f"run_{s}_{i:02d}.png" for i, s in enumerate(slugs)]
+
+
+def plot_run(run: RunRecord, name: str, out: Path) -> list[str]:
+    """Writes the figure of the run's per-role panels (two per row) to `out / name`; returns notes on missing
     metrics."""
     rows = (len(ROLE_PANELS) + 1) // 2
     fig, notes = _figure(11.0, 3.5 * rows), []
@@ -191,9 +199,8 @@ def plot_run(run: RunRecord, index: int, out: Path) -> tuple[str, list[str]]:
         _decorate(ax)
         ax.legend(fontsize="small")
     fig.suptitle(run.label)
-    name = f"run{index:02d}_{_slug(run.name)}.png"
     fig.savefig(out / name)
-    return name, notes
+    return notes
 
 
 def _decorate(ax: Any) -> None:
@@ -254,11 +261,9 @@ def report(paths: list[Path], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     notes = [f"{r.label}: {n}" for r in runs for n in r.notes]
     notes += plot_accuracy(runs, out)
-    figures = []
-    for i, run in enumerate(runs):
-        name, run_notes = plot_run(run, i, out)
-        figures.append(name)
-        notes += run_notes
+    figures = figure_names(runs)
+    for run, name in zip(runs, figures, strict=True):
+        notes += plot_run(run, name, out)
     return write_html(runs, figures, notes, out)
 
 

@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report() -> Path:
-    """The study's report, regenerated whole: per-run figures are numbered in run order, so a new run renames
-    the others' and the old files would stay behind, unreferenced."""
+    """The study's report, regenerated whole: the figure of a run no longer committed would stay behind,
+    unreferenced."""
     for old in REPORT.glob("*.png"):
         old.unlink()
     return report([RUNS], REPORT)

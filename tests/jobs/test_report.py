@@ -81,6 +81,21 @@ def test_the_single_agent_baseline_is_labelled_without_a_sharing_mode(tmp_path):
     assert "base · single_agent<" in page and "single_agent · shared" not in page
 
 
+def test_figures_keep_their_run_names_and_runs_named_alike_stay_apart(tmp_path):
+    a = _write_run(tmp_path / "sweep_a" / "runs", "trial", "shared", [0.3, 0.4])
+    assert main([str(a), "--out", str(tmp_path / "one")]) == 0
+    first = (tmp_path / "one" / "run_trial.png").read_bytes()
+    # A second run joins, named like the first (another sweep's trial): both figures are drawn, and the page
+    # shows each under its own run.
+    _write_run(tmp_path / "sweep_b" / "runs", "trial", "isolated", [0.3, 0.2])
+    assert main([str(tmp_path / "sweep_a"), str(tmp_path / "sweep_b"), "--out", str(tmp_path / "two")]) == 0
+    page = _check_outputs(tmp_path / "two", 2)
+    assert "run_trial_00.png" in page and "run_trial_01.png" in page
+    # Re-rendering an unchanged run writes the same file, so a committed report changes only where a run did.
+    assert main([str(a), "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "run_trial.png").read_bytes() == first
+
+
 def test_eval_curve_counts_optimizer_steps_done():
     rows = [{"step": 0, "time/step_s": 1.0, "eval/accuracy": 0.2}, {"step": 1, "time/step_s": 1.0},
             {"step": 2, "time/step_s": 1.0, "eval/accuracy": float("nan")}, {"step": 5, "eval/accuracy": 0.4}]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jobs.config import load_config
 from marl.tasks import TaskFamily, get_family
-from marl.types import Episode
+from marl.types import Completion, Episode
 from rollout.storage import read_episodes
 
 
@@ -52,18 +52,17 @@ class StepCounts:
 def turn_counts(step: int, episodes: list[Episode], family: TaskFamily,
                 pattern: re.Pattern[str] | None = None) -> list[TurnCounts]:
     """Per (role, round) counts of one step's turns, in order of first appearance."""
-    groups: dict[tuple[str, int], list[tuple[Episode, str, int, str]]] = {}
+    groups: dict[tuple[str, int], list[tuple[Episode, Completion]]] = {}
     for ep in episodes:
         for t in ep.turns:
-            c = t.completion
-            groups.setdefault((t.role, t.round), []).append((ep, c.text, len(c.response_ids), c.finish_reason))
+            groups.setdefault((t.role, t.round), []).append((ep, t.completion))
     out = []
     for (role, rnd), turns in groups.items():
-        texts = [text for _, text, _, _ in turns]
+        texts = [c.text for _, c in turns]
         out.append(TurnCounts(
-            step, role, rnd, len(turns), sum(reason == "length" for *_, reason in turns),
-            sum(n for _, _, n, _ in turns) / len(turns), len(set(texts)),
-            sum(family.score(ep.task, family.extract_answer(text)) > 0 for ep, text, _, _ in turns),
+            step, role, rnd, len(turns), sum(c.finish_reason == "length" for _, c in turns),
+            sum(len(c.response_ids) for _, c in turns) / len(turns), len(set(texts)),
+            sum(family.score(ep.task, family.extract_answer(c.text)) > 0 for ep, c in turns),
             None if pattern is None else sum(bool(pattern.match(text)) for text in texts)))
     return out
 

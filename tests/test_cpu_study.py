@@ -69,8 +69,10 @@ def test_the_sweep_fixes_the_declared_settings():
         assert cfg.learner.optim.lr == 1e-3 and cfg.seed == 0 and cfg.model.lora.enabled
 
 
-def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], norms: dict[str, float]) -> Path:
-    """A run dir: config.yaml and metrics.jsonl with one eval after every step, and constant role norms."""
+def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], norms: dict[str, float],
+         norms_at: dict[int, dict[str, float]] | None = None) -> Path:
+    """A run dir: config.yaml and metrics.jsonl with one eval after every step, and constant role norms but for
+    the steps in `norms_at`."""
     run = folder / f"{workflow}-{sharing}"
     run.mkdir(parents=True)
     cfg = load_config("jobs/configs/tiny.yaml",
@@ -81,7 +83,7 @@ def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], nor
     for step in range(len(accuracies) - 1):
         row = {"time/step_s": 2.0, "time/rollout_s": 1.0, "time/update_s": 0.5, "time/sync_s": 0.1,
                "time/eval_s": 3.0, "eval/accuracy": accuracies[step + 1],
-               **{f"grad/role_norm/{r}": n for r, n in norms.items()},
+               **{f"grad/role_norm/{r}": n for r, n in {**norms, **(norms_at or {}).get(step, {})}.items()},
                **{f"grad/step_mass_share/{r}": 1 / len(norms) for r in norms},
                **{f"optim/steps/{r}": 3.0 if r == "generator" else 1.0 for r in norms}}
         if step == 0:
@@ -107,7 +109,7 @@ def test_the_tables_by_hand(tmp_path):
     assert results[4] == ("| eval_opt | shared | 4 | 0.100 | 0.550 @ 4 | 0.550 @ 4 | +0.150 | +0.150 | "
                           "absolute/relative, recovered |")
     assert collect.grad_ratio_table(runs).splitlines()[2] == \
-        "| voting-isolated | aggregator / generator | 6.00 | 6.00 | 6.00 | 6.00 |"
+        "| voting-isolated | aggregator / generator | 4 | 6.00 | 6.00 | 6.00 | 6.00 |"
     steps = collect.optimizer_steps_table(runs).splitlines()
     assert "| voting-isolated | generator | 3.00 | 3–3 |" in steps
     wall = collect.wall_table(runs).splitlines()
@@ -115,6 +117,16 @@ def test_the_tables_by_hand(tmp_path):
     assert wall[3].startswith("| voting-isolated | 0.4 | 0.1 | 0.2 | 2.0 | 1.0 | 0.5 | 0.1 |")
     text = "x\n<!-- table:results -->\nold\n<!-- /table -->\ny\n"
     assert collect.readme_tables(collect.rewrite_readme(text, {"results": "new\n"})) == {"results": "new\n"}
+
+
+def test_a_ratio_to_a_vanished_norm_is_left_out_and_the_steps_counted(tmp_path):
+    # Step 1: the worker's policy saturated (norm 1e-9, a ratio of 5e8); step 2: no gradient at all.
+    _run(tmp_path, "orch_workers", "isolated", [0.2, 0.3, 0.3, 0.3, 0.3],
+         {"orchestrator": 1.0, "worker": 0.5, "synthesizer": 0.25},
+         norms_at={1: {"worker": 1e-9}, 2: {"orchestrator": 0.0, "worker": 0.0, "synthesizer": 0.0}})
+    rows = collect.grad_ratio_table(collect.committed_runs(tmp_path)).splitlines()[2:]
+    assert rows == ["| orch_workers-isolated | orchestrator / worker | 2 | 2.00 | 2.00 | 2.00 | 2.00 |",
+                    "| orch_workers-isolated | synthesizer / worker | 2 | 0.50 | 0.50 | 0.50 | 0.50 |"]
 
 
 def test_copy_runs_keeps_metrics_config_and_the_curve(tmp_path):

@@ -15,13 +15,7 @@ from cluster.group import Group, GroupError
 from cluster.placement import TOKEN_CPU, Demand, GroupPlacement, PlacementError, layout, place
 
 SLOTS = {"slot0": 1, "slot1": 1, "slot2": 1}  # one unit each: a bundle holding slotK can only be bundle K
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=4, resources=SLOTS, include_dashboard=False)
-    yield
-    ray.shutdown()
+RAY_RESOURCES = SLOTS  # the `ray_cluster` fixture's cluster has them (tests/conftest.py)
 
 
 class Probe:

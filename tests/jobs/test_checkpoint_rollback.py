@@ -4,8 +4,6 @@ serve it before the next rollout, and the run goes on (held-out accuracy is scri
 from __future__ import annotations
 
 import pyarrow.parquet as pq
-import pytest
-import ray
 import torch
 
 import jobs.loop
@@ -19,11 +17,8 @@ ROLLBACK = ["cliff.action=rollback", "cliff.drop=0.2", "cliff.window=1", "eval_e
             "marl.workflow=single_agent", "marl.sharing=shared", "rollout.prompts_per_step=2", "ray.num_cpus=2"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+RAY_CPUS = 2
 
 
 def _scripted(monkeypatch, accuracies: list[float]) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 
 from jobs import checkpoint as ckpt
@@ -29,11 +28,8 @@ COMPARED = ("reward/mean", "loss/generator", "loss/aggregator", "grad/norm/gener
             "reward/mean/generator", "response_len/mean/generator")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+RAY_CPUS = 2
 
 
 class StopAfter:

@@ -7,7 +7,6 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from jobs.config import ConfigError, load_config
 from jobs.tracking import read_metrics
@@ -20,11 +19,8 @@ CODE = ["data.task=code", "data.train=code_synthetic", "data.eval=code_synthetic
 ANSWERING = {"single_agent": "solver", "eval_opt": "generator", "voting": "generator", "orch_workers": "synthesizer"}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+RAY_CPUS = 2
 
 
 def test_code_task_config_is_accepted_and_its_sandbox_validated():

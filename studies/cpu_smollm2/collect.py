@@ -145,8 +145,8 @@ def _halves(values: list[float]) -> tuple[float, float]:
 
 def grad_ratio_table(runs: list[RunRecord]) -> str:
     """Per multi-role cell: each supervisory role's gradient norm over the doing role's, step by step
-    (grad/role_norm, the mean over each policy's optimizer steps), averaged over the first and second half of
-    training and over all of it, over the steps where both norms are at least VANISHED_NORM (counted)."""
+    (grad/role_norm, the mean over each policy's optimizer steps), over the steps where both norms are at least
+    VANISHED_NORM (counted): averaged over the first and the second half of those steps, and over all of them."""
     rows = []
     for run in runs:
         roles = roles_in(run, "grad/role_norm/")

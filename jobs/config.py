@@ -316,6 +316,9 @@ def _check_lengths(cfg: Any) -> None:
         # A row may be algo.max_len tokens long and a micro-batch holds at least one whole row.
         raise ConfigError(f"config: learner.max_tokens_per_micro_batch must be 0 (off) or >= algo.max_len; got "
                           f"{budget} < {cfg.algo.max_len}")
+    if cfg.learner.padding_free and not cfg.learner.logits_chunk_tokens:
+        # Packed rows are read at their loss positions through the chunked head; the full logits path pads.
+        raise ConfigError("config: learner.padding_free=true needs learner.logits_chunk_tokens > 0")
     cap, response = cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens
     if cap and cfg.algo.max_len < cap + response:
         # A row within both caps must fit whole: a shorter max_len would cut responses the caps admit.

@@ -35,6 +35,7 @@ from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
 from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
+from learners.padding_free import attention_implementation
 from learners.policy_loss import policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
@@ -58,7 +59,8 @@ class Learner:
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
-        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora)
+        attention = attention_implementation(learner.padding_free)
+        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
         if learner.gradient_checkpointing:  # non-reentrant: per-role gradients use torch.autograd.grad
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
@@ -67,7 +69,8 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
-        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
+        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora, attention).eval()
+                          .requires_grad_(False)
                           if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
@@ -205,7 +208,8 @@ class Learner:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
                                      mb.attention_mask, mb.loss_mask, temperature=self.temperature,
-                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy)
+                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy,
+                                     padding_free=self.cfg.padding_free)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:

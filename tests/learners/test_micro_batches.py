@@ -6,6 +6,7 @@ import torch
 
 from jobs.config import ConfigError, load_config
 from learners.micro_batches import micro_batch_rows, padding
+from learners.padding_free import pack, packed_index
 from tests.learners.test_learner import ROWS, grads, make_batch, update
 from tests.learners.test_logprob_head import _learner
 
@@ -63,3 +64,27 @@ def test_a_token_budget_gives_the_update_of_row_count_micro_batches():
     # One micro-batch of 6 rows × 7 = 42 positions holds 33 tokens; [7, 7] | [7, 4] | [4, 4] hold them in 36.
     assert m_rows["padded_positions"] / m_rows["positions"] == pytest.approx(9 / 42)
     assert m_tokens["padded_positions"] / m_tokens["positions"] == pytest.approx(3 / 36)
+
+
+def test_packing_bookkeeping_keeps_every_target_in_its_row():
+    batch = make_batch(ROWS[:3])  # lengths 7, 4, 7
+    ids, positions, offsets = pack(batch.input_ids, batch.attention_mask)
+    assert offsets.tolist() == [0, 7, 11] and ids.shape == positions.shape == (1, 18)
+    assert positions[0].tolist() == [*range(7), *range(4), *range(7)]
+    index = packed_index(batch.loss_mask, offsets)
+    # Each loss token's predictor is its own row's previous token: the packed row's next id is the target.
+    assert torch.equal(ids[0, index + 1], batch.input_ids[:, 1:][batch.loss_mask[:, 1:]])
+    assert index.tolist() == [2, 3, 4, 5, 8, 9, 14, 15, 16]
+
+
+def test_padding_free_rows_give_the_padded_update():
+    """On CPU the SDPA mask keeps packed rows apart (transformers' packed-sequence detection from position ids)."""
+    padded, packed = _learner("learner.logits_chunk_tokens=4"), _learner("learner.logits_chunk_tokens=4",
+                                                                         "learner.padding_free=true")
+    batch = make_batch(ROWS)
+    m_padded, m_packed = update(padded, batch), update(packed, batch)
+    for a, b in zip(grads(padded), grads(packed), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert m_packed["loss"] == pytest.approx(m_padded["loss"], rel=1e-5, abs=1e-7)
+    with pytest.raises(ConfigError, match="padding_free=true needs learner.logits_chunk_tokens"):
+        load_config("jobs/configs/tiny.yaml", ["learner.padding_free=true", "learner.logits_chunk_tokens=0"])

@@ -1,7 +1,7 @@
 """Learner memory and speed at long rows, side by side: the unchunked path (the model's full [B, T, V] logits,
 the whole batch as row-count micro-batches) against the chunked head with token-budget micro-batches.
 
-    flock /tmp/marl-heavy.lock .venv/bin/python -m benchmarks.long_context [--chunk 1024] [--budget 8192]
+    flock /tmp/marl-heavy.lock .venv/bin/python -m benchmarks.long_context [--chunks 512,1024] [--budget 8192]
         [--repeats 5] [--only NAME,...]
 
 Each configuration runs one in-process Learner.update (torch backend, fp32, temperature 1) in a fresh
@@ -73,13 +73,16 @@ def cases(repeats: int) -> list[Case]:
     ]
 
 
-def paths(case: Case, chunk: int, budget: int) -> dict[str, list[str]]:
+def paths(case: Case, chunks: list[int], budget: int) -> dict[str, list[str]]:
+    """"old" and, per chunk size, "new@<chunk>": the learner keys of each path."""
     micro = case.old_micro or case.rows
-    old = [*case.extra, "learner.logits_chunk_tokens=0", f"learner.micro_batch_size={micro}"]
-    new = [*case.extra, f"learner.logits_chunk_tokens={chunk}", f"learner.micro_batch_size={micro}"]
-    if case.new_budget:
-        new.append(f"learner.max_tokens_per_micro_batch={max(budget, case.tokens)}")
-    return {"old": old, "new": new}
+    out = {"old": [*case.extra, "learner.logits_chunk_tokens=0", f"learner.micro_batch_size={micro}"]}
+    for chunk in chunks:
+        new = [*case.extra, f"learner.logits_chunk_tokens={chunk}", f"learner.micro_batch_size={micro}"]
+        if case.new_budget:
+            new.append(f"learner.max_tokens_per_micro_batch={max(budget, case.tokens)}")
+        out[f"new@{chunk}"] = new
+    return out
 
 
 def child(run: Run) -> dict[str, object]:
@@ -130,17 +133,17 @@ def spawn(run: Run, timeout_s: float) -> dict[str, object] | str:
 
 def row(name: str, path: str, r: dict[str, object] | str, tokens: int) -> str:
     if isinstance(r, str):
-        return f"{name:22s} {path:4s} {r}"
+        return f"{name:22s} {path:9s} {r}"
     s = statistics.median(r["s"])  # type: ignore[arg-type]
-    return (f"{name:22s} {path:4s} peak {r['peak_gb']:6.2f} GB   {1000 * s / tokens:8.3f} s/1k tokens   "
+    return (f"{name:22s} {path:9s} peak {r['peak_gb']:6.2f} GB   {1000 * s / tokens:8.3f} s/1k tokens   "
             f"loss {r['loss']:+.6f}   grad norm {r['grad_norm']:.6f}")
 
 
-def compare(old: dict[str, object] | str, new: dict[str, object] | str) -> str:
+def compare(path: str, old: dict[str, object] | str, new: dict[str, object] | str) -> str:
     if isinstance(old, str) or isinstance(new, str):
         return ""
     time_ratio = statistics.median(new["s"]) / statistics.median(old["s"])  # type: ignore[arg-type]
-    return (f"{'':22s} new/old: peak {new['peak_gb'] / old['peak_gb']:.3f}x  time {time_ratio:.3f}x  "  # type: ignore
+    return (f"{'':22s} {path}/old: peak {new['peak_gb'] / old['peak_gb']:.3f}x  time {time_ratio:.3f}x  "  # type: ignore
             f"|Δloss| {abs(new['loss'] - old['loss']):.2e}  "  # type: ignore[operator]
             f"|Δgrad norm|/norm {abs(new['grad_norm'] - old['grad_norm']) / old['grad_norm']:.2e}")  # type: ignore
 
@@ -148,7 +151,7 @@ def compare(old: dict[str, object] | str, new: dict[str, object] | str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
-    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--chunks", default="1024", help="comma-separated chunk sizes of the new path")
     ap.add_argument("--budget", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="")
@@ -163,7 +166,7 @@ def main() -> None:
             continue
         tokens = case.rows * case.tokens
         results: dict[str, dict[str, object] | str] = {}
-        for path, overrides in paths(case, args.chunk, args.budget).items():
+        for path, overrides in paths(case, [int(c) for c in args.chunks.split(",")], args.budget).items():
             predicted = base_old_gb * tokens / base_tokens if base_old_gb and path == "old" else 0.0
             if case.model == QWEN_BODY and predicted > BOX_GB / 2:
                 results[path] = (f"not run: predicted peak ≈ {predicted:.0f} GB (4x1024's, scaled by tokens), "
@@ -174,7 +177,9 @@ def main() -> None:
             print(row(case.name, path, results[path], tokens), flush=True)
         if case.model == QWEN_BODY and base_old_gb is None and not isinstance(results["old"], str):
             base_old_gb, base_tokens = float(results["old"]["peak_gb"]), tokens  # type: ignore[arg-type]
-        print(compare(results["old"], results["new"]), flush=True)
+        for path in results:
+            if path != "old" and compare(path, results["old"], results[path]):
+                print(compare(path, results["old"], results[path]), flush=True)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ def _chunk_scores(logits: Tensor, targets: Tensor, temperature: float,
                   entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
     """One chunk: logits [C, V] (any dtype) → (log-prob of targets [C], logsumexp of the scaled logits [C],
     entropy [C] detached, or an empty [0])."""
-    z = logits.float() / temperature
+    z = logits.float()  # the head's own output when fp32: scaled in place, one [C, V] buffer (no op saves it)
+    z = z.div_(temperature) if temperature != 1.0 else z
     lse = torch.logsumexp(z, -1)
     lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
     return lp, lse, _entropy(z.detach(), lse.detach()) if entropy else z.new_zeros(0)

@@ -158,8 +158,9 @@ class Learner:
 
     def _micro_rows(self, lengths: list[int]) -> list[list[int]]:
         """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
-        tokens (rows × widest row) when set (learners.micro_batches)."""
-        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        tokens (rows × widest row; padding-free: their sum) when set (learners.micro_batches)."""
+        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
+                                packed=self.cfg.padding_free)
 
     def _micro_batches(self, data: TrainBatch) -> list[TrainBatch]:
         return [data.select(rows) for rows in self._micro_rows(data.attention_mask.sum(-1).tolist())]

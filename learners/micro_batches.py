@@ -14,12 +14,12 @@ from __future__ import annotations
 BUDGET_KEY = "learner.max_tokens_per_micro_batch"
 
 
-def micro_batch_rows(lengths: list[int], size: int, budget: int) -> list[list[int]]:
+def micro_batch_rows(lengths: list[int], size: int, budget: int, packed: bool = False) -> list[list[int]]:
     """Row positions per micro-batch: lengths [B] (attended tokens per row, in the caller's order).
 
     budget = 0: consecutive chunks of `size` rows, in the given order. budget > 0: groups of rows, longest first,
-    each with len(group) × its longest row ≤ budget (`size` is then unused); a row longer than the budget raises
-    ValueError naming the key."""
+    each with len(group) × its longest row ≤ budget (`size` is then unused), or Σ its lengths when the rows run
+    `packed` (learner.padding_free: no padding); a row longer than the budget raises ValueError naming the key."""
     if budget <= 0:
         return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -27,22 +27,24 @@ def micro_batch_rows(lengths: list[int], size: int, budget: int) -> list[list[in
         raise ValueError(f"{BUDGET_KEY}={budget} is below a row of {lengths[order[0]]} tokens; it must hold the "
                          "longest row (algo.max_len)")
     widths = [lengths[i] for i in order]
-    count = len(_groups(widths, budget))
+    count = len(_groups(widths, budget, packed))
     low, high = max(widths, default=0), budget  # the least cap giving `count` groups lies in [low, high]
     while low < high:
         mid = (low + high) // 2
-        low, high = (low, mid) if len(_groups(widths, mid)) <= count else (mid + 1, high)
-    return [[order[i] for i in group] for group in _groups(widths, high)]
+        low, high = (low, mid) if len(_groups(widths, mid, packed)) <= count else (mid + 1, high)
+    return [[order[i] for i in group] for group in _groups(widths, high, packed)]
 
 
-def _groups(widths: list[int], cap: int) -> list[range]:
-    """Consecutive groups of `widths` (non-increasing) with len(group) × group[0] ≤ cap, each as long as the cap
-    lets it: positions into `widths`."""
+def _groups(widths: list[int], cap: int, packed: bool) -> list[range]:
+    """Consecutive groups of `widths` (non-increasing) costing ≤ cap each (len(group) × group[0], or Σ group when
+    packed), each as long as the cap lets it: positions into `widths`."""
     out, start = [], 0
     while start < len(widths):
-        n = max(1, cap // max(widths[start], 1))
-        out.append(range(start, min(start + n, len(widths))))
-        start += n
+        end, total = start + 1, widths[start]
+        while end < len(widths) and (total + widths[end] if packed else (end + 1 - start) * widths[start]) <= cap:
+            total, end = total + widths[end], end + 1
+        out.append(range(start, end))
+        start = end
     return out
 
 

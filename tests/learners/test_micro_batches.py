@@ -31,6 +31,13 @@ def test_balancing_lowers_the_largest_group_without_adding_groups():
     assert [len(g) for g in groups] == [5, 4]
 
 
+def test_packed_rows_count_their_tokens_only():
+    lengths = [100, 60, 40, 30, 30, 20]  # padded, 160 holds [100] | [60, 40] | [30, 30, 20]; packed, two groups
+    assert [sorted(lengths[i] for i in g) for g in micro_batch_rows(lengths, 1, 160, packed=True)] == [
+        [60, 100], [20, 30, 30, 40]]
+    assert len(micro_batch_rows(lengths, 1, 160)) == 3
+
+
 def test_row_count_mode_and_empty():
     assert micro_batch_rows([3, 1, 2], size=2, budget=0) == [[0, 1], [2]]
     assert micro_batch_rows([], size=2, budget=0) == micro_batch_rows([], size=2, budget=10) == []

@@ -151,7 +151,7 @@ def compare(path: str, old: dict[str, object] | str, new: dict[str, object] | st
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
-    ap.add_argument("--chunks", default="1024", help="comma-separated chunk sizes of the new path")
+    ap.add_argument("--chunks", default="512", help="comma-separated chunk sizes of the new path")
     ap.add_argument("--budget", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="")

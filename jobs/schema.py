@@ -216,6 +216,19 @@ class LearnerConfig:
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
+    # Log-probs and entropy go through the LM head this many loss positions at a time (learners/logprob_head.py),
+    # so no [rows, length, vocabulary] tensor exists: with Qwen3's 151,936-token vocabulary a [512, V] fp32 chunk
+    # is 0.31 GB and forward holds two (where 4 x 1,024 tokens unchunked peaked at 9.8 GB). Backward recomputes
+    # each chunk's logits (one more head matmul). 0 = the model's own full logits (for comparison).
+    logits_chunk_tokens: int = 512
+    # Micro-batches by token budget: rows are packed longest first into micro-batches of at most this many
+    # tokens (rows x widest row, padding included: what memory sees), balanced, so memory is planned from tokens,
+    # never from a row count (learners/micro_batches.py); it must hold algo.max_len. 0 = micro_batch_size rows.
+    max_tokens_per_micro_batch: int = 0
+    # A micro-batch's rows end to end in one row, position ids restarting per row, no padding computed
+    # (learners/padding_free.py): flash-attention 2 (loaded for it on a GPU with flash_attn) runs it as varlen;
+    # other attentions are exact but mask an [N, N] block, so it saves no memory there. Needs logits_chunk_tokens.
+    padding_free: bool = False
     update_timeout_s: float = 1800.0
     # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
     # need more threads than the node has cores (jobs/updates.py).

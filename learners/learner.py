@@ -21,10 +21,9 @@ import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 
 from cluster import collective
 from cluster.fingerprint import fingerprint
@@ -32,9 +31,11 @@ from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
 from learners.backends import GradientBackend, LearnerParts, backend_class
 from learners.batch import TrainBatch
-from learners.losses import entropy_from_logits, response_start, token_logprobs
+from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
+from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
+from learners.padding_free import attention_implementation
 from learners.policy_loss import policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
@@ -58,7 +59,8 @@ class Learner:
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
-        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora)
+        attention = attention_implementation(learner.padding_free)
+        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
         if learner.gradient_checkpointing:  # non-reentrant: per-role gradients use torch.autograd.grad
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
@@ -67,7 +69,8 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
-        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
+        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora, attention).eval()
+                          .requires_grad_(False)
                           if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
@@ -95,7 +98,8 @@ class Learner:
         self.pad_id = data.pad_id
         data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
-        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
+        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0,
+                                                     "padded_positions": 0.0, "positions": 0.0})
         per_step = []
         for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
             mb = data.select(data.longest_first(rows))
@@ -134,7 +138,7 @@ class Learner:
 
     def _micro_losses(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> Iterator[torch.Tensor]:
         """Each micro-batch's loss, built as the backend consumes it (one graph alive at a time), then idle ones."""
-        micro = data.micro_batches(self.cfg.micro_batch_size) if len(data) else []
+        micro = self._micro_batches(data)
         for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
             yield self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss()
 
@@ -146,11 +150,20 @@ class Learner:
         out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self.backend.device)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
-            for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
+            for mb in self._micro_batches(data.select(rows)) if rows else []:
                 loss = self._micro_step(mb, normalizer, sums, plain=True)
                 out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
         collective.all_reduce_sum(out)
         return out
+
+    def _micro_rows(self, lengths: list[int]) -> list[list[int]]:
+        """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
+        tokens (rows × widest row; padding-free: their sum) when set (learners.micro_batches)."""
+        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
+                                packed=self.cfg.padding_free)
+
+    def _micro_batches(self, data: TrainBatch) -> list[TrainBatch]:
+        return [data.select(rows) for rows in self._micro_rows(data.attention_mask.sum(-1).tolist())]
 
     @torch.no_grad()
     def _with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
@@ -164,14 +177,14 @@ class Learner:
             return data
         later = data.longest_first(sorted({i for rows in plan.steps[1:] for i in rows}))
         old = torch.zeros_like(data.rollout_logprobs)
-        chunks = [later[i:i + self.cfg.micro_batch_size] for i in range(0, len(later), self.cfg.micro_batch_size)]
+        lengths = data.attention_mask[later].sum(-1).tolist()
+        chunks = [[later[i] for i in group] for group in self._micro_rows(lengths)]
         for j in range(self.backend.matched_passes(len(chunks))):
             if j >= len(chunks):
                 self._idle_loss()
                 continue
             mb = data.select(chunks[j])
-            logits, s = self._response_logits(mb)
-            old[torch.tensor(chunks[j]), 1 + s:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1 + s:])
+            old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
         return dataclasses.replace(data, old_logprobs=old)
 
     def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
@@ -187,23 +200,28 @@ class Learner:
         return self.backend.runner(False)(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool)
                                           ).logits.sum() * 0.0
 
-    def _response_logits(self, mb: TrainBatch, plain: bool = False, model: Any = None) -> tuple[torch.Tensor, int]:
-        """(temperature-scaled fp32 logits [B, T−1−s, V] of shifted positions s.., s) with s = response_start:
-        the positions before s predict prompt tokens only, so the LM head and the vocabulary-wide softmax skip
-        them (most of an aggregator's or evaluator's row is prompt). `model`: another module (the reference)."""
-        s = response_start(mb.loss_mask)
-        logits = self._forward(mb, plain, mb.input_ids.shape[1] - s, model)
-        return logits[:, :-1].float() / self.temperature, s
+    def _logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
+                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
+        policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
+        positions (learners.logprob_head). Only positions under loss_mask[:, 1:] are meaningful."""
+        runner = self.backend.runner(plain) if model is None else model
+        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
+            return sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
+                                     mb.attention_mask, mb.loss_mask, temperature=self.temperature,
+                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy,
+                                     padding_free=self.cfg.padding_free)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
         """One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`); adds its metric sums
         to `sums`. The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
-        logits, s = self._response_logits(mb, plain)
-        lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
-        with torch.no_grad():
-            entropy = F.pad(entropy_from_logits(logits), (s, 0))
+        lp, entropy = self._logprobs(mb, plain, entropy=True)
+        entropy = cast(torch.Tensor, entropy)  # asked for, so present
+        padded, positions = padding(mb.attention_mask.sum(-1).tolist())
+        sums["padded_positions"] += padded
+        sums["positions"] += positions
         algo = self.algo
         reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
@@ -219,10 +237,8 @@ class Learner:
         """The reference's log-probs [B, T−1], 0 before the response window (as the policy's)."""
         if self.reference is None:
             with self.model.disable_adapter():
-                logits, s = self._response_logits(mb, model=self.model)
-        else:
-            logits, s = self._response_logits(mb, model=self.reference)
-        return F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))
+                return self._logprobs(mb, model=self.model)[0]
+        return self._logprobs(mb, model=self.reference)[0]
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device

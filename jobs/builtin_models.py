@@ -158,33 +158,41 @@ def _build_smollm2(folder: Path, _: dict[str, int]) -> None:
 
 # Qwen3's published shapes (hidden, intermediate, layers, heads, kv heads); head_dim 128, tied embeddings.
 QWEN3_SHAPES = {"0.6b": (1024, 3072, 28, 16, 8), "1.7b": (2048, 6144, 28, 16, 8), "4b": (2560, 9728, 36, 32, 8)}
+QWEN3_VOCAB = 151936  # the real models' embedding rows
+CHAR_VOCAB = 4 + len(string.printable)  # char_tokenizer's ids: its specials, then one per printable character
 
 
-def _qwen3_shape_builder(size: str) -> Callable[[Path, dict[str, int]], None]:
-    """A randomly initialised Qwen3ForCausalLM of the given size with the character tokenizer, saved in
-    bf16: the compute of the real model (minus its 151k-row embedding) where its weights cannot be fetched."""
+def _qwen3_defaults(size: str) -> dict[str, int]:
+    """Every override a qwen3-<size>-shape model takes, at the size's own values. `vocab` defaults to the
+    character tokenizer's ids; vocab=151936 gives the real embedding and head (the logits' memory), whose rows
+    beyond the tokenizer's ids no text reaches (random ids in [0, vocab) do)."""
+    hidden, inter, layers, heads, kv = QWEN3_SHAPES[size]
+    return dict(max_positions=4096, seed=0, vocab=CHAR_VOCAB, layers=layers, hidden=hidden, intermediate=inter,
+                heads=heads, kv_heads=kv, head_dim=128)
 
-    def build(folder: Path, p: dict[str, int]) -> None:
-        import torch
-        from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-        hidden, inter, layers, heads, kv = QWEN3_SHAPES[size]
-        tokenizer = char_tokenizer(p["max_positions"])
-        config = Qwen3Config(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-            num_attention_heads=heads, num_key_value_heads=kv, head_dim=128, max_position_embeddings=p["max_positions"],
-            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-        )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(p["seed"])
-            model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                                   pad_token_id=tokenizer.pad_token_id)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+def _build_qwen3_shape(folder: Path, p: dict[str, int]) -> None:
+    """A randomly initialised Qwen3ForCausalLM of the given shape with the character tokenizer, saved in bf16:
+    the compute of the real model where its weights cannot be fetched."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    return build
+    tokenizer = char_tokenizer(p["max_positions"])
+    if p["vocab"] < len(tokenizer):
+        raise ValueError(f"vocab={p['vocab']} is below the tokenizer's {len(tokenizer)} ids")
+    config = Qwen3Config(
+        vocab_size=p["vocab"], hidden_size=p["hidden"], intermediate_size=p["intermediate"],
+        num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
+        head_dim=p["head_dim"], max_position_embeddings=p["max_positions"], tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(p["seed"])
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 BUILTIN_MODELS: dict[str, Builtin] = {
@@ -212,6 +220,7 @@ BUILTIN_MODELS: dict[str, Builtin] = {
                       seed=0),
     ),
     "smollm2-135m-instruct": Builtin(_build_smollm2, version=1),
-    **{f"qwen3-{size}-shape": Builtin(_qwen3_shape_builder(size), version=1,
-                                      defaults=dict(max_positions=4096, seed=0)) for size in QWEN3_SHAPES},
+    # Each size's shape is its defaults, so `?vocab=151936&layers=2&hidden=64` changes only what it names.
+    **{f"qwen3-{size}-shape": Builtin(_build_qwen3_shape, version=2, defaults=_qwen3_defaults(size))
+       for size in QWEN3_SHAPES},
 }

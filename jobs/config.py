@@ -114,6 +114,7 @@ _NON_NEGATIVE = (
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
     "rollout.max_prompt_tokens", "learner.rank_num_gpus", "rollout.torch_threads", "learner.torch_threads",
     "algo.ppo_mini_batch_size",
+    "learner.logits_chunk_tokens",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
     "ray.gpu_memory_gb",
 )

@@ -219,6 +219,11 @@ class LearnerConfig:
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
+    # Log-probs and entropy go through the LM head this many response positions at a time
+    # (learners/logprob_head.py), so no [rows, length, vocabulary] tensor exists: with Qwen3's 151,936-token
+    # vocabulary a [1024, V] fp32 chunk is 0.6 GB, where 4 x 1,024 tokens unchunked peaked at 9.8 GB. Backward
+    # recomputes each chunk's logits (one more head matmul). 0 = the model's own full logits (for comparison).
+    logits_chunk_tokens: int = 1024
     update_timeout_s: float = 1800.0
     # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
     # need more threads than the node has cores (jobs/updates.py).

@@ -21,10 +21,9 @@ import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 
 from cluster import collective
 from cluster.fingerprint import fingerprint
@@ -32,7 +31,7 @@ from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
 from learners.backends import GradientBackend, LearnerParts, backend_class
 from learners.batch import TrainBatch
-from learners.losses import entropy_from_logits, response_start, token_logprobs
+from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
 from learners.mitigations import uses_kl
 from learners.policy_loss import policy_loss
@@ -172,8 +171,7 @@ class Learner:
                 self._idle_loss()
                 continue
             mb = data.select(chunks[j])
-            logits, s = self._response_logits(mb)
-            old[torch.tensor(chunks[j]), 1 + s:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1 + s:])
+            old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
         return dataclasses.replace(data, old_logprobs=old)
 
     def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
@@ -189,23 +187,24 @@ class Learner:
         return self.backend.runner(False)(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool)
                                           ).logits.sum() * 0.0
 
-    def _response_logits(self, mb: TrainBatch, plain: bool = False, model: Any = None) -> tuple[torch.Tensor, int]:
-        """(temperature-scaled fp32 logits [B, T−1−s, V] of shifted positions s.., s) with s = response_start:
-        the positions before s predict prompt tokens only, so the LM head and the vocabulary-wide softmax skip
-        them (most of an aggregator's or evaluator's row is prompt). `model`: another module (the reference)."""
-        s = response_start(mb.loss_mask)
-        logits = self._forward(mb, plain, mb.input_ids.shape[1] - s, model)
-        return logits[:, :-1].float() / self.temperature, s
+    def _logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
+                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
+        policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
+        positions (learners.logprob_head). Only positions under loss_mask[:, 1:] are meaningful."""
+        runner = self.backend.runner(plain) if model is None else model
+        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
+            return sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
+                                     mb.attention_mask, mb.loss_mask, temperature=self.temperature,
+                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
         """One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`); adds its metric sums
         to `sums`. The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
-        logits, s = self._response_logits(mb, plain)
-        lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
-        with torch.no_grad():
-            entropy = F.pad(entropy_from_logits(logits), (s, 0))
+        lp, entropy = self._logprobs(mb, plain, entropy=True)
+        entropy = cast(torch.Tensor, entropy)  # asked for, so present
         algo = self.algo
         reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
@@ -221,10 +220,8 @@ class Learner:
         """The reference's log-probs [B, T−1], 0 before the response window (as the policy's)."""
         if self.reference is None:
             with self.model.disable_adapter():
-                logits, s = self._response_logits(mb, model=self.model)
-        else:
-            logits, s = self._response_logits(mb, model=self.reference)
-        return F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))
+                return self._logprobs(mb, model=self.model)[0]
+        return self._logprobs(mb, model=self.reference)[0]
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device

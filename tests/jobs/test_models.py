@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from jobs import builtin_models, models
 from jobs.builtin_models import BUILTIN_MODELS, Builtin
@@ -96,6 +96,20 @@ def test_tiny_seed_changes_weights(tiny, tmp_path):
     path = resolve_model("builtin:tiny?seed=1", cache_dir=str(tmp_path))
     a, b = load_file(f"{tiny}/model.safetensors"), load_file(f"{path}/model.safetensors")
     assert not torch.equal(a["model.embed_tokens.weight"], b["model.embed_tokens.weight"])
+
+
+def test_qwen3_shape_takes_the_real_vocabulary_and_a_small_body(tmp_path):
+    """The real vocabulary's memory, measurable offline: only what the spec names changes, and the folder too."""
+    spec = "builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
+    path = resolve_model(spec, cache_dir=str(tmp_path))
+    config = AutoConfig.from_pretrained(path)
+    assert (config.vocab_size, config.num_hidden_layers, config.hidden_size, config.head_dim) == (151936, 2, 64, 32)
+    assert config.tie_word_embeddings and parse_builtin("builtin:qwen3-0.6b-shape")[1]["layers"] == 28
+    other = resolve_model(spec.replace("vocab=151936", "vocab=1000"), cache_dir=str(tmp_path))
+    assert Path(other).name != Path(path).name
+    with pytest.raises(ValueError, match="vocab=50 is below"):
+        resolve_model("builtin:qwen3-0.6b-shape?vocab=50&layers=1&hidden=32&intermediate=32&heads=1&kv_heads=1"
+                      "&head_dim=32", cache_dir=str(tmp_path))
 
 
 # ---------------------------------------------------------------- the cache

@@ -14,17 +14,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
+from jobs.model_shape import shape_of
 from learners.memory import LearnerSetup, ModelShape, learner_memory
 
 # A Qwen3-shaped body small enough for CPU (2 layers, hidden 64), the real vocabulary: the logits dominate.
-BODY = ModelShape(layers=2, hidden=64, intermediate=192, heads=4, kv_heads=2, head_dim=32, vocab=151936)
-SHAPES = ((1, 256), (2, 256), (1, 512))  # rows x tokens per row
-PROMPT = 32  # prompt tokens per row (the rest is response)
+MODEL = ("builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=192&heads=4&kv_heads=2"
+         "&head_dim=32")
+SHAPES = ((1, 1024), (4, 1024), (8, 2048))  # rows x tokens per row
+PROMPT = 64  # prompt tokens per row (the rest is response)
+CHUNK = 1024  # learner.logits_chunk_tokens, its default
 
 
-def setup_of(rows: int, width: int, checkpointing: bool = False, chunk: int = 0) -> LearnerSetup:
+def setup_of(rows: int, width: int, checkpointing: bool, chunk: int) -> LearnerSetup:
     return LearnerSetup(tokens=rows * width, row_tokens=width, lora_rank=0, zero_stage=0, ranks=1,
                         checkpointing=checkpointing, logits_chunk=chunk, role_rows=0, device="cpu")
 
@@ -40,23 +42,12 @@ def _rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def _build(folder: str, shape: ModelShape) -> None:
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=shape.tied,
-                         max_position_embeddings=4096)
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(folder)
-
-
 def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[str, float]:
     """In this process: build the body, one update, the peak RSS rise over the loaded learner (bytes)."""
     import torch
 
     from jobs.config import load_config
+    from jobs.models import resolve_model
     from learners.batch import TrainBatch
     from learners.learner import Learner
     from learners.losses import local_normalizer
@@ -64,17 +55,14 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[
     from learners.ppo_plan import UpdatePlan
 
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as folder:
-        _build(folder, BODY)
-        overrides = ["model.dtype=float32", "model.lora.enabled=false", "learner.role_grad_diagnostics=false",
-                     f"learner.micro_batch_size={rows}", f"learner.gradient_checkpointing={checkpointing}"]
-        if chunk:
-            overrides.append(f"learner.logits_chunk_tokens={chunk}")
-        cfg = load_config("jobs/configs/tiny.yaml", overrides)
-        learner = Learner(LearnerSpec(policy_id="p", model_path=folder, model=cfg.model, learner=cfg.learner,
-                                      algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    overrides = ["model.dtype=float32", "model.lora.enabled=false", "learner.role_grad_diagnostics=false",
+                 f"learner.micro_batch_size={rows}", f"learner.gradient_checkpointing={checkpointing}",
+                 f"learner.logits_chunk_tokens={chunk}", f"model.path={MODEL}"]
+    cfg = load_config("jobs/configs/tiny.yaml", overrides)
+    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model(MODEL), model=cfg.model,
+                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, BODY.vocab, (rows, width), generator=gen)
+    ids = torch.randint(0, shape_of(MODEL).vocab, (rows, width), generator=gen)
     mask = torch.zeros(rows, width, dtype=torch.bool)
     mask[:, PROMPT:] = True
     batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
@@ -87,27 +75,28 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[
     return {"measured": (_rss_kib("VmHWM:") - before) * 1024.0}
 
 
-def measure(rows: int, width: int, checkpointing: bool = False, chunk: int = 0) -> dict[str, float]:
+def measure(rows: int, width: int, checkpointing: bool = False, chunk: int = CHUNK) -> dict[str, float]:
     """One shape in a fresh subprocess: {measured, estimate} bytes."""
     args = [sys.executable, "-m", "benchmarks.learner_peak", "--one", f"{rows}x{width}"]
     args += ["--checkpointing"] * checkpointing + (["--chunk", str(chunk)] if chunk else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     out = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])["measured"]
-    return {"measured": measured, "estimate": estimate(BODY, setup_of(rows, width, checkpointing, chunk))}
+    return {"measured": measured, "estimate": estimate(shape_of(MODEL), setup_of(rows, width, checkpointing, chunk))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learner_peak", description=__doc__.splitlines()[0])
     parser.add_argument("--one", help="ROWSxWIDTH: measure one shape in this process, print JSON")
     parser.add_argument("--checkpointing", action="store_true")
-    parser.add_argument("--chunk", type=int, default=0, help="learner.logits_chunk_tokens (0: unchunked head)")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="learner.logits_chunk_tokens (0: the full logits)")
     args = parser.parse_args(argv)
     if args.one:
         rows, width = (int(x) for x in args.one.split("x"))
         print(json.dumps(measure_one(rows, width, args.checkpointing, args.chunk)))
         return 0
-    print(f"body {BODY}\n{'shape':>10} {'ckpt':>5} {'measured MB':>12} {'estimate MB':>12} {'est/meas':>9}")
+    print(f"{MODEL}, learner.logits_chunk_tokens={args.chunk}")
+    print(f"{'shape':>10} {'ckpt':>5} {'measured MB':>12} {'estimate MB':>12} {'est/meas':>9}")
     for rows, width in SHAPES:
         for ckpt in (False, True):
             r = measure(rows, width, ckpt, args.chunk)

@@ -219,15 +219,22 @@ def resolve_plan(cfg: Any, refuse: bool = True) -> Plan | None:
     if memory:
         try:
             plan = make_plan(cfg, memory, dict.fromkeys(auto, False))
-            on = {m.policy for gpu in overfull(plan) for m in gpu if m.policy in auto}  # type: ignore[misc]
-            if on:
-                plan = make_plan(cfg, memory, {pid: pid in on for pid in auto})
+            while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
+                on.add(pid)
+                plan = make_plan(cfg, memory, {p: p in on for p in auto})
         except ValueError as e:
             raise PlanError(str(e)) from None
     _write_checkpointing(cfg, configs, auto, on)
     if plan is not None and refuse:
         check(plan)
     return plan
+
+
+def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None:
+    """On an overfull GPU, the auto policy not yet checkpointing whose learner checkpointing saves the most."""
+    candidates = {m.policy: plan.no_checkpointing[m.policy] - m.peak for gpu in overfull(plan) for m in gpu
+                  if m.policy in auto and m.policy not in on}
+    return max(candidates, key=lambda p: candidates[p]) if candidates else None
 
 
 def overfull(plan: Plan) -> list[list[Member]]:

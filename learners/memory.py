@@ -97,7 +97,7 @@ GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers, allocator slack of one le
 # CPU, fp32 + eager/sdpa: calibrated against measured peaks (tests/learners/test_memory_calibration.py).
 CPU_ACT_SCALE = 2.0  # fp32 stores every activation at twice bf16's bytes
 CPU_SCORE_BYTES = 12.0  # per row × head × position²: scores, softmax, its gradient (eager/math attention)
-CPU_LOGITS_FULL = 16.0
+CPU_LOGITS_FULL = 13.5
 CPU_LOGITS_CHUNK = 12.0
 CPU_RUNTIME = 0.0  # the calibration measures the rise over the loaded model
 

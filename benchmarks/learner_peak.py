@@ -27,7 +27,7 @@ CHUNK = 1024  # learner.logits_chunk_tokens, its default
 
 
 def setup_of(rows: int, width: int, checkpointing: bool, chunk: int) -> LearnerSetup:
-    return LearnerSetup(tokens=rows * width, row_tokens=width, lora_rank=0, zero_stage=0, ranks=1,
+    return LearnerSetup(tokens=rows * width, lora_rank=0, zero_stage=0, ranks=1,
                         checkpointing=checkpointing, logits_chunk=chunk, role_rows=0, device="cpu")
 
 
@@ -78,7 +78,7 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[
 def measure(rows: int, width: int, checkpointing: bool = False, chunk: int = CHUNK) -> dict[str, float]:
     """One shape in a fresh subprocess: {measured, estimate} bytes."""
     args = [sys.executable, "-m", "benchmarks.learner_peak", "--one", f"{rows}x{width}"]
-    args += ["--checkpointing"] * checkpointing + (["--chunk", str(chunk)] if chunk else [])
+    args += ["--checkpointing"] * checkpointing + ["--chunk", str(chunk)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     out = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])["measured"]

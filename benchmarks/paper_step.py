@@ -33,8 +33,8 @@ def overrides(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool
     return [*common, "model.dtype=float32", "learner.backend=torch"]
 
 
-def estimate(model: str, tokens: int, width: int, gpu: bool, checkpointing: bool) -> dict[str, float]:
-    setup = LearnerSetup(tokens=tokens, row_tokens=width, lora_rank=64, zero_stage=2 if gpu else 0, ranks=1,
+def estimate(model: str, tokens: int, gpu: bool, checkpointing: bool) -> dict[str, float]:
+    setup = LearnerSetup(tokens=tokens, lora_rank=64, zero_stage=2 if gpu else 0, ranks=1,
                          checkpointing=checkpointing, logits_chunk=1024, role_rows=0, device="gpu" if gpu else "cpu")
     m = learner_memory(shape_of(model), setup)
     return {"estimate_gib": (m.total() - m.runtime) / GIB, "estimate_rise_gib": (m.total() - m.weights) / GIB}
@@ -82,7 +82,7 @@ def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> d
         out["measured_gib"] = torch.cuda.max_memory_allocated() / GIB
     else:
         out["measured_rise_gib"] = (_rss_kib("VmHWM:") - before) * 1024 / GIB
-    return {**out, **estimate(model, tokens, width, gpu, checkpointing)}
+    return {**out, **estimate(model, tokens, gpu, checkpointing)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,24 +8,23 @@ import json
 import os
 import re
 
-from jobs.builtin_models import QWEN3_SHAPES
+from jobs.builtin_models import CHAR_VOCAB, QWEN3_SHAPES, QWEN3_VOCAB
 from jobs.models import is_builtin, parse_builtin
 from learners.memory import ModelShape
 
-QWEN3_VOCAB = 151936  # Qwen3's tokenizer (every size), head_dim 128, tied embeddings
 # SmolLM2-135M-Instruct's config.json (the built-in converted from its GGUF).
 SMOLLM2_135M = ModelShape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152)
-_TINY_VOCAB = {"tiny": 104, "tiny-wide": 132}  # the character tokenizers (jobs.builtin_models.char_tokenizer)
+_TINY_VOCAB = {"tiny": CHAR_VOCAB, "tiny-wide": 132}  # the character tokenizers (builtin_models.char_tokenizer)
 _QWEN3_NAME = re.compile(r"qwen3-(0\.6b|1\.7b|4b)(?![\d.])", re.IGNORECASE)
 
 
 def qwen3_shape(size: str, vocab: int = QWEN3_VOCAB, **overrides: int) -> ModelShape:
     """Qwen3 `size` (0.6b, 1.7b, 4b) as published, with any dimension overridden."""
     hidden, inter, layers, heads, kv = QWEN3_SHAPES[size]
-    dims = dict(layers=layers, hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv, head_dim=128,
-                vocab=vocab)
+    dims: dict[str, int] = dict(layers=layers, hidden=hidden, intermediate=inter, heads=heads, kv_heads=kv,
+                                head_dim=128, vocab=vocab)
     dims.update(overrides)
-    return ModelShape(**dims)
+    return ModelShape(**dims)  # type: ignore[arg-type]  # every key an int field
 
 
 def shape_of(spec: str) -> ModelShape:
@@ -64,5 +63,5 @@ def _builtin_shape(spec: str) -> ModelShape:
     # The shape built-ins keep the character tokenizer's vocabulary unless told otherwise (`?vocab=`).
     keys = {"layers": "layers", "hidden": "hidden", "intermediate": "intermediate", "heads": "heads",
             "kv_heads": "kv_heads", "head_dim": "head_dim"}
-    return qwen3_shape(size, vocab=p.get("vocab", _TINY_VOCAB["tiny"]),
+    return qwen3_shape(size, vocab=p.get("vocab", CHAR_VOCAB),
                        **{field: p[key] for key, field in keys.items() if key in p})

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from jobs.model_shape import shape_of
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
-from jobs.rollout_estimate import EngineMemory, RolloutWork, engine_memory, rollout_seconds
+from jobs.rollout_estimate import EXPECTED_FILL, EngineMemory, RolloutWork, engine_memory, rollout_seconds
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, learner_memory
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
@@ -86,8 +86,10 @@ def _uses_gpus(cfg: Any) -> bool:
     return any(c.learner.rank_num_gpus > 0 or c.rollout.engine_num_gpus > 0 for c in [cfg, *configs.values()])
 
 
-def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bool] | None = None) -> Plan:
-    """The plan of `cfg`; `checkpointing` (policy -> on) in place of each policy's configured value."""
+def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
+              times: bool = True) -> Plan:
+    """The plan of `cfg`; `checkpointing` (policy -> on) in place of each policy's configured value; `times`:
+    with the step-time estimates (what the fit check does not need)."""
     memory = gpu_memory(cfg) if memory is None else memory
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
@@ -100,7 +102,7 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
         bare[pid] = learner_memory(shape, learner_setup(pc, len(roles), False)).total()
         members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
                     for r in range(max(pc.learner.ranks, 1))]
-    on_gpu = any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
+    on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
     return Plan(memory, members, pack(members), ckpt, bare, step_times(cfg, configs, members) if on_gpu else {})
 
 
@@ -115,7 +117,7 @@ def learner_setup(pc: Any, roles: int, checkpointing: bool) -> LearnerSetup:
     budget = OmegaConf.select(pc, "learner.max_tokens_per_micro_batch", default=0) or 0
     tokens = budget or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(
-        tokens=tokens, row_tokens=min(pc.algo.max_len, tokens),
+        tokens=tokens,
         lora_rank=pc.model.lora.rank if pc.model.lora.enabled else 0,
         zero_stage=lr.deepspeed.zero_stage if lr.backend == "deepspeed" else 0, ranks=max(lr.ranks, 1),
         checkpointing=checkpointing, logits_chunk=OmegaConf.select(pc, "learner.logits_chunk_tokens", default=0) or 0,
@@ -178,20 +180,26 @@ def role_turns(cfg: Any) -> tuple[dict[str, int], int]:
 
 
 def step_times(cfg: Any, configs: dict[str, Any], members: list[Member]) -> dict[str, float]:
-    """Estimated seconds per step at the caps: rollout (jobs/rollout_estimate.py) and every policy's update at
-    the measured learner rate scaled by FLOPs; policies update at once, so the step takes the longest."""
+    """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`) with every turn at its caps."""
+    return {**_step_times(cfg, configs, members, EXPECTED_FILL),
+            **{f"{k}_at_caps": v for k, v in _step_times(cfg, configs, members, 1.0).items() if "/" not in k}}
+
+
+def _step_times(cfg: Any, configs: dict[str, Any], members: list[Member], fill: float) -> dict[str, float]:
+    """Rollout (jobs/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
+    each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
     per_role, sequential = role_turns(cfg)
-    r = cfg.rollout
-    work = RolloutWork(r.prompts_per_step * r.samples_per_prompt, sum(per_role.values()), sequential,
-                       r.max_prompt_tokens or cfg.algo.max_len // 2, r.sampling.max_new_tokens)
-    engines = [m for m in members if m.engine is not None]
-    shape = shape_of(cfg.model.path)
-    kv = min((m.engine.kv_sequences for m in engines if m.engine), default=0)
-    out = rollout_seconds(shape, work, max(len(engines), 1), kv)
-    policy_map = policy_map_of(cfg)
+    r, policy_map = cfg.rollout, policy_map_of(cfg)
+    prompt = (r.max_prompt_tokens or cfg.algo.max_len - r.sampling.max_new_tokens) * fill
+    work = RolloutWork(r.prompts_per_step * r.samples_per_prompt, sum(per_role.values()), sequential, prompt,
+                       r.sampling.max_new_tokens * fill)
+    engines = [m.engine for m in members if m.engine is not None]
+    kv = min(e.kv for e in engines) if engines else 0.0
+    out = rollout_seconds(shape_of(cfg.model.path), work, max(len(engines), 1), kv)
     for pid, pc in configs.items():
         rows = work.episodes * sum(per_role.get(role, 1) for role in policy_map.roles_of(pid))
-        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, rows * longest_sequence(pc))
+        tokens = rows * (work.prompt_tokens + work.response_tokens)
+        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens)
     out["update_s"] = max(v for k, v in out.items() if k.startswith("update_s/"))
     out["step_s"] = out["rollout_s"] + out["update_s"]
     return out
@@ -218,10 +226,10 @@ def resolve_plan(cfg: Any, refuse: bool = True) -> Plan | None:
     plan = None
     if memory:
         try:
-            plan = make_plan(cfg, memory, dict.fromkeys(auto, False))
+            plan = make_plan(cfg, memory, dict.fromkeys(auto, False), times=False)
             while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
                 on.add(pid)
-                plan = make_plan(cfg, memory, {p: p in on for p in auto})
+                plan = make_plan(cfg, memory, {p: p in on for p in auto}, times=False)
         except ValueError as e:
             raise PlanError(str(e)) from None
     _write_checkpointing(cfg, configs, auto, on)

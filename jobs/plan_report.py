@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.plan import FIT_FRACTION, Member, Plan, _share, longest_sequence
+from jobs.rollout_estimate import EXPECTED_FILL
 from learners.memory import GIB
 
 
@@ -48,8 +49,9 @@ def format_plan(cfg: Any, plan: Plan) -> str:
 
 
 def format_times(t: dict[str, float]) -> str:
-    """Per-step seconds (estimates at the caps on H100s; sources in jobs/rollout_estimate.py and jobs/plan.py)."""
+    """Per-step seconds (estimates on H100s; sources in jobs/rollout_estimate.py and jobs/plan.py)."""
     updates = ", ".join(f"{k.split('/', 1)[1]} {v:.0f} s" for k, v in t.items() if k.startswith("update_s/"))
-    return (f"estimated per step at the caps (H100): rollout {t['rollout_s']:.0f} s ({t['generated_tokens']:,.0f} "
-            f"tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, {t['concurrency']:.0f} sequences per engine), "
-            f"update {t['update_s']:.0f} s ({updates}), step {t['step_s']:.0f} s")
+    return (f"estimated per step (H100, turns at {EXPECTED_FILL:.0%} of their caps): rollout {t['rollout_s']:.0f} s "
+            f"({t['generated_tokens']:,.0f} tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, "
+            f"{t['concurrency']:.0f} sequences per engine), update {t['update_s']:.0f} s ({updates}), step "
+            f"{t['step_s']:.0f} s; every turn at its caps: step {t['step_s_at_caps']:.0f} s")

@@ -6,7 +6,7 @@ The time model is a roofline, an estimate uncalibrated until a GPU run measures 
 (benchmarks/gpu_check.sh, step 3): a decode iteration of B sequences reads the weights once and each sequence's
 KV cache (memory-bound), or does B tokens' matmuls (compute-bound), whichever takes longer; prefill is
 compute-bound. A step takes the longer of its throughput bound (all tokens through the engines) and its latency
-bound (one episode's turns one after another, each at the cap).
+bound (one episode's turns one after another). Token counts are the caps times EXPECTED_FILL (an assumption).
 """
 
 from __future__ import annotations
@@ -62,21 +62,28 @@ def decode_iteration_s(shape: ModelShape, batch: int, context: float) -> float:
     return max(memory, compute)
 
 
+# Assumption: a turn's prompt and response average this fraction of their caps. No length distribution of these
+# workloads has been measured on Qwen3 yet; at 1.0 (every turn at both caps) the estimate is an upper bound.
+EXPECTED_FILL = 0.25
+
+
 @dataclass(frozen=True)
 class RolloutWork:
-    """One step's generation, at the caps (every turn writes its whole response cap: an upper bound)."""
+    """One step's generation: its episodes and each turn's mean prompt and response tokens."""
 
     episodes: int  # prompts × samples
     turns: int  # turns of one episode (parallel ones included)
     sequential_turns: int  # turns one after another in one episode
-    prompt_tokens: int  # a turn's prompt at the cap
-    response_tokens: int  # a turn's response cap
+    prompt_tokens: float  # a turn's mean prompt
+    response_tokens: float  # a turn's mean response
 
 
-def rollout_seconds(shape: ModelShape, work: RolloutWork, engines: int, kv_sequences: int) -> dict[str, float]:
-    """Estimated seconds of one step's rollout on `engines` H100 engines, and the decode tokens/s it assumes."""
-    batch = max(min(VLLM_MAX_NUM_SEQS, kv_sequences, work.episodes * work.turns), 1)
+def rollout_seconds(shape: ModelShape, work: RolloutWork, engines: int, kv_bytes: float) -> dict[str, float]:
+    """Estimated seconds of one step's rollout on `engines` H100 engines, and the decode tokens/s it assumes. vLLM
+    admits sequences by the KV blocks they use: as many run at once as the cache holds at their mean context."""
     context = work.prompt_tokens + work.response_tokens / 2
+    fit = int(kv_bytes // (context * shape.kv_bytes_per_token(2))) if context else VLLM_MAX_NUM_SEQS
+    batch = max(min(VLLM_MAX_NUM_SEQS, fit, work.episodes * work.turns), 1)
     iteration = decode_iteration_s(shape, batch, context)
     tokens_per_s = engines * batch / iteration
     generated = work.episodes * work.turns * work.response_tokens

@@ -9,7 +9,13 @@ import heapq
 from typing import Any
 
 from jobs.plan import FIT_FRACTION, LEARNER_FLOPS_S, make_plan
-from jobs.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, ENGINE_RESERVE, MATMUL_EFFICIENCY, VLLM_MAX_NUM_SEQS
+from jobs.rollout_estimate import (
+    DECODE_BANDWIDTH_EFFICIENCY,
+    ENGINE_RESERVE,
+    EXPECTED_FILL,
+    MATMUL_EFFICIENCY,
+    VLLM_MAX_NUM_SEQS,
+)
 from jobs.sweep import setup_of, trial_config
 from jobs.sweep_spec import SweepConfig, flatten
 from learners.memory import GIB
@@ -32,7 +38,8 @@ def configurations(all_cells: list[dict[str, Any]]) -> list[tuple[dict[str, Any]
 def schedule_hours(trials: list[tuple[float, float]], nodes: int, per_node: int = NODE_GPUS) -> float:
     """Wall hours of (GPUs, hours) trials on `nodes` nodes: longest first, each started as soon as one node has its
     GPUs free (Ray packs a trial's placement group onto one node; fractional GPUs count as divisible)."""
-    free, running, now = [float(per_node)] * nodes, [], 0.0
+    free, now = [float(per_node)] * nodes, 0.0
+    running: list[tuple[float, int, float]] = []
     pending = sorted(trials, key=lambda t: -t[1])
     while pending or running:
         for trial in list(pending):
@@ -60,7 +67,7 @@ def _row(cfg: Any, seeds: int) -> tuple[str, float, float]:
     model = cfg.model.path.rstrip("/").rsplit("/", 1)[-1]
     row = (f"| {cfg.marl.workflow} | {cfg.data.task} | {model} | {cfg.marl.sharing} | {len(plan.checkpointing)} | "
            f"{gpus:g} | {peaks} | {'yes' if plan.fits() else '**no**'} | {ckpt} | {kv} | {t['rollout_s']:.0f} | "
-           f"{t['update_s']:.0f} | {hours:.1f} | {hours * gpus * seeds:.0f} |")
+           f"{t['update_s']:.0f} | {t['step_s_at_caps']:.0f} | {hours:.0f} | {hours * gpus * seeds:,.0f} |")
     return row, gpus, hours
 
 
@@ -76,8 +83,8 @@ def scaling_markdown(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> str:
     return "\n".join([
         *_intro(spec, len(rows), len(trials), memory),
         "| workflow | task | model | sharing | policies | GPUs per trial | peak GiB per GPU | fits | checkpointing | "
-        "KV seqs | rollout s/step | update s/step | h per trial | GPU-h (all seeds) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "KV seqs | rollout s/step | update s/step | step s at caps | h per trial | GPU-h (all seeds) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows, "", *_schedule(trials), *_sources(), ""])
 
 
@@ -90,16 +97,20 @@ def _intro(spec: SweepConfig, configs: int, trials: int, memory: float) -> list[
         f"{configs} configurations (workflow × task × scale × sharing) × their seeds = {trials} trials. Memory is "
         f"planned for {memory / GIB:g} GiB GPUs (`ray.gpu_memory_gb`), each GPU at most {FIT_FRACTION:.0%} of it; "
         "`peak GiB per GPU` lists every GPU of a trial (engines and learner ranks sharing a GPU add up). "
-        "Times are estimates at the caps (every turn writes its whole response cap and reads its whole prompt "
-        "cap): upper bounds, not measurements.",
+        f"Times are estimates, not measurements: each turn's prompt and response at {EXPECTED_FILL:.0%} of their "
+        "caps (an assumption: no length distribution of these workloads on Qwen3 has been measured), and, as an "
+        "upper bound, every turn at both caps (`step s at caps`). `KV seqs`: sequences of the cell's longest "
+        "prompt + response the engine's cache holds at once (more run at once at typical lengths).",
         "",
     ]
 
 
 def _schedule(trials: list[tuple[float, float]]) -> list[str]:
     gpu_hours = sum(g * h for g, h in trials)
+    longest = max(h for _, h in trials)
     lines = [f"Whole matrix: {gpu_hours:,.0f} GPU-hours (estimate). Wall time on nodes of {NODE_GPUS} H100s, "
-             "longest trials first:", "", "| nodes | GPUs | wall hours | wall days |", "|---|---|---|---|"]
+             f"longest trials first (no schedule beats the longest trial, {longest:,.0f} h):", "",
+             "| nodes | GPUs | wall hours | wall days |", "|---|---|---|---|"]
     for n in NODES:
         h = schedule_hours(trials, n)
         lines.append(f"| {n} | {n * NODE_GPUS} | {h:,.0f} | {h / 24:.1f} |")
@@ -126,6 +137,8 @@ def _sources() -> list[str]:
         "- Update time: this project's learner measured on one H200 (benchmarks/README.md: "
         f"{LEARNER_FLOPS_S['lora'] / 1e12:.0f} TFLOP/s with LoRA, {LEARNER_FLOPS_S['full'] / 1e12:.0f} TFLOP/s "
         "full fine-tuning, Qwen3-0.6B-shaped, "
-        "ZeRO-2) scaled by each model's matmul FLOPs per token (attention FLOPs left out); H100 and H200 share "
-        "the same bf16 peak.",
+        "ZeRO-2) scaled by each model's matmul FLOPs per token (2 per weight per pass: forward and backward, "
+        "one more forward with checkpointing and one for the recomputed old log-probs; attention FLOPs left "
+        "out). H100 and H200 share the same bf16 peak. The rate was measured at hidden size 1,024, where matmuls "
+        "are small; larger models likely run nearer the peak, so the 1.7B and 4B update times lean high.",
     ]

@@ -224,6 +224,10 @@ class LearnerConfig:
     # vocabulary a [1024, V] fp32 chunk is 0.6 GB, where 4 x 1,024 tokens unchunked peaked at 9.8 GB. Backward
     # recomputes each chunk's logits (one more head matmul). 0 = the model's own full logits (for comparison).
     logits_chunk_tokens: int = 1024
+    # Micro-batches by token budget: rows are packed longest first into micro-batches of at most this many
+    # tokens (rows x widest row, padding included: what memory sees), balanced, so memory is planned from tokens,
+    # never from a row count (learners/micro_batches.py); it must hold algo.max_len. 0 = micro_batch_size rows.
+    max_tokens_per_micro_batch: int = 0
     update_timeout_s: float = 1800.0
     # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
     # need more threads than the node has cores (jobs/updates.py).

@@ -62,8 +62,7 @@ class ModelShape:
 class LearnerSetup:
     """What a rank's memory depends on besides the model's shape."""
 
-    tokens: int  # positions of one micro-batch (rows × padded width)
-    row_tokens: int  # the widest row (the attention-score term of eager attention grows with it)
+    tokens: int  # positions of one micro-batch (rows × padded width); its loss positions are at most these
     lora_rank: int  # 0 = full fine-tuning
     zero_stage: int  # 0 = the torch backend (no ZeRO), else DeepSpeed's stage
     ranks: int  # data-parallel ranks of the policy (ZeRO partitions over them)
@@ -90,15 +89,17 @@ class LearnerMemory:
 
 
 # GPU, bf16 + flash-attention: estimates from the formulas (docs/scaling.md states them), uncalibrated.
-GPU_ACT_PER_TOKEN_LAYER = (8, 6, 8)  # bytes ≈ 8h + 6(n_q + n_kv)d + 8I per token and layer, nothing stored
-GPU_LOGITS_FULL = 16.0  # bytes per position × vocab entry: bf16 logits, fp32 copy, log-softmax, fp32 grad, bf16 grad
+GPU_ACT_PER_TOKEN_LAYER = (8, 6, 8)  # bytes ≈ 8h + 6(n_q + n_kv)d + 8I per token and layer
+GPU_LOGITS_WHOLE = 16.0  # bytes per position × vocab entry, a window kept whole: bf16 logits, fp32 copy, log-softmax,
+#                          fp32 and bf16 gradients
 GPU_LOGITS_CHUNK = 12.0  # per chunk position × vocab entry: fp32 logits, their exp, their gradient
 GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers, allocator slack of one learner process (estimate)
-# CPU, fp32 + eager/sdpa: calibrated against measured peaks (tests/learners/test_memory_calibration.py).
+# CPU, fp32 + sdpa (its CPU flash kernel stores no attention scores): calibrated against this project's CPU
+# learner (benchmarks/learner_peak.py, tests/learners/test_memory_calibration.py; benchmarks/README.md).
 CPU_ACT_SCALE = 2.0  # fp32 stores every activation at twice bf16's bytes
-CPU_SCORE_BYTES = 12.0  # per row × head × position²: scores, softmax, its gradient (eager/math attention)
-CPU_LOGITS_FULL = 13.5
-CPU_LOGITS_CHUNK = 12.0
+CPU_LOGITS_FULL = 13.5  # the model's own [T, V] logits (learner.logits_chunk_tokens=0): 12.4-14.3 measured
+CPU_LOGITS_WINDOW = 19.0  # a loss window within one chunk, kept for backward whole: 19.3 measured
+CPU_LOGITS_CHUNK = 12.0  # a window of several chunks, each recomputed in backward
 CPU_RUNTIME = 0.0  # the calibration measures the rise over the loaded model
 
 
@@ -111,27 +112,22 @@ def activation_bytes_per_token_layer(s: ModelShape) -> int:
 def activations(s: ModelShape, setup: LearnerSetup) -> float:
     """Saved activations of one micro-batch's forward. Checkpointing keeps each layer's input (2h bytes per token,
     bf16) and recomputes one layer at a time in the backward, so the peak holds one layer's full activations.
-    CPU: fp32 doubles every term; eager attention adds the score tensors, rows·n_q·width² per layer."""
-    per_layer = activation_bytes_per_token_layer(s) * setup.tokens
-    if setup.device == "cpu":
-        per_layer = per_layer * CPU_ACT_SCALE + _score_bytes(s, setup)
+    CPU: fp32 doubles every term."""
+    scale = CPU_ACT_SCALE if setup.device == "cpu" else 1.0
+    per_layer = activation_bytes_per_token_layer(s) * setup.tokens * scale
     if not setup.checkpointing:
         return s.layers * per_layer
-    boundary = (4 if setup.device == "cpu" else 2) * s.hidden * setup.tokens
-    return s.layers * boundary + per_layer
-
-
-def _score_bytes(s: ModelShape, setup: LearnerSetup) -> float:
-    rows = setup.tokens / max(setup.row_tokens, 1)
-    return CPU_SCORE_BYTES * rows * s.heads * setup.row_tokens**2
+    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer
 
 
 def logits(s: ModelShape, setup: LearnerSetup) -> float:
-    """The LM head's peak: the whole [tokens, V] logits and their temporaries, or one chunk's."""
+    """The LM head's peak: one chunk's vocabulary-wide tensors when the loss window spans several chunks (each
+    recomputed in backward), else the whole window's (learner.logits_chunk_tokens=0: the model's own logits)."""
     gpu = setup.device == "gpu"
-    if setup.logits_chunk:
-        return (GPU_LOGITS_CHUNK if gpu else CPU_LOGITS_CHUNK) * min(setup.logits_chunk, setup.tokens) * s.vocab
-    return (GPU_LOGITS_FULL if gpu else CPU_LOGITS_FULL) * setup.tokens * s.vocab
+    if setup.logits_chunk and setup.tokens > setup.logits_chunk:
+        return (GPU_LOGITS_CHUNK if gpu else CPU_LOGITS_CHUNK) * setup.logits_chunk * s.vocab
+    whole = GPU_LOGITS_WHOLE if gpu else CPU_LOGITS_WINDOW if setup.logits_chunk else CPU_LOGITS_FULL
+    return whole * setup.tokens * s.vocab
 
 
 def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, float, float]:

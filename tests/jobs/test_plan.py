@@ -93,3 +93,23 @@ def test_plan_cli_prints_every_gpu_and_exits_2_when_it_does_not_fit(capsys):
     assert capsys.readouterr().out.rstrip().endswith("DOES NOT FIT")
     assert main(["--config", TINY, "--plan"]) == 0  # CPU: printed, nothing checked
     assert "not checked" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # 42 configs through load_config: ~11 s
+def test_docs_scaling_is_the_generators_output():
+    from jobs.scaling import scaling_markdown
+    from jobs.sweep_spec import cells, load_sweep
+
+    spec = load_sweep("jobs/configs/sweeps/paper_matrix.yaml")
+    with open("docs/scaling.md") as f:
+        assert f.read() == scaling_markdown(spec, cells(spec)), (
+            "docs/scaling.md is stale: python -m jobs.sweep --config jobs/configs/sweeps/paper_matrix.yaml "
+            "--dry-run --markdown > docs/scaling.md")
+
+
+def test_a_trial_waits_for_free_gpus_on_one_node():
+    from jobs.scaling import schedule_hours
+
+    assert schedule_hours([(2, 10.0)] * 4, nodes=1) == 10.0  # 4 x 2 GPUs at once on 8
+    assert schedule_hours([(2, 10.0)] * 5, nodes=1) == 20.0
+    assert schedule_hours([(1.5, 4.0), (1.5, 4.0), (8, 1.0)], nodes=1) == 5.0

@@ -10,7 +10,7 @@ from learners.memory import GIB, LearnerSetup, learner_memory
 
 # Qwen3 model cards: total and non-embedding parameters (billions).
 PUBLISHED = {"0.6b": (0.6, 0.44), "1.7b": (1.7, 1.4), "4b": (4.0, 3.6)}
-GPU = LearnerSetup(tokens=40960, row_tokens=25600, lora_rank=64, zero_stage=2, ranks=1, checkpointing=True,
+GPU = LearnerSetup(tokens=40960, lora_rank=64, zero_stage=2, ranks=1, checkpointing=True,
                    logits_chunk=1024, role_rows=0, device="gpu")
 
 

@@ -25,7 +25,7 @@ SMOKE_MODEL = "builtin:qwen3-0.6b-shape?vocab=4096&layers=2&hidden=64&intermedia
 def overrides(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> list[str]:
     """The learner's settings: the paper's on a GPU, the CPU stand-in's (torch backend, fp32) otherwise."""
     common = [f"model.path={model}", "model.lora.enabled=true", "model.lora.rank=64", "model.lora.alpha=32",
-              f"learner.micro_batch_size={rows}", f"algo.max_len={tokens // rows}",
+              f"learner.max_tokens_per_micro_batch={tokens}", f"algo.max_len={tokens // rows}",
               f"learner.gradient_checkpointing={checkpointing}", "learner.logits_chunk_tokens=1024",
               "learner.role_grad_diagnostics=false"]
     if gpu:

@@ -114,7 +114,7 @@ _NON_NEGATIVE = (
     "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
     "rollout.max_prompt_tokens", "learner.rank_num_gpus", "rollout.torch_threads", "learner.torch_threads",
     "algo.ppo_mini_batch_size",
-    "learner.logits_chunk_tokens",
+    "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
     "ray.gpu_memory_gb",
 )
@@ -324,6 +324,14 @@ def _check_ranges(cfg: Any) -> None:
 def _check_lengths(cfg: Any) -> None:
     if not 0 <= cfg.algo.max_role_drop_frac <= 1:
         raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
+    budget = cfg.learner.max_tokens_per_micro_batch
+    if budget and budget < cfg.algo.max_len:
+        # A row may be algo.max_len tokens long and a micro-batch holds at least one whole row.
+        raise ConfigError(f"config: learner.max_tokens_per_micro_batch must be 0 (off) or >= algo.max_len; got "
+                          f"{budget} < {cfg.algo.max_len}")
+    if cfg.learner.padding_free and not cfg.learner.logits_chunk_tokens:
+        # Packed rows are read at their loss positions through the chunked head; the full logits path pads.
+        raise ConfigError("config: learner.padding_free=true needs learner.logits_chunk_tokens > 0")
     cap, response = cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens
     if cap and cfg.algo.max_len < cap + response:
         # A row within both caps must fit whole: a shorter max_len would cut responses the caps admit.

@@ -24,6 +24,8 @@ POLICY_KEYS = (
     "model.path", "model.dtype", "model.lora.", "model.chat_template_kwargs.",
     "learner.optim.", "learner.micro_batch_size", "learner.ranks", "learner.rank_num_cpus", "learner.rank_num_gpus",
     "learner.rank_resources.", "learner.gradient_checkpointing",
+    # A policy on another model has another vocabulary and row lengths: its own head chunks and token budget.
+    "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch", "learner.padding_free",
     "rollout.engines_per_role", "rollout.engine_num_cpus", "rollout.engine_num_gpus", "rollout.engine_resources.",
     "rollout.kv_cache_gb", "rollout.gpu_memory_utilization",
 )

@@ -228,6 +228,10 @@ class LearnerConfig:
     # tokens (rows x widest row, padding included: what memory sees), balanced, so memory is planned from tokens,
     # never from a row count (learners/micro_batches.py); it must hold algo.max_len. 0 = micro_batch_size rows.
     max_tokens_per_micro_batch: int = 0
+    # A micro-batch's rows end to end in one row, position ids restarting per row, no padding computed
+    # (learners/padding_free.py): flash-attention 2 (loaded for it on a GPU with flash_attn) runs it as varlen;
+    # other attentions are exact but mask an [N, N] block, so it saves no memory there. Needs logits_chunk_tokens.
+    padding_free: bool = False
     update_timeout_s: float = 1800.0
     # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
     # need more threads than the node has cores (jobs/updates.py).

@@ -118,7 +118,9 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
     out = {f"loss/{policy_id}": total["loss"], f"grad/norm/{policy_id}": first["grad_norm"],
            f"last/grad/norm/{policy_id}": first["last/grad_norm"], f"lr/{policy_id}": first["lr"],
            f"last/lr/{policy_id}": first["last/lr"], f"optim/steps/{policy_id}": first["optimizer_steps"],
-           f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0)}
+           f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0),
+           # The share of the micro-batches' positions (rows × widest row) that were padding.
+           f"batch/padding_frac/{policy_id}": total["padded_positions"] / max(total["positions"], 1.0)}
     out.update({k: v for k, v in first.items() if k.startswith(("grad/", "last/grad/"))})
     for key, value in total.items():
         if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):

@@ -33,7 +33,9 @@ from learners.backends import GradientBackend, LearnerParts, backend_class
 from learners.batch import TrainBatch
 from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
+from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
+from learners.padding_free import attention_implementation
 from learners.policy_loss import policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
@@ -57,7 +59,8 @@ class Learner:
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
-        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora)
+        attention = attention_implementation(learner.padding_free)
+        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
         # Resolved to "true"/"false" at config load (auto: by the memory plan). Non-reentrant: per-role gradients
         # use torch.autograd.grad.
         if str(learner.gradient_checkpointing).lower() == "true":
@@ -68,7 +71,8 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
-        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
+        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora, attention).eval()
+                          .requires_grad_(False)
                           if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
@@ -96,7 +100,8 @@ class Learner:
         self.pad_id = data.pad_id
         data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
-        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
+        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0,
+                                                     "padded_positions": 0.0, "positions": 0.0})
         per_step = []
         for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
             mb = data.select(data.longest_first(rows))
@@ -135,7 +140,7 @@ class Learner:
 
     def _micro_losses(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> Iterator[torch.Tensor]:
         """Each micro-batch's loss, built as the backend consumes it (one graph alive at a time), then idle ones."""
-        micro = data.micro_batches(self.cfg.micro_batch_size) if len(data) else []
+        micro = self._micro_batches(data)
         for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
             yield self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss()
 
@@ -147,11 +152,19 @@ class Learner:
         out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self.backend.device)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
-            for mb in data.select(rows).micro_batches(self.cfg.micro_batch_size) if rows else []:
+            for mb in self._micro_batches(data.select(rows)) if rows else []:
                 loss = self._micro_step(mb, normalizer, sums, plain=True)
                 out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
         collective.all_reduce_sum(out)
         return out
+
+    def _micro_rows(self, lengths: list[int]) -> list[list[int]]:
+        """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
+        tokens (rows × widest row) when set (learners.micro_batches)."""
+        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+
+    def _micro_batches(self, data: TrainBatch) -> list[TrainBatch]:
+        return [data.select(rows) for rows in self._micro_rows(data.attention_mask.sum(-1).tolist())]
 
     @torch.no_grad()
     def _with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
@@ -165,7 +178,8 @@ class Learner:
             return data
         later = data.longest_first(sorted({i for rows in plan.steps[1:] for i in rows}))
         old = torch.zeros_like(data.rollout_logprobs)
-        chunks = [later[i:i + self.cfg.micro_batch_size] for i in range(0, len(later), self.cfg.micro_batch_size)]
+        lengths = data.attention_mask[later].sum(-1).tolist()
+        chunks = [[later[i] for i in group] for group in self._micro_rows(lengths)]
         for j in range(self.backend.matched_passes(len(chunks))):
             if j >= len(chunks):
                 self._idle_loss()
@@ -196,7 +210,8 @@ class Learner:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
                                      mb.attention_mask, mb.loss_mask, temperature=self.temperature,
-                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy)
+                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy,
+                                     padding_free=self.cfg.padding_free)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:
@@ -205,6 +220,9 @@ class Learner:
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
         lp, entropy = self._logprobs(mb, plain, entropy=True)
         entropy = cast(torch.Tensor, entropy)  # asked for, so present
+        padded, positions = padding(mb.attention_mask.sum(-1).tolist())
+        sums["padded_positions"] += padded
+        sums["positions"] += positions
         algo = self.algo
         reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None

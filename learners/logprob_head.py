@@ -30,17 +30,24 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from learners.losses import entropy_from_logits, response_start, token_logprobs
+from learners.padding_free import pack, packed_index
 
 
 def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, *,
-                      temperature: float, chunk: int, entropy: bool) -> tuple[Tensor, Tensor | None]:
+                      temperature: float, chunk: int, entropy: bool,
+                      padding_free: bool = False) -> tuple[Tensor, Tensor | None]:
     """(log-probs [B, T−1] of input_ids[:, 1:], entropy [B, T−1] or None), 0 where loss_mask[:, 1:] is False
     (chunk = 0: the unchunked path, values there too). `runner` is called (the model, an engine around it, or the
-    reference); `model` is the HF module (or peft wrapper) whose decoder and head it runs. Entropy is detached."""
+    reference); `model` is the HF module (or peft wrapper) whose decoder and head it runs. Entropy is detached.
+    padding_free: the rows run end to end in one row (learners.padding_free; needs chunk > 0)."""
     if chunk <= 0:
         return _unchunked(runner, input_ids, attention_mask, loss_mask, temperature, entropy)
     targets_mask = loss_mask[:, 1:]
-    hidden = final_hidden(model, runner, input_ids, attention_mask)[:, :-1][targets_mask]  # [N, H]
+    if padding_free:
+        ids, positions, offsets = pack(input_ids, attention_mask)
+        hidden = final_hidden(model, runner, ids, None, positions)[0][packed_index(loss_mask, offsets)]
+    else:
+        hidden = final_hidden(model, runner, input_ids, attention_mask)[:, :-1][targets_mask]  # [N, H]
     lp, ent = head_logprobs(model.get_output_embeddings(), hidden, input_ids[:, 1:][targets_mask],
                             temperature=temperature, chunk=chunk, entropy=entropy)
     return _scatter(lp, targets_mask), None if ent is None else _scatter(ent, targets_mask)
@@ -51,13 +58,15 @@ def _scatter(values: Tensor, mask: Tensor) -> Tensor:
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
 
-def final_hidden(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def final_hidden(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor | None,
+                 position_ids: Tensor | None = None) -> Tensor:
     """The decoder's last hidden states [B, T, H] (after its final norm), from one call of `runner` that keeps no
     logits (an empty index tensor as `logits_to_keep`), read by a forward hook on `model.get_decoder()`."""
     got: list[Tensor] = []
     handle = model.get_decoder().register_forward_hook(lambda _m, _a, out: got.append(out.last_hidden_state))
     try:
-        runner(input_ids=input_ids, attention_mask=attention_mask,
+        # No KV cache: nothing decodes after this pass (and transformers reads packed position ids only without one).
+        runner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                logits_to_keep=torch.empty(0, dtype=torch.long, device=input_ids.device))
     finally:
         handle.remove()

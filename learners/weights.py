@@ -13,10 +13,11 @@ hf_logging.disable_progress_bar()  # one bar per weight load floods the driver l
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy_model(model_path: str, dtype: str, lora: Any) -> Any:
+def load_policy_model(model_path: str, dtype: str, lora: Any, attention: str | None = None) -> Any:
     """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
-    layers (a peft PeftModel) when enabled."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's default."""
+    kwargs = {"attn_implementation": attention} if attention else {}
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], **kwargs)
     if not lora.enabled:
         return model
     from peft import LoraConfig, get_peft_model

@@ -17,7 +17,8 @@ def test_cpu_smoke_runs_one_step_and_reports_peak_and_estimate():
 def test_the_gpu_step_is_the_papers_learner():
     over = overrides("builtin:qwen3-4b-shape?vocab=151936", 40960, 2, gpu=True, checkpointing=True)
     for key in ("model.lora.rank=64", "model.dtype=bfloat16", "learner.backend=deepspeed",
-                "learner.logits_chunk_tokens=1024", "algo.max_len=20480"):
+                "learner.logits_chunk_tokens=1024", "learner.max_tokens_per_micro_batch=40960",
+                "algo.max_len=20480"):
         assert key in over
 
 

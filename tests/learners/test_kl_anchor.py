@@ -69,7 +69,7 @@ def test_clipped_tokens_by_hand_and_per_role_clip_fraction():
     # 1.5 > 1.28 with A > 0 and 0.5 < 0.8 with A < 0 are clipped; ratio 1 never is.
     assert m["clipped"].tolist() == [[True, False], [True, False]] and m["clip_frac_sum"].item() == 2.0
     rank = {"loss": 0.0, "clip_frac_sum": 3.0, "tokens": 10.0, "grad_norm": 1.0, "lr": 1e-3,
-            "last/grad_norm": 1.0, "last/lr": 1e-3, "optimizer_steps": 1.0,
+            "last/grad_norm": 1.0, "last/lr": 1e-3, "optimizer_steps": 1.0, "padded_positions": 0.0, "positions": 0.0,
             "clip_frac_sum/generator": 3.0, "tokens/generator": 4.0, "clip_frac_sum/evaluator": 0.0,
             "tokens/evaluator": 6.0}
     out = merge_rank_metrics([rank, dict(rank)], "generator")  # a policy named after one of its roles

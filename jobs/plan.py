@@ -18,7 +18,14 @@ from omegaconf import OmegaConf
 
 from jobs.model_shape import shape_of
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
-from jobs.rollout_estimate import EXPECTED_FILL, EngineMemory, RolloutWork, engine_memory, rollout_seconds
+from jobs.rollout_estimate import (
+    ENGINE_RESERVE,
+    EXPECTED_FILL,
+    EngineMemory,
+    RolloutWork,
+    engine_memory,
+    rollout_seconds,
+)
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, learner_memory
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
@@ -57,13 +64,13 @@ class Plan:
     times: dict[str, float] = field(default_factory=dict)  # rollout_s, update_s, ... per step (estimates)
 
     def gpu_bytes(self) -> list[float]:
-        return [sum(m.peak * _share(m) for m in members) for members in self.gpus]
+        return [sum(m.peak * member_share(m) for m in members) for members in self.gpus]
 
     def fits(self) -> bool:
         return not self.memory or all(b <= FIT_FRACTION * self.memory for b in self.gpu_bytes())
 
 
-def _share(m: Member) -> float:
+def member_share(m: Member) -> float:
     """The part of a member's peak on each GPU it takes (a member of several GPUs spreads over them)."""
     return 1.0 / m.gpus if m.gpus > 1 else 1.0
 
@@ -94,7 +101,7 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
     ckpt = {pid: _checkpointing(c) for pid, c in configs.items()} | (checkpointing or {})
-    members = _engine_members(cfg, configs)
+    members = _engine_members(cfg, configs, memory)
     bare = {}
     for pid, pc in configs.items():
         shape, roles = shape_of(pc.model.path), policy_map.roles_of(pid)
@@ -107,20 +114,19 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
 
 
 def _checkpointing(pc: Any) -> bool:
-    """A policy's configured value: true/false, or auto (resolved by `resolve_checkpointing`; off until then)."""
+    """A policy's configured value: true/false, or auto (resolved by `resolve_plan`; off until then)."""
     return str(pc.learner.gradient_checkpointing).lower() == "true"
 
 
 def learner_setup(pc: Any, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one)."""
     lr = pc.learner
-    budget = OmegaConf.select(pc, "learner.max_tokens_per_micro_batch", default=0) or 0
-    tokens = budget or lr.micro_batch_size * pc.algo.max_len
+    tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(
         tokens=tokens,
         lora_rank=pc.model.lora.rank if pc.model.lora.enabled else 0,
         zero_stage=lr.deepspeed.zero_stage if lr.backend == "deepspeed" else 0, ranks=max(lr.ranks, 1),
-        checkpointing=checkpointing, logits_chunk=OmegaConf.select(pc, "learner.logits_chunk_tokens", default=0) or 0,
+        checkpointing=checkpointing, logits_chunk=lr.logits_chunk_tokens,
         role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu")
 
 
@@ -130,16 +136,17 @@ def longest_sequence(cfg: Any) -> int:
     return r.max_prompt_tokens + r.sampling.max_new_tokens if r.max_prompt_tokens else cfg.algo.max_len
 
 
-def _engine_members(cfg: Any, configs: dict[str, Any]) -> list[Member]:
+def _engine_members(cfg: Any, configs: dict[str, Any], memory: float) -> list[Member]:
+    """Every engine of every engine group, on its share of a GPU (or, on CPU, its KV cache plus weights)."""
     out = []
     for spec in engine_map_of(cfg, policy_map_of(cfg)).groups:
         pc = configs[spec.policy] if spec.policy is not None else cfg
         shape, r = shape_of(pc.model.path), pc.rollout
         adapters = len(spec.policies) if spec.multi_lora else 0
         if r.engine_num_gpus > 0:
-            share = r.gpu_memory_utilization * gpu_memory(cfg)
-        else:
-            share = r.kv_cache_gb * GIB + 2.0 * shape.params() + 2.0 * GIB  # CPU: kv_cache_gb is the KV itself
+            share = r.gpu_memory_utilization * memory
+        else:  # CPU: rollout.kv_cache_gb is the KV cache itself
+            share = r.kv_cache_gb * GIB + 2.0 * shape.params() + ENGINE_RESERVE
         mem = engine_memory(shape, share, pc.model.lora.rank, adapters, longest_sequence(pc))
         out += [Member(f"engine:{spec.key}#{i}", r.engine_num_gpus, mem.share, engine=mem)
                 for i in range(max(r.engines_per_role, 1))]
@@ -270,8 +277,8 @@ def check(plan: Plan) -> None:
                             "of KV cache, less than one sequence of the longest prompt and response: raise "
                             "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens")
     for gpu in overfull(plan):
-        held = " + ".join(f"{m.name} {m.peak * _share(m) / GIB:.1f}" for m in gpu)
+        held = " + ".join(f"{m.name} {m.peak * member_share(m) / GIB:.1f}" for m in gpu)
         raise PlanError(f"the plan does not fit {plan.memory / GIB:g} GiB GPUs (ray.gpu_memory_gb; at most "
                         f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = "
-                        f"{sum(m.peak * _share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
+                        f"{sum(m.peak * member_share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
                         "(`python -m jobs.train --plan` shows every term)")

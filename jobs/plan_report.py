@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.plan import FIT_FRACTION, Member, Plan, _share, longest_sequence
+from jobs.plan import FIT_FRACTION, Member, Plan, longest_sequence, member_share
 from jobs.rollout_estimate import EXPECTED_FILL
 from learners.memory import GIB
 
@@ -41,7 +41,7 @@ def format_plan(cfg: Any, plan: Plan) -> str:
         lines += [f"  {describe_member(m, plan)}" for m in gpu]
     cpu = [m for m in plan.members if m.gpus <= 0]
     if cpu:
-        lines.append("CPU (not checked): " + "; ".join(f"{m.name} {gib(m.peak * _share(m))} GiB" for m in cpu))
+        lines.append("CPU (not checked): " + "; ".join(f"{m.name} {gib(m.peak * member_share(m))} GiB" for m in cpu))
     if plan.times:
         lines.append(format_times(plan.times))
     lines.append("fits" if plan.fits() else "DOES NOT FIT")

@@ -60,7 +60,7 @@ class Plan:
     members: list[Member]
     gpus: list[list[Member]]  # members per GPU
     checkpointing: dict[str, bool]  # policy -> resolved learner.gradient_checkpointing
-    no_checkpointing: dict[str, float]  # policy -> its rank's peak with checkpointing off (bytes)
+    either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]  # policy -> its rank with checkpointing (on, off)
     times: dict[str, float] = field(default_factory=dict)  # rollout_s, update_s, ... per step (estimates)
 
     def gpu_bytes(self) -> list[float]:
@@ -102,15 +102,17 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
     configs = policy_configs(cfg, policy_map)
     ckpt = {pid: _checkpointing(c) for pid, c in configs.items()} | (checkpointing or {})
     members = _engine_members(cfg, configs, memory)
-    bare = {}
+    either_way = {}
     for pid, pc in configs.items():
         shape, roles = shape_of(pc.model.path), policy_map.roles_of(pid)
         mem = learner_memory(shape, learner_setup(pc, len(roles), ckpt[pid]))
-        bare[pid] = learner_memory(shape, learner_setup(pc, len(roles), False)).total()
+        either_way[pid] = (learner_memory(shape, learner_setup(pc, len(roles), True)),
+                           learner_memory(shape, learner_setup(pc, len(roles), False)))
         members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
                     for r in range(max(pc.learner.ranks, 1))]
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
-    return Plan(memory, members, pack(members), ckpt, bare, step_times(cfg, configs, members) if on_gpu else {})
+    times_ = step_times(cfg, configs, members) if on_gpu else {}
+    return Plan(memory, members, pack(members), ckpt, either_way, times_)
 
 
 def _checkpointing(pc: Any) -> bool:
@@ -247,7 +249,7 @@ def resolve_plan(cfg: Any, refuse: bool = True) -> Plan | None:
 
 def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None:
     """On an overfull GPU, the auto policy not yet checkpointing whose learner checkpointing saves the most."""
-    candidates = {m.policy: plan.no_checkpointing[m.policy] - m.peak for gpu in overfull(plan) for m in gpu
+    candidates = {m.policy: plan.either_way[m.policy][1].total() - m.peak for gpu in overfull(plan) for m in gpu
                   if m.policy in auto and m.policy not in on}
     return max(candidates, key=lambda p: candidates[p]) if candidates else None
 

@@ -24,10 +24,11 @@ def describe_member(m: Member, plan: Plan) -> str:
                 "longest prompt + response")
     assert m.learner is not None and m.policy is not None
     lm, ckpt = m.learner, plan.checkpointing[m.policy]
-    other = f"off: {gib(plan.no_checkpointing[m.policy])} in all" if ckpt else "off"
+    on, off = (x.activations for x in plan.either_way[m.policy])
     return (f"{m.name} ({where}) {gib(m.peak)} = weights {gib(lm.weights)} + gradients {gib(lm.gradients)} + "
             f"optimizer {gib(lm.optimizer)} + role grads {gib(lm.role_grads)} + activations {gib(lm.activations)} "
-            f"(checkpointing {'on' if ckpt else other}) + logits {gib(lm.logits)} + runtime {gib(lm.runtime)}")
+            f"(checkpointing {'on' if ckpt else 'off'}; on {gib(on)}, off {gib(off)}) + logits {gib(lm.logits)} + "
+            f"runtime {gib(lm.runtime)}")
 
 
 def format_plan(cfg: Any, plan: Plan) -> str:

@@ -70,6 +70,9 @@ def test_a_policy_of_its_own_gets_its_own_resolution():
     # The generator's 32 x 2,048 tokens need checkpointing on its GPU, the aggregator's 4 x 2,048 do not.
     assert cfg.marl.policies.generator.learner.gradient_checkpointing == "true"
     assert cfg.learner.gradient_checkpointing == "false"
+    # A policy whose settings name no learner key gets one holding its resolution.
+    cfg = load_config(TINY, [*over[:-1], "marl.policies.generator.model.lora.rank=16"])
+    assert cfg.marl.policies.generator.learner.gradient_checkpointing == "false"
 
 
 def test_members_share_gpus_as_ray_fractions_do():

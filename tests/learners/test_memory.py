@@ -63,3 +63,19 @@ def test_role_gradient_buffer_is_roles_by_trainable_parameters():
     s = qwen3_shape("0.6b")
     m = learner_memory(s, dataclasses.replace(GPU, role_rows=3))
     assert m.role_grads == 4 * 3 * s.lora_params(64)
+
+
+def test_shapes_come_from_config_json_a_builtin_spec_or_a_qwen3_name(tmp_path):
+    import json
+
+    from jobs.model_shape import shape_of
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False}))
+    s = shape_of(str(tmp_path))
+    assert (s.layers, s.head_dim, s.vocab, s.tied) == (2, 16, 1000, False)
+    assert shape_of("builtin:qwen3-4b-shape?vocab=151936&layers=2") == qwen3_shape("4b", layers=2)
+    assert shape_of("/nowhere/Qwen3-1.7B") == qwen3_shape("1.7b")
+    with pytest.raises(ValueError, match="model.path='/nowhere/other'"):
+        shape_of("/nowhere/other")

@@ -164,7 +164,7 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
         sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
         print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
               f"{trial_resources(setup, {'grid': cell}).bundles}")
-        cfg = trial_config(setup, {'grid': cell}, f'{setup.name}_resources')
+        cfg = trial_config(setup, {"grid": cell}, f"{setup.name}_resources")
         print(f"  {arithmetic(cfg, dict(setup.driver))}")
         print("  " + format_plan(cfg, make_plan(cfg)).replace("\n", "\n  "))
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "

@@ -35,7 +35,11 @@ def format_plan(cfg: Any, plan: Plan) -> str:
     """The whole plan: memory per GPU (and the CPU members), then the per-step time estimates."""
     limit = (f"{plan.memory / GIB:g} GiB GPUs, refused above {FIT_FRACTION:.0%} = {gib(FIT_FRACTION * plan.memory)} GiB"
              if plan.memory else "no GPU memory declared (ray.gpu_memory_gb) or detected: not checked")
-    lines = [f"[{cfg.run_name}] plan: {limit}; longest sequence {longest_sequence(cfg):,} tokens"]
+    lr = cfg.learner
+    tokens = (f"{lr.max_tokens_per_micro_batch:,} tokens per micro-batch (learner.max_tokens_per_micro_batch)"
+              if lr.max_tokens_per_micro_batch else f"{lr.micro_batch_size * cfg.algo.max_len:,} tokens per "
+              "micro-batch at most (learner.micro_batch_size x algo.max_len)")
+    lines = [f"[{cfg.run_name}] plan: {limit}; longest sequence {longest_sequence(cfg):,} tokens; {tokens}"]
     for i, (gpu, used) in enumerate(zip(plan.gpus, plan.gpu_bytes(), strict=True)):
         share = f" ({used / plan.memory:.0%})" if plan.memory else ""
         lines.append(f"GPU {i}: {gib(used)} GiB{share}")

@@ -9,7 +9,10 @@
 #      and sync seconds (needs Ray and vLLM);
 #   4. the learner update benchmark on the GPU (benchmarks/update.py: plain loop vs DeepSpeed ZeRO-2/3, bf16,
 #      Qwen3-0.6B-shaped, full fine-tuning) against the FLOP bound of the measured bf16 matmul rate;
-#   5. one summary block at the end (also written to $OUT/gpu_check_summary.txt when $OUT is set).
+#   5. one learner step at the paper's math shape (benchmarks/paper_step.py: a random Qwen3-4B-shaped model built
+#      from its config, vocabulary 151,936, LoRA r64, bf16 ZeRO-2, chunked LM head, 40,960 tokens in one
+#      micro-batch, checkpointing on; 8,192 tokens with it off): peak GPU memory against the planner's estimate;
+#   6. one summary block at the end (also written to $OUT/gpu_check_summary.txt when $OUT is set).
 # Usage: benchmarks/gpu_check.sh [extra key=value overrides for the training run]
 # A machine without a package index: carry the missing pure-python packages as wheels, install them with
 # `pip install --target DIR` and put DIR and the checkout on PYTHONPATH before calling this script.
@@ -102,6 +105,15 @@ for mode in full lora; do
         --prompt 128 --micro 16 --warmup 1 --steps 3 $flags >"$OUT_DIR/update_$mode.log" 2>&1
     note "update benchmark, $mode (exit $?): $(grep -E '^(FLOP bound|summary)' "$OUT_DIR/update_$mode.log" | tr '\n' ' ')"
     sed -n '/^variant/,/^summary/p' "$OUT_DIR/update_$mode.log" >>"$LOG"
+done
+
+# 5. the paper's learner step against the planner (needs torch and deepspeed only)
+# Without checkpointing 40,960 tokens would need ~190 GB of activations (the plan says so): 8,192 tokens instead.
+for ckpt in true false; do
+    tokens=40960; [ "$ckpt" = false ] && tokens=8192
+    timeout 900 $PY -m benchmarks.paper_step --checkpointing $ckpt --tokens $tokens \
+        >"$OUT_DIR/paper_step_$ckpt.log" 2>&1
+    note "paper-shape learner step, checkpointing $ckpt (exit $?): $(grep '^PAPER_STEP' "$OUT_DIR/paper_step_$ckpt.log" || tail -1 "$OUT_DIR/paper_step_$ckpt.log")"
 done
 
 echo; echo "================ GPU check summary ================"

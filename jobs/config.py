@@ -16,6 +16,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
 from jobs.schema import TrainConfig
@@ -32,8 +33,9 @@ class ConfigError(ValueError):
     """A config problem; the message names the offending key."""
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Schema ← YAML ← `key=value` overrides, validated, then frozen. Raises ConfigError naming the key."""
+def load_config(path: str | None = None, overrides: list[str] | None = None, check_plan: bool = True) -> TrainConfig:
+    """Schema ← YAML ← `key=value` overrides, validated, then frozen. Raises ConfigError naming the key.
+    `check_plan=False` resolves gradient checkpointing but does not refuse a plan that does not fit (--plan)."""
     try:
         cfg = OmegaConf.structured(TrainConfig)
         if path:
@@ -48,8 +50,17 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     except FileNotFoundError:
         raise ConfigError(f"config: file not found: {path}") from None
     validate(cfg)
+    _resolve_plan(cfg, check_plan)
     OmegaConf.set_readonly(cfg, True)
     return cast(TrainConfig, cfg)  # a DictConfig typed by the schema
+
+
+def _resolve_plan(cfg: Any, check: bool) -> None:
+    """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan.py)."""
+    try:
+        resolve_plan(cfg, check)
+    except PlanError as e:
+        raise ConfigError(f"config: {e}") from None
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
@@ -75,6 +86,7 @@ _CHOICES: dict[str, Collection[str]] = {
     "learner.optim.schedule": ("cosine", "constant"),
     "learner.optim.schedule_unit": ("step", "optimizer_step"),
     "learner.concurrent_updates": ("auto", "true", "false"),
+    "learner.gradient_checkpointing": ("auto", "true", "false"),
     "algo.old_logprobs": ("recompute", "rollout"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "cliff.action": ("warn", "stop", "rollback"),
@@ -104,6 +116,7 @@ _NON_NEGATIVE = (
     "algo.ppo_mini_batch_size",
     "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch",
     "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
+    "ray.gpu_memory_gb",
 )
 _GROUP_FIELDS, _GROUP_PRESETS = tuple(GROUP_FIELDS), tuple(GROUP_PRESETS)
 # Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so

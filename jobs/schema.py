@@ -212,7 +212,10 @@ class LearnerConfig:
     rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
     torch_threads: int = 0  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     micro_batch_size: int = 16
-    gradient_checkpointing: bool = False
+    # auto | true | false. auto: on when the planner (jobs/plan.py) finds the learner's activations at its token
+    # budget would not fit its GPU without it; resolved to true/false once at load (off on CPU-only runs, where
+    # nothing is planned). Recomputing each layer in the backward costs one more forward pass.
+    gradient_checkpointing: str = "auto"
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
@@ -314,6 +317,10 @@ class RayConfig:
     # One placement group per run holds a bundle per engine and learner rank (cluster/placement.py).
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     placement_timeout_s: float = 120.0  # the cluster must hold the whole placement group within this
+    # Memory of each GPU the run is placed on, in GiB (jobs/plan.py): a plan whose engines and learner ranks
+    # would hold more than 0.9 of it on any GPU is refused at load. 0 = the local GPU's when torch sees one, else
+    # nothing is checked (CPU runs, or a driver without a GPU: declare it then).
+    gpu_memory_gb: float = 0.0
 
 
 @dataclass

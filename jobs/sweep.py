@@ -26,6 +26,8 @@ from ray.tune import PlacementGroupFactory
 
 from cluster.connect import ConnectError, connect
 from jobs.config import load_config
+from jobs.plan import make_plan
+from jobs.plan_report import format_plan
 from jobs.resources import arithmetic, trial_bundles
 from jobs.sweep_spec import (
     WHERE,
@@ -162,7 +164,9 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
         sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
         print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
               f"{trial_resources(setup, {'grid': cell}).bundles}")
-        print(f"  {arithmetic(trial_config(setup, {'grid': cell}, f'{setup.name}_resources'), dict(setup.driver))}")
+        cfg = trial_config(setup, {"grid": cell}, f"{setup.name}_resources")
+        print(f"  {arithmetic(cfg, dict(setup.driver))}")
+        print("  " + format_plan(cfg, make_plan(cfg)).replace("\n", "\n  "))
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
           f"runs in {setup.out_dir}")
 
@@ -187,14 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="sweep YAML (jobs/configs/sweeps/*.yaml)")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep")
-    parser.add_argument("--dry-run", action="store_true", help="validate, print every cell's bundles, exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate, print every cell's bundles and memory plan per GPU, exit")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --dry-run: the scaling tables (docs/scaling.md) instead of the per-cell plans")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
     args = parser.parse_intermixed_args(argv)
     try:
         spec = load_sweep(args.config, args.overrides)
         all_cells = validate(spec)
         if args.dry_run:
-            _dry_run(spec, all_cells)
+            if args.markdown:
+                from jobs.scaling import scaling_markdown
+
+                print(scaling_markdown(spec, all_cells), end="")
+            else:
+                _dry_run(spec, all_cells)
             return 0
         results = run_sweep(spec, args.resume)
     except (SweepError, ConnectError) as e:

@@ -165,16 +165,32 @@ def _install_stop_handler() -> None:
         signal.signal(signal.SIGTERM, _raise)
 
 
+def _print_plan(cfg: Any) -> int:
+    from jobs.plan import make_plan
+    from jobs.plan_report import format_plan
+
+    try:
+        plan = make_plan(cfg)
+    except ValueError as e:  # a model the planner cannot size
+        raise ConfigError(f"config: {e}") from None
+    print(format_plan(cfg, plan))
+    return 0 if plan.fits() else EXIT_CONFIG
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 2 config error (or a cluster that does not answer, or resources it cannot hold),
     3 model/data error, 4 training failure, 143 stopped by SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (jobs/configs/*.yaml)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory plan per GPU and the step-time estimates, exit (2 if it does not fit)")
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, check_plan=not args.plan)
+        if args.plan:
+            return _print_plan(cfg)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_CONFIG

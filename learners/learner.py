@@ -61,7 +61,9 @@ class Learner:
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
         self.model = load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
-        if learner.gradient_checkpointing:  # non-reentrant: per-role gradients use torch.autograd.grad
+        # Resolved to "true"/"false" at config load (auto: by the memory plan). Non-reentrant: per-role gradients
+        # use torch.autograd.grad.
+        if str(learner.gradient_checkpointing).lower() == "true":
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),

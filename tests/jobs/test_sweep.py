@@ -12,8 +12,10 @@ import pytest
 from ray import tune
 
 from jobs import sweep
+from jobs.plan import make_plan
 from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
 from jobs.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
+from learners.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "jobs/configs/sweeps/tiny_matrix.yaml"
@@ -97,8 +99,11 @@ def test_paper_matrix_fits_two_gpus_per_trial():
     setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
     gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
     assert len(some) == 14 and 0 < min(gpus) and max(gpus) <= 2.0
-    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone.
-    assert (min(gpus), max(gpus)) == (0.5, 1.0)
+    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone: half a GPU
+    # for the engine and for each policy's rank (the memory plan's packing, docs/scaling.md).
+    assert (min(gpus), max(gpus)) == (1.0, 2.0)
+    plans = [make_plan(trial_config(setup, {"grid": c}, "p")) for c in some]
+    assert all(p.fits() and p.memory == 80 * GIB for p in plans)  # every 4B cell fits an 80 GB GPU
     cfg = trial_config(setup, {"grid": some[-1]}, "p")
     assert cfg.rollout.lora_serving == "multi" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
     assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.learner.optim.lr, cfg.learner.optim.warmup_steps,
@@ -249,6 +254,7 @@ def test_cli_dry_run_and_exit_codes(tmp_path):
 
     out = run("--config", str(TINY), "--dry-run")
     assert out.returncode == 0 and "4 cells x 1 samples" in out.stdout
+    assert out.stdout.count("plan: no GPU memory declared") == 4  # every cell's plan, on CPU not checked
     assert "[marl.workflow=voting, marl.sharing=isolated] bundles [{'CPU': 0.5}, {'CPU': 0.25}" in out.stdout
     bad = run("--config", _sweep_file(tmp_path, "grid:\n  marl.workflow: [voting, chain]\n"), "--dry-run")
     assert bad.returncode == 2 and "marl.workflow=chain" in bad.stderr

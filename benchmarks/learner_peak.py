@@ -1,0 +1,109 @@
+"""The CPU learner's measured peak against the planner's estimate (learners/memory.py), at a few shapes of a
+Qwen3-shaped body with Qwen3's real vocabulary: one `Learner.update` (fp32, full fine-tuning, the whole batch
+one micro-batch, role diagnostics off), its peak RSS above the loaded model's, next to the estimate of the
+terms that rise during the update (gradients, optimizer state, activations, logits).
+
+`python -m benchmarks.learner_peak` prints the table; each shape runs in a fresh subprocess (`--one`), so one
+shape's allocations do not hide another's. Run it under the heavy lock: the largest default shape peaks near 2 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from jobs.model_shape import shape_of
+from learners.memory import LearnerSetup, ModelShape, learner_memory
+
+# A Qwen3-shaped body small enough for CPU (2 layers, hidden 64), the real vocabulary: the logits dominate.
+MODEL = ("builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=192&heads=4&kv_heads=2"
+         "&head_dim=32")
+SHAPES = ((1, 1024), (4, 1024), (8, 2048))  # rows x tokens per row
+PROMPT = 64  # prompt tokens per row (the rest is response)
+CHUNK = 1024  # learner.logits_chunk_tokens, its default
+
+
+def setup_of(rows: int, width: int, checkpointing: bool, chunk: int) -> LearnerSetup:
+    return LearnerSetup(tokens=rows * width, lora_rank=0, zero_stage=0, ranks=1,
+                        checkpointing=checkpointing, logits_chunk=chunk, role_rows=0, device="cpu")
+
+
+def estimate(shape: ModelShape, setup: LearnerSetup) -> float:
+    """Bytes the update adds over the loaded model: all terms but the weights."""
+    m = learner_memory(shape, setup)
+    return m.total() - m.weights
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[str, float]:
+    """In this process: build the body, one update, the peak RSS rise over the loaded learner (bytes)."""
+    import torch
+
+    from jobs.config import load_config
+    from jobs.models import resolve_model
+    from learners.batch import TrainBatch
+    from learners.learner import Learner
+    from learners.losses import local_normalizer
+    from learners.member import LearnerSpec
+    from learners.ppo_plan import UpdatePlan
+
+    torch.set_num_threads(1)
+    overrides = ["model.dtype=float32", "model.lora.enabled=false", "learner.role_grad_diagnostics=false",
+                 f"learner.micro_batch_size={rows}", f"learner.gradient_checkpointing={checkpointing}",
+                 f"learner.logits_chunk_tokens={chunk}", f"model.path={MODEL}"]
+    cfg = load_config("jobs/configs/tiny.yaml", overrides)
+    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model(MODEL), model=cfg.model,
+                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, shape_of(MODEL).vocab, (rows, width), generator=gen)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, PROMPT:] = True
+    batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
+                       rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
+                       rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
+    with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS (Linux)
+        f.write("5")
+    before = _rss_kib("VmRSS:")
+    learner.update(batch.to_dict(), UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean")))
+    return {"measured": (_rss_kib("VmHWM:") - before) * 1024.0}
+
+
+def measure(rows: int, width: int, checkpointing: bool = False, chunk: int = CHUNK) -> dict[str, float]:
+    """One shape in a fresh subprocess: {measured, estimate} bytes."""
+    args = [sys.executable, "-m", "benchmarks.learner_peak", "--one", f"{rows}x{width}"]
+    args += ["--checkpointing"] * checkpointing + ["--chunk", str(chunk)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=True)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["measured"]
+    return {"measured": measured, "estimate": estimate(shape_of(MODEL), setup_of(rows, width, checkpointing, chunk))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learner_peak", description=__doc__.splitlines()[0])
+    parser.add_argument("--one", help="ROWSxWIDTH: measure one shape in this process, print JSON")
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="learner.logits_chunk_tokens (0: the full logits)")
+    args = parser.parse_args(argv)
+    if args.one:
+        rows, width = (int(x) for x in args.one.split("x"))
+        print(json.dumps(measure_one(rows, width, args.checkpointing, args.chunk)))
+        return 0
+    print(f"{MODEL}, learner.logits_chunk_tokens={args.chunk}")
+    print(f"{'shape':>10} {'ckpt':>5} {'measured MB':>12} {'estimate MB':>12} {'est/meas':>9}")
+    for rows, width in SHAPES:
+        for ckpt in (False, True):
+            r = measure(rows, width, ckpt, args.chunk)
+            print(f"{rows}x{width:<8} {ckpt!s:>5} {r['measured'] / 1e6:12.1f} {r['estimate'] / 1e6:12.1f} "
+                  f"{r['estimate'] / r['measured']:9.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The learner's memory model: how many bytes one learner rank holds at its peak, term by term, from a model's
+shape and the learner's settings. Pure arithmetic (no torch), read by the planner (jobs/plan.py).
+
+Two devices, two sets of coefficients:
+- `gpu`: DeepSpeed in bf16 with flash-attention (padding-free), the paper's setting. Model states follow
+  DeepSpeed's own `estimate_zero2/3_model_states_mem_needs`; activations and logits are estimates from the
+  formulas (Korthikanti et al. 2022 without the attention-score term flash-attention removes), uncalibrated until
+  a GPU run measures them.
+- `cpu`: the torch backend in fp32 with eager/sdpa attention (the CPU stand-in). Its activation and logits
+  coefficients are calibrated against peaks measured on this project's CPU learner
+  (tests/learners/test_memory_calibration.py, benchmarks/README.md).
+
+Every size is in bytes; `tokens` are the positions of one micro-batch on one rank (rows × padded width).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Llama/Qwen3 layout: GQA attention, gated MLP, tied or untied LM head)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = True
+
+    def layer_params(self) -> int:
+        """Weights of one decoder layer: q/k/v/o projections, gate/up/down, two norms (q/k norms ignored)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    def params(self) -> int:
+        """All weights: layers, embedding (and an untied LM head), final norm."""
+        embed = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * self.layer_params() + embed + self.hidden
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA on every linear layer of the decoder (peft's all-linear leaves the LM head out):
+        r·L·(7h + 2·n_q·d + 2·n_kv·d + 3I)."""
+        h, d = self.hidden, self.head_dim
+        return rank * self.layers * (7 * h + 2 * self.heads * d + 2 * self.kv_heads * d + 3 * self.intermediate)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """The KV cache of one token in an engine: 2 (K and V) · L · n_kv · d · dtype bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def flops_per_token(self) -> int:
+        """Forward FLOPs of one token through the matmuls (2 per weight, the LM head included), no attention."""
+        return 2 * (self.layers * self.layer_params() + self.vocab * self.hidden)
+
+
+@dataclass(frozen=True)
+class LearnerSetup:
+    """What a rank's memory depends on besides the model's shape."""
+
+    tokens: int  # positions of one micro-batch (rows × padded width); its loss positions are at most these
+    lora_rank: int  # 0 = full fine-tuning
+    zero_stage: int  # 0 = the torch backend (no ZeRO), else DeepSpeed's stage
+    ranks: int  # data-parallel ranks of the policy (ZeRO partitions over them)
+    checkpointing: bool
+    logits_chunk: int  # positions per LM-head chunk; 0 = the whole [tokens, V] logits at once
+    role_rows: int  # rows of the per-role gradient buffer ([roles × trainable params], fp32); 0 = off
+    device: str  # gpu | cpu
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """One rank's peak, by term (bytes)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    role_grads: float
+    activations: float
+    logits: float
+    runtime: float
+
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+# GPU, bf16 + flash-attention: estimates from the formulas (docs/scaling.md states them), uncalibrated.
+GPU_ACT_PER_TOKEN_LAYER = (8, 6, 8)  # bytes ≈ 8h + 6(n_q + n_kv)d + 8I per token and layer
+GPU_LOGITS_WHOLE = 16.0  # bytes per position × vocab entry, a window kept whole: bf16 logits, fp32 copy, log-softmax,
+#                          fp32 and bf16 gradients
+GPU_LOGITS_CHUNK = 12.0  # per chunk position × vocab entry: fp32 logits, their exp, their gradient
+GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers, allocator slack of one learner process (estimate)
+# CPU, fp32 + sdpa (its CPU flash kernel stores no attention scores): calibrated against this project's CPU
+# learner (benchmarks/learner_peak.py, tests/learners/test_memory_calibration.py; benchmarks/README.md).
+CPU_ACT_SCALE = 2.0  # fp32 stores every activation at twice bf16's bytes
+CPU_LOGITS_FULL = 13.5  # the model's own [T, V] logits (learner.logits_chunk_tokens=0): 12.4-14.3 measured
+CPU_LOGITS_WINDOW = 19.0  # a loss window within one chunk, kept for backward whole: 19.3 measured
+CPU_LOGITS_CHUNK = 12.0  # a window of several chunks, each recomputed in backward
+CPU_RUNTIME = 0.0  # the calibration measures the rise over the loaded model
+
+
+def activation_bytes_per_token_layer(s: ModelShape) -> int:
+    """Bytes one token leaves saved in one layer for the backward, bf16 with flash-attention (estimate)."""
+    a, b, c = GPU_ACT_PER_TOKEN_LAYER
+    return a * s.hidden + b * (s.heads + s.kv_heads) * s.head_dim + c * s.intermediate
+
+
+def activations(s: ModelShape, setup: LearnerSetup) -> float:
+    """Saved activations of one micro-batch's forward. Checkpointing keeps each layer's input (2h bytes per token,
+    bf16) and recomputes one layer at a time in the backward, so the peak holds one layer's full activations.
+    CPU: fp32 doubles every term."""
+    scale = CPU_ACT_SCALE if setup.device == "cpu" else 1.0
+    per_layer = activation_bytes_per_token_layer(s) * setup.tokens * scale
+    if not setup.checkpointing:
+        return s.layers * per_layer
+    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer
+
+
+def logits(s: ModelShape, setup: LearnerSetup) -> float:
+    """The LM head's peak: one chunk's vocabulary-wide tensors when the loss window spans several chunks (each
+    recomputed in backward), else the whole window's (learner.logits_chunk_tokens=0: the model's own logits)."""
+    gpu = setup.device == "gpu"
+    if setup.logits_chunk and setup.tokens > setup.logits_chunk:
+        return (GPU_LOGITS_CHUNK if gpu else CPU_LOGITS_CHUNK) * setup.logits_chunk * s.vocab
+    whole = GPU_LOGITS_WHOLE if gpu else CPU_LOGITS_WINDOW if setup.logits_chunk else CPU_LOGITS_FULL
+    return whole * setup.tokens * s.vocab
+
+
+def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, role-gradient buffer) bytes of one rank.
+
+    DeepSpeed bf16 (DeepSpeed's estimator): ZeRO-2 holds the bf16 weights whole and partitions 18 bytes per
+    trainable parameter over N ranks (bf16 + fp32 gradients 6, fp32 master + Adam m, v 12); ZeRO-3 partitions the
+    weights too and gathers the largest layer (4 bytes per its parameter). LoRA: the frozen base is bf16 weights
+    alone. Torch backend fp32: 4 bytes weights, 4 gradients, 8 Adam per trainable parameter, nothing partitioned."""
+    total = s.params()
+    trainable = s.lora_params(setup.lora_rank) if setup.lora_rank else total
+    frozen = total if setup.lora_rank else 0
+    role_grads = 4.0 * trainable * setup.role_rows
+    if setup.zero_stage == 0:
+        return 4.0 * (frozen + trainable), 4.0 * trainable, 8.0 * trainable, role_grads
+    n = max(setup.ranks, 1)
+    weight_bytes = 2.0 if setup.device == "gpu" else 4.0
+    weights = weight_bytes * (frozen + trainable)
+    if setup.zero_stage == 3:
+        weights = weights / n + 4.0 * s.layer_params()
+    return weights, 6.0 * trainable / n, 12.0 * trainable / n, role_grads
+
+
+def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
+    """One rank's peak during a micro-batch's forward and backward, term by term."""
+    weights, grads, optim, role_grads = model_states(s, setup)
+    return LearnerMemory(weights=weights, gradients=grads, optimizer=optim, role_grads=role_grads,
+                         activations=activations(s, setup), logits=logits(s, setup),
+                         runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME)

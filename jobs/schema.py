@@ -68,7 +68,8 @@ class DataConfig:
     # prompt. Above it a generated train set drops those prompts; any other train source is an input error
     # (exit 3). 1.0 = no check.
     max_overlap: float = 0.0
-    # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
+    # math only: "none" (strict, as the paper: the last \boxed{} or nothing) or "last_number" (lenient, for small
+    # models: then GSM8K's "#### N", then the last number in the text)
     answer_fallback: str = "none"
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 

@@ -92,7 +92,7 @@ _POSITIVE = (
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
-    "data.sandbox.workers", "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
+    "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
     "ray.connect_timeout_s",
 )
 _NON_NEGATIVE = (
@@ -134,6 +134,7 @@ def validate(cfg: Any) -> None:
     _check_serving(cfg)
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
+    _check_data_fidelity(cfg)
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
     _check_policies(cfg)
@@ -227,6 +228,14 @@ def _check_learner_options(cfg: Any) -> None:
         raise ConfigError(f"config: learner.deepspeed.zero_stage must be 2 or 3; got {ds.zero_stage}")
     if ds.offload_param and ds.zero_stage != 3:
         raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
+
+
+def _check_data_fidelity(cfg: Any) -> None:
+    """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive."""
+    for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
+                              f"got {OmegaConf.select(cfg, key)!r}")
 
 
 def _check_checkpoint(cfg: Any) -> None:

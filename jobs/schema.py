@@ -39,12 +39,16 @@ class ModelConfig:
 class SandboxConfig:
     # code only: limits of one sandboxed execution of an answer's tests (marl.tasks.sandbox.SandboxLimits)
     timeout_s: float = 10.0  # wall clock for all of one answer's tests, start-up included
+    # The paper's per-test rule: with t > 0, an answer with n tests gets min((t + 1)·n + 5, timeout_s) seconds
+    # (timeout_s is then the cap), so long test suites are not cut short by a limit sized for short ones. 0 = off.
+    timeout_per_test_s: float = 0.0
     memory_mb: int = 1024  # address space (RLIMIT_AS)
     max_output_bytes: int = 1048576  # stdout + stderr (and each stdin/stdout case's output)
     file_size_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
     max_processes: int = 4  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
     site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
-    workers: int = 2  # executions at once (each a thread driving one child process)
+    # Executions at once (each a thread driving one child process); 0 = one per CPU the scoring process may use.
+    workers: int = 0
 
 
 @dataclass

@@ -41,6 +41,8 @@ def test_loaded_config_is_frozen():
         ("rollout.bogus=1", "rollout.bogus"),
         ("steps=abc", "steps"),
         ("steps=0", "steps"),
+        ("data.sandbox.workers=-1", "data.sandbox.workers"),
+        ("data.sandbox.timeout_per_test_s=-6", "data.sandbox.timeout_per_test_s"),
         ("marl.workflow=debate", "marl.workflow"),
         ("rollout.sampling.top_p=1.5", "rollout.sampling.top_p"),
         ("algo.group_by=[task,colour]", "algo.group_by"),

@@ -231,7 +231,11 @@ def _check_learner_options(cfg: Any) -> None:
 
 
 def _check_data_fidelity(cfg: Any) -> None:
-    """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive."""
+    """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive; the whole eval split
+    exists only for a listing source."""
+    if cfg.data.eval_full and is_generated(cfg.data.eval):
+        raise ConfigError(f"config: data.eval_full evaluates every row of a listing source; data.eval="
+                          f"{cfg.data.eval} generates tasks: set data.eval_full=false")
     for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "

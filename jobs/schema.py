@@ -68,6 +68,10 @@ class DataConfig:
     # Seed of the eval draw (a seeded cut of a file, or a generator's seed), apart from the run's `seed`, so the
     # cells of a study that differ only in their seed are evaluated on the same tasks.
     eval_seed: int = 0
+    # true: the final weights and the peak checkpoint's (the best on the eval_size draw) are also evaluated on
+    # every row of data.eval at the end of the run (eval/full/accuracy, eval/full/peak_accuracy), as the paper
+    # reports its whole held-out split; periodic evaluation stays on the draw. A listing source only.
+    eval_full: bool = False
     # Largest fraction of the eval tasks whose prompt (lowercased, whitespace collapsed) may also be a train
     # prompt. Above it a generated train set drops those prompts; any other train source is an input error
     # (exit 3). 1.0 = no check.

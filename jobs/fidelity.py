@@ -175,7 +175,8 @@ def render(rows: list[Row], configs: dict[Cell, Any]) -> str:
                   row.notes)
         lines.append("| " + " | ".join(cell(f) for f in fields) + " |")
     lines += ["", "## What differs", ""]
-    lines += [f"- **{row.what}** ({mark}): the paper: {row.paper}; here: {config_column(row, configs)}"
+    lines += [f"- **{row.what}** ({mark}): the paper: {row.paper}; here: "
+              f"{config_column(row, configs).replace('<br>', ', ')}"
               + (f"; {' '.join(row.notes.split())}" if row.notes else "")
               for row, mark in zip(rows, statuses, strict=True) if mark != STATUS["same"]]
     return "\n".join(lines) + "\n"

@@ -203,8 +203,9 @@ class OptimConfig:
     # same total (a policy taking K mini-batches per step runs its schedule K times faster); update_call = one
     # scheduler driven by every policy's update call, as verl steps its scheduler once per update_actor call and
     # the paper's stack calls update_actor once per role under isolated policies [R], from one actor [I]: with P
-    # policies, policy p (its position in the policy map) updates at training step t with the schedule at
-    # t·P + p, so each schedule runs P times faster (isolated orch_workers: 3x; shared: 1x, the same as step).
+    # policies, policy p (its position in the policy map; the stack's order is its roles' first rows in the
+    # step's batch) updates at training step t with the schedule at t·P + p, so each schedule runs P times
+    # faster (isolated orch_workers: 3x; shared: 1x, the same as step).
     schedule_unit: str = "step"
     # true: verl's warmup, lr 0 at step 0 rising linearly to the full lr at step warmup_steps
     # (torch_functional.get_cosine_schedule_with_warmup, init_lr_ratio 0: factor s / warmup); false: step 0

@@ -73,7 +73,7 @@ _CHOICES: dict[str, Collection[str]] = {
     "algo.kl_estimator": KL_ESTIMATORS,
     "learner.backend": BACKENDS,
     "learner.optim.schedule": ("cosine", "constant"),
-    "learner.optim.schedule_unit": ("step", "optimizer_step"),
+    "learner.optim.schedule_unit": ("step", "optimizer_step", "update_call"),
     "learner.concurrent_updates": ("auto", "true", "false"),
     "algo.old_logprobs": ("recompute", "rollout"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -134,6 +134,7 @@ def validate(cfg: Any) -> None:
     _check_serving(cfg)
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
+    _check_verl_update_details(cfg)
     _check_data_fidelity(cfg)
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
@@ -228,6 +229,16 @@ def _check_learner_options(cfg: Any) -> None:
         raise ConfigError(f"config: learner.deepspeed.zero_stage must be 2 or 3; got {ds.zero_stage}")
     if ds.offload_param and ds.zero_stage != 3:
         raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
+
+
+def _check_verl_update_details(cfg: Any) -> None:
+    """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the log-ratio clamp
+    is a magnitude."""
+    c = cfg.algo.dual_clip_c
+    if c != 0 and not c > 1:
+        raise ConfigError(f"config: algo.dual_clip_c must be 0 (off) or > 1; got {c!r}")
+    if not cfg.algo.log_ratio_clamp >= 0:
+        raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
 
 
 def _check_data_fidelity(cfg: Any) -> None:

@@ -185,6 +185,17 @@ class AlgoConfig:
     # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
     # (on top of kl_coef), to hold back one drifting role without slowing the others. {} = off.
     kl_anchor_roles: dict[str, float] = field(default_factory=dict)
+    # verl 0.6.1's update details (the paper's stack), each off by default. dual_clip_c: dual-clip PPO for negative
+    # advantages, the loss of a token with A < 0 capped at -A·c however far its ratio runs above c (verl
+    # core_algos.compute_policy_loss_vanilla, clip_ratio_c, 3.0 by default there; must be > 1). 0 = off.
+    dual_clip_c: float = 0.0
+    # Clamp of log(π/π_old) to [-c, c] before exp, against overflow on rows far off-policy (verl clamps the same
+    # negative_approx_kl at ±20). 0 = off.
+    log_ratio_clamp: float = 0.0
+    # true: each rank shuffles its rows (seeded per step, rank and epoch) before cutting them into mini-batches.
+    # false: verl's in-order split (dp_actor.update_policy: data.split(ppo_mini_batch_size), no shuffle), the rows
+    # in the order the batch holds them (episodes in order, turns in order); the chunk sizes are the same.
+    minibatch_shuffle: bool = True
 
 
 @dataclass
@@ -198,9 +209,22 @@ class OptimConfig:
     grad_clip: float = 1.0
     # What warmup_steps and the cosine decay count: step = training steps (every policy's schedule advances
     # once per step, whatever its optimizer steps); optimizer_step = each optimizer step advances it, over the
-    # same total (as a stack that steps its scheduler per update call: a policy taking K mini-batches per step
-    # runs its schedule K times faster).
+    # same total (a policy taking K mini-batches per step runs its schedule K times faster); update_call = one
+    # scheduler driven by every policy's update call, as verl steps its scheduler once per update_actor call and
+    # the paper's stack calls update_actor once per role under isolated policies [R], from one actor [I]: with P
+    # policies, policy p (its position in the policy map; the stack's order is its roles' first rows in the
+    # step's batch) updates at training step t with the schedule at t·P + p, so each schedule runs P times
+    # faster (isolated orch_workers: 3x; shared: 1x, the same as step).
     schedule_unit: str = "step"
+    # true: verl's warmup, lr 0 at step 0 rising linearly to the full lr at step warmup_steps
+    # (torch_functional.get_cosine_schedule_with_warmup, init_lr_ratio 0: factor s / warmup); false: step 0
+    # already trains at lr / warmup_steps and the full lr comes at step warmup_steps - 1.
+    warmup_start_zero: bool = False
+    # true: the cosine reaches min_lr_ratio at the run's last step and stays there. false: verl's cosine,
+    # decaying over steps - warmup_steps (min_lr_ratio one step past the last) and not clamped, so a schedule
+    # run past its end (schedule_unit=optimizer_step or update_call) climbs back towards the full lr, reaching it
+    # again at warmup + 2·(steps - warmup): one candidate explanation for late isolated-policy cliffs [I].
+    cosine_clamp: bool = True
 
 
 @dataclass

@@ -7,7 +7,8 @@ micro-batches sum to the mini-batch loss), gradients are summed across ranks, cl
 how, is the rank's `backend` (learners/backends.py: plain torch or DeepSpeed, by `learner.backend`). The PPO ratio
 is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
-LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`).
+LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
+learners/schedule.py maps update_call's shared schedule onto the training step).
 
 bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
@@ -35,10 +36,10 @@ from learners.batch import TrainBatch
 from learners.losses import entropy_from_logits, response_start, token_logprobs
 from learners.member import LearnerSpec
 from learners.mitigations import uses_kl
-from learners.policy_loss import policy_loss
+from learners.policy_loss import add_diagnostics, policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
-from learners.schedule import lr_factor
+from learners.schedule import lr_lambda
 from learners.weights import DTYPES, export_hf, is_lora, load_policy_model, serving_adapter, serving_weights
 
 
@@ -65,7 +66,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
                                            weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
+            self.optimizer, lr_lambda(opt, spec.total_steps, spec.num_policies, spec.policy_index))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
         self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora).eval().requires_grad_(False)
                           if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
@@ -96,6 +97,8 @@ class Learner:
         data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
+        if plan.metric_rows is not None:
+            self._skipped_row_metrics(data, plan.metric_rows, sums)
         per_step = []
         for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
             mb = data.select(data.longest_first(rows))
@@ -104,7 +107,7 @@ class Learner:
             per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
-        if self.cfg.optim.schedule_unit == "step":
+        if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
             self.scheduler.step()
         self.step += 1
         self.backend.after_update()
@@ -173,6 +176,26 @@ class Learner:
             logits, s = self._response_logits(mb)
             old[torch.tensor(chunks[j]), 1 + s:mb.input_ids.shape[1]] = token_logprobs(logits, mb.input_ids[:, 1 + s:])
         return dataclasses.replace(data, old_logprobs=old)
+
+    @torch.no_grad()
+    def _skipped_row_metrics(self, data: TrainBatch, rows: list[int], sums: dict[str, float]) -> None:
+        """Add the diagnostics (learners.policy_loss.add_diagnostics, and the tokens the clip fraction counts) of
+        the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
+        per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
+        exactly zero)."""
+        order = data.longest_first(rows)
+        chunks = [order[i:i + self.cfg.micro_batch_size] for i in range(0, len(order), self.cfg.micro_batch_size)]
+        for j in range(self.backend.matched_passes(len(chunks))):
+            if j >= len(chunks):
+                self._idle_loss()
+                continue
+            mb = data.select(chunks[j])
+            logits, s = self._response_logits(mb)
+            lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))
+            entropy = F.pad(entropy_from_logits(logits), (s, 0))
+            mask = mb.loss_mask[:, 1:]
+            add_diagnostics(sums, lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles)
+            sums["tokens"] += float(mask.sum())
 
     def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
         """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V], through the backend's runner

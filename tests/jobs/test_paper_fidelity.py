@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from omegaconf import OmegaConf
 
 from jobs import fidelity
 from jobs.fidelity import Row, load_rows, matrix_configs, render, row_problem, status
@@ -39,6 +40,14 @@ def test_every_row_cites_its_source_and_a_keyless_row_says_why(rows):
             "data.eval_full"} <= {k for r in rows for k in (r.config or {})}
 
 
+def test_every_key_the_table_names_is_a_config_key(rows, configs):
+    cfg = next(iter(configs.values()))
+    for row in rows:
+        for key in [*(row.config or {}), *row.keys]:
+            assert OmegaConf.select(cfg, key, default=MISSING_KEY) is not MISSING_KEY, f"{row.what}: {key}"
+
+
+MISSING_KEY = object()
 BASE = Row(what="steps", paper="500", tag="[R]", section="§3", cells="all", notes="", config={"steps": 500})
 
 

@@ -69,6 +69,7 @@ def test_the_whole_split_is_loaded_beside_the_draw(tmp_path):
         load_config(None, [*base, "data.eval=digit", "data.eval_full=true"])
 
 
+@pytest.mark.slow
 def test_a_run_ends_with_the_whole_split_evaluated(ray_cluster, tmp_path):
     from jobs.tracking import read_metrics
     from jobs.train import train

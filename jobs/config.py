@@ -84,7 +84,7 @@ _CHOICES: dict[str, Collection[str]] = {
     "algo.kl_estimator": KL_ESTIMATORS,
     "learner.backend": BACKENDS,
     "learner.optim.schedule": ("cosine", "constant"),
-    "learner.optim.schedule_unit": ("step", "optimizer_step"),
+    "learner.optim.schedule_unit": ("step", "optimizer_step", "update_call"),
     "learner.concurrent_updates": ("auto", "true", "false"),
     "learner.gradient_checkpointing": ("auto", "true", "false"),
     "algo.old_logprobs": ("recompute", "rollout"),
@@ -104,7 +104,7 @@ _POSITIVE = (
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
     "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
-    "data.sandbox.workers", "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
+    "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
     "ray.connect_timeout_s",
 )
 _NON_NEGATIVE = (
@@ -148,6 +148,8 @@ def validate(cfg: Any) -> None:
     _check_serving(cfg)
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
+    _check_verl_update_details(cfg)
+    _check_data_fidelity(cfg)
     _check_tracking(cfg)
     _check_reward_shaping(cfg)
     _check_policies(cfg)
@@ -241,6 +243,28 @@ def _check_learner_options(cfg: Any) -> None:
         raise ConfigError(f"config: learner.deepspeed.zero_stage must be 2 or 3; got {ds.zero_stage}")
     if ds.offload_param and ds.zero_stage != 3:
         raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
+
+
+def _check_verl_update_details(cfg: Any) -> None:
+    """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the log-ratio clamp
+    is a magnitude."""
+    c = cfg.algo.dual_clip_c
+    if c != 0 and not c > 1:
+        raise ConfigError(f"config: algo.dual_clip_c must be 0 (off) or > 1; got {c!r}")
+    if not cfg.algo.log_ratio_clamp >= 0:
+        raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
+
+
+def _check_data_fidelity(cfg: Any) -> None:
+    """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive; the whole eval split
+    exists only for a listing source."""
+    if cfg.data.eval_full and is_generated(cfg.data.eval):
+        raise ConfigError(f"config: data.eval_full evaluates every row of a listing source; data.eval="
+                          f"{cfg.data.eval} generates tasks: set data.eval_full=false")
+    for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
+                              f"got {OmegaConf.select(cfg, key)!r}")
 
 
 def _check_checkpoint(cfg: Any) -> None:

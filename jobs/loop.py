@@ -20,6 +20,7 @@ from cluster.group import GroupError
 from jobs import checkpoint as ckpt
 from jobs.checkpoint import Progress
 from jobs.config import to_yaml
+from jobs.full_eval import full_evaluation
 from jobs.step import RolloutSource, train_step
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
@@ -58,6 +59,7 @@ class Inputs:
     policy_map: PolicyMap
     pad_ids: dict[str, int]  # policy -> its tokenizer's pad id
     data_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # data/*, logged with step 0
+    full_eval_tasks: list[Task] = dataclasses.field(default_factory=list)  # the whole split (data.eval_full)
 
 
 @dataclass
@@ -117,9 +119,11 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
                 break
         final = timed_evaluate(system, cfg, run.inp.eval_tasks)
         acc_after = final["eval/accuracy"]
-        run.log.log(cfg.steps, final)
         for pid, learner in system.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
+        if run.inp.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
+            final.update(_evaluate_whole_split(run, system, acc_after))
+        run.log.log(cfg.steps, final)
     except StopRequested:
         _checkpoint_on_stop(run, system)
         raise
@@ -129,7 +133,18 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
     finally:
         system.shutdown()
     return {"eval/accuracy_before": run.progress.acc_before, "eval/accuracy_after": acc_after,
-            "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics()}
+            "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics(),
+            **{k: v for k, v in final.items() if k.startswith("eval/full/")}}
+
+
+def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) -> dict[str, float]:
+    """The final weights, then the peak checkpoint's, on every held-out task (jobs/full_eval.py)."""
+    def restore(folder: Path) -> None:
+        _load_learners(system, folder)
+        system.sync(version=run.progress.weight_version + 1)
+
+    return full_evaluation(run.inp.full_eval_tasks, lambda tasks: evaluate(system, run.cfg, tasks), run.cfg.steps,
+                           final_accuracy, run.root, restore)
 
 
 def _fresh_start(run: RunState, system: System) -> None:

@@ -17,7 +17,12 @@ with nothing dropped splits exactly as it would there.
 
 --src: a .parquet / .arrow / .jsonl / .json file, or a folder as `huggingface-cli download` or `save_to_disk`
 leaves it (every *.parquet under it, else *.arrow, else *.jsonl; of a folder with split-named files only the
-`--split` ones). A folder holding several configs (all/, cn/, en/) must be narrowed to one. Never downloads.
+`--split` ones). Of a folder holding configs (all/, cn/, en/) only `--config`'s are read: the paper's, `en` for
+math and `primeintellect` for code, by default. Never downloads.
+
+--tokenizer M --max-prompt-tokens N: after the split, drop every problem whose prompt (one user turn of M's chat
+template) is over N tokens, as the paper's stack filters over-long prompts before training, and print how many
+each split lost. Without them nothing is measured.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from marl.tasks.data import read_rows, row_problem
 from marl.tasks.overlap import normalise_prompt
 
 NAMES = {"math": "dapo_math_17k", "code": "deepcoder"}
+CONFIGS = {"math": "en", "code": "primeintellect"}  # the paper's config of each source (DAPO-Math-17k: ~14.1k en)
 COLUMNS = {"math": ("id", "prompt", "answer"), "code": ("id", "prompt", "tests")}
 SPLITS = ("train", "test", "validation", "valid", "dev")
 SHARD = re.compile(r"^(?P<split>[A-Za-z]+)-\d+-of-\d+$")  # HF shard names: train-00000-of-00003
@@ -56,8 +62,9 @@ def split_of(path: Path, src: Path) -> str | None:
     return next((p for p in path.relative_to(src).parts[:-1] if p in SPLITS), None)
 
 
-def source_files(src: Path, split: str) -> list[Path]:
-    """The data files of `src` (a file, or a folder's files of one config and split), sorted."""
+def source_files(src: Path, split: str, config: str = "") -> list[Path]:
+    """The data files of `src` (a file, or a folder's files of one config and split), sorted. A folder of several
+    configs is narrowed to `config`."""
     if src.is_file():
         return [src]
     if not src.is_dir():
@@ -75,10 +82,22 @@ def source_files(src: Path, split: str) -> list[Path]:
         files = [p for p in files if split_of(p, src) == split]
         if not files:
             raise ValueError(f"--src {src} has the splits {', '.join(sorted(found))}, not --split {split}")
-    configs = {p.relative_to(src).parts[0] for p in files if len(p.relative_to(src).parts) > 1
-               and p.relative_to(src).parts[0] not in (*SPLITS, "data")}
+    return _of_config(files, src, config)
+
+
+def _of_config(files: list[Path], src: Path, config: str) -> list[Path]:
+    """`files` of the config folder `config`, when `src` holds config folders; all of them when it holds one
+    config or none."""
+    def config_of(p: Path) -> str | None:
+        parts = p.relative_to(src).parts
+        return parts[0] if len(parts) > 1 and parts[0] not in (*SPLITS, "data") else None
+
+    configs = {c for c in map(config_of, files) if c is not None}
+    if config and config in configs:
+        return [p for p in files if config_of(p) == config]
     if len(configs) > 1:
-        raise ValueError(f"--src {src} holds several configs ({', '.join(sorted(configs))}): point --src at one")
+        raise ValueError(f"--src {src} holds several configs ({', '.join(sorted(configs))}), not --config "
+                         f"{config or '(none)'}: name one")
     return files
 
 
@@ -172,44 +191,92 @@ def write_split(path: Path, examples: list[Example], columns: tuple[str, ...]) -
     pq.write_table(pa.table({c: [e[i] for e in examples] for i, c in enumerate(columns)}), path)
 
 
+TokenCount = Callable[[str], int]  # a prompt's length in the model's tokens
+
+
+def within_cap(examples: list[Example], count: TokenCount | None, cap: int) -> tuple[list[Example], int]:
+    """The examples whose prompt is at most `cap` tokens (all of them without a counter or cap), and how many
+    were over it."""
+    if count is None or cap <= 0:
+        return examples, 0
+    kept = [e for e in examples if count(e[1]) <= cap]
+    return kept, len(examples) - len(kept)
+
+
 def prepare(kind: str, src: Path, out: Path, seed: int = 42, test_fraction: float = 0.1, test_size: int = 1000,
-            split: str = "train") -> dict[str, Any]:
-    """Read, filter, split and write one dataset; returns the counts and the paths written."""
-    files = source_files(src, split)
+            split: str = "train", config: str = "", count: TokenCount | None = None,
+            max_prompt_tokens: int = 0) -> dict[str, Any]:
+    """Read, filter, split, drop over-cap prompts (after the split, so the split stays the HF one) and write
+    one dataset; returns the counts and the paths written."""
+    files = source_files(src, split, config)
     kept, dropped, read = collect(iter_rows(files), kind)
     n_test = math.ceil(test_fraction * len(kept)) if kind == "math" else test_size  # ceil: as train_test_split
     train_at, test_at = hf_split(len(kept), n_test, seed)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / f"{NAMES[kind]}_{name}.parquet" for name in ("train", "test")}
+    sizes, over_cap = {}, {}
     for name, positions in (("train", train_at), ("test", test_at)):
-        write_split(paths[name], [kept[i] for i in positions], COLUMNS[kind])
-    return {"files": len(files), "read": read, "kept": len(kept), "dropped": dict(dropped),
-            "train": len(train_at), "test": len(test_at), "paths": paths}
+        rows, over_cap[name] = within_cap([kept[i] for i in positions], count, max_prompt_tokens)
+        write_split(paths[name], rows, COLUMNS[kind])
+        sizes[name] = len(rows)
+    return {"files": len(files), "read": read, "kept": len(kept), "dropped": dict(dropped), **sizes,
+            "over_cap": over_cap, "paths": paths}
+
+
+def chat_token_count(tokenizer_path: str) -> TokenCount:
+    """A prompt's length as one user turn of the model's chat template (its plain encoding without one)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+
+    def count(prompt: str) -> int:
+        if tok.chat_template:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False)
+            return len(ids)
+        return len(tok(prompt)["input_ids"])
+
+    return count
 
 
 def report(kind: str, src: Path, r: dict[str, Any]) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["dropped"].items()))
     return (f"{kind}: read {r['read']} rows from {r['files']} file(s) under {src}\n"
             f"  kept {r['kept']}, dropped {sum(r['dropped'].values())}{f' ({reasons})' if reasons else ''}\n"
+            f"  over the prompt cap: {r['over_cap']['train']} train, {r['over_cap']['test']} test\n"
             f"  train {r['train']} -> {r['paths']['train']}\n  test  {r['test']} -> {r['paths']['test']}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jobs.prepare_data", description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=sorted(NAMES), help="math: DAPO-Math-17k; code: DeepCoder primeintellect")
+    p.add_argument("--src", type=Path, required=True, help="a data file or a downloaded dataset folder")
+    p.add_argument("--out", type=Path, required=True, help="folder for the train and test Parquet files")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--test-fraction", type=float, default=0.1, help="math: share of the test split")
+    p.add_argument("--test-size", type=int, default=1000, help="code: problems in the test split")
+    p.add_argument("--split", default="train", help="the source split to read from a folder with several")
+    p.add_argument("--config", help="the config folder to read from a folder with several (default: the "
+                   "paper's, en for math, primeintellect for code)")
+    p.add_argument("--tokenizer", help="a model folder whose tokenizer measures prompts (with --max-prompt-tokens)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="drop prompts longer than this (0 = keep all)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 written, 2 usage error, 3 the source cannot be read or split."""
-    parser = argparse.ArgumentParser(prog="python -m jobs.prepare_data", description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=sorted(NAMES), help="math: DAPO-Math-17k; code: DeepCoder primeintellect")
-    parser.add_argument("--src", type=Path, required=True, help="a data file or a downloaded dataset folder")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the train and test Parquet files")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--test-fraction", type=float, default=0.1, help="math: share of the test split")
-    parser.add_argument("--test-size", type=int, default=1000, help="code: problems in the test split")
-    parser.add_argument("--split", default="train", help="the source split to read from a folder with several")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if not 0 < args.test_fraction < 1:
         print(f"--test-fraction must be in (0, 1); got {args.test_fraction}", file=sys.stderr)
         return EXIT_USAGE
+    if args.max_prompt_tokens < 0 or bool(args.tokenizer) != bool(args.max_prompt_tokens):
+        print("--tokenizer and --max-prompt-tokens (> 0) go together", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        result = prepare(args.kind, args.src, args.out, args.seed, args.test_fraction, args.test_size, args.split)
+        count = chat_token_count(args.tokenizer) if args.tokenizer else None
+        result = prepare(args.kind, args.src, args.out, args.seed, args.test_fraction, args.test_size, args.split,
+                         args.config if args.config is not None else CONFIGS[args.kind], count,
+                         args.max_prompt_tokens)
     except (ValueError, OSError) as e:
         print(f"prepare_data {args.kind}: {e}", file=sys.stderr)
         return EXIT_DATA

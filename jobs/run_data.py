@@ -31,6 +31,7 @@ class RunData:
     eval: list[Task]
     metrics: dict[str, float]
     summary: str
+    full_eval: list[Task]  # every row of data.eval with data.eval_full, else none
 
 
 def load_run_data(cfg: Any) -> RunData:
@@ -50,7 +51,10 @@ def load_run_data(cfg: Any) -> RunData:
                f"{f' ({dropped} dropped: eval prompts)' if dropped else ''}; eval {d.eval if eval_tasks else '-'}: "
                f"{len(eval_tasks)} tasks, {shared} also in train; {cfg.steps} steps x "
                f"{cfg.rollout.prompts_per_step} prompts = {seen / prompts:.2f} epochs")
-    return RunData(train, eval_tasks, metrics, summary)
+    full = load_tasks(d.eval, None, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_full else []
+    if full:
+        summary += f"; the whole eval split ({len(full)} tasks) at the end"
+    return RunData(train, eval_tasks, metrics, summary, full)
 
 
 def hold_out(train: list[Task], eval_tasks: list[Task], train_spec: str, eval_spec: str,

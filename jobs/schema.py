@@ -39,12 +39,16 @@ class ModelConfig:
 class SandboxConfig:
     # code only: limits of one sandboxed execution of an answer's tests (marl.tasks.sandbox.SandboxLimits)
     timeout_s: float = 10.0  # wall clock for all of one answer's tests, start-up included
+    # The paper's per-test rule: with t > 0, an answer with n tests gets min((t + 1)·n + 5, timeout_s) seconds
+    # (timeout_s is then the cap), so long test suites are not cut short by a limit sized for short ones. 0 = off.
+    timeout_per_test_s: float = 0.0
     memory_mb: int = 1024  # address space (RLIMIT_AS)
     max_output_bytes: int = 1048576  # stdout + stderr (and each stdin/stdout case's output)
     file_size_mb: int = 64  # largest file the program may write (RLIMIT_FSIZE)
     max_processes: int = 4  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
     site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
-    workers: int = 2  # executions at once (each a thread driving one child process)
+    # Executions at once (each a thread driving one child process); 0 = one per CPU the scoring process may use.
+    workers: int = 0
 
 
 @dataclass
@@ -64,11 +68,16 @@ class DataConfig:
     # Seed of the eval draw (a seeded cut of a file, or a generator's seed), apart from the run's `seed`, so the
     # cells of a study that differ only in their seed are evaluated on the same tasks.
     eval_seed: int = 0
+    # true: the final weights and the peak checkpoint's (the best on the eval_size draw) are also evaluated on
+    # every row of data.eval at the end of the run (eval/full/accuracy, eval/full/peak_accuracy), as the paper
+    # reports its whole held-out split; periodic evaluation stays on the draw. A listing source only.
+    eval_full: bool = False
     # Largest fraction of the eval tasks whose prompt (lowercased, whitespace collapsed) may also be a train
     # prompt. Above it a generated train set drops those prompts; any other train source is an input error
     # (exit 3). 1.0 = no check.
     max_overlap: float = 0.0
-    # math only: "none" (paper: \boxed{} or #### N) or "last_number" (lenient, for small models)
+    # math only: "none" (strict, as the paper: the last \boxed{} or nothing) or "last_number" (lenient, for small
+    # models: then GSM8K's "#### N", then the last number in the text)
     answer_fallback: str = "none"
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
@@ -176,6 +185,17 @@ class AlgoConfig:
     # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
     # (on top of kl_coef), to hold back one drifting role without slowing the others. {} = off.
     kl_anchor_roles: dict[str, float] = field(default_factory=dict)
+    # verl 0.6.1's update details (the paper's stack), each off by default. dual_clip_c: dual-clip PPO for negative
+    # advantages, the loss of a token with A < 0 capped at -A·c however far its ratio runs above c (verl
+    # core_algos.compute_policy_loss_vanilla, clip_ratio_c, 3.0 by default there; must be > 1). 0 = off.
+    dual_clip_c: float = 0.0
+    # Clamp of log(π/π_old) to [-c, c] before exp, against overflow on rows far off-policy (verl clamps the same
+    # negative_approx_kl at ±20). 0 = off.
+    log_ratio_clamp: float = 0.0
+    # true: each rank shuffles its rows (seeded per step, rank and epoch) before cutting them into mini-batches.
+    # false: verl's in-order split (dp_actor.update_policy: data.split(ppo_mini_batch_size), no shuffle), the rows
+    # in the order the batch holds them (episodes in order, turns in order); the chunk sizes are the same.
+    minibatch_shuffle: bool = True
 
 
 @dataclass
@@ -189,9 +209,22 @@ class OptimConfig:
     grad_clip: float = 1.0
     # What warmup_steps and the cosine decay count: step = training steps (every policy's schedule advances
     # once per step, whatever its optimizer steps); optimizer_step = each optimizer step advances it, over the
-    # same total (as a stack that steps its scheduler per update call: a policy taking K mini-batches per step
-    # runs its schedule K times faster).
+    # same total (a policy taking K mini-batches per step runs its schedule K times faster); update_call = one
+    # scheduler driven by every policy's update call, as verl steps its scheduler once per update_actor call and
+    # the paper's stack calls update_actor once per role under isolated policies [R], from one actor [I]: with P
+    # policies, policy p (its position in the policy map; the stack's order is its roles' first rows in the
+    # step's batch) updates at training step t with the schedule at t·P + p, so each schedule runs P times
+    # faster (isolated orch_workers: 3x; shared: 1x, the same as step).
     schedule_unit: str = "step"
+    # true: verl's warmup, lr 0 at step 0 rising linearly to the full lr at step warmup_steps
+    # (torch_functional.get_cosine_schedule_with_warmup, init_lr_ratio 0: factor s / warmup); false: step 0
+    # already trains at lr / warmup_steps and the full lr comes at step warmup_steps - 1.
+    warmup_start_zero: bool = False
+    # true: the cosine reaches min_lr_ratio at the run's last step and stays there. false: verl's cosine,
+    # decaying over steps - warmup_steps (min_lr_ratio one step past the last) and not clamped, so a schedule
+    # run past its end (schedule_unit=optimizer_step or update_call) climbs back towards the full lr, reaching it
+    # again at warmup + 2·(steps - warmup): one candidate explanation for late isolated-policy cliffs [I].
+    cosine_clamp: bool = True
 
 
 @dataclass

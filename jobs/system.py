@@ -74,7 +74,7 @@ def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap
 
     configs = policy_configs(cfg, policy_map)  # each policy's own model, learner and engine settings
     learners = {
-        pid: LearnerGroup(_learner_spec(cfg, pid, paths[pid], pc), cfg.run_name,
+        pid: LearnerGroup(_learner_spec(cfg, pid, paths[pid], pc, policy_map), cfg.run_name,
                           placement=bundles(group_name(cfg.run_name, "learner", pid)))
         for pid, pc in configs.items()
     }
@@ -105,10 +105,12 @@ def _plain(section: Any) -> dict[str, Any]:
     return cast(dict[str, Any], OmegaConf.to_container(section))
 
 
-def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig) -> LearnerSpec:
+def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig, policy_map: PolicyMap
+                  ) -> LearnerSpec:
     """Policy `pid`'s learner, from its own config `pc` (model and learner sections) and the run's."""
     return LearnerSpec(policy_id=pid, model_path=model_path, model=pc.model, learner=pc.learner, algo=cfg.algo,
-                       temperature=cfg.rollout.sampling.temperature, total_steps=cfg.steps, seed=cfg.seed)
+                       temperature=cfg.rollout.sampling.temperature, total_steps=cfg.steps, seed=cfg.seed,
+                       num_policies=len(policy_map.policies), policy_index=policy_map.policies.index(pid))
 
 
 def _engine_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dict[str, str], engine_map: EngineMap,

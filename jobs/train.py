@@ -54,7 +54,7 @@ def _prepare(cfg: Any) -> Inputs:
                         cast(dict[str, Any], OmegaConf.to_container(cfg.data.sandbox)))
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
-                  {pid: pads[path] for pid, path in paths.items()}, data.metrics)
+                  {pid: pads[path] for pid, path in paths.items()}, data.metrics, data.full_eval)
 
 
 def quiet_logs(verbose: bool) -> None:

@@ -71,7 +71,8 @@ class LearnerGroup:
         extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float((~keep).sum())
         roles = sorted(set(batch.roles)) if self.diagnostics else None
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
-                                  self.algo_agg, derive_seed(self.seed, "ppo", step), roles)
+                                  self.algo_agg, derive_seed(self.seed, "ppo", step), roles,
+                                  shuffle=self.algo.minibatch_shuffle)
         shards = [Call(LearnerMember.update, batch.select(r).to_dict(), plan)
                   for r, plan in zip(rows, plans, strict=True)]
         return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra)
@@ -121,6 +122,8 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
            f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0),
            # The share of the micro-batches' positions (rows × widest row) that were padding.
            f"batch/padding_frac/{policy_id}": total["padded_positions"] / max(total["positions"], 1.0)}
+    if "dual_clip_frac_sum" in total:  # algo.dual_clip_c: tokens whose loss the −A·c cap held (verl's clipfrac_lower)
+        out[f"clip_frac/dual/{policy_id}"] = total["dual_clip_frac_sum"] / max(total["tokens"], 1.0)
     out.update({k: v for k, v in first.items() if k.startswith(("grad/", "last/grad/"))})
     for key, value in total.items():
         if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):

@@ -7,7 +7,8 @@ micro-batches sum to the mini-batch loss), gradients are summed across ranks, cl
 how, is the rank's `backend` (learners/backends.py: plain torch or DeepSpeed, by `learner.backend`). The PPO ratio
 is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
-LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`).
+LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
+learners/schedule.py maps update_call's shared schedule onto the training step).
 
 bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
@@ -36,10 +37,10 @@ from learners.member import LearnerSpec
 from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
 from learners.padding_free import attention_implementation
-from learners.policy_loss import policy_loss
+from learners.policy_loss import add_diagnostics, policy_loss
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
-from learners.schedule import lr_factor
+from learners.schedule import lr_lambda
 from learners.weights import DTYPES, export_hf, is_lora, load_policy_model, serving_adapter, serving_weights
 
 
@@ -69,7 +70,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
                                            weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, opt.warmup_steps, spec.total_steps, opt.schedule, opt.min_lr_ratio))
+            self.optimizer, lr_lambda(opt, spec.total_steps, spec.num_policies, spec.policy_index))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
         self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora, attention).eval()
                           .requires_grad_(False)
@@ -102,6 +103,8 @@ class Learner:
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0,
                                                      "padded_positions": 0.0, "positions": 0.0})
+        if plan.metric_rows is not None:
+            self._skipped_row_metrics(data, plan.metric_rows, sums)
         per_step = []
         for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
             mb = data.select(data.longest_first(rows))
@@ -110,7 +113,7 @@ class Learner:
             per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
-        if self.cfg.optim.schedule_unit == "step":
+        if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
             self.scheduler.step()
         self.step += 1
         self.backend.after_update()
@@ -188,6 +191,25 @@ class Learner:
             mb = data.select(chunks[j])
             old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
         return dataclasses.replace(data, old_logprobs=old)
+
+    @torch.no_grad()
+    def _skipped_row_metrics(self, data: TrainBatch, rows: list[int], sums: dict[str, float]) -> None:
+        """Add the diagnostics (learners.policy_loss.add_diagnostics, and the tokens the clip fraction counts) of
+        the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
+        per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
+        exactly zero)."""
+        order = data.longest_first(rows)
+        chunks = [[order[i] for i in group] for group in self._micro_rows(data.attention_mask[order].sum(-1).tolist())]
+        for j in range(self.backend.matched_passes(len(chunks))):
+            if j >= len(chunks):
+                self._idle_loss()
+                continue
+            mb = data.select(chunks[j])
+            lp, entropy = self._logprobs(mb, entropy=True)
+            entropy = cast(torch.Tensor, entropy)  # asked for, so present
+            mask = mb.loss_mask[:, 1:]
+            add_diagnostics(sums, lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles)
+            sums["tokens"] += float(mask.sum())
 
     def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
         """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V], through the backend's runner

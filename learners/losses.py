@@ -117,6 +117,8 @@ def ppo_clip_loss(
     clip_high: float = 0.28,
     agg: str = "token_mean",
     normalizer: Tensor | float,
+    dual_clip_c: float = 0.0,
+    log_ratio_clamp: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate with asymmetric (DAPO) bounds; returns (scalar loss, metric sums).
 
@@ -125,19 +127,24 @@ def ppo_clip_loss(
     aggregated by LOSS_AGGREGATIONS[agg] with the GLOBAL `normalizer` (clamped to ≥ 1, so a batch
     with no loss tokens anywhere gives 0 instead of NaN). Positions outside the mask never reach
     exp, so garbage there cannot turn into inf/NaN values or gradients.
+    dual_clip_c > 0 (dual-clip PPO, > 1): where A < 0 the per-token loss is at most −A·c, so a token whose ratio
+    ran far above 1 + clip_high pushes no harder than ratio c would (and gets no gradient). log_ratio_clamp > 0:
+    lp − old is clamped to [−c, c] before exp (no gradient beyond it). Both as verl's compute_policy_loss_vanilla.
     Metrics (detached sums over this shard's loss tokens, for the caller to add up):
     'clip_frac_sum' (tokens whose clipped term is the active one), 'ratio_sum', 'tokens'; and 'clipped'
-    (bool [B, T], those tokens, so a caller can split the clip fraction by role).
+    (bool [B, T], those tokens, so a caller can split the clip fraction by role); with dual_clip_c,
+    'dual_clip_frac_sum' (tokens whose loss the −A·c cap holds).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    if log_ratio_clamp > 0:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     unclipped = -ratio * advantages
     clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = torch.maximum(unclipped, clipped)
     norm = torch.as_tensor(normalizer, dtype=per_token.dtype, device=per_token.device).clamp(min=1)
-    loss = _aggregation(agg).reduce(per_token, mask, norm)
     with torch.no_grad():
         metrics = {
             "clipped": mask & (clipped > unclipped),
@@ -145,7 +152,18 @@ def ppo_clip_loss(
             "ratio_sum": masked_sum(ratio, mask).detach(),
             "tokens": mask.sum().to(per_token.dtype),
         }
-    return loss, metrics
+    if dual_clip_c > 0:
+        per_token, metrics["dual_clip_frac_sum"] = dual_clip(per_token, advantages, mask, dual_clip_c)
+    return _aggregation(agg).reduce(per_token, mask, norm), metrics
+
+
+def dual_clip(per_token: Tensor, advantages: Tensor, mask: Tensor, c: float) -> tuple[Tensor, Tensor]:
+    """(per-token loss capped at −A·c where A < 0, the number of loss tokens the cap holds): per_token [B, T],
+    advantages broadcastable to it, mask [B, T] bool. For A < 0 the clipped loss −A·max(ratio, 1 − clip_low)
+    grows without bound in the ratio; the cap bounds it (Ye et al. 2019, "dual-clip PPO")."""
+    cap = -advantages * c
+    capped = (advantages < 0) & (per_token > cap)
+    return torch.where(capped, cap.expand_as(per_token), per_token), (capped & mask).sum().to(per_token.dtype)
 
 
 def _k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

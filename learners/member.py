@@ -30,6 +30,10 @@ class LearnerSpec:
     temperature: float  # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
     total_steps: int  # training steps of the run (the LR schedule's length)
     seed: int
+    # The run's number of policies and this one's position among them (the policy map's order): under
+    # learner.optim.schedule_unit=update_call every policy's update call advances one shared schedule.
+    num_policies: int = 1
+    policy_index: int = 0
 
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):

@@ -39,9 +39,10 @@ def policy_loss(
     None for the current ones, detached (ratio 1). rollout_logprobs [B, T−1]: the engines'. advantages [B].
     mask [B, T−1] bool. roles: B role names. ref_logprobs [B, T−1]: the reference's, or None for no KL term.
     entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config section
-    (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator).
+    (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator, dual_clip_c, log_ratio_clamp).
 
-    Metric sums over this micro-batch's loss tokens: loss, clip_frac_sum, tokens, and per role
+    Metric sums over this micro-batch's loss tokens: loss, clip_frac_sum, tokens (dual_clip_frac_sum with
+    algo.dual_clip_c), and per role
     clip_frac_sum/<role>, entropy_sum/<role>, logprob_diff_sum/<role> (|learner − engine| log-prob),
     tokens/<role>, and kl_sum/<role> with a KL term.
     """
@@ -50,7 +51,8 @@ def policy_loss(
     if algo.tis_cap > 0:
         weighted = weighted * tis_weights(old, rollout_logprobs, mask, algo.tis_cap)
     loss, m = ppo_clip_loss(logprobs, old, weighted, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                            agg=algo.loss_agg, normalizer=normalizer)
+                            agg=algo.loss_agg, normalizer=normalizer, dual_clip_c=algo.dual_clip_c,
+                            log_ratio_clamp=algo.log_ratio_clamp)
     sums: dict[str, float] = defaultdict(float)
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
@@ -61,13 +63,25 @@ def policy_loss(
     sums["loss"] += float(loss.detach())
     sums["clip_frac_sum"] += float(m["clip_frac_sum"])
     sums["tokens"] += float(m["tokens"])
+    if "dual_clip_frac_sum" in m:
+        sums["dual_clip_frac_sum"] += float(m["dual_clip_frac_sum"])
     with torch.no_grad():
         add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, roles)
-        add_per_role(sums, "entropy_sum", entropy, mask, roles)
-        diff = (logprobs.detach() - rollout_logprobs).abs()
-        add_per_role(sums, "logprob_diff_sum", diff, mask, roles)
-        add_per_role(sums, "tokens", torch.ones_like(diff), mask, roles)
+        add_diagnostics(sums, logprobs.detach(), rollout_logprobs, entropy, mask, roles)
     return loss, dict(sums)
+
+
+def add_diagnostics(sums: dict[str, float], logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor,
+                    mask: Tensor, roles: list[str]) -> None:
+    """Add the per-role diagnostics of B rows to `sums` (a defaultdict(float)): entropy_sum/<role>,
+    logprob_diff_sum/<role> (|learner − engine| log-prob) and tokens/<role>, over the loss tokens.
+
+    logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that train
+    add them through `policy_loss`; rows skipped for a zero advantage through the learner's metrics-only pass."""
+    diff = (logprobs - rollout_logprobs).abs()
+    add_per_role(sums, "entropy_sum", entropy, mask, roles)
+    add_per_role(sums, "logprob_diff_sum", diff, mask, roles)
+    add_per_role(sums, "tokens", torch.ones_like(diff), mask, roles)
 
 
 def add_per_role(sums: dict[str, float], key: str, values: Tensor, mask: Tensor, roles: list[str]) -> None:

@@ -1,14 +1,16 @@
 """The optimizer steps of one training step (PPO mini-batches and epochs), as pure functions.
 
 A policy's batch of B rows is sharded over W data-parallel ranks once (contiguous slices, as
-`TrainBatch.shard`). Each epoch, every rank shuffles its own rows (seeded) and splits them into the same
-number K = ceil(B / M) of chunks; optimizer step k of that epoch trains the union of the ranks' chunk k, so a
+`TrainBatch.shard`). Each epoch, every rank shuffles its own rows (seeded; or keeps their order:
+`algo.minibatch_shuffle=false`, verl's in-order split) and splits them into the same number K = ceil(B / M) of
+chunks; optimizer step k of that epoch trains the union of the ranks' chunk k, so a
 mini-batch holds about M rows in all (verl's semantics: the mini-batch size is divided over the ranks and each
 rank splits its local data). One training step therefore takes K × epochs optimizer steps. M = 0 means one
 mini-batch of every row: one optimizer step per epoch, rows in their given order.
 
 Each optimizer step's loss normaliser is that mini-batch's global token (or row) count, counted before
-zero-advantage rows are dropped, so dropping them never changes an update.
+zero-advantage rows are dropped, so dropping them never changes an update. A dropped row still reaches its
+rank for one no-grad pass that measures its diagnostics (`UpdatePlan.metric_rows`), so they cover every row.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ class UpdatePlan:
     """One rank's share of a training step: `steps[i]` are the row indices (into the rank's shard) of optimizer
     step i, in order; `normalizers[i]` its global loss normaliser; `roles` (the policy's roles, identical on
     every rank) asks for per-role gradient diagnostics. `epochs` tells the learner whether a row trains again
-    after the weights moved (then its old log-probs must be kept from before the first step)."""
+    after the weights moved (then its old log-probs must be kept from before the first step). `metric_rows`:
+    the rows (indices into the shard) that train in no step, a zero advantage's, measured by a no-grad pass for
+    the per-role diagnostics only; None on every rank when no rank has such rows (no pass at all)."""
 
     steps: list[list[int]]
     normalizers: list[float]
     roles: list[str] | None = None
     epochs: int = 1
+    metric_rows: list[int] | None = None
 
     @staticmethod
     def whole(rows: int, normalizer: float, roles: list[str] | None = None) -> UpdatePlan:
@@ -70,13 +75,14 @@ def split_even(rows: list[int], parts: int) -> list[list[int]]:
     return out
 
 
-def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int) -> list[list[list[int]]]:
+def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int, shuffle: bool = True) -> list[list[list[int]]]:
     """[epoch][k] → this rank's local row indices of optimizer step k. Rows are shuffled per epoch with
-    `seed` (derived per rank and epoch) unless there is one chunk, whose order does not matter."""
+    `seed` (derived per rank and epoch) unless there is one chunk, whose order does not matter, or `shuffle` is
+    off: then every epoch cuts the rows in their order (verl's data.split)."""
     out = []
     for epoch in range(epochs):
         order = list(range(shard_rows))
-        if parts > 1:
+        if parts > 1 and shuffle:
             random.Random(derive_seed(seed, "epoch", epoch)).shuffle(order)
         out.append(split_even(order, parts))
     return out
@@ -104,23 +110,27 @@ def contiguous_shards(rows: int, world: int) -> list[range]:
 
 
 def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: int, epochs: int, agg: str,
-                seed: int, roles: list[str] | None) -> tuple[list[list[int]], list[UpdatePlan]]:
+                seed: int, roles: list[str] | None, shuffle: bool = True) -> tuple[list[list[int]], list[UpdatePlan]]:
     """Every rank's rows and plan for one training step.
 
-    loss_mask [B, T] aligned loss mask; keep [B] bool, rows that go through the learner (False: a zero-advantage
-    row, counted in its mini-batch's normaliser but never computed). Returns (rows[r]: the global rows rank r
-    receives, in order; plans[r]: its optimizer steps as indices into rows[r])."""
+    loss_mask [B, T] aligned loss mask; keep [B] bool, rows that train (False: a zero-advantage row, counted in
+    its mini-batch's normaliser, never in a step, measured by the metrics-only pass). `shuffle`: see rank_chunks.
+    Returns (rows[r]: the global rows rank r receives, its training rows in order, then its dropped ones;
+    plans[r]: its optimizer steps and metric rows as indices into rows[r])."""
     shards = contiguous_shards(loss_mask.shape[0], world)
     parts = num_mini_batches(loss_mask.shape[0], mini_batch_size)
-    chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r)) for r, s in enumerate(shards)]
+    chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r), shuffle) for r, s in enumerate(shards)]
     normalizers = step_normalizers(loss_mask, shards, chunks, agg)
+    any_dropped = not bool(keep.all())
     rows_out, plans = [], []
     for r, shard in enumerate(shards):
         kept = [i for i in range(len(shard)) if bool(keep[shard[i]])]
+        dropped = [i for i in range(len(shard)) if not bool(keep[shard[i]])]
         local = {i: j for j, i in enumerate(kept)}
         steps = [[local[i] for i in chunk if i in local] for per_epoch in chunks[r] for chunk in per_epoch]
-        rows_out.append([shard[i] for i in kept])
-        plans.append(UpdatePlan(steps, normalizers, roles, epochs))
+        rows_out.append([shard[i] for i in kept + dropped])
+        metric_rows = list(range(len(kept), len(kept) + len(dropped))) if any_dropped else None
+        plans.append(UpdatePlan(steps, normalizers, roles, epochs, metric_rows))
     return rows_out, plans
 
 

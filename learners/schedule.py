@@ -1,23 +1,50 @@
-"""Learning-rate schedules as pure functions of the training step (advanced once per training step)."""
+"""Learning-rate schedules as pure functions of the schedule's position, and the position a learner's scheduler
+is at (learner.optim.schedule_unit): training steps, optimizer steps, or every policy's update calls."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
-    """Multiplier of the base lr for the update made at training step `step` (0-based).
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0, *,
+              start_zero: bool = False, clamp: bool = True) -> float:
+    """Multiplier of the base lr for the update made at schedule position `step` (0-based).
 
-    Linear warmup over `warmup` steps (step 0 gets 1/warmup), then constant or cosine decay from 1 to
-    `min_ratio` at step `total - 1`.
+    Linear warmup over `warmup` steps: step 0 gets 1/warmup (or 0 with `start_zero`, verl's: s / warmup), then
+    constant or cosine decay from 1 to `min_ratio`: at step `total - 1`, held there after it (`clamp`); or, as
+    verl's get_cosine_schedule_with_warmup, at step `total`, the cosine running on past it (back to 1 at step
+    warmup + 2·(total − warmup)).
     """
     if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
+        return (step if start_zero else step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    span = max(total - warmup - 1, 1)
-    progress = min(max(step - warmup, 0) / span, 1.0)
+    if clamp:
+        progress = min(max(step - warmup, 0) / max(total - warmup - 1, 1), 1.0)
+    else:
+        progress = (step - warmup) / max(total - warmup, 1)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) -> int:
+    """The schedule position after `ticks` scheduler steps of a learner: one tick per training step (step,
+    update_call) or per optimizer step (optimizer_step). update_call: one schedule shared by the `policies`
+    policies' update calls, policy `index` being called index-th in each training step: ticks·policies + index."""
+    return ticks * policies + index if unit == "update_call" else ticks
+
+
+def lr_lambda(optim: Any, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
+    """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section (schedule, warmup_steps,
+    min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the run's `total` training steps."""
+
+    def factor(ticks: int) -> float:
+        position = schedule_position(ticks, optim.schedule_unit, policies, index)
+        return lr_factor(position, optim.warmup_steps, total, optim.schedule, optim.min_lr_ratio,
+                         start_zero=optim.warmup_start_zero, clamp=optim.cosine_clamp)
+
+    return factor
 
 
 SCHEDULES = ("cosine", "constant")

@@ -92,7 +92,7 @@ class CodeFamily:
 
     name = "code"
 
-    def __init__(self, limits: SandboxLimits | None = None, workers: int = 2):
+    def __init__(self, limits: SandboxLimits | None = None, workers: int = 0):
         self.pool = SandboxPool(limits, workers)
         self._checked = False
         self._check_lock = threading.Lock()
@@ -101,7 +101,7 @@ class CodeFamily:
     def from_config(cls, sandbox: Mapping[str, Any] | None = None) -> CodeFamily:
         """From the `data.sandbox` config section (workers plus SandboxLimits fields)."""
         options = dict(sandbox or {})
-        workers = int(options.pop("workers", 2))
+        workers = int(options.pop("workers", 0))
         return cls(SandboxLimits(**options), workers)
 
     def instruction(self) -> str:

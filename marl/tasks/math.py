@@ -1,4 +1,5 @@
-"""The math family: answers in the last \\boxed{...} (GSM8K '#### N' as fallback), checked by math-verify.
+"""The math family: answers in the last \\boxed{...} (strict; the lenient fallback also reads GSM8K's '#### N', then
+the last number), checked by math-verify.
 
 Scoring is 1/0. math-verify compares values, so '\\frac{1}{2}' matches '0.5' and '42' matches '42.0'.
 It is imported lazily so `import marl` stays light.
@@ -100,9 +101,9 @@ ANSWER_FALLBACKS = ("none", "last_number")
 
 
 class MathFamily:
-    """Extraction: last \\boxed{...}; else GSM8K '#### N'; else (only with fallback='last_number') the last
-    number in the text, a lenient rule that gives small models that ignore the format a reward signal.
-    Scoring: math-verify equivalence."""
+    """Extraction: the last \\boxed{...}. fallback='none' (strict, as the paper grades: no box scores 0) stops
+    there; fallback='last_number' then reads GSM8K's '#### N', else the last number in the text, a lenient rule
+    that gives small models that ignore the format a reward signal. Scoring: math-verify equivalence."""
 
     name = "math"
 
@@ -116,12 +117,9 @@ class MathFamily:
 
     def extract_answer(self, text: str) -> str | None:
         boxed = last_boxed(text)
-        if boxed:
-            return boxed
-        answer = gsm8k_answer(text)
-        if answer is None and self.fallback == "last_number":
-            return last_number(text)
-        return answer
+        if boxed or self.fallback == "none":
+            return boxed or None
+        return gsm8k_answer(text) or last_number(text)
 
     def score(self, task: Task, answer: str | None) -> float:
         if answer is None:

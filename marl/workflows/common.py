@@ -16,8 +16,14 @@ from marl.tasks.math import last_boxed
 from marl.types import Episode, Message, PolicyClient, Turn
 
 # The prompt sets (the `marl.prompts` config key). default: this project's own wording; paper: the wording of
-# "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202), where it differs (eval_opt).
+# "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202), where it differs: eval_opt's wording and
+# shared history, and code wordings for every workflow on code tasks.
 PROMPT_SETS: tuple[str, ...] = ("default", "paper")
+
+
+def prompt_kind(family: TaskFamily) -> str:
+    """The kind of task a wording is written for: code, or math (every other family)."""
+    return "code" if family.name == "code" else "math"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,11 @@ is neither Correct nor Incorrect counts as a parse failure of 'evaluator' and is
 (its text still reaches the generator as feedback). Both agents keep a multi-turn chat history.
 The final answer is extracted from the last generator turn. The wording comes from `marl.prompts`
 (PROMPTS): `default`, or `paper`, which has its own personas for code tasks.
+
+The context differs by prompt set. default: two chats; the evaluator's user turn quotes the problem and the
+answer, and the generator's next user turn quotes the feedback. paper: one shared conversation, as the paper's
+workflow shares its history: the problem (user), each answer (assistant), the review request (user), each
+verdict (assistant) and the revision request (user); each role reads all of it after its own system prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from marl.workflows.common import (
     ask,
     assistant,
     parse_verdict,
+    prompt_kind,
     set_final_answer,
     system,
     user,
@@ -64,7 +70,8 @@ PAPER_MATH = Prompts(
     ),
     review=f"Is this solution correct? Give feedback without revealing the answer, {_VERDICT}",
     rereview=f"Is it correct now? Give feedback without revealing the answer, {_VERDICT}",
-    revise="Write a new solution that uses a different method or approach from your previous attempt.",
+    revise=("Write a new solution that addresses the feedback and uses a different method or approach from your "
+            "previous attempt."),
 )
 PAPER_CODE = Prompts(
     generator=(
@@ -78,7 +85,8 @@ PAPER_CODE = Prompts(
     ),
     review=f"Does this program solve the problem? Give feedback without writing the fixed code, {_VERDICT}",
     rereview=f"Is it correct now? Give feedback without writing the fixed code, {_VERDICT}",
-    revise="Write a new program that uses a different method or approach from your previous attempt.",
+    revise=("Write a new program that addresses the review and uses a different method or approach from your "
+            "previous attempt."),
 )
 # (marl.prompts, task kind) -> wording; the default set has one wording for every task.
 PROMPTS: dict[tuple[str, str], Prompts] = {
@@ -91,7 +99,7 @@ PROMPTS: dict[tuple[str, str], Prompts] = {
 
 def prompts_for(prompt_set: str, family: TaskFamily) -> Prompts:
     """The wording for `prompt_set` (marl.prompts) and the family's kind: code, or math (every other family)."""
-    return PROMPTS[(prompt_set, "code" if family.name == "code" else "math")]
+    return PROMPTS[(prompt_set, prompt_kind(family))]
 
 
 def agents(opts: WorkflowOptions) -> list[str]:
@@ -114,11 +122,29 @@ async def run(
     task: Task, client: PolicyClient, family: TaskFamily, opts: WorkflowOptions, sample_index: int
 ) -> Episode:
     episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
-    instruction = family.instruction()
     p = prompts_for(opts.prompts, family)
+    rounds = _shared_rounds if opts.prompts == "paper" else _separate_rounds
+    await rounds(task, client, family.instruction(), opts.max_rounds, p, episode)
+    last_generator = [t for t in episode.turns if t.role == "generator"][-1]
+    set_final_answer(episode, family, last_generator)
+    return episode
+
+
+def _judged_correct(text: str, episode: Episode) -> bool:
+    """The verdict; an unparsable one is a parse failure of 'evaluator' and counts as Incorrect."""
+    verdict = parse_verdict(text)
+    if verdict is None:
+        episode.note_parse_failure("evaluator")
+    return bool(verdict)
+
+
+async def _separate_rounds(
+    task: Task, client: PolicyClient, instruction: str, max_rounds: int, p: Prompts, episode: Episode
+) -> None:
+    """Two chats: the evaluator is shown each answer in a user turn, the generator each verdict."""
     gen_msgs = [system(p.generator), user(with_instruction(task.prompt, instruction))]
     eval_msgs = [system(p.evaluator)]
-    for r in range(opts.max_rounds):
+    for r in range(max_rounds):
         gen = await ask(client, "generator", "generator", r, gen_msgs)
         episode.turns.append(gen)
         gen_msgs.append(assistant(gen.text))
@@ -126,12 +152,24 @@ async def run(
         ev = await ask(client, "evaluator", "evaluator", r, eval_msgs)
         episode.turns.append(ev)
         eval_msgs.append(assistant(ev.text))
-        verdict = parse_verdict(ev.text)
-        if verdict is None:
-            episode.note_parse_failure("evaluator")
-        if verdict:
-            break
+        if _judged_correct(ev.text, episode):
+            return
         gen_msgs.append(user(_revise(ev.text, instruction, p)))
-    last_generator = [t for t in episode.turns if t.role == "generator"][-1]
-    set_final_answer(episode, family, last_generator)
-    return episode
+
+
+async def _shared_rounds(
+    task: Task, client: PolicyClient, instruction: str, max_rounds: int, p: Prompts, episode: Episode
+) -> None:
+    """One conversation both roles read after their own system prompt: answers and verdicts are its assistant
+    turns, the review and revision requests its user turns."""
+    history = [user(with_instruction(task.prompt, instruction))]
+    for r in range(max_rounds):
+        gen = await ask(client, "generator", "generator", r, [system(p.generator), *history])
+        episode.turns.append(gen)
+        history += [assistant(gen.text), user(p.review if r == 0 else p.rereview)]
+        ev = await ask(client, "evaluator", "evaluator", r, [system(p.evaluator), *history])
+        episode.turns.append(ev)
+        history.append(assistant(ev.text))
+        if _judged_correct(ev.text, episode):
+            return
+        history.append(user(with_instruction(p.revise, instruction)))

@@ -41,6 +41,8 @@ def test_loaded_config_is_frozen():
         ("rollout.bogus=1", "rollout.bogus"),
         ("steps=abc", "steps"),
         ("steps=0", "steps"),
+        ("data.sandbox.workers=-1", "data.sandbox.workers"),
+        ("data.sandbox.timeout_per_test_s=-6", "data.sandbox.timeout_per_test_s"),
         ("marl.workflow=debate", "marl.workflow"),
         ("rollout.sampling.top_p=1.5", "rollout.sampling.top_p"),
         ("algo.group_by=[task,colour]", "algo.group_by"),
@@ -109,3 +111,23 @@ def test_print_config_cli(capsys):
 def test_cli_config_error_exits_2_with_message(capsys):
     assert main(["--config", TINY, "learner.optim.lr=-1"]) == 2
     assert "learner.optim.lr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override,key", [
+    ("algo.dual_clip_c=1.0", "algo.dual_clip_c"),  # verl asserts clip_ratio_c > 1
+    ("algo.dual_clip_c=-3", "algo.dual_clip_c"),
+    ("algo.log_ratio_clamp=-20", "algo.log_ratio_clamp"),
+    ("learner.optim.cosine_clamp=maybe", "learner.optim.cosine_clamp"),
+])
+def test_verl_update_details_are_checked(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(TINY, [override])
+
+
+def test_verl_update_details_load():
+    cfg = load_config(TINY, ["algo.dual_clip_c=3.0", "algo.log_ratio_clamp=20", "algo.minibatch_shuffle=false",
+                             "learner.optim.warmup_start_zero=true", "learner.optim.cosine_clamp=false",
+                             "learner.optim.schedule_unit=update_call"])
+    assert (cfg.algo.dual_clip_c, cfg.algo.log_ratio_clamp, cfg.algo.minibatch_shuffle) == (3.0, 20.0, False)
+    assert (cfg.learner.optim.warmup_start_zero, cfg.learner.optim.cosine_clamp) == (True, False)
+    assert cfg.learner.optim.schedule_unit == "update_call"

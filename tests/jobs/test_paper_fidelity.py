@@ -1,81 +1,78 @@
-"""docs/paper_fidelity.md cannot drift from the paper matrix: every table row with a config key and a value is
-checked against the resolved config of every (task, workflow, sharing) cell it names."""
+"""docs/paper_fidelity.md is what jobs.fidelity renders from docs/paper_fidelity.yaml and the paper matrix's
+resolved configs: every row cites its source, a computed status follows the configs, and a row without a config
+key says why."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import dataclasses
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
-from jobs.sweep import setup_of, trial_config
-from jobs.sweep_spec import cells, flatten, load_sweep
-
-ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs/paper_fidelity.md"
-PAPER = ROOT / "jobs/configs/sweeps/paper_matrix.yaml"
-
-
-def table_rows() -> list[dict[str, str]]:
-    """The settings table's rows as {column: text}, backticks removed from key and value, `\\|` unescaped."""
-    lines = [ln for ln in DOC.read_text().splitlines() if ln.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = []
-    for line in lines[2:]:
-        parts = [c.strip().replace("\0", "|") for c in line.replace("\\|", "\0").strip("|").split("|")]
-        rows.append(dict(zip(header, parts, strict=True)))
-    return rows
-
-
-def checked_rows() -> list[dict[str, str]]:
-    return [r for r in table_rows() if r["key"] and r["value"]]
-
-
-def selected(selector: str, task: str, workflow: str) -> bool:
-    if selector == "all":
-        return True
-    want_task, want_workflows = selector.split("·")
-    return want_task == task and (want_workflows == "all" or workflow in want_workflows.split("|"))
+from jobs import fidelity
+from jobs.fidelity import Row, load_rows, matrix_configs, render, row_problem, status
 
 
 @pytest.fixture(scope="module")
 def configs():
-    """One resolved config per (task, workflow, sharing): the table's values do not vary with model or seed."""
-    spec = load_sweep(str(PAPER))
-    out, seen = [], set()
-    for cell in cells(spec):
-        values = flatten(cell)
-        key = (values["data.task"], values["marl.workflow"], values["marl.sharing"])
-        if key not in seen:
-            seen.add(key)
-            out.append((key, trial_config(setup_of(spec), {"grid": cell}, "fidelity")))
-    assert len(out) == 2 * (1 + 3 * 2)  # single_agent runs once per task, shared only
-    return out
+    return matrix_configs()
 
 
-def test_table_is_parsed():
-    rows = checked_rows()
-    assert len(rows) >= 40
-    assert {"algo.ppo_mini_batch_size", "algo.loss_agg", "model.chat_template_kwargs", "rollout.lora_serving",
-            "algo.group_by", "learner.optim.schedule_unit"} <= {r["key"].strip("`") for r in rows}
+@pytest.fixture(scope="module")
+def rows():
+    return load_rows()
 
 
-@pytest.mark.parametrize("row", checked_rows(), ids=lambda r: f"{r['cells']}:{r['key'].strip('`')}")
-def test_row_matches_every_cell_it_names(row, configs):
-    key, want = row["key"].strip("`"), yaml.safe_load(row["value"].strip("`"))
-    hits = 0
-    for (task, workflow, _), cfg in configs:
-        if not selected(row["cells"], task, workflow):
-            continue
-        got = OmegaConf.select(cfg, key)
-        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
-        assert got == want, f"{key} in {task}·{workflow}: config {got!r}, table {want!r}"
-        hits += 1
-    assert hits, f"row {row['setting']!r} names no cell: {row['cells']}"
+def test_matrix_resolves_one_config_per_task_workflow_sharing(configs):
+    assert len(configs) == 2 * (1 + 3 * 2)  # single_agent runs once per task, shared only
 
 
-def test_every_cell_selector_is_well_formed():
-    for row in table_rows():
-        assert re.fullmatch(r"all|(math|code)·(all|[a-z_]+(\|[a-z_]+)*)", row["cells"]), row
+def test_page_is_the_rendered_table(rows, configs):
+    assert fidelity.PAGE.read_text() == render(rows, configs), "run `python -m jobs.fidelity --write`"
+
+
+def test_every_row_cites_its_source_and_a_keyless_row_says_why(rows):
+    assert len(rows) >= 50
+    for row in rows:
+        assert row.tag and row.section.startswith("§"), row
+        assert row.config is not None or row.keys or row.no_key.strip(), row
+    assert {"algo.ppo_mini_batch_size", "learner.optim.schedule_unit", "data.sandbox.memory_mb",
+            "data.eval_full"} <= {k for r in rows for k in (r.config or {})}
+
+
+def test_every_key_the_table_names_is_a_config_key(rows, configs):
+    cfg = next(iter(configs.values()))
+    for row in rows:
+        for key in [*(row.config or {}), *row.keys]:
+            assert OmegaConf.select(cfg, key, default=MISSING_KEY) is not MISSING_KEY, f"{row.what}: {key}"
+
+
+MISSING_KEY = object()
+BASE = Row(what="steps", paper="500", tag="[R]", section="§3", cells="all", notes="", config={"steps": 500})
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"tag": "R"}, "source"),
+    ({"section": "3"}, "source"),
+    ({"cells": "math"}, "cells"),
+    ({"judged": "same"}, "computed row"),
+    ({"config": None, "judged": "same"}, "either keys or a no_key"),
+    ({"config": None, "judged": "same", "no_key": "  "}, "either keys or a no_key"),
+    ({"config": None, "judged": "similar", "no_key": "why"}, "judged"),
+])
+def test_malformed_rows_are_refused(change, problem):
+    assert row_problem(BASE) is None
+    assert problem in (row_problem(dataclasses.replace(BASE, **change)) or "")
+
+
+def test_status_is_computed_from_every_named_cell(configs):
+    assert status(BASE, configs) == "✅"
+    assert status(dataclasses.replace(BASE, config={"steps": 499}), configs) == "✘"
+    assert status(dataclasses.replace(BASE, config={"no.such.key": 1}), configs) == "✘"
+    # math eval_opt has 3 rounds, code eval_opt 2: one value cannot hold for both.
+    rounds = dataclasses.replace(BASE, cells="math·eval_opt", config={"marl.max_rounds": 3})
+    assert status(rounds, configs) == "✅"
+    assert status(dataclasses.replace(rounds, cells="code·all"), configs) == "✘"
+    with pytest.raises(ValueError, match="names no cell"):
+        status(dataclasses.replace(rounds, cells="code·debate"), configs)
+    assert status(dataclasses.replace(BASE, config=None, judged="close", keys=("steps",)), configs) == "≈"

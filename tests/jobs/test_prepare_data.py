@@ -119,9 +119,14 @@ def test_code_drops_problems_without_usable_tests_and_takes_the_test_split_first
 
 def test_source_folders_choose_one_config_and_split(tmp_path, capsys):
     root = _hf_folder(tmp_path / "dapo", "en", PROCESSED[:21])
-    _hf_folder(root, "cn", PROCESSED[:21])
-    assert main(["math", "--src", str(root), "--out", str(tmp_path / "out")]) == 3
-    assert "several configs (cn, en)" in capsys.readouterr().err
+    _hf_folder(root, "cn", PROCESSED[:5])
+    # The paper's config (en) by default; --config names another; a folder without it is an error.
+    assert main(["math", "--src", str(root), "--out", str(tmp_path / "out")]) == 0
+    assert "read 21 rows" in capsys.readouterr().out
+    assert main(["math", "--src", str(root), "--out", str(tmp_path / "out"), "--config", "cn"]) == 0
+    assert "read 5 rows" in capsys.readouterr().out
+    assert main(["code", "--src", str(root), "--out", str(tmp_path / "out")]) == 3
+    assert "several configs (cn, en), not --config primeintellect" in capsys.readouterr().err
     # A folder with train and test shards reads only --split's.
     _hf_folder(root, "en", [{"prompt": "A test problem?", "solution": "1"}], split="test")
     assert prepare("math", root / "en", tmp_path / "out")["read"] == 21
@@ -155,3 +160,30 @@ def test_bad_sources_exit_3_naming_the_path(tmp_path, capsys):
     assert main(["code", "--src", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 3
     assert "holds no .parquet" in capsys.readouterr().err
     assert main(["math", "--src", str(tmp_path), "--out", str(tmp_path / "out"), "--test-fraction", "1.5"]) == 2
+
+
+def test_over_cap_prompts_are_dropped_after_the_split_and_counted(tmp_path, capsys):
+    src = _hf_folder(tmp_path / "dapo", "en", PROCESSED)
+    whole = prepare("math", src / "en", tmp_path / "all")
+    # A counter of characters: 'What is 16 squared?' is 19, 'What is 9 squared?' 18; a cap of 18 drops 10..20,
+    # 8 of train's 18 problems and all of test's 3 (16, 10, 15).
+    capped = prepare("math", src / "en", tmp_path / "cap", count=len, max_prompt_tokens=18)
+    assert capped["over_cap"] == {"train": 8, "test": 3} and (capped["train"], capped["test"]) == (10, 0)
+    for name in ("train", "test"):
+        kept = _table(tmp_path / f"cap/dapo_math_17k_{name}.parquet")
+        assert kept == [r for r in _table(whole["paths"][name]) if len(r["prompt"]) <= 18]  # the same split, less
+    assert whole["over_cap"] == {"train": 0, "test": 0}
+    assert main(["math", "--src", str(src), "--out", str(tmp_path / "x"), "--max-prompt-tokens", "9"]) == 2
+    assert "go together" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_cap_counts_the_model_s_chat_template_tokens(tmp_path, capsys):
+    from jobs.models import resolve_model
+
+    src = _hf_folder(tmp_path / "dapo", "en", PROCESSED)
+    args = ["math", "--src", str(src), "--out", str(tmp_path / "o"), "--tokenizer", resolve_model("builtin:tiny")]
+    assert main([*args, "--max-prompt-tokens", "1000"]) == 0
+    assert "over the prompt cap: 0 train, 0 test" in capsys.readouterr().out
+    assert main([*args, "--max-prompt-tokens", "5"]) == 0  # the template alone is longer
+    assert "over the prompt cap: 18 train, 3 test" in capsys.readouterr().out

@@ -24,7 +24,13 @@ from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.tasks.sampler import PromptSampler
 from marl.workflows import roles_of
-from tests.learning import assert_learned, write_seven_tasks
+from tests.learning import (
+    assert_accuracy_is_a_count,
+    assert_learned,
+    assert_rewards_match_episodes,
+    assert_updates_follow_advantages,
+    write_seven_tasks,
+)
 
 TINY = "jobs/configs/tiny.yaml"
 WORKFLOWS = ["single_agent", "eval_opt", "voting", "orch_workers"]
@@ -40,24 +46,28 @@ def _cfg(tmp_path: Path, *overrides: str):
     for w in WORKFLOWS for s in ("shared", "isolated")
 ])
 def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
+    roles = roles_of(workflow)
+    # Turn rewards by the first token's parity: a random model's rows then carry advantages from the first step.
+    parity = [f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in roles]
     cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}", "rollout.engines_per_role=1",
-               "learner.ranks=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2")
+               "learner.ranks=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2",
+               *parity)
     summary = train(cfg)
     run = tmp_path / "tiny"
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    roles = roles_of(workflow)
-    policies = PolicyMap.build(sharing, roles).policies
+    policy_map = PolicyMap.build(sharing, roles)
     for role in roles:
         assert f"reward/mean/{role}" in rows[0] and f"rollout/parse_failures/{role}" in rows[0]
         assert rows[0][f"batch/dropped_truncated/{role}"] == 0 and f"batch/truncated/{role}" in rows[0]
-    for pid in policies:
-        assert rows[1][f"grad/norm/{pid}"] >= 0 and f"loss/{pid}" in rows[1]
-        assert (run / "export" / pid / "config.json").exists()
+    assert_updates_follow_advantages(run, rows, policy_map, resolve_model(cfg.model.path))
+    assert any(r.get(f"grad/mass/{role}", 0) > 0 for r in rows for role in roles)  # the check above had a push
+    for r in rows[:2]:
+        assert_rewards_match_episodes(run, r)
     # Engines serve the version synced after step 0 when step 1 rolls out.
     versions = set(pq.read_table(run / "rollouts" / "step_000001.parquet")["version"].to_pylist())
     assert versions == {1}
-    assert 0.0 <= summary["eval/accuracy_after"] <= 1.0
+    assert_accuracy_is_a_count(summary, rows, cfg.data.eval_size)
     assert _run_actors_gone("tiny:"), "run actors outlive the run"
 
 

@@ -7,8 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
+from jobs.models import resolve_model
 from jobs.tracking import read_metrics
 from jobs.train import main, train
+from marl.policy_map import PolicyMap
+from tests.learning import assert_accuracy_is_a_count, assert_rewards_match_episodes, assert_updates_follow_advantages
 
 TINY = "jobs/configs/tiny.yaml"
 DEBATE = "examples/debate.py"
@@ -16,9 +19,11 @@ DEBATE = "examples/debate.py"
 
 @pytest.mark.parametrize("sharing", ["shared", "isolated"])
 def test_debate_trains_two_steps(ray_cluster, tmp_path, sharing):
+    parity = [f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in ("debater", "judge")]
     cfg = load_config(TINY, [f"out_dir={tmp_path}", f"marl.workflow={DEBATE}", f"marl.sharing={sharing}",
                              "marl.max_rounds=1", "rollout.engines_per_role=0", "learner.ranks=0",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2"])
+                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2",
+                             *parity])
     summary = train(cfg)
     run = tmp_path / "tiny"
     rows = read_metrics(run)
@@ -26,13 +31,16 @@ def test_debate_trains_two_steps(ray_cluster, tmp_path, sharing):
     for role in ("debater", "judge"):
         assert f"reward/mean/{role}" in rows[0] and rows[0][f"batch/rows/{role}"] > 0
     policies = ["shared"] if sharing == "shared" else ["debater", "judge"]
-    for pid in policies:
-        assert rows[1][f"grad/norm/{pid}"] >= 0 and (run / "export" / pid / "config.json").exists()
+    policy_map = PolicyMap.build(sharing, ["debater", "judge"])
+    assert_updates_follow_advantages(run, rows, policy_map, resolve_model(cfg.model.path))
+    assert any(r.get(f"grad/mass/{role}", 0) > 0 for r in rows for role in ("debater", "judge"))
+    for r in rows[:2]:
+        assert_rewards_match_episodes(run, r)
     turns = pq.read_table(run / "rollouts" / "step_000001.parquet").to_pylist()
     # 2 prompts x 2 samples, each 2 debaters x 2 rounds + a judge.
     assert len(turns) == 4 * 5 and {t["workflow"] for t in turns} == {DEBATE}
     assert {t["policy_id"] for t in turns} == set(policies)
-    assert 0.0 <= summary["eval/accuracy_after"] <= 1.0
+    assert_accuracy_is_a_count(summary, rows, cfg.data.eval_size)
 
 
 def test_a_module_that_is_no_workflow_is_a_config_error(tmp_path, capsys):

@@ -52,6 +52,9 @@ def test_two_deepspeed_ranks_match_the_torch_learner(ray_cluster, tmp_path, stag
         if stage == 2 and "learner.role_grad_diagnostics=false" not in extra:
             assert {"grad/role_norm/generator", "grad/cos/evaluator__generator"} <= set(m)
         assert_same_update(plain, ds, make_batch(ROWS[:1]), stage)  # rank 1 has no rows at all
+        if stage == 3:  # ZeRO-3 gathers weights inside forward: rank 1 matches rank 0's metrics-only pass idly
+            zero = ([50, 51], [60, 61, 62], 0.0, "generator")
+            assert assert_same_update(plain, ds, make_batch([zero, *ROWS[:3]]), stage)["batch/dropped_zero_adv/p"] == 1
         exported = AutoModelForCausalLM.from_pretrained(ds.export(str(tmp_path / "export"))).state_dict()
         assert max_abs_diff(exported, weights(ds, 0)) == 0.0
     finally:

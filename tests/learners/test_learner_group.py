@@ -171,6 +171,18 @@ def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
     assert m_drop["loss/p"] == pytest.approx(m_keep["loss/p"], rel=1e-5)
     assert m_drop["grad/norm/p"] == pytest.approx(m_keep["grad/norm/p"], rel=1e-5)
     assert max_abs_diff(weights(dropping), weights(keeping)) < WEIGHT_TOL
+    # The skipped rows' metrics-only pass: the diagnostics cover every row, as if they had trained.
+    for key in ("entropy/generator", "entropy/evaluator", "rollout/logprob_diff/generator",
+                "rollout/logprob_diff/evaluator", "clip_frac/p", "clip_frac/role/generator"):
+        assert m_drop[key] == pytest.approx(m_keep[key], rel=1e-5), key
+    assert m_drop["entropy/generator"] != pytest.approx(make_group().update(make_batch(ROWS))["entropy/generator"])
+
+
+def test_two_ranks_with_a_skipped_row_on_one_rank(one_and_two_ranks):
+    # Rank 0's shard holds the zero-advantage row: only it runs the metrics-only pass.
+    rows = [([50, 51], [60, 61, 62], 0.0, "generator"), *ROWS[:3]]
+    m = assert_same_update(*one_and_two_ranks, make_batch(rows))
+    assert m["batch/dropped_zero_adv/p"] == 1.0
 
 
 def test_zero_advantage_rows_are_kept_when_a_kl_term_needs_them():

@@ -101,6 +101,43 @@ def test_asymmetric_bounds_symmetric_clip_catches_the_1_25_token():
     assert grad[0, 5].item() == pytest.approx(0.78) and m["clip_frac_sum"].item() == 2.0
 
 
+# Dual-clip, c = 3 (verl's clip_ratio_c): one row, old = 0, lp = log(ratio).
+#   r=5 A=−1 → max(5, 1.28) = 5, capped at −A·c = 3 (grad 0)     r=2 A=−1 → 2 < 3, unchanged (grad 2)
+#   r=5 A=+1 → −1.28, no cap for A > 0 (grad 0)                    r=0.5 A=−1 → 0.8 (lower clip, grad 0)
+DUAL_RATIOS, DUAL_ADVS = [5.0, 2.0, 5.0, 0.5], torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
+
+
+def _dual_case(**kw):
+    lp = torch.tensor([[math.log(r) for r in DUAL_RATIOS]], requires_grad=True)
+    loss, metrics = ppo_clip_loss(lp, torch.zeros(1, 4), DUAL_ADVS, torch.ones(1, 4, dtype=torch.bool),
+                                  normalizer=1.0, **kw)
+    loss.backward()
+    return loss, metrics, lp.grad
+
+
+def test_dual_clip_hand_computed():
+    loss, m, grad = _dual_case(dual_clip_c=3.0)
+    assert loss.item() == pytest.approx(3.0 + 2.0 - 1.28 + 0.8, abs=1e-6)
+    assert torch.allclose(grad, torch.tensor([[0.0, 2.0, 0.0, 0.0]]), atol=1e-6)
+    assert m["dual_clip_frac_sum"].item() == 1.0
+    loss, m, grad = _dual_case()  # off: the r = 5, A = −1 token costs 5 and pulls with gradient 5
+    assert loss.item() == pytest.approx(5.0 + 2.0 - 1.28 + 0.8, abs=1e-6) and "dual_clip_frac_sum" not in m
+    assert torch.allclose(grad, torch.tensor([[5.0, 2.0, 0.0, 0.0]]), atol=1e-5)
+
+
+def test_log_ratio_clamp_hand_computed():
+    # Log-ratios 100 (exp overflows float32) and ln 2, both with A = −1; clamped at ±20 (verl's).
+    lp = torch.tensor([[100.0, math.log(2.0)]], requires_grad=True)
+    mask, adv = torch.ones(1, 2, dtype=torch.bool), torch.tensor([-1.0])
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 2), adv, mask, normalizer=1.0, log_ratio_clamp=20.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(math.exp(20.0) + 2.0, rel=1e-6)
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, 2.0]]))  # no gradient beyond the clamp
+    assert not torch.isfinite(ppo_clip_loss(lp, torch.zeros(1, 2), adv, mask, normalizer=1.0)[0])
+    both, _ = ppo_clip_loss(lp, torch.zeros(1, 2), adv, mask, normalizer=1.0, log_ratio_clamp=20.0, dual_clip_c=3.0)
+    assert both.item() == pytest.approx(3.0 + 2.0)
+
+
 # Row 0 has one loss token (A=4), row 1 three (A=1, 2, 3), row 2 none; ratio 1 so loss = −A.
 AGG_ADV = torch.tensor([[4.0, 9.0, 9.0], [1.0, 2.0, 3.0], [5.0, 5.0, 5.0]])
 AGG_MASK = torch.tensor([[True, False, False], [True, True, True], [False, False, False]])

@@ -127,3 +127,18 @@ def test_isolated_voting_generator_takes_three_times_the_steps(norm, gen_steps):
     m_gen = generator.update(voting_batch("generator", 3, 4))
     m_agg = aggregator.update(voting_batch("aggregator", 1, 4))
     assert m_gen["optim/steps/p"] == gen_steps and m_agg["optim/steps/p"] == 1
+
+
+def test_update_call_schedule_of_the_second_of_three_policies():
+    # One shared schedule driven by three policies' update calls: this policy (called second) updates at
+    # positions 1, 4, ...; warmup 4 from 0 (verl's): lr/4 at position 1, then the full lr at position 4.
+    cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.optim.schedule_unit=update_call",
+                                                 "learner.optim.warmup_steps=4",
+                                                 "learner.optim.warmup_start_zero=true"])
+    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
+                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0,
+                                  num_policies=3, policy_index=1))
+    batch = make_batch(ROWS)
+    lrs = [learner.update(batch.to_dict(), plan_of(batch, [[0, 1], [2, 3, 4, 5]]))["lr"] for _ in range(2)]
+    assert lrs == pytest.approx([1e-3 / 4, 1e-3])  # both optimizer steps of a call share its position
+    assert learner.scheduler.last_epoch == 2  # one tick per update call

@@ -20,7 +20,7 @@ LOG2 = math.log(2.0)
 
 def algo(**overrides):
     settings = dict(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", tis_cap=0.0, kl_coef=0.0,
-                    kl_anchor_roles={}, kl_estimator="k1")
+                    kl_anchor_roles={}, kl_estimator="k1", dual_clip_c=0.0, log_ratio_clamp=0.0)
     return SimpleNamespace(**{**settings, **overrides})
 
 
@@ -90,3 +90,25 @@ def test_micro_batches_under_the_global_normalizer_add_up_to_the_batch():
                          ADVANTAGES[i:i + 1], MASK[i:i + 1], ROLES[i:i + 1], ref_logprobs=None,
                          entropy=ENTROPY[i:i + 1], algo=algo(), normalizer=3.0)[0] for i in range(2)]
     assert sum(parts).item() == pytest.approx(whole.item())
+
+
+def test_dual_clip_caps_the_negative_advantage_row_and_counts_its_tokens():
+    # Row b (A = −1) at ratio 4 costs 4 unclipped; dual-clip c = 3 caps it at 3 with no gradient. Row a (A = 2) at
+    # ratio 4 is held at 1.28 by the upper clip either way.
+    lp = logprobs()
+    old = lp.detach() - rows(math.log(4.0), math.log(4.0))
+    plain, m_plain = run(lp, old=old)
+    capped, m = run(lp, old=old, dual_clip_c=3.0)
+    assert plain.item() == pytest.approx((-1.28 * 2 * 2 + 4.0) / 3)
+    assert capped.item() == pytest.approx((-1.28 * 2 * 2 + 3.0) / 3)
+    assert m["dual_clip_frac_sum"] == 1.0 and "dual_clip_frac_sum" not in m_plain
+    capped.backward()
+    assert torch.count_nonzero(lp.grad) == 0  # every token is held by a clip
+
+
+def test_log_ratio_clamp_keeps_a_far_off_policy_token_finite():
+    lp = logprobs()
+    old = lp.detach() - rows(0.0, 100.0)  # row b: log-ratio 100, exp overflows float32
+    assert not torch.isfinite(run(lp, old=old)[0])
+    loss, _ = run(lp, old=old, log_ratio_clamp=20.0)
+    assert loss.item() == pytest.approx((-2 * 2 + math.exp(20.0)) / 3, rel=1e-6)

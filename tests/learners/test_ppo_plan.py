@@ -65,11 +65,31 @@ def test_shuffle_is_seeded_and_epochs_reshuffle():
     assert a.steps[:2] != a.steps[2:]  # the second epoch reshuffles
 
 
-def test_zero_advantage_rows_count_in_the_normaliser_but_are_not_sent():
+def test_zero_advantage_rows_count_in_the_normaliser_and_are_sent_for_metrics_only():
     keep = torch.tensor([True, False, True, True])
     rows, plans = plan_update(mask_of([2, 5, 1, 1]), keep, 1, 0, 1, "token_mean", 0, None)
-    assert rows == [[0, 2, 3]]  # row 1 never reaches the learner
-    assert plans[0].steps == [[0, 1, 2]] and plans[0].normalizers == [9.0]  # but its 5 tokens normalise
+    assert rows == [[0, 2, 3, 1]]  # row 1 comes last, after the training rows
+    assert plans[0].steps == [[0, 1, 2]] and plans[0].normalizers == [9.0]  # in no step, but its 5 tokens normalise
+    assert plans[0].metric_rows == [3]  # and it gets the metrics-only pass
+    _, (whole,) = plan_update(mask_of([2, 5]), torch.ones(2, dtype=torch.bool), 1, 0, 1, "token_mean", 0, None)
+    assert whole.metric_rows is None  # nothing dropped anywhere: no metrics-only pass
+
+
+def test_a_rank_without_dropped_rows_still_gets_an_empty_metric_pass():
+    # Ranks that communicate inside forward must run the same passes: a rank whose shard lost no row runs idle ones.
+    keep = torch.tensor([True, True, False, True])
+    _, plans = plan_update(mask_of([1, 1, 1, 1]), keep, 2, 0, 1, "token_mean", 0, None)
+    assert [p.metric_rows for p in plans] == [[], [1]]
+
+
+def test_in_order_split_by_hand():
+    # verl's data.split: no shuffle, consecutive chunks; the same chunks every epoch, on every seed.
+    rows, plans = plan_update(mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 2, "token_mean", 5, None,
+                              shuffle=False)
+    assert plans[0].steps == [[0, 1, 2], [3, 4], [5, 6]] * 2
+    _, plans2 = plan_update(mask_of([1] * 8), torch.ones(8, dtype=torch.bool), 2, 4, 1, "token_mean", 9, None,
+                            shuffle=False)
+    assert [p.steps for p in plans2] == [[[0, 1], [2, 3]], [[0, 1], [2, 3]]]  # each rank cuts its own shard
 
 
 def test_two_ranks_split_each_mini_batch_and_share_its_normaliser():
@@ -101,7 +121,9 @@ def test_every_kept_row_trains_exactly_once_per_epoch(world):
     keep = torch.tensor([i % 3 != 0 for i in range(20)])
     rows, plans = plan_update(mask_of([2] * 20), keep, world, 6, 2, "token_mean", 1, None)
     for r, plan in zip(rows, plans, strict=True):
+        trained = len(r) - len(plan.metric_rows or [])
         for epoch in range(2):
             per_epoch = plan.steps[epoch * 4:(epoch + 1) * 4]
-            assert sorted(i for s in per_epoch for i in s) == list(range(len(r)))
-    assert sorted(g for r in rows for g in r) == [i for i in range(20) if keep[i]]
+            assert sorted(i for s in per_epoch for i in s) == list(range(trained))
+        assert all(not keep[r[i]] for i in plan.metric_rows or [])
+    assert sorted(g for r in rows for g in r) == list(range(20))

@@ -1,10 +1,12 @@
-"""Hand-computed values of the per-training-step learning-rate multiplier."""
+"""Hand-computed values of the learning-rate multiplier: this project's schedule, verl's (start at 0, unclamped
+cosine), and the positions each schedule unit gives."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
-from learners.schedule import SCHEDULES, lr_factor
+from learners.schedule import SCHEDULES, lr_factor, lr_lambda, schedule_position
 
 
 def test_linear_warmup_starts_at_one_over_warmup():
@@ -38,3 +40,48 @@ def test_constant_stays_one():
     assert [lr_factor(k, 0, 10, "constant", 0.3) for k in range(12)] == [1.0] * 12
     assert lr_factor(1, 3, 10, "constant") == pytest.approx(2 / 3)  # warmup still applies
     assert lr_factor(3, 3, 10, "constant") == 1.0
+
+
+def verl_cosine(s: int, warmup: int, total: int, min_ratio: float = 0.0) -> float:
+    """verl 0.6.1's get_cosine_schedule_with_warmup lambda (init_lr_ratio 0, num_cycles 0.5), written out."""
+    if s < warmup:
+        return s / max(1, warmup)
+    progress = (s - warmup) / max(1, total - warmup)
+    return max(min_ratio, math.cos(math.pi * progress) * (1 - min_ratio) * 0.5 + (1 + min_ratio) * 0.5)
+
+
+def test_warmup_start_zero_by_hand():
+    # verl's warmup: lr 0 at step 0, k / 4 at step k, the full lr at step 4 (not at step 3).
+    assert [lr_factor(k, 4, 20, "cosine", start_zero=True) for k in range(5)] == pytest.approx([0, .25, .5, .75, 1])
+    assert lr_factor(2, 4, 20, "constant", start_zero=True) == pytest.approx(0.5)
+
+
+def test_unclamped_cosine_climbs_back_after_its_end():
+    warmup, total = 2, 12  # decay spans total - warmup = 10 steps
+    got = [lr_factor(k, warmup, total, "cosine", start_zero=True, clamp=False) for k in range(40)]
+    assert got == pytest.approx([verl_cosine(k, warmup, total) for k in range(40)])
+    assert got[7] == pytest.approx(0.5)  # halfway: step 2 + 5
+    assert got[12] == pytest.approx(0.0, abs=1e-12)  # the end is one step past the run's last step (11)
+    assert got[17] == pytest.approx(0.5) and got[22] == pytest.approx(1.0)  # back up: warmup + 2 * 10
+    assert got[11] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.9)))  # 0.0245, not 0 at the last step
+    floored = [lr_factor(k, 0, 10, "cosine", 0.2, clamp=False) for k in (5, 10, 15, 20)]
+    assert floored == pytest.approx([0.6, 0.2, 0.6, 1.0])  # min_lr_ratio is the trough, not a floor it stays at
+
+
+@pytest.mark.parametrize("unit,positions", [
+    ("step", [0, 1, 2]), ("optimizer_step", [0, 1, 2]), ("update_call", [1, 4, 7])])
+def test_schedule_position_of_the_second_of_three_policies(unit, positions):
+    # update_call: one schedule, three update calls per training step, this policy called second.
+    assert [schedule_position(t, unit, 3, 1) for t in range(3)] == positions
+
+
+def test_update_call_runs_three_policies_schedules_three_times_faster():
+    optim = SimpleNamespace(schedule_unit="update_call", warmup_steps=15, schedule="cosine", min_lr_ratio=0.0,
+                            warmup_start_zero=True, cosine_clamp=False)
+    lambdas = [lr_lambda(optim, 500, 3, p) for p in range(3)]
+    assert [f(0) for f in lambdas] == pytest.approx([0.0, 1 / 15, 2 / 15])  # the first policy trains at lr 0
+    assert lambdas[2](4) == pytest.approx(verl_cosine(14, 15, 500))
+    assert lambdas[2](166) == pytest.approx(0.0, abs=1e-12)  # position 3·166 + 2 = 500: the cosine's end
+    assert lambdas[1](328) == pytest.approx(1.0)  # position 985 = 15 + 2·485: back at the full lr at step 328
+    step = SimpleNamespace(**{**vars(optim), "schedule_unit": "step"})
+    assert lr_lambda(step, 500, 3, 2)(4) == pytest.approx(4 / 15)  # step: the policy's position plays no part

@@ -108,3 +108,36 @@ def test_code_family_scores_and_records_the_reason():
     assert (good.reward, good.info["reason"], good.info["network_isolation"]) == (1.0, "ok", "namespace")
     assert (bad.reward, bad.info["reason"]) == (0.0, "timeout")
     assert missing.reward == 0.0 and missing.info == {"reason": "no_code_block"}
+
+
+def test_the_per_test_rule_sets_each_program_s_time_limit():
+    limits = SandboxLimits(timeout_s=120.0, timeout_per_test_s=6.0)
+    stdio = Program(code="print(1)\n", style="stdio", inputs=("",) * 3, outputs=("1",) * 3)
+    three, many = limits.for_program(stdio), limits.for_program(Program(
+        code="", style="stdio", inputs=("",) * 20, outputs=("1",) * 20))
+    assert three.timeout_s == (6 + 1) * 3 + 5 and three.rlimits()["cpu_s"] == (27, 28)  # the CPU limit follows
+    assert many.timeout_s == 120.0  # (6 + 1) · 20 + 5 = 145, capped
+    assert limits.for_program(functional("")).timeout_s == 12.0  # a check() is one test
+    assert FAST.for_program(stdio) is FAST  # off: timeout_s for every program
+    with pytest.raises(ValueError, match="timeout_per_test_s"):
+        SandboxLimits(timeout_per_test_s=-1.0)
+
+
+def test_a_slow_suite_passes_within_its_per_test_limit():
+    # 2 tests of ~0.6 s each: over a flat 1 s limit, within (0.5 + 1) · 2 + 5 under the per-test rule.
+    code = "import time\ntime.sleep(0.6)\nprint(input())\n"
+    program = Program(code=code, style="stdio", inputs=("a", "b"), outputs=("a", "b"))
+    assert run(program, SandboxLimits(timeout_s=1.0)).reason == "timeout"
+    assert run(program, SandboxLimits(timeout_s=120.0, timeout_per_test_s=0.5)).passed
+
+
+def test_auto_workers_follow_the_cpus_and_are_counted_again_where_a_pool_lands():
+    import os
+    import pickle
+
+    pool = SandboxPool(FAST, workers=0)
+    assert pool.workers == len(os.sched_getaffinity(0)) >= 1
+    assert pickle.loads(pickle.dumps(pool)).__getstate__()["workers"] == 0
+    assert SandboxPool(FAST, workers=3).workers == 3
+    with pytest.raises(ValueError, match="workers"):
+        SandboxPool(FAST, workers=-1)

@@ -227,3 +227,20 @@ def test_environment_holds_only_the_scrubbed_variables():
     assert run(functional(code, test), FAST).passed
 
 
+
+
+def paper_limits() -> SandboxLimits:
+    """The sandbox limits of the paper matrix's code cells (paper_base.yaml; the rest are the defaults)."""
+    import yaml
+
+    section = yaml.safe_load(Path("jobs/configs/sweeps/paper_base.yaml").read_text())["data"]["sandbox"]
+    return SandboxLimits(**{k: v for k, v in section.items() if k != "workers"})
+
+
+def test_the_paper_s_longer_limits_still_contain_bombs():
+    limits = paper_limits()
+    assert (limits.timeout_s, limits.timeout_per_test_s, limits.memory_mb) == (120.0, 6.0, 4096)
+    assert run(functional("x = bytearray(50 * 2**30)\n"), limits).reason == "oom"
+    code = BYPASSING_FORK_BOMB.format(then="raise AssertionError(f'forked {children}, then errno {e.errno}')")
+    result = run(functional(code), limits)
+    assert result.reason == "failed" and "forked 3, then errno 11" in result.detail

@@ -25,8 +25,7 @@ def task(answer: str) -> Task:
         ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
         ("first \\boxed{1}, finally \\boxed{ 2 }", "2"),
         ("\\boxed{7} then truncated \\boxed{8", "7"),
-        ("She makes 9 * 2 = 18.\n#### 1,234", "1234"),
-        ("#### 5\nlater\n#### 18.", "18"),
+        ("She makes 9 * 2 = 18.\n#### 1,234", None),  # strict: a box or nothing
         ("no answer here", None),
         ("\\boxed{}", None),
     ],
@@ -116,6 +115,9 @@ def test_math_last_number_fallback_is_opt_in():
     assert lenient.extract_answer(text) == "4"
     assert lenient.extract_answer("so \\boxed{7} and then 9") == "7"  # boxed still wins
     assert lenient.extract_answer("no digits") is None
+    assert lenient.extract_answer("She makes 9 * 2 = 18.\n#### 1,234") == "1234"  # '####' before the last number
+    assert lenient.extract_answer("#### 5\nlater\n#### 18.\nThen 3") == "18"
+    assert strict.extract_answer("#### 5") is None
     assert get_family("math", "last_number").extract_answer("x = -2.5") == "-2.5"
     with pytest.raises(ValueError, match="data.answer_fallback"):
         MathFamily("first_word")

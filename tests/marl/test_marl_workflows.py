@@ -248,9 +248,9 @@ def test_eval_opt_paper_prompts_on_math():
     assert texts["generator"] == _eval_opt_texts("default")["generator"]
     assert "Never reveal the correct final answer" in texts["evaluator"]
     assert "\\boxed{Correct} or \\boxed{Incorrect}" in texts["evaluator"]
-    assert texts["review"].startswith("Problem:\nWhat is 6 * 7?\n\nProposed solution:\n\\boxed{41}")
+    assert texts["review"].startswith("Is this solution correct?")
     assert "without revealing the answer" in texts["review"] and "\\boxed{Incorrect}." in texts["review"]
-    assert "Recheck the product." in texts["revise"]  # the feedback reaches the generator
+    assert "addresses the feedback" in texts["revise"]
     assert "a different method or approach" in texts["revise"] and texts["revise"].endswith("in \\boxed{}.")
 
 
@@ -261,8 +261,77 @@ def test_eval_opt_paper_prompts_on_code_use_code_personas():
     assert texts["evaluator"].startswith("You are a code reviewer") and "edge cases" in texts["evaluator"]
     assert "do not write the fixed code" in texts["evaluator"] and "\\boxed{Incorrect}" in texts["evaluator"]
     assert "without writing the fixed code" in texts["review"]
-    assert "new program that uses a different method" in texts["revise"]
+    assert "new program that addresses the review and uses a different method" in texts["revise"]
     assert texts["revise"].endswith(family.instruction())
+
+
+def test_eval_opt_paper_shares_one_conversation_over_three_rounds():
+    from marl.workflows.eval_opt import PAPER_MATH as P
+
+    verdicts = ["Recheck. \\boxed{Incorrect}", "No. \\boxed{Incorrect}", "\\boxed{Correct}"]
+    client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{40}", "\\boxed{42}"], "evaluator": verdicts})
+    ep = run("eval_opt", client, WorkflowOptions(prompts="paper", max_rounds=3))
+    problem = f"{TASK.prompt}\n\n{MATH.instruction()}"
+    revise = f"{P.revise}\n\n{MATH.instruction()}"
+    shared = [("user", problem), ("assistant", "\\boxed{41}"), ("user", P.review),
+              ("assistant", "Recheck. \\boxed{Incorrect}"), ("user", revise), ("assistant", "\\boxed{40}"),
+              ("user", P.rereview), ("assistant", "No. \\boxed{Incorrect}"), ("user", revise),
+              ("assistant", "\\boxed{42}"), ("user", P.rereview)]
+    # Turn k reads the system prompt of its role, then the first 2k + 1 messages of the one conversation.
+    for k, turn in enumerate(ep.turns):
+        assert turn.messages[0] == {"role": "system", "content": P.generator if k % 2 == 0 else P.evaluator}
+        assert [(m["role"], m["content"]) for m in turn.messages[1:]] == shared[: 2 * k + 1], k
+    assert [(t.role, t.round) for t in ep.turns] == [(r, i) for i in range(3) for r in ("generator", "evaluator")]
+    assert ep.final_answer == "42" and ep.reward == 1.0 and ep.parse_failures == {}
+
+
+def test_eval_opt_default_keeps_two_chats():
+    client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{42}"],
+                             "evaluator": ["Recheck. \\boxed{Incorrect}", "\\boxed{Correct}"]})
+    ep = run("eval_opt", client)
+    assert [m["role"] for m in ep.turns[1].messages] == ["system", "user"]  # the answer quoted in a user turn
+    assert [m["role"] for m in ep.turns[3].messages] == ["system", "user", "assistant", "user"]
+
+
+def _code_run(workflow: str, replies: dict[str, object], prompts: str):
+    task = Task(task_id="c0", prompt="Print the sum of two numbers.", answer="", meta={"style": "stdio", "cases": []})
+    family = CodeFamily()
+    opts = WorkflowOptions(prompts=prompts)
+    return asyncio.run(get_workflow(workflow).run(task, ScriptedClient(replies), family, opts, 0)), family
+
+
+def test_voting_paper_code_prompts():
+    gens = {f"generator{i}": f"```python\nprint({i})\n```" for i in range(3)}
+    ep, family = _code_run("voting", {**gens, "aggregator": "\\boxed{2}"}, "paper")
+    gen, agg = ep.turns[0].messages, ep.turns[3].messages
+    assert gen[0]["content"].startswith("You are an expert competitive programmer")
+    assert gen[1]["content"].endswith(family.instruction())  # a code block
+    assert "most likely to pass all tests" in agg[0]["content"]
+    assert "--- Solution 2 ---\n```python\nprint(1)" in agg[1]["content"]
+    assert agg[1]["content"].endswith("Which solution is most likely to pass all tests? Answer with its number as "
+                                      "\\boxed{i}, i from 1 to 3.")
+    assert ep.final_answer == "print(1)\n"
+    default, _ = _code_run("voting", {**gens, "aggregator": "\\boxed{2}"}, "default")
+    assert default.turns[3].messages[0]["content"].endswith("most likely to be correct.")
+    assert "Response 2:" in default.turns[3].messages[1]["content"]
+
+
+def test_orch_workers_paper_code_prompts():
+    replies = {"orchestrator": "STRATEGY 1: read both.\nSTRATEGY 2: split the line.",
+               "worker0": "```python\nprint(1)\n```", "worker1": "```python\nprint(2)\n```",
+               "synthesizer": "```python\nprint(3)\n```"}
+    ep, family = _code_run("orch_workers", replies, "paper")
+    plan, worker, synth = (ep.turns[i].messages for i in (0, 1, 3))
+    assert "do not write code" in plan[0]["content"]
+    assert worker[0]["content"].startswith("You are an expert competitive programmer")
+    assert worker[1]["content"].endswith(family.instruction())
+    assert "one complete, runnable Python program" in synth[1]["content"]
+    assert "agreement between them" in synth[1]["content"] and synth[1]["content"].endswith(family.instruction())
+    assert ep.final_answer == "print(3)\n"
+    math = asyncio.run(get_workflow("orch_workers").run(
+        TASK, ScriptedClient({**replies, "synthesizer": "\\boxed{42}"}), MATH, WorkflowOptions(prompts="paper"), 0))
+    assert "agreement between solutions" in math.turns[3].messages[1]["content"]
+    assert "runnable" not in math.turns[3].messages[1]["content"]
 
 
 def test_prompt_sets_are_a_config_choice():

@@ -1,7 +1,8 @@
 """VLLMEngine (real vLLM, in-process, on CPU) on the built-in tiny model: completions as the HF engine shapes
-them, logprobs against a manual fp32 HF forward pass, stopping on eos, seeds, and weight sync that is
-verified (switch and restore exactly; a load that did not land is caught by the engine or by the sender; the
-fingerprint is read back from what vLLM serves, fused qkv/gate_up layers included), and a bf16 engine.
+them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on
+eos, seeds, and weight sync that is verified (switch and restore exactly; a load that did not land is caught
+by the engine or by the sender; the fingerprint is read back from what vLLM serves, fused qkv/gate_up layers
+included), and a bf16 engine.
 
 Measured on the tiny float32 model: vLLM's logprobs match the manual forward pass to <= 5e-7 (T = 0, 0.7,
 1, 1.3; 16 prompts x 32 tokens); the tolerance below leaves two orders of magnitude of headroom.
@@ -29,6 +30,8 @@ from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
 from rollout.vllm_engine import VLLMEngine
 from rollout.vllm_support import cpu_bind
+from tests.learners.test_engine_logprobs import DIFF_TOL, TEMPERATURE, learner_gap
+from tests.learners.test_engine_logprobs import REQUESTS as LEARNER_REQUESTS
 
 pytestmark = pytest.mark.vllm
 
@@ -102,6 +105,13 @@ def test_logprobs_match_a_manual_fp32_forward_of_the_temperature_scaled_distribu
     out = engine.generate(REQUESTS, Sampling(temperature=temperature, max_new_tokens=12, seed=4))
     for c in out:
         assert _max_logprob_error(hf.model, c, temperature) < LOGPROB_TOL
+
+
+def test_engine_logprobs_through_build_batches_equal_the_learners(engine, tiny):
+    # As tests/learners/test_engine_logprobs.py for the HF engine: the learner's metric on the engine's rows.
+    completions = engine.generate(LEARNER_REQUESTS, Sampling(TEMPERATURE, max_new_tokens=12, seed=5))
+    gaps = learner_gap(tiny, completions, [1.0, -1.0, 0.5, -0.5])
+    assert all(gap < DIFF_TOL for gap in gaps.values()), gaps
 
 
 def test_greedy_is_the_argmax_of_the_manual_forward_and_agrees_with_the_hf_engine(engine, hf):

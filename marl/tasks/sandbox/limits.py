@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 # ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
@@ -42,17 +43,25 @@ class Program:
         if self.style == "stdio" and (not self.inputs or len(self.inputs) != len(self.outputs)):
             raise ValueError("a stdio Program needs one expected output per input, and at least one input")
 
+    @property
+    def test_count(self) -> int:
+        """The tests a time limit per test multiplies: one per stdin case; a functional check() is one."""
+        return len(self.inputs) if self.style == "stdio" else 1
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
     """Per-execution limits (the `data.sandbox` config section maps onto these).
 
     `timeout_s` is wall clock for the whole execution (startup and every test), enforced by the parent;
-    the CPU rlimit is one second above it. `max_processes` caps the sandbox uid's tasks, threads included
-    (1 = the harness alone; the default leaves room for a few threads). It binds only when the child runs
+    the CPU rlimit is one second above it. With `timeout_per_test_s` = t > 0 the wall clock of a program of n
+    tests is min((t + 1) · n + 5, timeout_s), the paper's rule: `timeout_s` is then the cap (`for_program`).
+    `max_processes` caps the sandbox uid's tasks, threads included (1 = the harness alone; the default leaves
+    room for a few threads). It binds only when the child runs
     under its own uid or the parent is not root: the kernel does not apply RLIMIT_NPROC to root."""
 
     timeout_s: float = 10.0
+    timeout_per_test_s: float = 0.0  # 0 = timeout_s for every program, whatever its number of tests
     memory_mb: int = 1024
     max_output_bytes: int = MIB
     file_size_mb: int = 64
@@ -69,6 +78,16 @@ class SandboxLimits:
         for name in ("timeout_s", "memory_mb", "max_output_bytes", "file_size_mb", "open_files", "max_processes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)!r}")
+        if not self.timeout_per_test_s >= 0:
+            raise ValueError(f"sandbox timeout_per_test_s must be >= 0, got {self.timeout_per_test_s!r}")
+
+    def for_program(self, program: Program) -> SandboxLimits:
+        """The limits of one execution of `program`: timeout_s from the per-test rule when it is on (the CPU
+        rlimit follows it), else these limits unchanged."""
+        if not self.timeout_per_test_s:
+            return self
+        wall = min((self.timeout_per_test_s + 1) * program.test_count + 5, self.timeout_s)
+        return replace(self, timeout_s=wall, timeout_per_test_s=0.0)
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """(soft, hard) per limit, as the child applies them."""
@@ -81,6 +100,12 @@ class SandboxLimits:
             "processes": (self.max_processes,) * 2,
             "core_bytes": (0, 0),
         }
+
+
+def auto_workers() -> int:
+    """Concurrent executions when none are configured: one per CPU this process may run on, as the paper's
+    stack sizes its test pool to the CPU count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

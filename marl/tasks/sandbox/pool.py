@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from marl.tasks.sandbox.limits import Program, SandboxLimits, SandboxResult
+from marl.tasks.sandbox.limits import Program, SandboxLimits, SandboxResult, auto_workers
 from marl.tasks.sandbox.runner import run
 
 SELF_CHECK = Program(code="def f(x):\n    return x + 1\n", test="def check(c):\n    assert c(1) == 2\n",
@@ -18,12 +18,14 @@ class SandboxPool:
     """Runs Programs on at most `workers` threads, each driving one child process at a time, so scoring
     never takes more than `workers` cores from the engines whatever the number of episodes in flight.
 
-    The executor starts on first use; a pickled pool arrives without one and starts its own."""
+    The executor starts on first use; a pickled pool arrives without one and starts its own. workers=0 is one
+    per CPU the process holding the pool may use (auto_workers)."""
 
-    def __init__(self, limits: SandboxLimits | None = None, workers: int = 2):
-        if workers < 1:
-            raise ValueError(f"sandbox workers must be >= 1, got {workers}")
-        self.limits, self.workers = limits or SandboxLimits(), workers
+    def __init__(self, limits: SandboxLimits | None = None, workers: int = 0):
+        if workers < 0:
+            raise ValueError(f"sandbox workers must be >= 0 (0 = auto), got {workers}")
+        self.limits, self.workers = limits or SandboxLimits(), workers or auto_workers()
+        self._setting = workers  # what travels when pickled: auto is counted again where the pool lands
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -56,7 +58,7 @@ class SandboxPool:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"limits": self.limits, "workers": self.workers}
+        return {"limits": self.limits, "workers": self._setting}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         SandboxPool.__init__(self, state["limits"], state["workers"])

@@ -33,8 +33,9 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL":
 
 
 def run(program: Program, limits: SandboxLimits) -> SandboxResult:
-    """Execute `program` once under `limits`."""
+    """Execute `program` once under `limits` (its time limit per test applied: SandboxLimits.for_program)."""
     start = time.monotonic()
+    limits = limits.for_program(program)
     uid = UID_BASE + secrets.randbelow(UID_SPAN) if limits.drop_privileges and os.geteuid() == 0 else None
     try:
         workdir = tempfile.mkdtemp(prefix=f"marl-sandbox-{os.getpid()}-", dir=limits.work_root or None)

@@ -176,6 +176,10 @@ class AlgoConfig:
     # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
     # (on top of kl_coef), to hold back one drifting role without slowing the others. {} = off.
     kl_anchor_roles: dict[str, float] = field(default_factory=dict)
+    # Skip an optimizer step (and an optimizer-step schedule's advance; a per-training-step schedule advances as
+    # always) whose mini-batch has no row with a non-zero advantage on any rank, and no KL term: its gradient is
+    # zero, yet AdamW would still move the weights on its momentum. Counted in update/skipped_steps/<policy>.
+    skip_empty_optimizer_steps: bool = False
 
 
 @dataclass
@@ -222,6 +226,9 @@ class LearnerConfig:
     concurrent_updates: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    # update/policy_move/<policy>: mean |Δ log-prob| per response token of a step's rows, after the update against
+    # before it (learners/policy_move.py): one extra no-grad forward over the step's rows.
+    policy_move: bool = True
 
 
 @dataclass

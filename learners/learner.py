@@ -36,6 +36,7 @@ from learners.losses import entropy_from_logits, response_start, token_logprobs
 from learners.member import LearnerSpec
 from learners.mitigations import uses_kl
 from learners.policy_loss import policy_loss
+from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_factor
@@ -72,6 +73,7 @@ class Learner:
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
             scheduler=self.scheduler, reference=self.reference))
+        self.move = PolicyMove(learner.policy_move)
         self.step = 0
         self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
         self._served_names: list[str] | None = None
@@ -86,9 +88,10 @@ class Learner:
     def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
         """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py).
 
-        Returns metric sums (loss: the mean over optimizer steps), the optimizer-step count, and the steps'
-        mean and last grad norm, lr and (with `plan.roles`) per-role gradient metrics. Each role's gradient is
-        taken separately; the step uses their sum, which is the plain gradient.
+        Returns metric sums (loss: the mean over optimizer steps), the optimizer steps taken and skipped (empty
+        ones, `plan.skip`: neither the optimizer nor an optimizer-step schedule advances), the taken steps' mean
+        and last grad norm, lr and (with `plan.roles`) per-role gradient metrics, and the policy's movement
+        (learners/policy_move.py). Each role's gradient is taken separately; the step uses their sum.
         """
         self.model.train()
         data = TrainBatch.from_dict(batch)
@@ -96,20 +99,35 @@ class Learner:
         data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0})
-        per_step = []
-        for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
-            mb = data.select(data.longest_first(rows))
+        per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
+        taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
+        self.move.start()
+        for i in taken:
+            mb = data.select(data.longest_first(plan.steps[i]))
             if i == 0 and self.algo.old_logprobs == "recompute":
                 mb = dataclasses.replace(mb, old_logprobs=None)  # nothing moved yet: old = current, detached
-            per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
+            per_step.append(self._optimizer_step(mb, plan.normalizers[i], plan.roles, sums))
+            self.move.stop_capture()  # the first step's forward alone ran on the weights of before the update
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
         if self.cfg.optim.schedule_unit == "step":
             self.scheduler.step()
+        sums.update(self._measure_move(data, plan, taken))
         self.step += 1
         self.backend.after_update()
         sums["loss"] /= len(plan.steps)
-        return {**sums, **mean_and_last(per_step), "optimizer_steps": float(len(plan.steps))}
+        # No step taken: no gradient, reported as a zero norm at the lr the step would have used.
+        return {**sums, **mean_and_last(per_step or [{"lr": lr, "grad_norm": 0.0}]),
+                "optimizer_steps": float(len(taken)), "skipped_steps": float(len(plan.steps) - len(taken))}
+
+    def _measure_move(self, data: TrainBatch, plan: UpdatePlan, taken: list[int]) -> dict[str, float]:
+        """The step's policy-movement sums: the first taken step's captured micro-batches and, when recomputed,
+        the rows of later steps against their old log-probs (learners/policy_move.py)."""
+        if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
+            rest = sorted({j for rows in plan.steps[1:] for j in rows} - set(plan.steps[taken[0]]))
+            for mb in data.select(data.longest_first(rest)).micro_batches(self.cfg.micro_batch_size) if rest else []:
+                self.move.add(mb)
+        return self.move.measure(self._policy_logprobs, self.backend.matched_passes, self._idle_loss)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: dict[str, float]) -> dict[str, float]:
@@ -202,6 +220,7 @@ class Learner:
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
         logits, s = self._response_logits(mb, plain)
         lp = F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))  # [B, T−1]; 0 where no logits (prompt)
+        self.move.capture(mb, lp)
         with torch.no_grad():
             entropy = F.pad(entropy_from_logits(logits), (s, 0))
         algo = self.algo
@@ -213,6 +232,12 @@ class Learner:
         for key, value in metrics.items():
             sums[key] += value
         return loss
+
+    @torch.no_grad()
+    def _policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """The policy's log-probs [B, T−1], 0 before the response window (as in the loss)."""
+        logits, s = self._response_logits(mb)
+        return F.pad(token_logprobs(logits, mb.input_ids[:, 1 + s:]), (s, 0))
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:

@@ -28,12 +28,14 @@ class UpdatePlan:
     """One rank's share of a training step: `steps[i]` are the row indices (into the rank's shard) of optimizer
     step i, in order; `normalizers[i]` its global loss normaliser; `roles` (the policy's roles, identical on
     every rank) asks for per-role gradient diagnostics. `epochs` tells the learner whether a row trains again
-    after the weights moved (then its old log-probs must be kept from before the first step)."""
+    after the weights moved (then its old log-probs must be kept from before the first step). `skip[i]`: optimizer
+    step i carries no gradient on any rank and is not taken (learners/empty_steps.py); empty = take every step."""
 
     steps: list[list[int]]
     normalizers: list[float]
     roles: list[str] | None = None
     epochs: int = 1
+    skip: tuple[bool, ...] = ()
 
     @staticmethod
     def whole(rows: int, normalizer: float, roles: list[str] | None = None) -> UpdatePlan:

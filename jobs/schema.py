@@ -137,6 +137,10 @@ class RolloutConfig:
     # learner: it needs algo.old_logprobs=rollout (the PPO ratio against the engine's logprobs) or
     # algo.tis_cap > 0 (importance weights engine → learner), checked at load.
     one_step_off_policy: bool = False
+    # Per-role response caps overriding sampling.max_new_tokens for those roles' turns (training and eval), e.g.
+    # {aggregator: 128}: a supervisory role whose verdict or plan needs more room than the answering roles get.
+    # Roles must be the workflow's; algo.max_len must hold the largest cap. {} = sampling.max_new_tokens for all.
+    role_max_new_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

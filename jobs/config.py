@@ -310,7 +310,7 @@ def _check_ranges(cfg: Any) -> None:
 
 def max_response_tokens(rollout: Any) -> int:
     """The longest response any role may write: sampling.max_new_tokens or a larger per-role cap."""
-    return max([rollout.sampling.max_new_tokens, *rollout.role_max_new_tokens.values()])
+    return max([int(rollout.sampling.max_new_tokens), *map(int, rollout.role_max_new_tokens.values())])
 
 
 def _check_role_caps(cfg: Any) -> None:

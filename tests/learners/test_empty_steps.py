@@ -111,3 +111,20 @@ def test_policy_move_off(make_learner):
     learner = make_learner("learner.policy_move=false")
     batch = make_batch(ROWS)
     assert "move_sum" not in learner.update(batch.to_dict(), plan(batch, [list(range(len(ROWS)))]))
+
+
+def test_a_resumed_learner_continues_a_run_with_skipped_steps(make_learner, tmp_path):
+    # The counters a skip leaves behind (the training step advanced, AdamW's step count and an optimizer-step
+    # schedule not) are in the checkpoint: the resumed learner takes the same next step.
+    first = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
+    live, empty = make_batch(ROWS), make_batch(ZERO)
+    whole = list(range(len(ROWS)))
+    first.update(live.to_dict(), plan(live, [whole]))
+    first.update(empty.to_dict(), plan(empty, [whole], skip=(True,)))
+    first.save_state(str(tmp_path))
+    resumed = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
+    resumed.load_state(str(tmp_path))
+    assert resumed.step == 2 and resumed.scheduler.last_epoch == first.scheduler.last_epoch == 1
+    m_first, m_resumed = (x.update(live.to_dict(), plan(live, [whole])) for x in (first, resumed))
+    assert m_resumed == pytest.approx(m_first, rel=1e-6)
+    assert max_abs_diff(first.model.state_dict(), resumed.model.state_dict()) < 1e-7

@@ -86,13 +86,10 @@ class Learner:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
-        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py).
-
-        Returns metric sums (loss: the mean over optimizer steps), the optimizer steps taken and skipped (empty
-        ones, `plan.skip`: neither the optimizer nor an optimizer-step schedule advances), the taken steps' mean
-        and last grad norm, lr and (with `plan.roles`) per-role gradient metrics, and the policy's movement
-        (learners/policy_move.py). Each role's gradient is taken separately; the step uses their sum.
-        """
+        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns metric sums
+        (loss: the mean over optimizer steps), the steps taken and skipped (`plan.skip`: neither the optimizer nor an
+        optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`)
+        per-role gradient metrics (the step uses their sum), and the policy's movement (learners/policy_move.py)."""
         self.model.train()
         data = TrainBatch.from_dict(batch)
         self.pad_id = data.pad_id

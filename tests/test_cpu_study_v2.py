@@ -19,9 +19,8 @@ from studies.cpu_smollm2_v2.stats import binomial_two_sided, fisher_exact, is_cl
 
 def test_the_readme_tables_are_those_of_the_committed_runs():
     in_readme = collect.readme_tables(collect.README.read_text())
-    assert set(in_readme) == {*collect.TABLES, "calibration"}, "every measured table has its place, once"
-    assert in_readme == collect.tables(collect.committed(collect.RUNS), collect.committed(collect.CALIBRATION)), \
-        "stale README tables: run `python -m studies.cpu_smollm2_v2.collect`"
+    assert set(in_readme) == {*collect.TABLES, "calibration", "gate"}, "every measured table has its place, once"
+    assert in_readme == collect.committed_tables(), "stale tables: run `python -m studies.cpu_smollm2_v2.collect`"
 
 
 def test_fisher_exact_by_hand():
@@ -99,6 +98,22 @@ def test_collect_pipeline_on_runs_built_by_hand(sweep, tmp_path):
     assert tests[3] == "| voting-isolated+mb0 vs voting-isolated | 0/1 vs 1/2 | 1.000 | 10 | 2 / 0 | +0.200 | 0.500 |"
     assert collect.provenance_table(runs).splitlines()[2] == "| abc | 5 | 0 |"
     assert collect.calibration_table(runs[:1]).splitlines()[2] == "| 0.0003 | 0 | 0.200 | 0.500 | 0.500 | no | 0.500 |"
+
+
+def test_gate_table_from_the_base_models_parse_failures(tmp_path):
+    sweep = tmp_path / "sweep"
+    for cap, failures in ((32, 20.0), (64, 12.0)):
+        run = sweep / f"t{cap}"
+        run.mkdir(parents=True)
+        cfg = {"marl": {"workflow": "voting"}, "rollout": {"role_max_new_tokens": {"aggregator": cap}}}
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        row = {"step": 0, "time/step_s": 1.0, "eval/before/episodes": 32.0,
+               "eval/before/parse_failures/aggregator": failures}
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    assert sorted(collect.copy_runs(sweep, tmp_path / "gate", gate=True)) == [
+        "voting-aggregator-32", "voting-aggregator-64"]
+    rows = collect.gate_table(collect.find_runs([tmp_path / "gate"])).splitlines()[2:]
+    assert rows == ["| voting | aggregator | 32 | 32 | 0.375 | no |", "| voting | aggregator | 64 | 32 | 0.625 | yes |"]
 
 
 def test_arm_names_come_from_the_config():

@@ -3,7 +3,7 @@
 1. Copies every run (metrics.jsonl, config.yaml, eval_tasks.csv and its held-out curve as eval_curve.csv; no
    rollouts, no weights) from the sweeps' storage into studies/cpu_smollm2_v2/runs/<arm>/seed<seed>/, the arm
    read from the run's own config (ablations by their keys, not by folder names). Calibration runs go to
-   calibration/ instead (`--calibration DIR`): reported, never results.
+   calibration/ (`--calibration DIR`) and gate runs to gate/ (`--gate DIR`) instead: reported, never results.
 2. Rewrites the README's measured tables (between `<!-- table:NAME -->` and `<!-- /table -->`) from the
    committed runs with the functions below and those of studies.cpu_smollm2_v2.stats.
 
@@ -31,10 +31,11 @@ from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_rea
 from studies.cpu_smollm2_v2.stats import fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd
 
 HERE = Path(__file__).resolve().parent
-RUNS, CALIBRATION, README = HERE / "runs", HERE / "calibration", HERE / "README.md"
+RUNS, CALIBRATION, GATE, README = HERE / "runs", HERE / "calibration", HERE / "gate", HERE / "README.md"
 # One sweep per phase and seed (jobs/configs/sweeps/cpu_study_v2.yaml).
 SWEEPS = sorted([*Path("runs/sweeps").glob("cpu_study_v2_s*"), *Path("runs/sweeps").glob("cpu_study_v2_ablation_s*")])
 BASELINE = "single_agent-shared"
+GATE_RATE = 0.5  # a coordinating role's parse rate at base that makes its workflow testable
 CLIFF_DROP = 0.1  # the rule's floor: a gap under 10 points is no cliff even where 2 standard errors are smaller
 
 
@@ -85,12 +86,19 @@ def committed(root: Path = RUNS) -> list[Run]:
     return sorted(runs, key=lambda r: (r.arm != BASELINE, r.arm, r.seed))
 
 
-def copy_runs(sweep: Path, root: Path) -> list[str]:
-    """Copies each run under `sweep` into `root`/<arm>/seed<seed>/; returns those folders' names."""
+def gate_name(cfg: dict[str, Any]) -> str:
+    """A gate run's folder: `<workflow>-<role>-<cap>` (the role whose cap it sets)."""
+    caps = cfg.get("rollout", {}).get("role_max_new_tokens", {})
+    return "-".join([cfg.get("marl", {}).get("workflow", "?"), *(f"{r}-{c}" for r, c in sorted(caps.items()))])
+
+
+def copy_runs(sweep: Path, root: Path, gate: bool = False) -> list[str]:
+    """Copies each run under `sweep` into `root`/<arm>/seed<seed>/ (gate runs: `root`/<gate_name>/); returns
+    those folders' names."""
     names = []
     for path in find_runs([sweep]):
         run = load(path)
-        dest = root / run.arm / f"seed{run.seed}"
+        dest = root / gate_name(_config(path)) if gate else root / run.arm / f"seed{run.seed}"
         dest.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "config.yaml", EVAL_TASKS):
             if (path / name).is_file():
@@ -98,7 +106,7 @@ def copy_runs(sweep: Path, root: Path) -> list[str]:
         xs, ys = eval_curve(run.record.rows)
         with open(dest / "eval_curve.csv", "w", newline="") as f:
             csv.writer(f).writerows([("steps_done", "accuracy"), *zip(xs, ys, strict=True)])
-        names.append(f"{run.arm}/seed{run.seed}")
+        names.append(str(dest.relative_to(root)))
     return names
 
 
@@ -181,6 +189,21 @@ def calibration_table(runs: list[Run]) -> str:
     return _table(["lr", "seed", "base", "peak", "final", "cliff (rule)", "largest policy move"], rows)
 
 
+def gate_table(paths: list[Path]) -> str:
+    """Per gate run: the coordinating role, its cap, the base model's parse rate over its evaluation's episodes
+    (1 - eval/before/parse_failures/<role> / eval/before/episodes) and whether it reaches the gate's 50 %."""
+    rows = []
+    for path in paths:
+        cfg, record = _config(path), load_run(path)
+        first = record.rows[0] if record.rows else {}
+        for role, cap in sorted(cfg.get("rollout", {}).get("role_max_new_tokens", {}).items()):
+            episodes = float(first.get("eval/before/episodes", 0.0))
+            rate = 1 - float(first.get(f"eval/before/parse_failures/{role}", 0.0)) / episodes if episodes else math.nan
+            rows.append([record.workflow, role, str(cap), f"{episodes:.0f}", _fmt(rate),
+                         "–" if rate != rate else ("yes" if rate >= GATE_RATE else "no")])
+    return _table(["workflow", "role", "cap", "episodes", "parse rate at base", ">= 50 %"], sorted(rows))
+
+
 def provenance_table(runs: list[Run]) -> str:
     """The code versions the runs ran: each commit, its runs and how many had uncommitted changes."""
     seen: dict[str, list[bool | str]] = {}
@@ -196,8 +219,14 @@ TABLES: dict[str, Callable[[list[Run]], str]] = {
 }
 
 
-def tables(runs: list[Run], calibration: list[Run]) -> dict[str, str]:
-    return {**{name: fn(runs) for name, fn in TABLES.items()}, "calibration": calibration_table(calibration)}
+def tables(runs: list[Run], calibration: list[Run], gate: list[Path]) -> dict[str, str]:
+    return {**{name: fn(runs) for name, fn in TABLES.items()}, "calibration": calibration_table(calibration),
+            "gate": gate_table(gate)}
+
+
+def committed_tables() -> dict[str, str]:
+    gate = find_runs([GATE]) if GATE.is_dir() else []
+    return tables(committed(RUNS), committed(CALIBRATION), gate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", type=Path, nargs="*", default=list(SWEEPS), help="study sweeps (copied)")
     parser.add_argument("--calibration", type=Path, nargs="*", default=[], help="calibration sweeps (copied)")
+    parser.add_argument("--gate", type=Path, nargs="*", default=[], help="gate sweeps (copied)")
     parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
     args = parser.parse_args(argv)
-    for sources, root in ((args.sweep, RUNS), (args.calibration, CALIBRATION)):
+    for sources, root in ((args.sweep, RUNS), (args.calibration, CALIBRATION), (args.gate, GATE)):
         for sweep in sources if not args.check else []:
             if sweep.is_dir():
-                print(f"copied {', '.join(copy_runs(sweep, root)) or 'no runs'} from {sweep}")
-    computed, text = tables(committed(RUNS), committed(CALIBRATION)), README.read_text()
+                print(f"copied {', '.join(copy_runs(sweep, root, root == GATE)) or 'no runs'} from {sweep}")
+    computed, text = committed_tables(), README.read_text()
     if args.check:
         stale = [n for n, t in readme_tables(text).items() if computed.get(n) != t]
         print(f"README tables {'differ: ' + ', '.join(stale) if stale else 'match'} the committed runs")

@@ -151,6 +151,7 @@ def validate(cfg: Any) -> None:
     _check_verl_update_details(cfg)
     _check_data_fidelity(cfg)
     _check_tracking(cfg)
+    _check_role_caps(cfg)
     _check_reward_shaping(cfg)
     _check_policies(cfg)
     _check_dtype(cfg)
@@ -345,6 +346,22 @@ def _check_ranges(cfg: Any) -> None:
         raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")
 
 
+def max_response_tokens(rollout: Any) -> int:
+    """The longest response any role may write: sampling.max_new_tokens or a larger per-role cap."""
+    return max([int(rollout.sampling.max_new_tokens), *map(int, rollout.role_max_new_tokens.values())])
+
+
+def _check_role_caps(cfg: Any) -> None:
+    roles = roles_of(cfg.marl.workflow)
+    for role, cap in cfg.rollout.role_max_new_tokens.items():
+        if role not in roles:
+            raise ConfigError(f"config: rollout.role_max_new_tokens.{role}: {cfg.marl.workflow} has no role {role!r}; "
+                              f"its roles: {', '.join(roles)}")
+        if not 0 < cap <= cfg.algo.max_len:
+            raise ConfigError(f"config: rollout.role_max_new_tokens.{role} must be in (0, algo.max_len = "
+                              f"{cfg.algo.max_len}]; got {cap!r}")
+
+
 def _check_lengths(cfg: Any) -> None:
     if not 0 <= cfg.algo.max_role_drop_frac <= 1:
         raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
@@ -356,7 +373,7 @@ def _check_lengths(cfg: Any) -> None:
     if cfg.learner.padding_free and not cfg.learner.logits_chunk_tokens:
         # Packed rows are read at their loss positions through the chunked head; the full logits path pads.
         raise ConfigError("config: learner.padding_free=true needs learner.logits_chunk_tokens > 0")
-    cap, response = cfg.rollout.max_prompt_tokens, cfg.rollout.sampling.max_new_tokens
+    cap, response = cfg.rollout.max_prompt_tokens, max_response_tokens(cfg.rollout)
     if cap and cfg.algo.max_len < cap + response:
         # A row within both caps must fit whole: a shorter max_len would cut responses the caps admit.
         raise ConfigError(f"config: algo.max_len must be >= rollout.max_prompt_tokens + "

@@ -20,15 +20,16 @@ from cluster.group import GroupError
 from jobs import checkpoint as ckpt
 from jobs.checkpoint import Progress
 from jobs.config import to_yaml
+from jobs.eval_records import append_eval, eval_metrics
 from jobs.full_eval import full_evaluation
-from jobs.step import RolloutSource, train_step
+from jobs.step import RolloutSource, role_caps, train_step
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
-from marl.types import Task
+from marl.types import Episode, Task
 from rollout.engine import Sampling
 
 
@@ -78,27 +79,32 @@ class RunState:
     learners_ahead: bool = False
     lost: list[str] = dataclasses.field(default_factory=list)  # members a failure found on dead nodes
     base_eval_s: float | None = None  # the base model's eval time, logged with step 0 (fresh starts only)
+    # The base model's eval episodes and parse failures (eval/before/*), logged with step 0: a workflow's
+    # coordinating roles' parse rates at base decide whether it is testable at all (fresh starts only).
+    base_parse: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def mark_learners_ahead(self) -> None:
         """The learners are about to take the step `progress` does not count yet."""
         self.learners_ahead = True
 
 
-def evaluate(system: System, cfg: Any, tasks: list[Task]) -> float:
-    """pass@1 of the workflow's final answer at the eval temperature."""
+def evaluate(system: System, cfg: Any, tasks: list[Task]) -> list[Episode]:
+    """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
-        return float("nan")
+        return []
     s = cfg.rollout.sampling
-    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"))
-    episodes = system.collector.collect(tasks, 1, sampling)
-    return sum(e.reward for e in episodes) / len(episodes)
+    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"),
+                        role_caps=role_caps(cfg.rollout))
+    return system.collector.collect(tasks, 1, sampling)
 
 
-def timed_evaluate(system: System, cfg: Any, tasks: list[Task]) -> dict[str, float]:
-    """{"eval/accuracy", "time/eval_s"}: `evaluate` and its wall time (a study's cost includes its evals)."""
+def timed_evaluate(system: System, cfg: Any, tasks: list[Task], run_dir: Path, steps_done: int) -> dict[str, float]:
+    """jobs.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
+    per-task results go to the run dir's eval_tasks.csv."""
     t0 = time.perf_counter()
-    accuracy = evaluate(system, cfg, tasks)
-    return {"eval/accuracy": accuracy, "time/eval_s": time.perf_counter() - t0}
+    episodes = evaluate(system, cfg, tasks)
+    append_eval(run_dir, steps_done, episodes)
+    return {**eval_metrics(episodes), "time/eval_s": time.perf_counter() - t0}
 
 
 def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
@@ -117,7 +123,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
         while run.progress.step < cfg.steps:
             if _step(run, system, source):
                 break
-        final = timed_evaluate(system, cfg, run.inp.eval_tasks)
+        final = timed_evaluate(system, cfg, run.inp.eval_tasks, run.run_dir, run.progress.step)
         acc_after = final["eval/accuracy"]
         for pid, learner in system.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
@@ -143,15 +149,19 @@ def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) 
         _load_learners(system, folder)
         system.sync(version=run.progress.weight_version + 1)
 
-    return full_evaluation(run.inp.full_eval_tasks, lambda tasks: evaluate(system, run.cfg, tasks), run.cfg.steps,
-                           final_accuracy, run.root, restore)
+    def accuracy(tasks: list[Task]) -> float:
+        return eval_metrics(evaluate(system, run.cfg, tasks))["eval/accuracy"]
+
+    return full_evaluation(run.inp.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
 
 
 def _fresh_start(run: RunState, system: System) -> None:
     run.inp.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
-    base = timed_evaluate(system, run.cfg, run.inp.eval_tasks)
+    base = timed_evaluate(system, run.cfg, run.inp.eval_tasks, run.run_dir, 0)
     acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
+    run.base_parse = {k.replace("eval/", "eval/before/", 1): v for k, v in base.items()
+                      if k.startswith("eval/parse_failures/") or k == "eval/episodes"}
     run.cliff.update(0, acc)
     run.progress = dataclasses.replace(run.progress, acc_before=acc, cliff=run.cliff.state(),
                                        best_accuracy=acc if not math.isnan(acc) else -math.inf)
@@ -196,7 +206,7 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
                          before_update=run.mark_learners_ahead)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-        metrics.update(timed_evaluate(system, cfg, run.inp.eval_tasks))
+        metrics.update(timed_evaluate(system, cfg, run.inp.eval_tasks, run.run_dir, step + 1))
         accuracy = metrics["eval/accuracy"]
         stop = cliff_guard(cfg, run.cliff, step + 1, metrics)
         flagged = metrics["cliff/flagged"] == 1.0
@@ -210,7 +220,7 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
         metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
         if run.base_eval_s is not None:
-            metrics["time/eval_before_s"] = run.base_eval_s
+            metrics.update({"time/eval_before_s": run.base_eval_s, **run.base_parse})
     run.learners_ahead = False
     run.log.log(step, metrics)
     every = cfg.checkpoint.every

@@ -28,6 +28,8 @@ STYLE = {"shared": "-", "isolated": "--", "custom": ":"}  # one-role runs: "-." 
 ROLE_PANELS = (
     ("reward", "Reward per role", "reward/mean/", "mean reward"),
     ("grad_norm", "Gradient norm per role", "grad/role_norm/", "norm"),
+    # How far each step moved each policy (learners/policy_move.py): one line per policy, beside the norms.
+    ("policy_move", "Policy movement per policy", "update/policy_move/", "mean |Δ log-prob| per token"),
     ("mass_share", "Gradient mass share per role (within its policy)", "grad/mass_share/",
      "share of tokens x |advantage|"),
     # Across policies: under isolated policies the within-policy share of a policy's only role is 1.

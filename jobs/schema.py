@@ -146,6 +146,10 @@ class RolloutConfig:
     # learner: it needs algo.old_logprobs=rollout (the PPO ratio against the engine's logprobs) or
     # algo.tis_cap > 0 (importance weights engine → learner), checked at load.
     one_step_off_policy: bool = False
+    # Per-role response caps overriding sampling.max_new_tokens for those roles' turns (training and eval), e.g.
+    # {aggregator: 128}: a supervisory role whose verdict or plan needs more room than the answering roles get.
+    # Roles must be the workflow's; algo.max_len must hold the largest cap. {} = sampling.max_new_tokens for all.
+    role_max_new_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -196,6 +200,10 @@ class AlgoConfig:
     # false: verl's in-order split (dp_actor.update_policy: data.split(ppo_mini_batch_size), no shuffle), the rows
     # in the order the batch holds them (episodes in order, turns in order); the chunk sizes are the same.
     minibatch_shuffle: bool = True
+    # Skip an optimizer step (and an optimizer-step schedule's advance; a per-training-step schedule advances as
+    # always) whose mini-batch has no row with a non-zero advantage on any rank, and no KL term: its gradient is
+    # zero, yet AdamW would still move the weights on its momentum. Counted in update/skipped_steps/<policy>.
+    skip_empty_optimizer_steps: bool = False
 
 
 @dataclass
@@ -271,6 +279,9 @@ class LearnerConfig:
     concurrent_updates: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    # update/policy_move/<policy>: mean |Δ log-prob| per response token of a step's rows, after the update against
+    # before it (learners/policy_move.py): one extra no-grad forward over the step's rows.
+    policy_move: bool = True
 
 
 @dataclass

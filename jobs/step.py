@@ -67,6 +67,11 @@ class StepRollout:
     generate_s: float
 
 
+def role_caps(rollout: Any) -> tuple[tuple[str, int], ...]:
+    """rollout.role_max_new_tokens as Sampling.role_caps (sorted: the same value in every run of one config)."""
+    return tuple(sorted((str(role), int(cap)) for role, cap in rollout.role_max_new_tokens.items()))
+
+
 class RolloutSource:
     """Each step's episodes for the next `rollout.prompts_per_step` prompts of `sampler`, sampled with the step's
     own seed whenever they are collected.
@@ -86,7 +91,8 @@ class RolloutSource:
 
     def sampling(self, step: int) -> Sampling:
         s = self.cfg.rollout.sampling
-        return Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=derive_seed(self.cfg.seed, "rollout", step))
+        return Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=derive_seed(self.cfg.seed, "rollout", step),
+                        role_caps=role_caps(self.cfg.rollout))
 
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:

@@ -26,14 +26,15 @@ class RunLog:
     """Appends each step's flat metric dict to `<run>/metrics.jsonl` and hands it to every sink."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: tuple[Any, ...] = (),
-                 display: StepDisplay | None = None):
+                 display: StepDisplay | None = None, first_row: dict[str, Any] | None = None):
         self.run_dir = run_dir
+        self.first_row = dict(first_row or {})  # non-metric fields (jobs/provenance.py) for metrics.jsonl alone
         self.path = run_dir / "metrics.jsonl"
         self.sinks = (*((TensorBoardSink(run_dir / "tb"),) if tensorboard else ()), *sinks)
         self.display = display
 
     @classmethod
-    def for_run(cls, run_dir: Path, cfg: Any, roles: list[str]) -> RunLog:
+    def for_run(cls, run_dir: Path, cfg: Any, roles: list[str], first_row: dict[str, Any] | None = None) -> RunLog:
         """The sinks `cfg.tracking` asks for; a missing optional package fails here, before any cluster work."""
         t = cfg.tracking
         sinks: list[Any] = []
@@ -47,12 +48,13 @@ class RunLog:
         if t.wandb.enabled:
             sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, t.wandb.mode, run_dir,
                                    flat_config(cfg)))
-        return cls(run_dir, t.tensorboard, tuple(sinks), StepDisplay(cfg.steps, roles, t.progress))
+        return cls(run_dir, t.tensorboard, tuple(sinks), StepDisplay(cfg.steps, roles, t.progress), first_row)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {**metrics, **derived_metrics(metrics)}
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **row}) + "\n")
+            f.write(json.dumps({"step": step, **self.first_row, **row}) + "\n")
+        self.first_row = {}
         for sink in self.sinks:
             sink.on_step(step, row, None)
 

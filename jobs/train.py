@@ -29,6 +29,7 @@ from jobs.checkpoint import Progress
 from jobs.config import ConfigError, load_config, to_yaml
 from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested, attempt
 from jobs.policies import model_paths, policy_map_of
+from jobs.provenance import code_version, config_header
 from jobs.run_data import load_run_data
 from jobs.tracking import RunLog
 from learners.batch import RoleDropError
@@ -79,9 +80,10 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     quiet_logs(cfg.tracking.verbose)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    version = code_version()
+    (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
     inp, resume = prepare(cfg), _initial_resume(cfg, run_dir)
-    log = RunLog.for_run(run_dir, cfg, inp.policy_map.roles)
+    log = RunLog.for_run(run_dir, cfg, inp.policy_map.roles, first_row=version)
     try:
         with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
                      quiet=not cfg.tracking.verbose):

@@ -17,6 +17,7 @@ from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env
 from learners.batch import TrainBatch
+from learners.empty_steps import empty_steps
 from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import effective_mini_batch_size, plan_update
@@ -45,6 +46,8 @@ class LearnerGroup:
         # forward pass (the normaliser still counts it, so the update is unchanged).
         self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
+        # With a KL term a zero-advantage row still has a gradient: no step is empty.
+        self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
         from learners.learner import Learner  # here: importing this module (jobs, the config) loads no model code
@@ -73,6 +76,9 @@ class LearnerGroup:
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
                                   self.algo_agg, derive_seed(self.seed, "ppo", step), roles,
                                   shuffle=self.algo.minibatch_shuffle)
+        if self.skip_empty:  # decided here, from the whole batch, so that every rank skips the same steps
+            skip = tuple(empty_steps(batch.advantages != 0, rows, [p.steps for p in plans]))
+            plans = [dataclasses.replace(p, skip=skip) for p in plans]
         shards = [Call(LearnerMember.update, batch.select(r).to_dict(), plan)
                   for r, plan in zip(rows, plans, strict=True)]
         return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra)
@@ -121,9 +127,12 @@ def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict
            f"last/lr/{policy_id}": first["last/lr"], f"optim/steps/{policy_id}": first["optimizer_steps"],
            f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0),
            # The share of the micro-batches' positions (rows × widest row) that were padding.
-           f"batch/padding_frac/{policy_id}": total["padded_positions"] / max(total["positions"], 1.0)}
+           f"batch/padding_frac/{policy_id}": total["padded_positions"] / max(total["positions"], 1.0),
+           f"update/skipped_steps/{policy_id}": first.get("skipped_steps", 0.0)}
     if "dual_clip_frac_sum" in total:  # algo.dual_clip_c: tokens whose loss the −A·c cap held (verl's clipfrac_lower)
         out[f"clip_frac/dual/{policy_id}"] = total["dual_clip_frac_sum"] / max(total["tokens"], 1.0)
+    if "move_tokens" in total:
+        out[f"update/policy_move/{policy_id}"] = total["move_sum"] / max(total["move_tokens"], 1.0)
     out.update({k: v for k, v in first.items() if k.startswith(("grad/", "last/grad/"))})
     for key, value in total.items():
         if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):

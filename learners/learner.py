@@ -38,6 +38,7 @@ from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
 from learners.padding_free import attention_implementation
 from learners.policy_loss import add_diagnostics, policy_loss
+from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_lambda
@@ -78,6 +79,7 @@ class Learner:
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
             scheduler=self.scheduler, reference=self.reference))
+        self.move = PolicyMove(learner.policy_move)
         self.step = 0
         self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
         self._served_names: list[str] | None = None
@@ -90,12 +92,10 @@ class Learner:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
-        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py).
-
-        Returns metric sums (loss: the mean over optimizer steps), the optimizer-step count, and the steps'
-        mean and last grad norm, lr and (with `plan.roles`) per-role gradient metrics. Each role's gradient is
-        taken separately; the step uses their sum, which is the plain gradient.
-        """
+        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns metric sums
+        (loss: the mean over optimizer steps), the steps taken and skipped (`plan.skip`: neither the optimizer nor an
+        optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`)
+        per-role gradient metrics (the step uses their sum), and the policy's movement (learners/policy_move.py)."""
         self.model.train()
         data = TrainBatch.from_dict(batch)
         self.pad_id = data.pad_id
@@ -105,20 +105,35 @@ class Learner:
                                                      "padded_positions": 0.0, "positions": 0.0})
         if plan.metric_rows is not None:
             self._skipped_row_metrics(data, plan.metric_rows, sums)
-        per_step = []
-        for i, (rows, normalizer) in enumerate(zip(plan.steps, plan.normalizers, strict=True)):
-            mb = data.select(data.longest_first(rows))
+        per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
+        taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
+        self.move.start()
+        for i in taken:
+            mb = data.select(data.longest_first(plan.steps[i]))
             if i == 0 and self.algo.old_logprobs == "recompute":
                 mb = dataclasses.replace(mb, old_logprobs=None)  # nothing moved yet: old = current, detached
-            per_step.append(self._optimizer_step(mb, normalizer, plan.roles, sums))
+            per_step.append(self._optimizer_step(mb, plan.normalizers[i], plan.roles, sums))
+            self.move.stop_capture()  # the first step's forward alone ran on the weights of before the update
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
         if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
             self.scheduler.step()
+        sums.update(self._measure_move(data, plan, taken))
         self.step += 1
         self.backend.after_update()
         sums["loss"] /= len(plan.steps)
-        return {**sums, **mean_and_last(per_step), "optimizer_steps": float(len(plan.steps))}
+        # No step taken: no gradient, reported as a zero norm at the lr the step would have used.
+        return {**sums, **mean_and_last(per_step or [{"lr": lr, "grad_norm": 0.0}]),
+                "optimizer_steps": float(len(taken)), "skipped_steps": float(len(plan.steps) - len(taken))}
+
+    def _measure_move(self, data: TrainBatch, plan: UpdatePlan, taken: list[int]) -> dict[str, float]:
+        """The step's policy-movement sums: the first taken step's captured micro-batches and, when recomputed,
+        the rows of later steps against their old log-probs (learners/policy_move.py)."""
+        if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
+            rest = sorted({j for rows in plan.steps[1:] for j in rows} - set(plan.steps[taken[0]]))
+            for mb in self._micro_batches(data.select(data.longest_first(rest))) if rest else []:
+                self.move.add(mb)
+        return self.move.measure(self._policy_logprobs, self.backend.matched_passes, self._idle_loss)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: dict[str, float]) -> dict[str, float]:
@@ -243,6 +258,7 @@ class Learner:
         log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
         lp, entropy = self._logprobs(mb, plain, entropy=True)
         entropy = cast(torch.Tensor, entropy)  # asked for, so present
+        self.move.capture(mb, lp)
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
         sums["padded_positions"] += padded
         sums["positions"] += positions
@@ -255,6 +271,11 @@ class Learner:
         for key, value in metrics.items():
             sums[key] += value
         return loss
+
+    @torch.no_grad()
+    def _policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """The policy's log-probs [B, T−1], 0 before the response window (as in the loss)."""
+        return self._logprobs(mb)[0]
 
     @torch.no_grad()
     def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:

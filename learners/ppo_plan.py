@@ -32,13 +32,16 @@ class UpdatePlan:
     every rank) asks for per-role gradient diagnostics. `epochs` tells the learner whether a row trains again
     after the weights moved (then its old log-probs must be kept from before the first step). `metric_rows`:
     the rows (indices into the shard) that train in no step, a zero advantage's, measured by a no-grad pass for
-    the per-role diagnostics only; None on every rank when no rank has such rows (no pass at all)."""
+    the per-role diagnostics only; None on every rank when no rank has such rows (no pass at all). `skip[i]`:
+    optimizer step i carries no gradient on any rank and is not taken (learners/empty_steps.py); empty = take
+    every step."""
 
     steps: list[list[int]]
     normalizers: list[float]
     roles: list[str] | None = None
     epochs: int = 1
     metric_rows: list[int] | None = None
+    skip: tuple[bool, ...] = ()
 
     @staticmethod
     def whole(rows: int, normalizer: float, roles: list[str] | None = None) -> UpdatePlan:

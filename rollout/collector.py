@@ -69,7 +69,7 @@ class BatchingClient:
         self._calls += 1
         try:
             # Distinct, reproducible seeds per role and per batch within the step.
-            sampling = self.sampling.derive(role, k)
+            sampling = self.sampling.for_role(role).derive(role, k)
             outs = await self.engines[role].generate([m for m, _ in queue], sampling, role=role)
         except Exception as e:  # noqa: BLE001 - every waiting episode must see the engine's failure
             for _, fut in queue:

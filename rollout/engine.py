@@ -27,6 +27,13 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int = 0
+    # (role, cap) pairs overriding max_new_tokens for those roles' turns (rollout.role_max_new_tokens).
+    role_caps: tuple[tuple[str, int], ...] = ()
+
+    def for_role(self, role: str) -> Sampling:
+        """This sampling with `role`'s own response cap, if it has one."""
+        cap = dict(self.role_caps).get(role)
+        return self if cap is None else dataclasses.replace(self, max_new_tokens=cap)
 
     def derive(self, *parts: int | str) -> Sampling:
         """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk)."""

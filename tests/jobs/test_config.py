@@ -92,6 +92,18 @@ def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():
     assert (cfg.rollout.max_prompt_tokens, cfg.algo.max_role_drop_frac) == (100, 0.05)
 
 
+def test_role_caps_name_their_role_and_count_in_max_len():
+    cfg = load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 96}"])
+    assert dict(cfg.rollout.role_max_new_tokens) == {"aggregator": 96}
+    with pytest.raises(ConfigError, match="rollout.role_max_new_tokens.critic: voting has no role 'critic'"):
+        load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={critic: 96}"])
+    with pytest.raises(ConfigError, match=r"rollout.role_max_new_tokens.aggregator must be in \(0, algo.max_len"):
+        load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 0}"])
+    with pytest.raises(ConfigError, match=r"algo.max_len must be >= .* = 100 \+ 96"):
+        load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 96}",
+                           "rollout.max_prompt_tokens=100", "algo.max_len=150", "rollout.sampling.max_new_tokens=32"])
+
+
 def test_missing_required_model_path_is_named():
     with pytest.raises(ConfigError, match=r"model\.path"):
         load_config(None, [])

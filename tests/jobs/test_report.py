@@ -29,7 +29,8 @@ def _write_run(folder: Path, name: str, sharing: str, accuracies: list[float], d
     log, last = RunLog(run, tensorboard=False), len(accuracies) - 1
     for step in range(len(accuracies)):
         m = real_step_metrics(step, sharing, accuracies[step] if step < last else None)  # no mid-run eval last
-        log.log(step, {k: v for k, v in m.items() if not (drop_grads and k.startswith("grad/"))})
+        m[f"update/policy_move/{'shared' if sharing == 'shared' else 'generator'}"] = 0.01 * (step + 1)
+        log.log(step, {k: v for k, v in m.items() if not (drop_grads and k.startswith(("grad/", "update/")))})
     log.log(len(accuracies), {"eval/accuracy": accuracies[-1]})
     log.close()
     return run
@@ -68,6 +69,9 @@ def test_sweep_tree_renders_every_run_with_cliffs_and_notes(tmp_path):
     assert "sha · voting · shared: terminal cliff" not in page
     assert "nograd · voting · shared: no grad/role_norm/&lt;role&gt; metrics recorded" in page
     assert "nograd · voting · shared: no grad/mass_share/&lt;role&gt; metrics recorded" in page
+    # The policy-movement panel: drawn for every run that logged it, noted for the one that did not.
+    assert page.count("no update/policy_move/&lt;role&gt; metrics recorded") == 1
+    assert "nograd · voting · shared: no update/policy_move/&lt;role&gt; metrics recorded" in page
 
 
 def test_the_single_agent_baseline_is_labelled_without_a_sharing_mode(tmp_path):

@@ -13,8 +13,10 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
+from jobs.eval_records import read_eval
 from jobs.loop import InputError
 from jobs.models import resolve_model
+from jobs.provenance import code_version
 from jobs.step import RolloutSource, train_step
 from jobs.system import build_system
 from jobs.tracking import read_metrics
@@ -68,6 +70,13 @@ def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
     versions = set(pq.read_table(run / "rollouts" / "step_000001.parquet")["version"].to_pylist())
     assert versions == {1}
     assert_accuracy_is_a_count(summary, rows, cfg.data.eval_size)
+    evals = read_eval(run)  # per-task results of the base and the final evaluation
+    assert sorted(evals) == [0, 2] and [len(v) for v in evals.values()] == [2, 2]
+    assert sum(evals[2].values()) / 2 == summary["eval/accuracy_after"]
+    assert rows[0]["code/commit"] == code_version()["code/commit"] and "code/commit" not in rows[1]
+    assert (run / "config.yaml").read_text().startswith("# code/commit: ")
+    assert all(f"update/policy_move/{pid}" in rows[1] for pid in policies)
+    assert rows[0]["eval/before/episodes"] == 2.0 and rows[2]["eval/episodes"] == 2.0
     assert _run_actors_gone("tiny:"), "run actors outlive the run"
 
 

@@ -117,6 +117,18 @@ def test_empty_batch_still_steps(model_path):
     assert max_abs_diff(ds.get_weights(), before) == 0.0
 
 
+def test_a_skipped_empty_step_leaves_the_engine_untouched(model_path):
+    # algo.skip_empty_optimizer_steps: the group marks the step; no rank enters backward or engine.step().
+    ds = make(model_path, "deepspeed")
+    update(ds, make_batch(ROWS))
+    before = copy(ds.get_weights())
+    batch = make_batch([(p, r, 0.0, role) for p, r, _, role in ROWS])
+    norm = local_normalizer(batch.loss_mask[:, 1:], "token_mean")
+    m = ds.update(batch.to_dict(), UpdatePlan([list(range(len(ROWS)))], [norm], skip=(True,)))
+    assert ds.backend.engine.global_steps == 1 and m["skipped_steps"] == 1.0 and m["move_sum"] == 0.0
+    assert max_abs_diff(ds.get_weights(), before) == 0.0
+
+
 def test_save_and_load_state_resume_the_same_trajectory(model_path, tmp_path):
     batch = make_batch(ROWS)
     first = make(model_path, "deepspeed", *LORA)

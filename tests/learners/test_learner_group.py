@@ -69,19 +69,22 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 def test_merge_rank_metrics_by_hand():
-    steps = {"optimizer_steps": 2.0, "last/grad_norm": 2.5, "last/lr": 9e-4}  # identical on every rank
-    rank0 = {**steps, "loss": 0.5, "clip_frac_sum": 2.0, "tokens": 10.0, "grad_norm": 3.0, "lr": 1e-3,
+    steps = {"optimizer_steps": 2.0, "skipped_steps": 1.0, "last/grad_norm": 2.5, "last/lr": 9e-4}  # every rank's
+    rank0 = {**steps, "move_sum": 0.3, "move_tokens": 10.0,
+             "loss": 0.5, "clip_frac_sum": 2.0, "tokens": 10.0, "grad_norm": 3.0, "lr": 1e-3,
              "padded_positions": 3.0, "positions": 20.0,
              "entropy_sum/generator": 8.0, "tokens/generator": 4.0, "logprob_diff_sum/generator": 0.4,
              "kl_sum/generator": 0.2, "entropy_sum/evaluator": 6.0, "tokens/evaluator": 6.0,
              "logprob_diff_sum/evaluator": 1.2, "kl_sum/evaluator": 0.0}
-    rank1 = {**steps, "loss": -0.25, "clip_frac_sum": 1.0, "tokens": 2.0, "grad_norm": 3.0, "lr": 1e-3,
+    rank1 = {**steps, "move_sum": 0.1, "move_tokens": 2.0,
+             "loss": -0.25, "clip_frac_sum": 1.0, "tokens": 2.0, "grad_norm": 3.0, "lr": 1e-3,
              "padded_positions": 1.0, "positions": 5.0,
              "entropy_sum/generator": 4.0, "tokens/generator": 2.0, "logprob_diff_sum/generator": 0.2,
              "kl_sum/generator": 0.1}
     assert merge_rank_metrics([rank0, rank1], "p") == pytest.approx({
         "loss/p": 0.25, "grad/norm/p": 3.0, "lr/p": 1e-3, "clip_frac/p": 3.0 / 12.0,
         "last/grad/norm/p": 2.5, "last/lr/p": 9e-4, "optim/steps/p": 2.0, "batch/padding_frac/p": 4.0 / 25.0,
+        "update/skipped_steps/p": 1.0, "update/policy_move/p": 0.4 / 12.0,
         "entropy/generator": 12.0 / 6.0, "rollout/logprob_diff/generator": 0.6 / 6.0, "kl/generator": 0.3 / 6.0,
         "entropy/evaluator": 1.0, "rollout/logprob_diff/evaluator": 0.2, "kl/evaluator": 0.0,
     })
@@ -94,6 +97,7 @@ def test_merge_rank_metrics_with_no_tokens_anywhere():
     assert merge_rank_metrics([empty, dict(empty)], "p") == {
         "loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": 5e-4, "clip_frac/p": 0.0,
         "last/grad/norm/p": 0.0, "last/lr/p": 5e-4, "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0,
+        "update/skipped_steps/p": 0.0,
     }
 
 
@@ -103,7 +107,8 @@ def test_in_process_group_steps_on_an_empty_batch():
     first = group.update(empty_batch("p"))
     assert first == {"loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": pytest.approx(5e-4), "clip_frac/p": 0.0,
                      "batch/dropped_zero_adv/p": 0.0, "last/grad/norm/p": 0.0, "last/lr/p": pytest.approx(5e-4),
-                     "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0}
+                     "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0, "update/skipped_steps/p": 0.0,
+                     "update/policy_move/p": 0.0}
     assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
 
@@ -145,7 +150,7 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
             "grad/dominance/p", "grad/cos/evaluator__generator", "grad/mass_share/generator",
             "grad/mass_share/evaluator", "grad/mass/generator", "grad/mass/evaluator",
             "clip_frac/role/generator", "clip_frac/role/evaluator",
-            "optim/steps/p"} | LAST == set(m)
+            "optim/steps/p", "update/skipped_steps/p", "update/policy_move/p"} | LAST == set(m)
 
 
 def test_two_ranks_with_one_row(one_and_two_ranks):

@@ -4,6 +4,7 @@ replicas) on the tiny model."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from types import SimpleNamespace
@@ -92,6 +93,13 @@ def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
         assert ep.reward == (1.0 if right else 0.0)
         assert [t.reward for t in ep.turns] == [ep.reward] * 4
         assert ep.parse_failures == {}
+
+
+def test_a_role_cap_reaches_that_roles_engine_alone():
+    engines = _engines()
+    _collector(engines).collect(TASKS, 1, dataclasses.replace(SAMPLING, role_caps=(("aggregator", 64),)))
+    assert [s.max_new_tokens for _, s in engines["generator"].batches] == [5]
+    assert [s.max_new_tokens for _, s in engines["aggregator"].batches] == [64]
 
 
 def test_progress_callback_counts_each_finished_episode_once():

@@ -1,0 +1,53 @@
+"""Per-task held-out results: every evaluation appends (steps_done, task_id, reward) rows to `<run>/eval_tasks.csv`,
+so that two runs evaluated on the same tasks (data.eval_seed) can be compared task by task (a paired test), and
+reports the evaluation's parse failures per role (`eval/parse_failures/<role>`, of `eval/episodes`).
+
+A resumed run evaluates again at steps it had already evaluated after its checkpoint: the reader keeps the last
+row written for each (steps_done, task_id).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from marl.types import Episode
+
+FILE = "eval_tasks.csv"
+HEADER = ("steps_done", "task_id", "reward")
+
+
+def append_eval(run_dir: Path, steps_done: int, episodes: list[Episode]) -> None:
+    """Append one evaluation's rows (one per episode: one sample per held-out task)."""
+    if not episodes:
+        return
+    path = run_dir / FILE
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(HEADER)
+        writer.writerows((steps_done, e.task.task_id, f"{e.reward:g}") for e in episodes)
+
+
+def read_eval(run_dir: Path) -> dict[int, dict[str, float]]:
+    """steps_done -> task_id -> reward ({} without the file); the last row of each pair wins."""
+    path = run_dir / FILE
+    if not path.is_file():
+        return {}
+    out: dict[int, dict[str, float]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            out.setdefault(int(row["steps_done"]), {})[row["task_id"]] = float(row["reward"])
+    return out
+
+
+def eval_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """eval/accuracy (pass@1: the mean reward, NaN without tasks), eval/episodes and eval/parse_failures/<role>
+    (turns of that role the workflow could not parse, summed over the episodes)."""
+    out = {"eval/accuracy": sum(e.reward for e in episodes) / len(episodes) if episodes else float("nan"),
+           "eval/episodes": float(len(episodes))}
+    for e in episodes:
+        for role, count in e.parse_failures.items():
+            out[f"eval/parse_failures/{role}"] = out.get(f"eval/parse_failures/{role}", 0.0) + count
+    return out

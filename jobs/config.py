@@ -98,7 +98,7 @@ _CHOICES: dict[str, Collection[str]] = {
 }
 _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
-    "rollout.stall_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
+    "rollout.stall_timeout_s", "rollout.start_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
     "learner.optim.lr", "learner.update_timeout_s", "sync_timeout_s",
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",

@@ -81,6 +81,7 @@ class EngineGroup:
         self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
         # A stalled engine's deadline also bounds the group's short calls (replacing a member, its version).
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.stall_timeout_s
+        self.start_timeout = rollout.start_timeout_s
         self.replace_dead = rollout.replace_dead_engines
         self.resync = resync
         self.replacements = 0  # engines replaced, all members together
@@ -159,7 +160,7 @@ class EngineGroup:
         watches = self._for_loop()[0]
         if index not in watches:
             watches[index] = StallWatch(lambda: self.group.acall(index, EngineMember.progress), self.timeout,
-                                        f"{self.group.name}:{index}.generate")
+                                        f"{self.group.name}:{index}.generate", self.start_timeout)
         return watches[index].run(self.group.acall(index, EngineMember.generate_async, requests, sampling, adapter))
 
     def _for_loop(self) -> tuple[dict[int, StallWatch], _Slots]:

@@ -212,8 +212,8 @@ def _spec() -> EngineGroupSpec:
 
 def _rollout(engines_per_role: int) -> SimpleNamespace:
     return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
-                           max_batch_size=MAX_BATCH, stall_timeout_s=120.0, lora_serving="single",
-                           replace_dead_engines=True)
+                           max_batch_size=MAX_BATCH, stall_timeout_s=120.0, start_timeout_s=600.0,
+                           lora_serving="single", replace_dead_engines=True)
 
 
 @pytest.fixture(scope="module")

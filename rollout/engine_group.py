@@ -79,8 +79,9 @@ class EngineGroup:
         replacement serves the model folder's)."""
         self.spec, self.policy_of, self.key = spec, dict(spec.policy_of), spec.key
         self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
-        # A stalled engine's deadline also bounds the group's short calls (replacing a member, its version).
         self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.stall_timeout_s
+        # Also the deadline of the group's own short calls: a member's version, a replacement taking its name
+        # (both may meet an engine that is still starting).
         self.start_timeout = rollout.start_timeout_s
         self.replace_dead = rollout.replace_dead_engines
         self.resync = resync
@@ -183,13 +184,13 @@ class EngineGroup:
             self._watches.pop(index, None)  # the stalled watch stays stalled; the replacement starts afresh
 
     def _replace_now(self, index: int) -> None:
-        self.group.replace(index, self.timeout)
+        self.group.replace(index, self.start_timeout)
         self.replacements += 1
         if self.resync is not None:
             self.resync(self, index)
 
     def versions(self) -> list[int]:
-        return self.group.submit(EngineMember.weight_version).result(self.timeout)
+        return self.group.submit(EngineMember.weight_version).result(self.start_timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()

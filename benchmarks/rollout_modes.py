@@ -126,7 +126,8 @@ def _runs(args: argparse.Namespace, path: str, workflow: str, tasks: list) -> di
         for rep in range(args.reps):
             for mode in MODES:
                 rows[mode].append(_collect(engines, workflow, mode, tasks, args, seed=rep))
-                print(f"# rep {rep} {workflow} {mode}: {rows[mode][-1]['wall_s']:.1f} s", flush=True)
+                print(f"# rep {rep} {workflow} {mode}: " + " ".join(  # partial results, should a run be cut short
+                    f"{k.removeprefix('rollout/')}={v:.3g}" for k, v in rows[mode][-1].items()), flush=True)
         return rows
     finally:
         for group in engines.values():

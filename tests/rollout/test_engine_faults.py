@@ -152,6 +152,7 @@ def test_without_replacement_a_hung_engine_fails_at_its_first_stall(ray_cluster,
         system.shutdown()
 
 
+@pytest.mark.slow
 def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(ray_cluster, tmp_path,
                                                                               monkeypatch):
     stall_s, margin_s = 2.0, 3.0  # margin: polling (1/8 of the deadline) and a loaded machine
@@ -170,6 +171,7 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
         system.shutdown()
 
 
+@pytest.mark.slow
 def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_cluster, tmp_path, monkeypatch):
     stall_s = 1.5
     system = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")

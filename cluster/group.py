@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -182,6 +182,24 @@ class Group(Generic[M]):
             items = [getattr(self._members[i], c.method).remote(*c.args, **c.kwargs)
                      for i, c in zip(idx, calls, strict=True)]
         return Pending(self, calls[0].method if calls else "", idx, items)
+
+    async def acall(self, index: int, method: Callable[Concatenate[M, P], Coroutine[Any, Any, R]], /,
+                    *args: P.args, **kwargs: P.kwargs) -> R:
+        """An async member method (`Member.method`) on member `index`, awaited with no deadline of its own: the
+        caller bounds it (by the member's progress, say). Many such calls may be in flight on one member at
+        once: a Ray actor with an async method runs them concurrently on its event loop, and an in-process
+        member's coroutine runs on the caller's loop (it must hand blocking work to threads of its own)."""
+        call = Call(method, *args, **kwargs)
+        try:
+            if self.local:
+                out: R = await getattr(self._members[index], call.method)(*args, **kwargs)
+            else:
+                out = await getattr(self._members[index], call.method).remote(*args, **kwargs)
+            return out
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
+            raise _failed(f"{self.name}:{index}.{call.method}", e) from e
 
     def run(self, index: int, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
         """fn(*args) inside member `index`'s process, after its queued calls: work next to what the member

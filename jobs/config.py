@@ -26,6 +26,7 @@ from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
 from marl.workflows import PROMPT_SETS, get_workflow, roles_of
+from rollout.clients import ROLLOUT_MODES
 from rollout.engine import ENGINE_BACKENDS
 
 
@@ -63,8 +64,17 @@ def _resolve_plan(cfg: Any, check: bool) -> None:
         raise ConfigError(f"config: {e}") from None
 
 
+# Keys that are gone, with what replaced them: a config that still sets one is told where to go.
+_REPLACED = {
+    "rollout.call_timeout_s": "rollout.stall_timeout_s (engines are deadlined by token progress, not by the "
+                              "length of a call)",
+}
+
+
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None)
+    if key in _REPLACED:
+        return f"{key} was removed; use {_REPLACED[key]}"
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"{key}: {first}" if key else first
 
@@ -96,10 +106,11 @@ _CHOICES: dict[str, Collection[str]] = {
     "sync.transport": ("object_store", "nccl"),
     "tracking.progress": ("auto", "bar", "line"),
     "tracking.wandb.mode": ("online", "offline"),
+    "rollout.mode": ROLLOUT_MODES,
 }
 _POSITIVE = (
     "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
-    "rollout.call_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
+    "rollout.stall_timeout_s", "rollout.start_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
     "learner.optim.lr", "learner.update_timeout_s", "sync_timeout_s",
     "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
     "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",

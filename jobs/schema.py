@@ -125,7 +125,17 @@ class RolloutConfig:
     samples_per_prompt: int = 4
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eval_temperature: float = 0.7
-    call_timeout_s: float = 300.0
+    # streaming: each turn goes to its engine group as its episode reaches it, the engines batch continuously
+    # across episodes and rounds (no episode waits for its round's slowest turn); lockstep: each role's turns go
+    # as one batched call per round (batch composition fixed by the workflow, for tests that need it).
+    mode: str = "streaming"
+    # An engine holding calls that generates no token for this long is hung: replaced, resynced, its calls
+    # retried once. By progress, not by call length: a healthy engine on long answers keeps counting tokens.
+    stall_timeout_s: float = 120.0
+    # An engine that has not answered since it started (a new actor loading its model; a replacement) is given
+    # this long to come up before it counts as hung; its stall deadline runs from its first answer.
+    start_timeout_s: float = 600.0
+    # lockstep: the largest chunk of one engine call; streaming: the most calls in flight on one engine.
     max_batch_size: int = 64
     # vllm only. KV cache per engine in GiB (required on CPU); 0 = size it by gpu_memory_utilization (GPU).
     kv_cache_gb: float = 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class StepRollout:
     episodes: list[Episode]
     rollout_s: float
     generate_s: float
+    engine_metrics: dict[str, float] = field(default_factory=dict)  # rollout.rollout_stats: busy share, latency
 
 
 def role_caps(rollout: Any) -> tuple[tuple[str, int], ...]:
@@ -100,7 +101,7 @@ class RolloutSource:
         t0 = time.perf_counter()
         episodes = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt, self.sampling(step),
                                                  on_episode, timings)
-        return StepRollout(episodes, time.perf_counter() - t0, timings.get("generate_s", 0.0))
+        return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:
         """Step `step`'s episodes: prefetched during the previous update, or collected now (timed in `timer`)."""
@@ -172,7 +173,7 @@ def rollout_metrics(rollout: StepRollout, roles: list[str], version: int) -> dic
     if rollout.rollout_s > 0:
         out["rollout/tokens_per_s"] = out.get("rollout/tokens", 0.0) / rollout.rollout_s
     out["rollout/off_policy_steps"] = float(off_policy_steps(rollout.episodes, learner_version=version - 1))
-    return out
+    return {**out, **rollout.engine_metrics}
 
 
 def off_policy_steps(episodes: list[Episode], learner_version: int) -> int:

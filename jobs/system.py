@@ -90,7 +90,7 @@ def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap
     options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
-    collector = Collector(engines, cfg.marl.workflow, family, options, shaping)
+    collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
     return System(policy_map, learners, engines, collector, syncs, placement)
 
 

@@ -36,7 +36,8 @@ class Sampling:
         return self if cap is None else dataclasses.replace(self, max_new_tokens=cap)
 
     def derive(self, *parts: int | str) -> Sampling:
-        """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk)."""
+        """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk, one
+        streamed turn: episode, agent and the agent's turn)."""
         return dataclasses.replace(self, seed=derive_seed(self.seed, *parts))
 
     def request_seed(self, index: int) -> int:
@@ -57,6 +58,17 @@ class EngineMember(Protocol):
     def generate(self, requests: list[list[Message]], sampling: Sampling,
                  adapter: str | None = None) -> list[Completion]:
         """One completion per chat request, in order; `adapter`: through that policy's LoRA adapter."""
+        ...
+
+    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
+                             adapter: str | None = None) -> list[Completion]:
+        """`generate`, awaited: many calls may be in flight on one engine (continuous batching), served on the
+        engine's serving loop (rollout.serving) while it answers `progress`."""
+        ...
+
+    async def progress(self) -> int:
+        """Tokens generated so far, all calls together: an EngineGroup declares the engine hung when this stays
+        flat for rollout.stall_timeout_s while it holds calls."""
         ...
 
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> dict[str, float]:

@@ -3,8 +3,11 @@
 A group serves what its entry of the engine map (marl/engine_map.py) says: one role, all roles of one policy
 (rollout.engine_scope=policy), or every policy at once as LoRA adapters on one base model
 (rollout.lora_serving=multi: requests of a role go to its policy's adapter).
-A member that dies or misses its deadline is replaced (same name and slot), caught up to the current
-weights through the `resync` callable the group was built with, and the chunk it held is retried on it exactly
+Two ways in: `generate` (lockstep: a role's batch in chunks of max_batch_size, round-robin over the replicas)
+and `complete` (streaming: one request, on the replica with the fewest calls in flight, at most max_batch_size
+each). Either way calls are deadlined by progress (rollout.stall): a member that dies, or holds calls while
+generating no token for rollout.stall_timeout_s, is replaced (same name and slot), caught up to the current
+weights through the `resync` callable the group was built with, and every call it held is retried on it exactly
 once. Members satisfy rollout.engine.EngineMember; the group names their methods through it.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from cluster.group import Group, GroupError, MemberOptions
@@ -21,6 +24,7 @@ from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, Message
 from rollout.engine import EngineMember, Sampling
+from rollout.stall import StallWatch
 
 # Catches member `index` of a group up to the weights its policies' engines serve (after a replacement).
 Resync = Callable[["EngineGroup", int], None]
@@ -73,14 +77,20 @@ class EngineGroup:
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
         (model.chat_template_kwargs); `resync`: catches a replaced member up to the current weights (none: a
         replacement serves the model folder's)."""
-        self.spec, self.policy_of = spec, dict(spec.policy_of)
+        self.spec, self.policy_of, self.key = spec, dict(spec.policy_of), spec.key
         self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
-        self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.call_timeout_s
+        self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.stall_timeout_s
+        # Also the deadline of the group's own short calls: a member's version, a replacement taking its name
+        # (both may meet an engine that is still starting).
+        self.start_timeout = rollout.start_timeout_s
         self.replace_dead = rollout.replace_dead_engines
         self.resync = resync
         self.replacements = 0  # engines replaced, all members together
         self._replacements: dict[int, int] = {}  # member -> its replacements so far (one per failure)
         self._locks: dict[int, asyncio.Lock] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the state below belongs to (_for_loop)
+        self._watches: dict[int, StallWatch] = {}  # member -> its progress watch (a replacement gets a new one)
+        self._slots: _Slots | None = None
         n = rollout.engines_per_role
         # vLLM drops torch to one thread unless told: engines get their count explicitly (an in-process one, the
         # caller's cores).
@@ -102,31 +112,66 @@ class EngineGroup:
 
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
                        role: str | None = None) -> list[Completion]:
-        """Split `requests` into chunks of at most max_batch_size, spread round-robin over the replicas.
-        `role`: whose requests these are (routes to the role's adapter under multi-LoRA)."""
-        if self.multi_lora and role not in self.policy_of:
-            raise KeyError(f"{self.group.name} serves roles {sorted(self.policy_of)}, not {role!r}")
-        adapter = (self.policy_of[role],) if self.multi_lora else ()
+        """Lockstep: `requests` in chunks of at most max_batch_size, spread round-robin over the replicas, chunk k
+        sampled with its own seed. `role`: whose requests these are (routes to the role's adapter under
+        multi-LoRA)."""
+        adapter = self._adapter(role)
         size = self.max_batch_size
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
-        calls = [self._generate_chunk(k % self.group.size, role, (chunk, sampling.derive("chunk", k), *adapter))
+        calls = [self._call(k % self.group.size, role, chunk, sampling.derive("chunk", k), adapter)
                  for k, chunk in enumerate(chunks)]
         results = await asyncio.gather(*calls)
         return [c for chunk in results for c in chunk]
 
-    async def _generate_chunk(self, index: int, role: str | None, args: tuple) -> list[Completion]:
+    async def complete(self, request: list[Message], sampling: Sampling, role: str | None = None) -> Completion:
+        """Streaming: one request, sent now to the replica with the fewest calls in flight (waiting while every
+        replica holds max_batch_size); its engine batches it with whatever else it is serving."""
+        adapter = self._adapter(role)
+        slots = self._for_loop()[1]
+        index = await slots.take()
+        try:
+            return (await self._call(index, role, [request], sampling, adapter))[0]
+        finally:
+            await slots.give(index)
+
+    def _adapter(self, role: str | None) -> str | None:
+        if not self.multi_lora:
+            return None
+        if role not in self.policy_of:
+            raise KeyError(f"{self.group.name} serves roles {sorted(self.policy_of)}, not {role!r}")
+        return self.policy_of[role]
+
+    async def _call(self, index: int, role: str | None, requests: list[list[Message]], sampling: Sampling,
+                    adapter: str | None) -> list[Completion]:
         replaced = self._replacements.get(index, 0)
         try:
-            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
+            return await self._watched(index, requests, sampling, adapter)
         except GroupError as e:
             if not (self.replace_dead and _replaceable(self.group, e)):
                 raise _for_role(e, role) from e
             failure = e
         await self._replace(index, replaced, failure)
         try:  # exactly once more, on the replacement; a second failure is the step's
-            return (await self.group.submit_to([index], EngineMember.generate, *args).aresult(self.timeout))[0]
+            return await self._watched(index, requests, sampling, adapter)
         except GroupError as e:
             raise _for_role(e, role, retried=True) from e
+
+    def _watched(self, index: int, requests: list[list[Message]], sampling: Sampling,
+                 adapter: str | None) -> Coroutine[Any, Any, list[Completion]]:
+        watches = self._for_loop()[0]
+        if index not in watches:
+            watches[index] = StallWatch(lambda: self.group.acall(index, EngineMember.progress), self.timeout,
+                                        f"{self.group.name}:{index}.generate", self.start_timeout)
+        return watches[index].run(self.group.acall(index, EngineMember.generate_async, requests, sampling, adapter))
+
+    def _for_loop(self) -> tuple[dict[int, StallWatch], _Slots]:
+        """The watches and slots of the running event loop: asyncio objects belong to one loop, and each
+        collection runs its own."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._slots is None:
+            self._loop, self._watches = loop, {}
+            self._slots, self._locks = _Slots(self.group.size, self.max_batch_size), {}
+        return self._watches, self._slots
 
     async def _replace(self, index: int, replaced: int, failure: GroupError) -> None:
         """One replacement per failure: chunks of the same member that failed with it (when it had been
@@ -136,15 +181,16 @@ class EngineGroup:
                 return  # another chunk already replaced this member
             await asyncio.to_thread(self._replace_now, index)
             self._replacements[index] = replaced + 1
+            self._watches.pop(index, None)  # the stalled watch stays stalled; the replacement starts afresh
 
     def _replace_now(self, index: int) -> None:
-        self.group.replace(index, self.timeout)
+        self.group.replace(index, self.start_timeout)
         self.replacements += 1
         if self.resync is not None:
             self.resync(self, index)
 
     def versions(self) -> list[int]:
-        return self.group.submit(EngineMember.weight_version).result(self.timeout)
+        return self.group.submit(EngineMember.weight_version).result(self.start_timeout)
 
     def shutdown(self) -> None:
         self.group.shutdown()
@@ -162,3 +208,24 @@ def _for_role(error: GroupError, role: str | None, retried: bool = False) -> Gro
     out = type(error)(f"{error}{note}")
     out.member_lost = error.member_lost
     return out
+
+
+class _Slots:
+    """The per-engine concurrency limit of streamed calls: each goes to the replica with the fewest in flight
+    (the lowest index among equals), and waits while every replica holds `limit`."""
+
+    def __init__(self, n: int, limit: int):
+        self.inflight, self.limit = [0] * n, limit
+        self._cond = asyncio.Condition()
+
+    async def take(self) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: min(self.inflight) < self.limit)
+            index = self.inflight.index(min(self.inflight))
+            self.inflight[index] += 1
+            return index
+
+    async def give(self, index: int) -> None:
+        async with self._cond:
+            self.inflight[index] -= 1
+            self._cond.notify_all()

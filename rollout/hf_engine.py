@@ -1,20 +1,28 @@
 """The transformers-generate stand-in engine: same interface (rollout.engine.EngineMember) as the vLLM adapter, for
-CPU tests and laptops."""
+CPU tests and laptops.
+
+Calls are served on the engine's serving loop (rollout.serving). A call of several requests (a lockstep chunk) is
+one batched `generate`; single-request calls queued together (streaming) are merged into one batch. Every row
+samples from its own generator seeded `sampling.request_seed(i)`, as vLLM seeds each request, so a request's
+draws do not depend on what it was batched with, nor on another engine's thread reseeding torch's global one.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
 from cluster.fingerprint import fingerprint
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
+from rollout.serving import Job, ServingLoop, between_calls
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,6 +46,8 @@ class HFEngine:
         self.model_path = model_path
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
+        self._queue: list[Job] = []  # admitted calls, served first come first served
+        self.loop = ServingLoop(self, f"hf:{policy_id}")
 
     def encode(self, messages: list[Message]) -> list[int]:
         out = self.tokenizer.apply_chat_template(
@@ -45,27 +55,60 @@ class HFEngine:
         )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
-    @torch.no_grad()
     def generate(self, requests: list[list[Message]], sampling: Sampling,
                  adapter: str | None = None) -> list[Completion]:
         """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded)."""
-        with self._adapter_scope(adapter):
-            return self._generate(requests, sampling, adapter)
+        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
 
-    def _generate(self, requests: list[list[Message]], sampling: Sampling, adapter: str | None) -> list[Completion]:
-        prompts = [self.encode(m) for m in requests]
+    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
+                             adapter: str | None = None) -> list[Completion]:
+        job = Job([self.encode(m) for m in requests], sampling, adapter)
+        return await asyncio.wrap_future(self.loop.submit(job))
+
+    async def progress(self) -> int:
+        return self.loop.tokens
+
+    # The serving loop's Stepper (rollout.serving), on the loop's thread.
+    def admit(self, jobs: list[Job]) -> None:
+        self._queue.extend(jobs)
+
+    def busy(self) -> bool:
+        return bool(self._queue)
+
+    def fail(self, error: BaseException) -> None:
+        for job in self._queue:
+            if not job.future.done():
+                job.future.set_exception(error)
+        self._queue = []
+
+    @torch.no_grad()
+    def step(self, count: Callable[[int], None]) -> None:
+        """Serve the first queued call, batched with the single-request calls queued behind it that share its
+        adapter and sampling settings (a call of several requests is always its own batch)."""
+        batch = _next_batch(self._queue)
+        self._queue = [job for job in self._queue if job not in batch]  # identity: Job compares by identity
+        prompts = [p for job in batch for p in job.prompts]
+        seeds = [job.sampling.request_seed(i) for job in batch for i in range(len(job.prompts))]
+        first = batch[0]
+        with self._adapter_scope(first.adapter):
+            outs = self._generate(prompts, seeds, first.sampling, first.adapter, count)
+        for job in batch:
+            job.future.set_result(outs[:len(job.prompts)])
+            outs = outs[len(job.prompts):]
+
+    def _generate(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling, adapter: str | None,
+                  count: Callable[[int], None]) -> list[Completion]:
         ids, mask = _left_pad(prompts, self.pad_id)
-        greedy = sampling.temperature == 0
-        torch.manual_seed(sampling.seed)
+        # Greedy decoding over what _RowSampler leaves: its own draw (sampling) or the argmax (temperature 0).
         out = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p, top_k=None, pad_token_id=self.pad_id,
-            eos_token_id=self.eos_ids, return_dict_in_generate=True, output_logits=True,
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=False,
+            temperature=None, top_p=None, top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
+            logits_processor=LogitsProcessorList([_RowSampler(sampling, seeds, count)]),
+            return_dict_in_generate=True, output_logits=True,
         )
         new = out.sequences[:, ids.shape[1]:]
         logits = torch.stack(out.logits, dim=1).float()  # [B, new, V], raw (before temperature)
-        if not greedy:
+        if sampling.temperature != 0:
             logits = logits / sampling.temperature
         lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         return [self._completion(p, row, lp, adapter) for p, row, lp in zip(prompts, new, lps, strict=True)]
@@ -90,6 +133,7 @@ class HFEngine:
             return contextlib.nullcontext()
         return self.model.disable_adapter()  # a policy without an adapter yet, or the base model
 
+    @between_calls
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on; the base stays untouched."""
         from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
@@ -110,6 +154,7 @@ class HFEngine:
         return {"version": version, "bytes": adapter_bytes(payload),
                 "fingerprint": fingerprint({k: served[k] for k in payload["tensors"]})}
 
+    @between_calls
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         own = self.model.state_dict()
         unknown = [k for k in weights if k not in own]
@@ -123,6 +168,7 @@ class HFEngine:
                 # Read back from the model itself, so a load that did not land is caught by the sender.
                 "fingerprint": fingerprint({name: own[name] for name in weights})}
 
+    @between_calls
     def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
         """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
         once) and load the layers whose adapter changed. Reports the fingerprint of every weight the learner
@@ -147,6 +193,52 @@ class HFEngine:
 
     def weight_version(self) -> int:
         return self.version
+
+
+class _RowSampler(LogitsProcessor):
+    """Samples each row's next token from its own seeded generator (temperature, then top-p) and leaves only
+    that token, so greedy decoding picks it; at temperature 0 it leaves the logits as they are. Counts every
+    row's token as generated (the serving loop's progress)."""
+
+    def __init__(self, sampling: Sampling, seeds: list[int], count: Callable[[int], None]):
+        self.sampling, self.count = sampling, count
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:  # type: ignore[override]
+        """scores: [B, V] raw logits of the next token -> [B, V], -inf everywhere but each row's draw."""
+        self.count(scores.shape[0])
+        if self.sampling.temperature == 0:
+            return scores
+        probs = _top_p(torch.softmax(scores.float() / self.sampling.temperature, dim=-1), self.sampling.top_p)
+        picks = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)]
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, torch.stack(picks), 0.0)
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs: [B, V] -> [B, V] renormalised over the smallest set of top tokens holding `top_p` of the mass."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    drop = sorted_p.cumsum(-1) - sorted_p > top_p  # tokens after the mass already reached top_p
+    kept = sorted_p.masked_fill(drop, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(-1, keepdim=True)
+
+
+def _next_batch(queue: list[Job]) -> list[Job]:
+    """The first queued call and, if it holds one request, the other one-request calls it can share a batch
+    with (same adapter and sampling settings but the seed)."""
+    first = queue[0]
+    if len(first.prompts) != 1:
+        return [first]
+    key = _batch_key(first)
+    return [job for job in queue if len(job.prompts) == 1 and _batch_key(job) == key]
+
+
+def _batch_key(job: Job) -> tuple:
+    s = job.sampling
+    return job.adapter, s.temperature, s.top_p, s.max_new_tokens
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -17,6 +17,7 @@ Greedy requests get log_softmax of the raw logits, as in the HF engine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -35,7 +36,9 @@ from transformers import AutoTokenizer
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
+from rollout.serving import Job, ServingLoop, between_calls
 from rollout.vllm_readback import served_terms, whole_modules
+from rollout.vllm_stepper import VLLMStepper
 from rollout.vllm_support import (
     adapter_fingerprint_served,
     default_cache_root,
@@ -114,6 +117,9 @@ class VLLMEngine:
             **({"worker_extension_cls": "rollout.vllm_worker.WeightChannelExtension"} if weight_channel else {}),
         )
         _LIVE.add(self)
+        stepper = VLLMStepper(self.llm.llm_engine, _PROCESS_LOCK, _request_params(self.eos_ids), self._completion,
+                              self._lora_request)
+        self.loop = ServingLoop(stepper, f"vllm:{policy_id}")
 
     def encode(self, messages: list[Message]) -> list[int]:
         out = self.tokenizer.apply_chat_template(
@@ -123,38 +129,33 @@ class VLLMEngine:
 
     def generate(self, requests: list[list[Message]], sampling: Sampling,
                  adapter: str | None = None) -> list[Completion]:
-        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded)."""
-        from vllm import SamplingParams
+        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request i
+        is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
+        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
 
-        prompts = [self.encode(m) for m in requests]
-        params = [
-            SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                           max_tokens=sampling.max_new_tokens, seed=sampling.request_seed(i), logprobs=0,
-                           stop_token_ids=self.eos_ids, detokenize=False)
-            for i in range(len(prompts))
-        ]
-        lora, version = self.adapters.get(adapter, (None, 0, ""))[:2] if adapter else (None, self.version)
-        # vLLM's CPU attention sizes its schedule by this thread's OpenMP count, then runs after torch's
-        # first parallel op has set that count from torch's process-wide one: a thread that never ran a torch
-        # op would plan for the cores and run with torch's count, and the kernel refuses the mismatch.
-        torch.get_num_threads()  # settles this thread's count first
-        with _PROCESS_LOCK:
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
-                                     lora_request=lora)
-        return [self._completion(p, o.outputs[0], version, adapter or self.policy_id)
-                for p, o in zip(prompts, outs, strict=True)]
+    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
+                             adapter: str | None = None) -> list[Completion]:
+        job = Job([self.encode(m) for m in requests], sampling, adapter)
+        return await asyncio.wrap_future(self.loop.submit(job))
 
-    def _completion(self, prompt: list[int], out: Any, version: int, policy_id: str) -> Completion:
-        tokens = list(out.token_ids)
-        # logprobs=0: each step's dict holds just the sampled token's entry.
-        logprobs = [step[t].logprob for t, step in zip(tokens, out.logprobs, strict=True)]
+    async def progress(self) -> int:
+        return self.loop.tokens
+
+    def _lora_request(self, adapter: str | None) -> Any:
+        return self.adapters.get(adapter, (None, 0, ""))[0] if adapter else None
+
+    def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float],
+                    adapter: str | None) -> Completion:
+        # Versions are read when the call finishes: weight loads wait for every admitted call (between_calls).
+        version = self.adapters.get(adapter, (None, 0, ""))[1] if adapter else self.version
         stopped = bool(tokens) and tokens[-1] in self.eos_ids
         return Completion(
             text=self.tokenizer.decode(tokens, skip_special_tokens=True), prompt_ids=prompt,
             response_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length",
-            version=version, policy_id=policy_id,
+            version=version, policy_id=adapter or self.policy_id,
         )
 
+    @between_calls
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
         """Reload in place (HF names; vLLM fuses and repacks them itself), then check what it serves."""
         with _PROCESS_LOCK:
@@ -203,6 +204,7 @@ class VLLMEngine:
             raise RuntimeError(f"engine for policy {self.policy_id!r}: {name} serves other values than were "
                                f"loaded (relative error {err:.2e} on a probe input)")
 
+    @between_calls
     def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
         """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
         once, from the model folder) and reload only the layers whose adapter changed; the rest of the model is
@@ -224,6 +226,7 @@ class VLLMEngine:
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint}
 
+    @between_calls
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on. Each version gets a new
         adapter id and name, so no cached prompt KV of an older version is reused; the previous version
@@ -250,10 +253,12 @@ class VLLMEngine:
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": served}
 
+    @between_calls
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         """Join the learner's NCCL weight channel (cluster.nccl) from inside vLLM's worker."""
         self.llm.collective_rpc("weight_channel_join", args=(host, port, rank, world_size, timeout_s))
 
+    @between_calls
     def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
         """Receive one broadcast into the worker, reload it there, and report as load_weights does."""
         with _PROCESS_LOCK:
@@ -286,6 +291,20 @@ def _quiet_partial_reload() -> Iterator[None]:
 def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:
     """Inside the worker (LLM.apply_model): fused module -> its HF parts, e.g. qkv_proj -> [q_proj, k_proj, v_proj]."""
     return {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}
+
+
+def _request_params(eos_ids: list[int]) -> Any:
+    """(sampling, seed) -> the SamplingParams of one request: one sample, the sampled token's logprob, stopped at
+    the model's end tokens, no detokenizing (the adapter decodes), each step's new tokens only (DELTA)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    def make(sampling: Sampling, seed: int) -> Any:
+        return SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0, stop_token_ids=eos_ids,
+                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    return make
 
 
 # The adapter ranks vLLM sizes its LoRA buffers for; an adapter of a smaller rank fits the next one up.

@@ -206,3 +206,41 @@ def test_a_member_is_built_on_the_thread_that_serves_its_calls(group):
         assert built_on == serving
     if group.local:
         assert group.submit(Counter.threads).result(30)[0][0] != threading.get_ident()
+
+
+class Gate:
+    """A member with async methods: calls wait at a gate until `open_` is called (the caller's loop, in-process)."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.opened: asyncio.Event | None = None
+
+    async def through(self, k: int) -> int:
+        self.opened = self.opened or asyncio.Event()
+        self.waiting += 1
+        await self.opened.wait()
+        return k
+
+    async def open_(self) -> int:
+        assert self.opened is not None
+        self.opened.set()
+        return self.waiting
+
+    async def fail(self) -> None:
+        raise ValueError("gate stuck")
+
+
+def test_acall_keeps_many_calls_of_one_in_process_member_in_flight_and_names_its_failures():
+    group: Group[Gate] = Group(Gate, 0, name="gates")
+    try:
+        async def main() -> tuple[list[int], int]:
+            calls = [asyncio.ensure_future(group.acall(0, Gate.through, k)) for k in range(5)]
+            await asyncio.sleep(0)  # one pass of the loop: every call reaches the gate
+            waiting = await group.acall(0, Gate.open_)
+            return list(await asyncio.gather(*calls)), waiting
+
+        assert _run(main()) == ([0, 1, 2, 3, 4], 5)  # all five were waiting at once
+        with pytest.raises(GroupError, match=r"^gates:0\.fail failed: gate stuck$"):
+            _run(group.acall(0, Gate.fail))
+    finally:
+        group.shutdown()

@@ -63,11 +63,18 @@ def test_loaded_config_is_frozen():
         ("rollout.max_prompt_tokens=-1", "rollout.max_prompt_tokens"),
         ("algo.max_role_drop_frac=1.5", "algo.max_role_drop_frac"),
         ("model.chat_template_kwargs.add_generation_prompt=false", "model.chat_template_kwargs.add_generation_prompt"),
+        ("rollout.mode=batched", "rollout.mode"),
+        ("rollout.stall_timeout_s=0", "rollout.stall_timeout_s"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(TINY, [override])
+
+
+def test_a_removed_key_names_its_replacement():
+    with pytest.raises(ConfigError, match=r"rollout\.call_timeout_s was removed; use rollout\.stall_timeout_s"):
+        load_config(TINY, ["rollout.call_timeout_s=300"])
 
 
 def test_choices_are_read_from_the_registries(monkeypatch):

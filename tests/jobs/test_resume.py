@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # train_size is a multiple of prompts_per_step: an epoch ends every 2 steps, so a stop at step 2 sits exactly
 # on an epoch boundary and the resumed run must start the next epoch's shuffle.
 SHAPE = ["data.train_size=8", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "data.eval_size=4",
-         "marl.workflow=voting", "marl.sharing=isolated", "checkpoint.every=1", "ray.num_cpus=2"]
+         "marl.workflow=voting", "marl.sharing=isolated", "checkpoint.every=1", "ray.num_cpus=2",
+         # Equal to the bit: each batch's composition fixed by the workflow. Streamed requests draw the same tokens
+         # whatever they are batched with, but the padding they share moves their logprobs by ~1e-7.
+         "rollout.mode=lockstep"]
 COMPARED = ("reward/mean", "loss/generator", "loss/aggregator", "grad/norm/generator", "grad/norm/aggregator",
             "reward/mean/generator", "response_len/mean/generator")
 

@@ -26,8 +26,9 @@ ROLES = ["generator", "evaluator"]
 
 
 class SeedRecorder:
-    """An engine (the members' constructor and `generate`) that records the seed each request is sampled with,
-    as a vLLM engine seeds each request; the evaluator always says Incorrect, so every round runs."""
+    """An engine (the members' constructor, `generate_async` and `progress`) that records the seed each request
+    is sampled with, as a vLLM engine seeds each request; the evaluator always says Incorrect, so every round
+    runs."""
 
     seeds: list[int] = []
     lock = threading.Lock()
@@ -35,7 +36,10 @@ class SeedRecorder:
     def __init__(self, model_path: str, dtype: str, threads: int, policy_id: str):  # noqa: ARG002 - engine args
         self.policy_id = policy_id
 
-    def generate(self, requests, sampling) -> list[Completion]:
+    async def progress(self) -> int:
+        return 0
+
+    async def generate_async(self, requests, sampling, adapter=None) -> list[Completion]:  # noqa: ARG002
         with self.lock:
             self.seeds.extend(sampling.request_seed(i) for i in range(len(requests)))
         text = "\\boxed{Incorrect}" if self.policy_id == "evaluator" else "\\boxed{7}"
@@ -72,7 +76,7 @@ def test_no_two_requests_share_a_seed_within_or_across_consecutive_steps(tmp_pat
     finally:
         for group in system.engines.values():
             group.shutdown()
-    # 4 prompts x 4 samples x 3 rounds x 2 roles, in chunks of 3 per role batch.
+    # 4 prompts x 4 samples x 3 rounds x 2 roles, each turn a streamed call of its own.
     assert [len(s) for s in per_step] == [96] * 3
     for step in range(3):
         assert len(set(per_step[step])) == 96, f"step {step} reuses a seed within the step"

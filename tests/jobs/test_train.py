@@ -154,7 +154,7 @@ def test_data_without_valid_rows_is_a_clear_error(tmp_path):
 
 
 def test_engine_call_past_its_deadline_names_the_engine(tmp_path):
-    cfg = _cfg(tmp_path, "rollout.call_timeout_s=0.001", "ray.num_cpus=2")
+    cfg = _cfg(tmp_path, "rollout.stall_timeout_s=0.001", "ray.num_cpus=2")
     with pytest.raises(GroupTimeout, match=r"tiny:engine:generator:0\.generate"):
         train(cfg)
 

@@ -1,5 +1,5 @@
-"""Collector batching over a recording fake of EngineGroup, and EngineGroup itself (in-process and two Ray
-replicas) on the tiny model."""
+"""Collector over a recording fake of EngineGroup (lockstep batching; streaming turns, their seeds and their
+overlap across rounds), and EngineGroup itself (in-process and two Ray replicas) on the tiny model."""
 
 from __future__ import annotations
 
@@ -30,11 +30,15 @@ WRONG_ON = "5"  # generators answer this task wrongly, so its episodes score 0
 
 
 class RecordingEngines:
-    """Stands in for EngineGroup (same `generate` signature): records each batch and replies per request."""
+    """Stands in for EngineGroup (same `generate` and `complete` signatures): records each call (a streamed
+    turn is a batch of one) and replies per request."""
 
-    def __init__(self, reply, error: Exception | None = None):
-        self.reply, self.error = reply, error
+    def __init__(self, reply, error: Exception | None = None, key: str = "g"):
+        self.reply, self.error, self.key = reply, error, key
         self.batches: list[tuple[list[list[Message]], Sampling]] = []
+
+    async def complete(self, request: list[Message], sampling: Sampling, role: str | None = None) -> Completion:
+        return (await self.generate([request], sampling, role))[0]
 
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
                        role: str | None = None) -> list[Completion]:
@@ -56,13 +60,13 @@ def _generator_reply(messages: list[Message]) -> str:
 
 def _engines(**errors: Exception) -> dict[str, RecordingEngines]:
     return {
-        "generator": RecordingEngines(_generator_reply, errors.get("generator")),
-        "aggregator": RecordingEngines(lambda _: "I pick \\boxed{2}", errors.get("aggregator")),
+        "generator": RecordingEngines(_generator_reply, errors.get("generator"), "generator"),
+        "aggregator": RecordingEngines(lambda _: "I pick \\boxed{2}", errors.get("aggregator"), "aggregator"),
     }
 
 
-def _collector(engines) -> Collector:
-    return Collector(engines, "voting", get_family("digit"), WorkflowOptions(num_generators=3))
+def _collector(engines, mode: str = "lockstep") -> Collector:
+    return Collector(engines, "voting", get_family("digit"), WorkflowOptions(num_generators=3), mode=mode)
 
 
 def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
@@ -149,6 +153,61 @@ def test_role_without_engine_group_is_an_error():
         _collector(engines).collect(TASKS[:1], samples_per_prompt=1, sampling=SAMPLING)
 
 
+# ---------------------------------------------------------------- streaming over the fake
+
+class GatedGenerators(RecordingEngines):
+    """Generators whose turns on task `held` wait until some aggregator has been asked: in streaming, the other
+    episodes reach their aggregator while those turns are out; in lockstep nothing would ever ask it."""
+
+    def __init__(self, held: str, asked: asyncio.Event):
+        super().__init__(_generator_reply, key="generator")
+        self.held, self.asked = held, asked
+
+    async def complete(self, request, sampling, role=None):
+        if f"Write the digit {self.held}." in request[-1]["content"]:
+            await asyncio.wait_for(self.asked.wait(), 30)  # bounded: a lockstep client fails instead of hanging
+        return await super().complete(request, sampling, role)
+
+
+class AskedAggregator(RecordingEngines):
+    def __init__(self, asked: asyncio.Event):
+        super().__init__(lambda _: "I pick \\boxed{2}", key="aggregator")
+        self.asked = asked
+
+    async def complete(self, request, sampling, role=None):
+        self.asked.set()
+        return await super().complete(request, sampling, role)
+
+
+def test_streaming_sends_each_turn_alone_and_an_episode_does_not_wait_for_other_episodes_turns():
+    async def run() -> tuple[list, dict]:
+        asked = asyncio.Event()
+        engines = {"generator": GatedGenerators(TASKS[0].answer, asked), "aggregator": AskedAggregator(asked)}
+        timings: dict[str, float] = {}
+        episodes = await asyncio.to_thread(_collector(engines, "streaming").collect, TASKS, 2, SAMPLING, None,
+                                           timings)
+        return episodes, {**timings, "calls": [len(r) for e in engines.values() for r, _ in e.batches]}
+
+    episodes, timings = asyncio.run(run())
+    assert set(timings.pop("calls")) == {1} and len(episodes) == 6  # 24 turns, one call each
+    assert all(ep.reward == (1.0 if ep.task.answer != WRONG_ON else 0.0) for ep in episodes)
+    assert set(timings) == {"generate_s", "rollout/engine_busy_frac/generator", "rollout/engine_busy_frac/aggregator",
+                            *(f"rollout/turn_latency_{q}_s/{r}" for q in ("p50", "p99")
+                              for r in ("generator", "aggregator"))}
+    assert all(0.0 <= timings[f"rollout/engine_busy_frac/{g}"] <= 1.0 for g in ("generator", "aggregator"))
+
+
+def test_streaming_seeds_each_turn_by_its_episode_agent_and_turn():
+    engines = _engines()
+    _collector(engines, "streaming").collect(TASKS, 2, SAMPLING)
+    seeds = {role: sorted(s.seed for _, s in e.batches) for role, e in engines.items()}
+    want = {"generator": sorted(SAMPLING.derive(t, i, f"generator{j}", 0).seed
+                                for t in range(3) for i in range(2) for j in range(3)),
+            "aggregator": sorted(SAMPLING.derive(t, i, "aggregator", 0).seed for t in range(3) for i in range(2))}
+    assert seeds == want
+    assert len(set(seeds["generator"])) == 18  # identical prompts of one episode still draw apart
+
+
 # ---------------------------------------------------------------- EngineGroup on the tiny model
 
 REQUESTS = [[{"role": "user", "content": f"Write the digit {d}." + " x" * d}] for d in range(10)]
@@ -161,8 +220,8 @@ def _spec() -> EngineGroupSpec:
 
 def _rollout(engines_per_role: int) -> SimpleNamespace:
     return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
-                           max_batch_size=MAX_BATCH, call_timeout_s=120.0, lora_serving="single",
-                           replace_dead_engines=True)
+                           max_batch_size=MAX_BATCH, stall_timeout_s=120.0, start_timeout_s=600.0,
+                           lora_serving="single", replace_dead_engines=True)
 
 
 @pytest.fixture(scope="module")

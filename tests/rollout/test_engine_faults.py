@@ -1,6 +1,8 @@
 """Engine health through the real System (HF engines as Ray actors, in-process learner): a killed engine is
-replaced under its name, caught up to the current weights (fingerprint-checked) and its chunk retried once,
-so the step loses and duplicates nothing; a hung engine trips its deadline and is named."""
+replaced under its name, caught up to the current weights (fingerprint-checked) and its call retried once,
+so the step loses and duplicates nothing; an engine that stops generating tokens is replaced once it has been
+flat for rollout.stall_timeout_s, and named when its replacement stalls too; a slow engine that keeps
+generating is left alone however long it takes. The stand-ins stall or slow the engine's serving step."""
 
 from __future__ import annotations
 
@@ -30,25 +32,56 @@ SAMPLING = Sampling(temperature=1.0, max_new_tokens=4)
 
 
 def _stall_once(flag: str) -> type:
-    """An engine whose first generate (in any process) marks `flag` and stalls; later calls serve normally.
-    Built in a function so Ray ships the class, with `flag`, by value."""
+    """An engine whose first serving step (in any process) marks `flag` and stalls; later steps serve normally.
+    Built in a function so that Ray ships the class, with `flag`, by value."""
 
     class StallOnce(HFEngine):
-        def generate(self, requests, sampling, adapter=None):
+        def step(self, count):
             if not os.path.exists(flag):
                 open(flag, "w").close()
                 time.sleep(600)  # until killed
-            return super().generate(requests, sampling, adapter)
+            return super().step(count)
 
     return StallOnce
 
 
 def _hung() -> type:
     class Hung(HFEngine):
-        def generate(self, requests, sampling, adapter=None):
+        def step(self, count):
             time.sleep(600)
 
     return Hung
+
+
+def _stops_once(flag: str, tokens: int) -> type:
+    """Generates `tokens` tokens (slowly), then, the first time in any process, records the time in `flag` and
+    stops generating; afterwards it serves normally."""
+
+    class StopsOnce(HFEngine):
+        def step(self, count):
+            if not os.path.exists(flag):
+                for _ in range(tokens):
+                    time.sleep(0.1)
+                    count(1)
+                with open(flag, "w") as f:
+                    f.write(repr(time.time()))
+                time.sleep(600)  # until killed
+            return super().step(count)
+
+    return StopsOnce
+
+
+def _slow(tokens: int, every_s: float) -> type:
+    """Generates a token every `every_s` seconds for `tokens` tokens before each step's real work."""
+
+    class Slow(HFEngine):
+        def step(self, count):
+            for _ in range(tokens):
+                time.sleep(every_s)
+                count(1)
+            return super().step(count)
+
+    return Slow
 
 
 def _system(tmp_path, monkeypatch, engine_cls: type, *overrides: str):
@@ -93,25 +126,59 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
         system.shutdown()
 
 
-def test_hung_engine_trips_its_deadline_and_is_named_after_one_replacement(ray_cluster, tmp_path, monkeypatch):
-    system = _system(tmp_path, monkeypatch, _hung(), "rollout.call_timeout_s=3")
+def test_hung_engine_trips_its_stall_deadline_and_is_named_after_one_replacement(ray_cluster, tmp_path,
+                                                                                monkeypatch):
+    system = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2")
     try:
-        with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate missed its 3s deadline "
-                                               r"\(serving role 'solver'\) after replacing the engine$"):
+        with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s "
+                                               r"\(rollout\.stall_timeout_s\) \(serving role 'solver'\) after "
+                                               r"replacing the engine$"):
             system.collector.collect(TASKS[:1], 1, SAMPLING)
         assert system.engines["solver"].replacements == 1
     finally:
         system.shutdown()
 
 
-def test_without_replacement_a_hung_engine_fails_at_its_first_deadline(ray_cluster, tmp_path, monkeypatch):
-    system = _system(tmp_path, monkeypatch, _hung(), "rollout.call_timeout_s=2",
+def test_without_replacement_a_hung_engine_fails_at_its_first_stall(ray_cluster, tmp_path, monkeypatch):
+    system = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2",
                      "rollout.replace_dead_engines=false")
     try:
         t0 = time.monotonic()
-        with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate missed its 2s deadline"):
+        with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s"):
             system.collector.collect(TASKS[:1], 1, SAMPLING)
         assert time.monotonic() - t0 < 30  # the deadline, not the 600 s hang (slack for a loaded machine)
         assert system.engines["solver"].replacements == 0
+    finally:
+        system.shutdown()
+
+
+@pytest.mark.slow
+def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(ray_cluster, tmp_path,
+                                                                              monkeypatch):
+    stall_s, margin_s = 2.0, 3.0  # margin: polling (1/8 of the deadline) and a loaded machine
+    flag = str(tmp_path / "stopped")
+    system = _system(tmp_path, monkeypatch, _stops_once(flag, tokens=10), f"rollout.stall_timeout_s={stall_s}")
+    group = system.engines["solver"]
+    replaced_at: list[float] = []
+    replace_now = group._replace_now
+    monkeypatch.setattr(group, "_replace_now", lambda i: (replaced_at.append(time.time()), replace_now(i)))
+    try:
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        assert len(episodes) == 1 and group.replacements == 1
+        waited = replaced_at[0] - float(open(flag).read())
+        assert stall_s <= waited <= stall_s + margin_s
+    finally:
+        system.shutdown()
+
+
+@pytest.mark.slow
+def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_cluster, tmp_path, monkeypatch):
+    stall_s = 1.5
+    system = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
+    try:
+        t0 = time.monotonic()
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        assert time.monotonic() - t0 > 2 * stall_s  # a 4 s call, twice the deadline, never flat for 1.5 s
+        assert len(episodes) == 1 and system.engines["solver"].replacements == 0
     finally:
         system.shutdown()

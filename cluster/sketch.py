@@ -15,10 +15,10 @@ import zlib
 import torch
 
 SKETCH_PROBES = 4
-# Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 GEMMs
-# agree to ~1e-6 relative (oneDNN vs torch, measured on the built-in models); bf16/fp16 kernels round their
-# outputs to 8/11 bits. A stale or wrong matrix moves the sketch by its relative change (~1e-3 for one fp32
-# optimizer step of lr 2e-5, whole for a skipped layer).
+# Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 sums in
+# another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model, within this bound on
+# SmolLM2-135M); bf16/fp16 kernels round their outputs to 8/11 bits. A stale or wrong matrix moves the sketch by
+# its relative change (an optimizer step of lr 2e-5 moves weights of size ~0.02 by ~1e-3; a skipped layer by ~1).
 SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 

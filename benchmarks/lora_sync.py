@@ -4,10 +4,12 @@ matrix moved before each sync so that every layer is merged and reloaded. Prints
 share of the whole sync, side by side.
 
     .venv/bin/python -m benchmarks.lora_sync [--reps 7] [--model builtin:smollm2-135m-instruct] [--rank 16]
+        [--sync-path fast|reload]
 
 Parts: the learner's adapter payload (`get_lora_delta`), its merged fingerprint (`merged_fingerprint`: the full
 merge W0 + scale·B@A and its rounding norms, computed while the engine loads), and inside the engine the merge of
-the changed layers, vLLM's reload of them and the read-back fingerprint of every served weight. The learner's
+the changed layers, their load (in place or vLLM's reload: `rollout.vllm_sync_path`) and the sketch check of
+what they serve. The learner's
 fingerprint overlaps the engine's work, so the parts add up to more than the sync.
 """
 
@@ -45,10 +47,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--sync-path", choices=("fast", "reload"), default="fast")
     args = parser.parse_args()
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
-        f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0"])
+        f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
+        f"rollout.vllm_sync_path={args.sync_path}"])
     system = build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build("shared", ["generator"]),
                           get_family("math"))
     try:
@@ -58,8 +62,8 @@ def main() -> None:
         for name in ("get_lora_delta", "merged_fingerprint"):
             setattr(learner, name, timed(times, f"learner {name}", getattr(learner, name)))
         engine.load_lora_delta = timed(times, "engine load_lora_delta", engine.load_lora_delta)
-        engine._reload = timed(times, "  vLLM reload", engine._reload)
-        engine._served_fingerprint = timed(times, "  read-back fingerprint", engine._served_fingerprint)
+        engine._reload = timed(times, "  load + sketch check", engine._reload)
+        engine._check_served = timed(times, "    sketch check", engine._check_served)
         BaseWeights.merged_layers = timed(times, "  merge", BaseWeights.merged_layers)  # type: ignore[method-assign]
         _move_adapter(learner.model, 0)
         system.sync(1)  # warm-up: the engine reads its base weights, vLLM sets up its reload
@@ -75,7 +79,7 @@ def main() -> None:
         print(f"adapter-delta sync, {args.model} LoRA r{args.rank}, median of {args.reps}: {whole:.3f} s "
               f"({out['sync/bytes'] / 2**20:.1f} MiB sent)")
         order = ["learner get_lora_delta", "learner merged_fingerprint", "engine load_lora_delta", "  merge",
-                 "  vLLM reload", "  read-back fingerprint"]
+                 "  load + sketch check", "    sketch check"]
         for name in order:
             part = statistics.median(times[name])
             print(f"  {name:28s} {part:7.3f} s  {part / whole:6.1%}")

@@ -12,6 +12,9 @@ temperature 1, logprobs of the sampled tokens:
 Every engine gets the same cores. Medians over `reps` after one warm-up call. Engines run one at a time.
 Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
 actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
+`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload,
+before) and in place (fast, after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways,
+and the parts of a load inside an in-process vLLM engine, both ways, in one run.
 """
 
 from __future__ import annotations
@@ -54,13 +57,16 @@ def _median_rate(run: Callable[[int], int], reps: int, name: str) -> float:
     return statistics.median(rates)
 
 
-def _rollout_cfg(args: argparse.Namespace, lora: bool, backend: str = "vllm") -> Any:
+def _rollout_cfg(args: argparse.Namespace, lora: bool, backend: str = "vllm", sync_path: str = "fast",
+                 lora_serving: str = "multi") -> Any:
     overrides = [f"model.path={args.model}", f"rollout.backend={backend}", "rollout.engines_per_role=1",
+                 f"rollout.vllm_sync_path={sync_path}",
                  f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
                  "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0",
                  "data.train=digit", "data.train_size=1", "data.eval_size=0"]  # no tasks drawn; the schema needs one
     if lora:
-        overrides += ["model.lora.enabled=true", f"model.lora.rank={args.lora_rank}", "rollout.lora_serving=multi"]
+        overrides += ["model.lora.enabled=true", f"model.lora.rank={args.lora_rank}",
+                      f"rollout.lora_serving={lora_serving}"]
     return load_config(None, overrides)
 
 
@@ -87,37 +93,97 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
 
 
 def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[str, dict]:
-    """Full-weight syncs into one engine actor, side by side: the weights as a dict of tensors, and packed into
-    one buffer (cluster.packing, what learners send), into a vLLM engine and into the HF stand-in (whose load is
-    a copy into its parameters and a read-back fingerprint, with no kernel repacking)."""
+    """Full-weight syncs into one engine actor, side by side: into a vLLM engine through vLLM's reload_weights
+    (before) and in place (rollout.vllm_repack, after), packed into one buffer (cluster.packing, what learners
+    send) and as a dict of tensors; and into the HF stand-in (a copy into its parameters, no kernel repacking)."""
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
     out = {}
-    for backend in ("vllm", "hf"):
-        group = EngineGroup(spec, path, _rollout_cfg(args, lora=False, backend=backend).rollout, "float32")
+    for backend, sync_path, payloads in (("vllm", "reload", ("packed",)), ("vllm", "fast", ("packed", "dict")),
+                                          ("hf", "fast", ("packed", "dict"))):
+        cfg = _rollout_cfg(args, lora=False, backend=backend, sync_path=sync_path).rollout
+        group = EngineGroup(spec, path, cfg, "float32")
+        label = f"vllm {sync_path}" if backend == "vllm" else backend
         try:
-            for name, get in (("dict", _Source.get_weights), ("packed", _Source.get_packed)):
-                out[f"{backend} engine, {name}"] = _sync_seconds(group, get, EngineMember.load_weights, weights,
-                                                                 args.reps)
+            for name in payloads:
+                get = _Source.get_packed if name == "packed" else _Source.get_weights
+                out[f"{label}, {name}"] = _sync_seconds(group, get, EngineMember.load_weights, weights, args.reps)
         finally:
             group.shutdown()
     return out
 
 
-def full_sync_parts(path: str, weights: dict, args: argparse.Namespace) -> dict[str, float]:
+def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
+    """Merged serving of a LoRA policy (sync.lora_delta): the adapter travels, the engine actor merges it into
+    its base and loads the merged layers; every layer's adapter changes before each sync. vLLM's reload (before)
+    and in place (after); the sender's merged fingerprint is checked as Learner.merged_fingerprint's."""
+    from rollout.engine_group import EngineGroup
+
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    out = {}
+    for sync_path in ("reload", "fast"):
+        cfg = _rollout_cfg(args, lora=True, sync_path=sync_path, lora_serving="single")
+        group = EngineGroup(spec, path, cfg.rollout, "float32")
+        try:
+            out[f"vllm {sync_path}, LoRA r{args.lora_rank} delta"] = _delta_sync_seconds(group, path, cfg, args.reps)
+        finally:
+            group.shutdown()
+    return out
+
+
+def _delta_sync_seconds(group: Any, path: str, cfg: Any, reps: int) -> dict:
+    from cluster.group import Group
+    from cluster.transport import broadcast
+
+    src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
+    outs = [broadcast(src, _LoraSource.get_lora_delta, [group.group], EngineMember.load_lora_delta, v + 1, 600.0,
+                      expect=_LoraSource.merged_fingerprint) for v in range(reps + 1)][1:]
+    src.shutdown()
+    return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs)}
+
+
+class _LoraSource:
+    """Stands in for a LoRA learner's rank 0: every call moves every B matrix (a new adapter per sync)."""
+
+    def __init__(self, path: str, lora: Any):
+        from learners.weights import load_policy_model, merge_for_serving
+
+        self.model, self.calls = load_policy_model(path, "float32", lora), 0
+        self.names = list(merge_for_serving(self.model)[0])
+
+    def get_lora_delta(self) -> dict:
+        import torch
+
+        from learners.weights import adapter_payload
+
+        self.calls += 1
+        g = torch.Generator().manual_seed(self.calls)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
+        return {**adapter_payload(self.model, "pi"), "names": self.names}
+
+    def merged_fingerprint(self) -> float:
+        from cluster.fingerprint import fingerprint
+        from learners.weights import merge_for_serving
+
+        return fingerprint(merge_for_serving(self.model)[0])
+
+
+def full_sync_parts(path: str, weights: dict, args: argparse.Namespace, sync_path: str) -> dict[str, float]:
     """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine."""
     from benchmarks.timing import timed
     from cluster.packing import pack
     from rollout.vllm_engine import VLLMEngine
 
     packed = pack(weights)
-    engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi")
+    engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi",
+                        sync_path=sync_path)
     times: dict[str, list[float]] = {}
-    engine._probe = timed(times, "probe", engine._probe)  # type: ignore[method-assign]
-    engine._reload = timed(times, "vLLM reload + probe", engine._reload)  # type: ignore[method-assign]
-    engine._served_fingerprint = timed(  # type: ignore[method-assign]
-        times, "read-back fingerprint", engine._served_fingerprint)
+    engine._check_served = timed(times, "sketch check", engine._check_served)  # type: ignore[method-assign]
+    engine._reload = timed(times, "load + check", engine._reload)  # type: ignore[method-assign]
     load = timed(times, "engine load_weights", engine.load_weights)
     for version in range(args.reps + 1):
         load(packed, version)
@@ -251,18 +317,19 @@ def _sync_only(args: argparse.Namespace) -> None:
 
     path = resolve_model(args.model)
     weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
-    syncs = bench_full_sync(path, weights, args)
+    syncs = {**bench_full_sync(path, weights, args), **bench_lora_delta(path, args)}
     ray.shutdown()
-    parts = full_sync_parts(path, weights, args)
-    print(f"{args.model}: verified full-weight sync into one engine actor, median of {args.reps} after warm-up")
+    parts = {p: full_sync_parts(path, weights, args, p) for p in ("reload", "fast")}
+    print(f"{args.model}: verified syncs into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
         _print_sync(name, s)
-    for backend in ("vllm", "hf"):
-        packed, plain = syncs[f"{backend} engine, packed"]["sync_s"], syncs[f"{backend} engine, dict"]["sync_s"]
-        print(f"  {backend}: packed / dict = {packed / plain:.2f}")
-    print("  parts of a packed load into an in-process vLLM engine:")
-    for name, seconds in parts.items():
-        print(f"    {name:<28} {seconds:8.3f} s")
+    before, after = syncs["vllm reload, packed"]["sync_s"], syncs["vllm fast, packed"]["sync_s"]
+    print(f"  vllm full weights, packed: reload / fast = {before / after:.2f}x")
+    delta = [s["sync_s"] for name, s in syncs.items() if "delta" in name]
+    print(f"  vllm LoRA delta: reload / fast = {delta[0] / delta[1]:.2f}x")
+    print(f"  parts of a packed load into an in-process vLLM engine, s: {'reload':>8} {'fast':>8}")
+    for name in parts["fast"]:
+        print(f"    {name:<56} {parts['reload'][name]:8.3f} {parts['fast'][name]:8.3f}")
 
 
 def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:
@@ -279,7 +346,7 @@ def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora:
 
 
 def _print_sync(name: str, s: dict) -> None:
-    print(f"  sync {name:<22} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
+    print(f"  sync {name:<30} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
           f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
 
 

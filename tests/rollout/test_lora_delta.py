@@ -11,9 +11,10 @@ from cluster.transport import SyncError
 from jobs.config import load_config
 from jobs.models import resolve_model
 from jobs.system import build_system
+from learners.weights import merge_layer
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from rollout.lora import BaseWeights
+from rollout.lora import BaseWeights, merge_into
 
 ROLES = ["generator", "aggregator"]
 LORA = ("model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16")
@@ -85,3 +86,15 @@ def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
         assert list(again) == ["model.layers.0.self_attn.q_proj.weight"]
     finally:
         system.shutdown()
+
+
+@pytest.mark.parametrize("scale", [2.0, 0.5, 1.7, 16 / 12])
+def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
+    """The engine's merge (fused addmm for power-of-two scales, else the learner's steps in place) is bit for bit
+    learners.weights.merge_layer's, whose fingerprint the engine must reproduce."""
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(192, 576, generator=g) * 0.02
+    b, a = torch.randn(192, 16, generator=g) * 0.01, torch.randn(16, 576, generator=g) * 0.01
+    out = torch.empty(192, 576)
+    assert merge_into(out, w0, b, a, scale) is out
+    assert torch.equal(out, merge_layer(w0, (b @ a) * scale, torch.float32)[0])

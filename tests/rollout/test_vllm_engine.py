@@ -1,8 +1,9 @@
 """VLLMEngine (real vLLM, in-process, on CPU) on the built-in tiny model: completions as the HF engine shapes
-them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on
-eos, seeds, and weight sync that is verified (switch and restore exactly; a load that did not land is caught
-by the engine or by the sender; the fingerprint is read back from what vLLM serves, fused qkv/gate_up layers
-included), and a bf16 engine.
+them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on eos, seeds, and weight sync that is
+verified (switch and restore exactly; the in-place path serves the tokens and logprobs of vLLM's reload; a load
+that did not land, a wrong or skipped layer and a stale tied LM head are caught by the engine's sketch of what
+vLLM serves, fused qkv/gate_up layers included; a payload that changed on the way by the sender), and a bf16
+engine.
 
 Measured on the tiny float32 model: vLLM's logprobs match the manual forward pass to <= 5e-7 (T = 0, 0.7,
 1, 1.3; 16 prompts x 32 tokens); the tolerance below leaves two orders of magnitude of headroom.
@@ -28,7 +29,8 @@ from jobs.models import resolve_model
 from learners.weights import adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm_engine import VLLMEngine, vllm_kernels
+from rollout.vllm_repack import Kernels, load_in_place
 from rollout.vllm_support import cpu_bind
 from tests.learners.test_engine_logprobs import DIFF_TOL, TEMPERATURE, learner_gap
 from tests.learners.test_engine_logprobs import REQUESTS as LEARNER_REQUESTS
@@ -176,13 +178,60 @@ def test_load_weights_switches_model_restores_exactly_and_reports_its_own_finger
     assert {c.version for c in restored} == {6}
 
 
-def test_a_reload_that_did_not_land_is_an_error_of_the_engine(engine, tiny, monkeypatch):
+def _patch_load(monkeypatch, engine: VLLMEngine, after) -> None:
+    """Both sync paths load, then run after(weights) inside the worker: what vLLM serves, changed."""
+    def fast(model, weights, kernels):
+        out = load_in_place(model, weights, kernels)
+        after(model)
+        return out
+
+    rpc = engine.llm.collective_rpc
+
+    def reload(method, *args, **kwargs):
+        out = rpc(method, *args, **kwargs)
+        if method == "reload_weights":
+            engine.llm.apply_model(after)
+        return out
+
+    monkeypatch.setattr("rollout.vllm_engine.load_in_place", fast)
+    monkeypatch.setattr(engine.llm, "collective_rpc", reload)
+
+
+@pytest.mark.parametrize("path", ["fast", "reload"])
+def test_a_load_that_did_not_land_is_an_error_of_the_engine(engine, tiny, monkeypatch, path):
+    monkeypatch.setattr(engine, "sync_path", path)
+    monkeypatch.setattr("rollout.vllm_engine.load_in_place", lambda model, weights, kernels: True)
     rpc = engine.llm.collective_rpc
     monkeypatch.setattr(engine.llm, "collective_rpc",
                         lambda method, *a, **kw: None if method == "reload_weights" else rpc(method, *a, **kw))
-    with pytest.raises(RuntimeError, match=r"policy 'pi': model\.layers\.\d+\.\S+_proj\.weight serves other values"):
+    with pytest.raises(RuntimeError, match=r"policy 'pi': \d+ of 21 tensors serve other values than were loaded"):
         engine.load_weights(_other_state(tiny), version=9)
     assert engine.weight_version() == 0
+
+
+def test_the_fast_path_serves_what_vllms_reload_serves(engine, tiny, monkeypatch):
+    """Same weights through vLLM's reload_weights and through the in-place path: the same tokens and log-probs,
+    sampled; the payload of a tied model without `lm_head.weight` too (the head is rebuilt from the embedding)."""
+    other, sampling = _other_state(tiny), Sampling(temperature=1.0, max_new_tokens=12, seed=3)
+    try:
+        monkeypatch.setattr(engine, "sync_path", "reload")
+        engine.load_weights(other, version=1)
+        reloaded = engine.generate(REQUESTS, sampling)
+        engine.load_weights(_state(tiny), version=2)  # back to the base, so the fast path has work to do
+        monkeypatch.setattr(engine, "sync_path", "fast")
+        monkeypatch.setattr(engine.llm, "collective_rpc", _no_rpc)  # the fast path must not reload through vLLM
+        engine.load_weights({k: v for k, v in other.items() if k != "lm_head.weight"}, version=3)
+        assert engine.own_tensors == len(other)  # the head checked through its kernel against the embedding
+        fast = engine.generate(REQUESTS, sampling)
+        assert [c.response_ids for c in fast] == [c.response_ids for c in reloaded]
+        assert [c.logprobs for c in fast] == [c.logprobs for c in reloaded]
+    finally:
+        monkeypatch.undo()
+        engine.load_weights(_state(tiny), version=0)  # the module's engine serves the base model again
+
+
+def _no_rpc(method, *args, **kwargs):
+    raise AssertionError(f"the in-place path called vLLM's {method}")
 
 
 def _add_to_rows(model, module: str, start: int, stop: int, delta: float) -> None:
@@ -200,30 +249,44 @@ def _add_to_rows(model, module: str, start: int, stop: int, delta: float) -> Non
     layer.quant_method.process_weights_after_loading(layer)
 
 
+@pytest.mark.parametrize("path", ["fast", "reload"])
 @pytest.mark.parametrize(("fused", "part", "rows"), [
     ("self_attn.qkv_proj", "self_attn.k_proj", (128, 192)),  # q: 4 heads x 32 rows, then k and v: 2 x 32 each
     ("mlp.gate_up_proj", "mlp.up_proj", (128, 256)),  # gate, then up: 128 rows each
 ])
-def test_the_fingerprint_reads_fused_layers_back_from_what_vllm_loaded(engine, tiny, monkeypatch, fused, part, rows):
-    sent, name = _other_state(tiny), f"model.layers.1.{part}.weight"
-    rpc = engine.llm.collective_rpc
-
-    def reload_then_change(method, *args, **kwargs):
-        out = rpc(method, *args, **kwargs)
-        if method == "reload_weights":  # vLLM loaded `sent`; from now on its fused layer serves other values
-            engine.llm.apply_model(functools.partial(_add_to_rows, module=f"model.layers.1.{fused}",
-                                                     start=rows[0], stop=rows[1], delta=1.0))
-        return out
-
-    monkeypatch.setattr(engine.llm, "collective_rpc", reload_then_change)
+def test_a_wrong_part_of_a_fused_layer_is_caught_under_its_hf_name(engine, tiny, monkeypatch, path, fused, part, rows):
+    monkeypatch.setattr(engine, "sync_path", path)
+    _patch_load(monkeypatch, engine, functools.partial(_add_to_rows, module=f"model.layers.1.{fused}",
+                                                        start=rows[0], stop=rows[1], delta=0.01))
     try:
-        report = engine.load_weights(sent, version=7)
-        assert report["fingerprint"] != fingerprint(sent)  # what echoing the received tensors would report
-        assert report["fingerprint"] == fingerprint({**sent, name: sent[name] + 1.0})  # the part, under its name
-        assert engine.own_tensors == len(sent)
+        with pytest.raises(RuntimeError, match=rf"1 of 21 tensors .*: model\.layers\.1\.{part}\.weight \("):
+            engine.load_weights(_other_state(tiny), version=7)
     finally:
         monkeypatch.undo()
-        engine.load_weights(_state(tiny), version=0)  # the module's engine serves the base model again
+        engine.load_weights(_state(tiny), version=0)
+
+
+def test_a_skipped_layer_and_a_stale_tied_head_are_caught(engine, tiny, monkeypatch):
+    """The in-place path leaving one linear as it was, or not rebuilding the LM head's kernel after the embedding
+    changed (its parameter is the new embedding: only the logits path shows the old one)."""
+    def skipping(model, weights, kernels):
+        return load_in_place(model, {k: v for k, v in weights.items() if "layers.0.mlp.down" not in k}, kernels)
+
+    real = vllm_kernels()
+    stale_head = Kernels(lambda layer, remove_weight: real.rebuild(layer, remove_weight) if remove_weight else None,
+                         real.linear_method, real.embedding_method)
+    try:
+        monkeypatch.setattr("rollout.vllm_engine.load_in_place", skipping)
+        with pytest.raises(RuntimeError, match=r"1 of 21 tensors .*: model\.layers\.0\.mlp\.down_proj\.weight"):
+            engine.load_weights(_other_state(tiny), version=8)
+        monkeypatch.undo()
+        engine.load_weights(_state(tiny), version=0)  # every kernel, the head's too, on the base model again
+        monkeypatch.setattr("rollout.vllm_engine.vllm_kernels", lambda: stale_head)
+        with pytest.raises(RuntimeError, match=r"1 of 21 tensors .*: lm_head\.weight \("):
+            engine.load_weights(_other_state(tiny), version=8)
+    finally:
+        monkeypatch.undo()
+        engine.load_weights(_state(tiny), version=0)
 
 
 def test_a_bf16_engine_reads_back_the_bf16_weights_it_serves(tiny):
@@ -238,13 +301,11 @@ def test_a_bf16_engine_reads_back_the_bf16_weights_it_serves(tiny):
 
 
 class PartialLoadEngine(VLLMEngine):
-    """Loads every tensor but the final norm (a partial load vLLM does not complain about)."""
+    """Loads every tensor but the final norm, as if it never arrived (its check passes: what it loaded is
+    served); the fingerprint of what it received is the sender's to check."""
 
     def load_weights(self, weights, version):
-        kept = {k: v for k, v in weights.items() if k != "model.norm.weight"}
-        report = super().load_weights(kept, version)
-        report["fingerprint"] = self._served_fingerprint(weights)  # what the engine serves, all names
-        return report
+        return super().load_weights({k: v for k, v in weights.items() if k != "model.norm.weight"}, version)
 
 
 class Source:
@@ -282,7 +343,7 @@ def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[di
     return {**adapter_payload(model, "pi"), "names": list(merged)}, merged
 
 
-def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_every_weight_back(tiny, hf, monkeypatch):
+def test_an_adapter_delta_reloads_only_the_changed_layers_and_checks_them(tiny, hf, monkeypatch):
     engine = VLLMEngine(tiny, policy_id="pi", kv_cache_gb=KV_GB)
     lora = SimpleNamespace(enabled=True, rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
     model = load_policy_model(tiny, "float32", lora)
@@ -299,7 +360,9 @@ def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_every_weight
     report = engine.load_lora_delta(payload, 1)
     layers = sorted(n for n in merged if n.endswith("_proj.weight"))
     assert reloaded == [layers]  # the merged layers only: embeddings and norms stay as vLLM loaded them
-    assert report["fingerprint"] == fingerprint(merged) and engine.own_tensors == len(merged)
+    # The fingerprint covers every served name (the engine's merge, bit for bit the learner's); the sketch
+    # check, the modules loaded.
+    assert report["fingerprint"] == fingerprint(merged) and engine.own_tensors == len(layers)
     reference = HFEngine(tiny, policy_id="pi")
     reference.load_weights(merged, 1)
     served = engine.generate(REQUESTS, GREEDY)

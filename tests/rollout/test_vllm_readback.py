@@ -1,18 +1,17 @@
 """rollout.vllm_readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back into HF
-names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, and a changed served
-tensor showing in the fingerprint (the real engine: tests/rollout/test_vllm_engine.py)."""
+names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, a tied LM head read
+through its own kernel, and a changed served tensor showing in its sketch error under its HF name (the real
+engine: tests/rollout/test_vllm_engine.py)."""
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from cluster.fingerprint import fingerprint
-from rollout.vllm_readback import part_rows, served_terms
+from rollout.vllm_readback import part_rows, served_errors
 
 CONFIG = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=24)
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -42,6 +41,17 @@ class Embedding(nn.Module):
         padded[:weight.shape[0]] = weight
         self.weight = nn.Parameter(padded, requires_grad=False)
         self.quant_method = SimpleNamespace()
+
+
+class Head(nn.Module):
+    """A tied LM head as on CPU: its parameter is the embedding's, its GEMM a packed copy taken when built."""
+
+    def __init__(self, embedding: Embedding):
+        super().__init__()
+        self.org_vocab_size = embedding.org_vocab_size
+        self.weight = embedding.weight
+        self.kernel = embedding.weight.detach().clone()
+        self.quant_method = SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.kernel.T)
 
 
 def _hf_weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -89,11 +99,11 @@ def test_part_rows_follow_the_config():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_every_tensor_is_read_back_and_gives_the_senders_fingerprint(packed):
+def test_every_tensor_is_read_back_and_served_as_sent(packed):
     w = _hf_weights()
-    terms, read = served_terms(_served_model(w, packed), w)
-    assert read == len(w)
-    assert math.fsum(terms) == fingerprint(w)
+    errors = served_errors(_served_model(w, packed), w)
+    assert sorted(errors) == sorted(w)
+    assert max(errors.values()) < 1e-6
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -107,19 +117,31 @@ def test_a_changed_part_of_a_fused_layer_shows_under_its_hf_name(packed, fused, 
     model = _served_model(w, packed)
     layer = model.get_submodule(f"model.layers.0.{fused}")
     with torch.no_grad():
-        layer.served()[rows] += 1.0  # what vLLM serves, no longer what it was sent
-    terms, read = served_terms(model, w)
+        layer.served()[rows] *= 1.001  # what vLLM serves, no longer what it was sent: by one part in a thousand
+    errors = served_errors(model, w)
     name = f"model.layers.0.{part}.weight"
-    assert read == len(w) and math.fsum(terms) != fingerprint(w)
-    assert math.fsum(terms) == fingerprint({**w, name: w[name] + 1.0})
+    assert errors[name] == pytest.approx(1e-3, rel=0.05)  # a dense relative change moves the sketch by as much
+    assert max(e for n, e in errors.items() if n != name) < 1e-6
 
 
 def test_a_layout_the_config_does_not_explain_is_not_claimed_as_read_back():
     w = _hf_weights()
     wrong = SimpleNamespace(num_attention_heads=4, num_key_value_heads=1, head_dim=8, hidden_size=24)
-    terms, read = served_terms(_served_model(w, packed=True, config=wrong), w)
-    assert read == len(w) - 3  # q, k, v: the received tensors' terms, uncounted
-    assert math.fsum(terms) == fingerprint(w)
+    errors = served_errors(_served_model(w, packed=True, config=wrong), w)
+    assert sorted(errors) == sorted(n for n in w if not n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")))
+
+
+def test_a_tied_head_is_read_through_its_kernel_even_when_only_the_embedding_was_sent():
+    w = _hf_weights()
+    model = _served_model(w, packed=True)
+    model.lm_head = Head(model.model.embed_tokens)
+    assert served_errors(model, w)["lm_head.weight"] < 1e-6  # checked against the sent embedding
+    new = {**w, "model.embed_tokens.weight": w["model.embed_tokens.weight"] * 1.01}
+    with torch.no_grad():  # the embedding lands, the head's packed copy is not rebuilt: it serves the old one
+        model.model.embed_tokens.weight[:VOCAB] = new["model.embed_tokens.weight"]
+    errors = served_errors(model, new)
+    assert errors["model.embed_tokens.weight"] == 0.0 and errors["lm_head.weight"] > 5e-3
+    assert served_errors(model, {**new, "lm_head.weight": new["model.embed_tokens.weight"]})["lm_head.weight"] > 5e-3
 
 
 def test_fused_biases_are_split_like_their_weights():
@@ -132,8 +154,9 @@ def test_fused_biases_are_split_like_their_weights():
     qkv = model.get_submodule(f"{attn}.qkv_proj")
     qkv.bias = nn.Parameter(torch.cat(list(biases.values())), requires_grad=False)
     sent = {**w, **biases}
-    terms, read = served_terms(model, sent)
-    assert read == len(sent) and math.fsum(terms) == fingerprint(sent)
+    errors = served_errors(model, sent)
+    assert sorted(errors) == sorted(sent) and max(errors.values()) < 1e-6
     with torch.no_grad():
         qkv.bias[48:] = 0.0  # v's bias
-    assert math.fsum(served_terms(model, sent)[0]) == fingerprint({**sent, f"{attn}.v_proj.bias": torch.zeros(16)})
+    errors = served_errors(model, sent)
+    assert errors[f"{attn}.v_proj.bias"] == pytest.approx(1.0) and errors[f"{attn}.k_proj.bias"] == 0.0

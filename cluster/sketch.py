@@ -1,0 +1,49 @@
+"""A seeded random-probe sketch of named weight matrices: W @ P for k ±1 probe vectors P chosen from the
+tensor's name, so that whoever holds W in some form (a plain tensor, a packed GEMM kernel, an LM head reached
+through the logits path) can compute the same [rows, k] product and compare.
+
+Unlike the sampled fingerprint (cluster.fingerprint), the sketch touches every element: a wrong row, a stale
+layer or a head left on old weights moves it. The two products are taken by different kernels (a oneDNN GEMM, a
+torch matmul), so they agree to rounding only, and are compared relative to their scale (`sketch_error`). ±1
+probes are exact in every float dtype, so the only difference is the kernels' summation.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+SKETCH_PROBES = 4
+# Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 sums in
+# another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model, within this bound on
+# SmolLM2-135M); bf16/fp16 kernels round their outputs to 8/11 bits. A stale or wrong matrix moves the sketch by
+# its relative change (an optimizer step of lr 2e-5 moves weights of size ~0.02 by ~1e-3; a skipped layer by ~1).
+SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def probes(name: str, cols: int, k: int = SKETCH_PROBES) -> torch.Tensor:
+    """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device)."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1)
+
+
+def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """A weight as [rows, cols]: matrices as they are, vectors (norms, biases) as one row [1, n]."""
+    return tensor.reshape(1, -1) if tensor.dim() < 2 else tensor.reshape(tensor.shape[0], -1)
+
+
+def sketch(name: str, tensor: torch.Tensor, k: int = SKETCH_PROBES) -> torch.Tensor:
+    """[rows, k] fp32: as_matrix(tensor) @ probes(name, cols), taken in fp32 on the tensor's device, returned on CPU."""
+    w = as_matrix(tensor.detach())
+    return (w.float() @ probes(name, w.shape[1], k).to(w.device)).cpu()
+
+
+def sketch_error(served: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖served − expected‖ / ‖expected‖ over a sketch ([rows, k] each); inf when the shapes differ, 0 for two
+    zero sketches. A dense relative change δ of W moves it by about δ (probes of unit variance)."""
+    if served.shape != expected.shape:
+        return float("inf")
+    scale = expected.double().norm().item()
+    diff = (served.double() - expected.double()).norm().item()
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))

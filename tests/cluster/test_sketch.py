@@ -1,0 +1,47 @@
+"""cluster.sketch: seeded ±1 probes, the [rows, k] sketch of any weight, and a relative error that is ~0 for the same
+weights through another kernel and moves with a stale, wrong or partly changed matrix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cluster.sketch import SKETCH_PROBES, probes, sketch, sketch_error
+
+
+def test_probes_are_signs_fixed_by_the_name():
+    p = probes("model.layers.0.mlp.down_proj.weight", 40)
+    assert p.shape == (40, SKETCH_PROBES) and set(p.unique().tolist()) == {-1.0, 1.0}
+    assert torch.equal(p, probes("model.layers.0.mlp.down_proj.weight", 40))
+    assert not torch.equal(p, probes("model.layers.1.mlp.down_proj.weight", 40))
+
+
+def test_a_sketch_is_the_product_with_the_probes_and_a_vector_is_one_row():
+    w = torch.randn(6, 5)
+    assert torch.equal(sketch("w", w), w @ probes("w", 5))
+    v = torch.randn(5)
+    assert torch.equal(sketch("v", v), v[None] @ probes("v", 5))
+    assert torch.equal(sketch("h", w.to(torch.bfloat16)), w.to(torch.bfloat16).float() @ probes("h", 5))
+
+
+def test_the_error_is_relative_to_the_scale_and_moves_with_any_change():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 48, generator=g)
+    s = sketch("w", w)
+    assert sketch_error(s, s) == 0.0
+    assert sketch_error(sketch("w", w * 1e3), s * 1e3) < 1e-6  # a matter of relative error only
+    stale = w * (1 + 1e-3 * torch.randn(w.shape, generator=g))  # every element off by ~1e-3 of itself
+    assert sketch_error(sketch("w", stale), s) == pytest.approx(1e-3, rel=0.3)
+    one_row = w.clone()
+    one_row[7] = 0  # a row that did not land
+    assert sketch_error(sketch("w", one_row), s) > 0.05
+    assert sketch_error(sketch("w", w[:-1]), s) == float("inf")  # another shape
+    assert sketch_error(torch.zeros(2, 4), torch.zeros(2, 4)) == 0.0
+
+
+def test_the_same_weights_through_a_reordered_sum_agree_to_rounding():
+    """What the check tolerates: another kernel's summation order (here a reversed column order) in fp32."""
+    w = torch.randn(256, 576)
+    p = probes("w", 576)
+    reordered = w.flip(1) @ p.flip(0)  # the same products, summed in another order
+    assert sketch_error(reordered, sketch("w", w)) < 1e-6

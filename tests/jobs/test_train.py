@@ -75,7 +75,7 @@ def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
     assert sum(evals[2].values()) / 2 == summary["eval/accuracy_after"]
     assert rows[0]["code/commit"] == code_version()["code/commit"] and "code/commit" not in rows[1]
     assert (run / "config.yaml").read_text().startswith("# code/commit: ")
-    assert all(f"update/policy_move/{pid}" in rows[1] for pid in policies)
+    assert all(f"update/policy_move/{pid}" in rows[1] for pid in policy_map.policies)
     assert rows[0]["eval/before/episodes"] == 2.0 and rows[2]["eval/episodes"] == 2.0
     assert _run_actors_gone("tiny:"), "run actors outlive the run"
 

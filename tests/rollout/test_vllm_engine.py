@@ -1,9 +1,9 @@
 """VLLMEngine (real vLLM, in-process, on CPU) on the built-in tiny model: completions as the HF engine shapes
-them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on eos, seeds, and weight sync that is
-verified (switch and restore exactly; the in-place path serves the tokens and logprobs of vLLM's reload; a load
-that did not land, a wrong or skipped layer and a stale tied LM head are caught by the engine's sketch of what
-vLLM serves, fused qkv/gate_up layers included; a payload that changed on the way by the sender), and a bf16
-engine.
+them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on eos,
+seeds, and weight sync that is verified (switch and restore exactly; the in-place path serves the tokens and
+logprobs of vLLM's reload; a load that did not land, a wrong or skipped layer and a stale tied LM head are caught
+by the engine's sketch of what vLLM serves, fused qkv/gate_up layers included; a payload that changed on the way
+by the sender), and a bf16 engine.
 
 Measured on the tiny float32 model: vLLM's logprobs match the manual forward pass to <= 5e-7 (T = 0, 0.7,
 1, 1.3; 16 prompts x 32 tokens); the tolerance below leaves two orders of magnitude of headroom.

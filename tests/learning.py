@@ -40,8 +40,9 @@ def first_token_parity(episode, turn) -> float:
 def assert_updates_follow_advantages(run_dir: Path, rows: list[dict], policy_map: Any, base_model: str) -> None:
     """Per policy and training step: a step whose rows carry advantage (grad/mass/<role> > 0 for one of its roles)
     has a finite, non-zero gradient norm and a finite loss; a step without has both exactly 0 (its rows never
-    reach the learner). The exported weights differ from the base model's iff some step carried advantage (AdamW
-    without weight decay does not move on zero gradients). Returns nothing; fails naming the policy and step."""
+    reach the learner). The exported weights differ from the base model's iff some step carried advantage at a
+    non-zero lr (AdamW without weight decay does not move on zero gradients, nor at lr 0: the cosine's last step).
+    Returns nothing; fails naming the policy and step."""
     base = load_file(str(Path(base_model) / "model.safetensors"))
     for pid in policy_map.policies:
         pushed = False
@@ -52,7 +53,7 @@ def assert_updates_follow_advantages(run_dir: Path, rows: list[dict], policy_map
                 assert math.isfinite(loss) and 0 < norm < math.inf, (pid, r["step"], mass, norm, loss)
             else:
                 assert norm == 0.0 and loss == 0.0, (pid, r["step"], norm, loss)
-            pushed |= mass > 0
+            pushed |= mass > 0 and r[f"lr/{pid}"] > 0
         exported = load_file(str(run_dir / "export" / pid / "model.safetensors"))
         shared = [k for k in base if k in exported]
         assert shared, f"{pid}: the export shares no weight name with the base model"

@@ -23,7 +23,9 @@ RAY_CPUS = 2
 
 def _scripted(monkeypatch, accuracies: list[float]) -> None:
     left = list(accuracies)
-    monkeypatch.setattr(jobs.loop, "evaluate", lambda system, cfg, tasks: left.pop(0))
+    monkeypatch.setattr(jobs.loop, "timed_evaluate",
+                        lambda system, cfg, tasks, run_dir, steps_done: {"eval/accuracy": left.pop(0),
+                                                                           "time/eval_s": 0.0})
 
 
 def _state(root, step):

@@ -26,7 +26,7 @@ RAY_CPUS = 2
 def test_code_task_config_is_accepted_and_its_sandbox_validated():
     cfg = load_config(TINY, [*CODE, "data.sandbox.timeout_s=4", "data.sandbox.workers=1", "marl.max_rounds=2"])
     assert cfg.data.task == "code" and cfg.data.sandbox.timeout_s == 4 and cfg.data.sandbox.workers == 1
-    for bad in ("data.sandbox.timeout_s=0", "data.sandbox.memory_mb=-1", "data.sandbox.workers=0",
+    for bad in ("data.sandbox.timeout_s=0", "data.sandbox.memory_mb=-1", "data.sandbox.workers=-1",
                 "data.sandbox.max_output_bytes=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].replace(".", r"\.")):
             load_config(TINY, [*CODE, bad])

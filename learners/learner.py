@@ -234,10 +234,11 @@ class Learner:
             return module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
 
     def _idle_loss(self) -> torch.Tensor:
-        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for."""
-        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.backend.device)
-        return self.backend.runner(False)(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool)
-                                          ).logits.sum() * 0.0
+        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for. It runs the
+        same head path as a real pass (no loss token: a ZeRO-3 head runs the chunks the other ranks run)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.backend.device)
+        ones = torch.ones_like(ids, dtype=torch.bool)
+        return self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
 
     def _logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -245,11 +246,16 @@ class Learner:
         policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
         positions (learners.logprob_head). Only positions under loss_mask[:, 1:] are meaningful."""
         runner = self.backend.runner(plain) if model is None else model
+        return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
+                                       mb.attention_mask, mb.loss_mask, entropy=entropy)
+
+    def _sequence_logprobs(self, model: Any, runner: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
-            return sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
-                                     mb.attention_mask, mb.loss_mask, temperature=self.temperature,
-                                     chunk=self.cfg.logits_chunk_tokens, entropy=entropy,
-                                     padding_free=self.cfg.padding_free)
+            return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,
+                                     temperature=self.temperature, chunk=self.cfg.logits_chunk_tokens,
+                                     entropy=entropy, padding_free=self.cfg.padding_free,
+                                     agree=self.backend.matched_passes)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
                     plain: bool = False) -> torch.Tensor:

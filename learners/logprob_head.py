@@ -22,6 +22,7 @@ Shapes: B rows, T positions, H hidden, V vocabulary, N loss tokens of the batch'
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,11 +36,13 @@ from learners.padding_free import pack, packed_index
 
 def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, *,
                       temperature: float, chunk: int, entropy: bool,
-                      padding_free: bool = False) -> tuple[Tensor, Tensor | None]:
+                      padding_free: bool = False,
+                      agree: Callable[[int], int] | None = None) -> tuple[Tensor, Tensor | None]:
     """(log-probs [B, T−1] of input_ids[:, 1:], entropy [B, T−1] or None), 0 where loss_mask[:, 1:] is False
     (chunk = 0: the unchunked path, values there too). `runner` is called (the model, an engine around it, or the
     reference); `model` is the HF module (or peft wrapper) whose decoder and head it runs. Entropy is detached.
-    padding_free: the rows run end to end in one row (learners.padding_free; needs chunk > 0)."""
+    padding_free: the rows run end to end in one row (learners.padding_free; needs chunk > 0). agree: the global
+    maximum of a count over ranks (head_logprobs; used only for a head partitioned across ranks)."""
     if chunk <= 0:
         return _unchunked(runner, input_ids, attention_mask, loss_mask, temperature, entropy)
     targets_mask = loss_mask[:, 1:]
@@ -49,7 +52,7 @@ def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask
     else:
         hidden = final_hidden(model, runner, input_ids, attention_mask)[:, :-1][targets_mask]  # [N, H]
     lp, ent = head_logprobs(model.get_output_embeddings(), hidden, input_ids[:, 1:][targets_mask],
-                            temperature=temperature, chunk=chunk, entropy=entropy)
+                            temperature=temperature, chunk=chunk, entropy=entropy, agree=agree)
     return _scatter(lp, targets_mask), None if ent is None else _scatter(ent, targets_mask)
 
 
@@ -74,12 +77,19 @@ def final_hidden(model: Any, runner: Any, input_ids: Tensor, attention_mask: Ten
 
 
 def head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, *, temperature: float, chunk: int,
-                  entropy: bool) -> tuple[Tensor, Tensor | None]:
+                  entropy: bool, agree: Callable[[int], int] | None = None) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden)/τ)[target] per position, `chunk` positions at a time: hidden [N, H], targets [N]
-    long → ([N] fp32, entropy [N] fp32 detached, or None)."""
+    long → ([N] fp32, entropy [N] fp32 detached, or None).
+
+    A ZeRO-3 head gathers its weight from every rank on each call (and on each recompute in backward), so every
+    rank must call it equally often: `agree` gives the global maximum of the chunk counts and the ranks with fewer
+    loss tokens run empty chunks up to it."""
     weight = getattr(head, "weight", None)
-    whole = type(head) is torch.nn.Linear and head.bias is None and not hasattr(weight, "ds_id")
+    partitioned = hasattr(weight, "ds_id")
+    whole = type(head) is torch.nn.Linear and head.bias is None and not partitioned
     pieces = list(zip(hidden.split(chunk), targets.split(chunk), strict=True))
+    if partitioned and agree is not None:
+        pieces += [(hidden[:0], targets[:0])] * (agree(len(pieces)) - len(pieces))
     if torch.is_grad_enabled() and len(pieces) > 1 and whole:
         lp, ent = _ChunkedHead.apply(hidden, weight, targets, temperature, chunk, entropy)
         return lp, ent if entropy else None

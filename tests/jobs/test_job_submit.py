@@ -1,4 +1,4 @@
-"""`ray job submit` against a real Ray head on loopback, as README documents it: the tiny job succeeds with a
+"""`ray job submit` against a real Ray head on loopback, as docs/clusters.md documents it: the tiny job succeeds with a
 workflow from a file in the working dir (and, resubmitted after its driver was killed, with a built-in one), a
 broken config fails with the config message in the job's logs, and `ray job stop` ends a running job with none
 of its actors or its placement group left alive."""

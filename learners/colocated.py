@@ -34,18 +34,17 @@ class AdapterBank:
     """One peft module and R policies' adapters: `bound(policy)` puts that policy's adapter parameters into the
     module's trainable slots for the duration of a call (one policy at a time: a lock)."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, policy_ids: Sequence[str]):
+        """Every policy's adapter starts as the module's freshly initialised one, as a separate learner's would
+        (its learner seeded alike): the first policy takes it, the others copies."""
         self.module = module
         # Each trainable parameter's owner and attribute: the slots an adapter's parameters are bound into.
         self.slots = [_owner(module, name) for name, p in module.named_parameters() if p.requires_grad]
-        self.fresh = [p.detach().clone() for p in self._bound()]  # the adapter as initialised (same seed)
-        self.adapters: dict[str, list[torch.nn.Parameter]] = {}
+        fresh = [getattr(owner, attr) for owner, attr in self.slots]
+        self.adapters: dict[str, list[torch.nn.Parameter]] = {
+            pid: fresh if i == 0 else [torch.nn.Parameter(p.detach().clone()) for p in fresh]
+            for i, pid in enumerate(policy_ids)}
         self.lock = threading.RLock()
-
-    def add(self, policy_id: str) -> None:
-        """A new adapter for `policy_id`, equal to the freshly initialised one (as a separate learner's would be,
-        its learner seeded alike)."""
-        self.adapters[policy_id] = [torch.nn.Parameter(t.clone()) for t in self.fresh]
 
     @contextmanager
     def bound(self, policy_id: str) -> Iterator[torch.nn.Module]:
@@ -53,9 +52,6 @@ class AdapterBank:
             for (owner, attr), param in zip(self.slots, self.adapters[policy_id], strict=True):
                 setattr(owner, attr, param)
             yield self.module
-
-    def _bound(self) -> list[torch.nn.Parameter]:
-        return [getattr(owner, attr) for owner, attr in self.slots]
 
 
 def _owner(module: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
@@ -76,10 +72,9 @@ class ColocatedLearners:
         torch.manual_seed(first.seed)  # each separate learner seeds before its load: the same adapter init
         module = load_policy_model(first.model_path, first.model.dtype, first.model.lora,
                                    attention_implementation(first.learner.padding_free))
-        self.bank = AdapterBank(module)
+        self.bank = AdapterBank(module, [s.policy_id for s in specs])
         self.learners: dict[str, Learner] = {}
         for spec in specs:
-            self.bank.add(spec.policy_id)
             with self.bank.bound(spec.policy_id) as bound:
                 self.learners[spec.policy_id] = Learner(spec, rank, module=bound)
 

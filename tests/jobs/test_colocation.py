@@ -9,6 +9,9 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from jobs.loop import StopRequested
+from jobs.model_shape import shape_of
+from jobs.models import resolve_model
+from jobs.plan import make_plan
 from jobs.policies import policy_map_of
 from jobs.resources import run_demands
 from jobs.train import train
@@ -38,6 +41,21 @@ def test_one_learner_group_is_placed_for_every_policy():
     cfg = load_config(TINY, [*LORA, COLOCATE, "learner.ranks=2", "marl.policies.aggregator.learner.optim.lr=5e-4"])
     learners = {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg)) if ":learner:" in d.name}
     assert learners == {"tiny:learner:colocated": (2, {"CPU": 0.5, "GPU": 0.0})}
+
+
+def test_the_plan_holds_one_base_and_every_adapter():
+    """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter states
+    summed, the largest policy's activations and logits."""
+    def learners(*overrides: str):
+        return [m.learner for m in make_plan(load_config(TINY, [*LORA, *overrides]), memory=0).members if m.learner]
+
+    (col,), parts = learners(COLOCATE), learners()
+    assert len(parts) == 2
+    base = 4.0 * shape_of(resolve_model("builtin:tiny")).params()
+    assert col.weights == pytest.approx(sum(p.weights for p in parts) - base)
+    assert col.optimizer == pytest.approx(sum(p.optimizer for p in parts)) and col.optimizer > 0
+    assert col.activations == max(p.activations for p in parts)
+    assert col.total() < sum(p.total() for p in parts)
 
 
 def _cfg(out: Path, *overrides: str):

@@ -94,7 +94,8 @@ class ColocatedLearners:
 class PolicyGroup(Group[LearnerMember]):
     """Policy `policy_id`'s view of the shared colocated group: member calls go to its Learner on each rank."""
 
-    def __init__(self, shared: Group[ColocatedLearners], policy_id: str):  # noqa: D107 - no actors of its own
+    def __init__(self, shared: Group[ColocatedLearners], policy_id: str):
+        # Not Group.__init__, which starts members: a view starts none and forwards to the shared group's.
         self.shared, self.policy_id = shared, policy_id
         self.name, self.n = f"{shared.name}/{policy_id}", shared.n
 

@@ -1,12 +1,10 @@
 """Colocated LoRA policies (`learner.lora_colocate`, learners/colocated.py) as the run sees them: when the option
-applies, what the policies must share, and the one learner group that replaces their separate ones in the run's
-resource demands."""
+applies, what the policies must share, and the name of the one learner group that replaces their separate ones."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster.placement import Demand
 from jobs.policies import override_keys
 from marl.engine_map import group_name
 
@@ -47,9 +45,3 @@ def colocate_problem(cfg: Any) -> str | None:
 def colocated_name(cfg: Any) -> str:
     return group_name(cfg.run_name, "learner", COLOCATED)
 
-
-def colocated_demand(cfg: Any) -> Demand:
-    """The shared learner group's ranks: learner.ranks bundles of the top-level rank resources (every policy's)."""
-    lr = cfg.learner
-    return Demand(colocated_name(cfg), lr.ranks,
-                  {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})

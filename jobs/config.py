@@ -16,6 +16,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from jobs.colocation import colocate_problem
 from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
@@ -167,6 +168,13 @@ def validate(cfg: Any) -> None:
     _check_reward_shaping(cfg)
     _check_policies(cfg)
     _check_dtype(cfg)
+    _check_lora_colocate(cfg)
+
+
+def _check_lora_colocate(cfg: Any) -> None:
+    problem = colocate_problem(cfg)
+    if problem:
+        raise ConfigError(f"config: {problem}")
 
 
 def _check_dtype(cfg: Any) -> None:

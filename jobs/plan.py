@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from jobs.colocation import colocated
 from jobs.model_shape import shape_of
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.rollout_estimate import (
@@ -26,7 +27,7 @@ from jobs.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
-from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, learner_memory
+from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share and packing move.
@@ -108,11 +109,29 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
         mem = learner_memory(shape, learner_setup(pc, len(roles), ckpt[pid]))
         either_way[pid] = (learner_memory(shape, learner_setup(pc, len(roles), True)),
                            learner_memory(shape, learner_setup(pc, len(roles), False)))
-        members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
-                    for r in range(max(pc.learner.ranks, 1))]
+        if not colocated(cfg):
+            members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
+                        for r in range(max(pc.learner.ranks, 1))]
+    if colocated(cfg):
+        members += _colocated_members(cfg, configs, policy_map, ckpt, either_way)
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
     times_ = step_times(cfg, configs, members) if on_gpu else {}
     return Plan(memory, members, pack(members), ckpt, either_way, times_)
+
+
+def _colocated_members(cfg: Any, configs: dict[str, Any], policy_map: Any, ckpt: dict[str, bool],
+                       either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
+    """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
+    first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
+    first, shape = policy_map.policies[0], shape_of(cfg.model.path)
+
+    def rank(on: bool) -> LearnerMemory:
+        return colocated_memory(shape, [learner_setup(pc, len(policy_map.roles_of(pid)), on)
+                                        for pid, pc in configs.items()])
+    either_way[first] = (rank(True), rank(False))
+    mem = rank(ckpt[first])
+    return [Member(f"learner:colocated#{r}", cfg.learner.rank_num_gpus, mem.total(), first, learner=mem)
+            for r in range(max(cfg.learner.ranks, 1))]
 
 
 def _checkpointing(pc: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layout, place
+from jobs.colocation import colocated, colocated_name
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
 from marl.engine_map import group_name
 from marl.policy_map import PolicyMap
@@ -33,9 +34,11 @@ def run_demands(cfg: Any, policy_map: PolicyMap) -> list[Demand]:
         r = (configs[spec.policy] if spec.policy is not None else cfg).rollout
         engines.append(Demand(spec.name, r.engines_per_role,
                               {"CPU": r.engine_num_cpus, "GPU": r.engine_num_gpus, **r.engine_resources}))
-    learners = [Demand(group_name(cfg.run_name, "learner", pid), lr.ranks,
-                       {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
-                for pid, lr in ((pid, configs[pid].learner) for pid in policy_map.policies)]
+    # learner.lora_colocate: one group, on the top-level rank settings, holds every policy's adapter on one base.
+    groups = ([(colocated_name(cfg), cfg.learner)] if colocated(cfg) else
+              [(group_name(cfg.run_name, "learner", pid), configs[pid].learner) for pid in policy_map.policies])
+    learners = [Demand(name, lr.ranks, {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
+                for name, lr in groups]
     return [*engines, *learners]
 
 

@@ -296,6 +296,12 @@ class LearnerConfig:
     # update/policy_move/<policy>: mean |Δ log-prob| per response token of a step's rows, after the update against
     # before it (learners/policy_move.py): one extra no-grad forward over the step's rows.
     policy_move: bool = True
+    # Isolated LoRA policies colocated on one base (learners/colocated.py): one learner group holds the base model
+    # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
+    # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';
+    # the policies' updates run in turn on the shared ranks. Needs model.lora.enabled, marl.sharing=isolated and
+    # the torch backend; every policy shares the base and the ranks (jobs/policies.py: colocate_problem).
+    lora_colocate: bool = False
 
 
 @dataclass

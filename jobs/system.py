@@ -11,10 +11,12 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
+from jobs.colocation import colocated, colocated_name
 from jobs.policies import engine_map_of, model_paths, policy_configs
 from jobs.resources import build_placement
 from jobs.schema import TrainConfig
 from jobs.weight_sync import WeightSync, resync_through, sync_all
+from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
 from marl.engine_map import EngineMap, group_name
@@ -73,11 +75,7 @@ def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap
         return placement.group(name) if placement is not None else None
 
     configs = policy_configs(cfg, policy_map)  # each policy's own model, learner and engine settings
-    learners = {
-        pid: LearnerGroup(_learner_spec(cfg, pid, paths[pid], pc, policy_map), cfg.run_name,
-                          placement=bundles(group_name(cfg.run_name, "learner", pid)))
-        for pid, pc in configs.items()
-    }
+    learners = _learner_groups(cfg, configs, paths, policy_map, bundles)
     syncs: dict[str, WeightSync] = {}  # read by the engines' resync; filled once the engine groups exist
     engines = _engine_groups(cfg, configs, paths, engine_map_of(cfg, policy_map), bundles, resync_through(syncs))
     syncs.update({
@@ -92,6 +90,17 @@ def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
     return System(policy_map, learners, engines, collector, syncs, placement)
+
+
+def _learner_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dict[str, str], policy_map: PolicyMap,
+                    bundles: Callable[[str], GroupPlacement | None]) -> dict[str, LearnerGroup]:
+    """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated base (learner.lora_colocate)."""
+    specs = [_learner_spec(cfg, pid, paths[pid], pc, policy_map) for pid, pc in configs.items()]
+    if colocated(cfg):
+        return colocated_groups(specs, cfg.run_name, colocated_name(cfg), placement=bundles(colocated_name(cfg)))
+    return {s.policy_id: LearnerGroup(s, cfg.run_name, placement=bundles(group_name(cfg.run_name, "learner",
+                                                                                    s.policy_id)))
+            for s in specs}
 
 
 def _distinct_groups(engines: Mapping[str, EngineGroup], policy_map: PolicyMap,

@@ -39,7 +39,10 @@ class UpdateResult:
 class LearnerGroup:
     """`spec.learner.ranks` ranks (0 = one in-process learner) training policy `spec.policy_id`."""
 
-    def __init__(self, spec: LearnerSpec, run_name: str, placement: GroupPlacement | None = None):
+    def __init__(self, spec: LearnerSpec, run_name: str, placement: GroupPlacement | None = None,
+                 group: Group[LearnerMember] | None = None):
+        """`group`: ranks already built and joined (a colocated policy's view of the shared ranks,
+        learners/colocated.py); else this policy's own are started here."""
         policy_id, learner, algo, seed = spec.policy_id, spec.learner, spec.algo, spec.seed
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
@@ -50,9 +53,12 @@ class LearnerGroup:
         self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.timeout = learner.update_timeout_s
         threads = learner.torch_threads
+        if group is not None:
+            self.group: Group[LearnerMember] = group
+            return
         from learners.learner import Learner  # here: importing this module (jobs, the config) loads no model code
 
-        self.group: Group[LearnerMember] = Group(
+        self.group = Group(
             Learner, learner.ranks, name=group_name(run_name, "learner", policy_id), args=(spec,),
             options=MemberOptions(num_cpus=learner.rank_num_cpus, env=thread_env(threads) if threads else {}),
             per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,

@@ -48,7 +48,9 @@ from learners.weights import DTYPES, export_hf, is_lora, load_policy_model, serv
 class Learner:
     """A rank of policy `spec.policy_id` (learners.member.LearnerMember), its gradients applied by `backend`."""
 
-    def __init__(self, spec: LearnerSpec, rank: int = 0):
+    def __init__(self, spec: LearnerSpec, rank: int = 0, module: Any = None):
+        """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
+        policy's adapter bound on a base other policies share: learners/colocated.py)."""
         model, learner, algo = spec.model, spec.learner, spec.algo
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
@@ -62,7 +64,8 @@ class Learner:
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
-        self.model = load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
+        self.model = module if module is not None else load_policy_model(self.model_path, self.master_dtype,
+                                                                         model.lora, attention)
         # Resolved to "true"/"false" at config load (auto: by the memory plan). Non-reentrant: per-role gradients
         # use torch.autograd.grad.
         if str(learner.gradient_checkpointing).lower() == "true":

@@ -158,3 +158,16 @@ def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
     return LearnerMemory(weights=weights, gradients=grads, optimizer=optim, role_grads=role_grads,
                          activations=activations(s, setup), logits=logits(s, setup),
                          runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME)
+
+
+def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
+    """One torch-backend rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py):
+    the frozen base once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest
+    policy's activations and logits (the policies update in turn, one graph alive at a time)."""
+    parts = [learner_memory(s, setup) for setup in setups]
+    base = 4.0 * s.params()  # the fp32 frozen base that each part's weights count (model_states, zero_stage 0)
+    return LearnerMemory(weights=base + sum(p.weights - base for p in parts),
+                         gradients=sum(p.gradients for p in parts), optimizer=sum(p.optimizer for p in parts),
+                         role_grads=sum(p.role_grads for p in parts),
+                         activations=max(p.activations for p in parts), logits=max(p.logits for p in parts),
+                         runtime=max(p.runtime for p in parts))

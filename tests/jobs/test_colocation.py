@@ -1,0 +1,88 @@
+"""learner.lora_colocate (jobs/colocation.py, learners/colocated.py): what the option refuses, the one learner
+group it places, and a run through the driver that equals separate learners and resumes across the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.config import ConfigError, load_config
+from jobs.loop import StopRequested
+from jobs.model_shape import shape_of
+from jobs.models import resolve_model
+from jobs.plan import make_plan
+from jobs.policies import policy_map_of
+from jobs.resources import run_demands
+from jobs.train import train
+from tests.jobs.test_resume import SHAPE, StopAfter, _final_weights, _per_step
+
+TINY = "jobs/configs/tiny.yaml"
+LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.dtype=float32"]
+COLOCATE = "learner.lora_colocate=true"
+RAY_CPUS = 2  # the shape of tests/jobs/test_resume.py's cluster: one shared `ray_cluster` start for both
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ([COLOCATE], "learner.lora_colocate shares one base among LoRA adapters; set model.lora.enabled=true"),
+    ([*LORA, COLOCATE, "marl.sharing=shared"], "learner.lora_colocate needs marl.sharing=isolated; got shared"),
+    ([*LORA, COLOCATE, "learner.backend=deepspeed"], "learner.lora_colocate needs learner.backend=torch"),
+    ([*LORA, COLOCATE, "marl.policies.aggregator.model.lora.rank=8"],
+     "marl.policies.aggregator.model.lora.rank: learner.lora_colocate policies share the base model"),
+    ([*LORA, COLOCATE, "marl.policies.generator.learner.ranks=2"], "marl.policies.generator.learner.ranks: "),
+])
+def test_refusals_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, overrides)
+    assert message in str(e.value)
+
+
+def test_one_learner_group_is_placed_for_every_policy():
+    cfg = load_config(TINY, [*LORA, COLOCATE, "learner.ranks=2", "marl.policies.aggregator.learner.optim.lr=5e-4"])
+    learners = {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg)) if ":learner:" in d.name}
+    assert learners == {"tiny:learner:colocated": (2, {"CPU": 0.5, "GPU": 0.0})}
+
+
+def test_the_plan_holds_one_base_and_every_adapter():
+    """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter states
+    summed, the largest policy's activations and logits."""
+    def learners(*overrides: str):
+        return [m.learner for m in make_plan(load_config(TINY, [*LORA, *overrides]), memory=0).members if m.learner]
+
+    (col,), parts = learners(COLOCATE), learners()
+    assert len(parts) == 2
+    base = 4.0 * shape_of(resolve_model("builtin:tiny")).params()
+    assert col.weights == pytest.approx(sum(p.weights for p in parts) - base)
+    assert col.optimizer == pytest.approx(sum(p.optimizer for p in parts)) and col.optimizer > 0
+    assert col.activations == max(p.activations for p in parts)
+    assert col.total() < sum(p.total() for p in parts)
+
+
+def _cfg(out: Path, *overrides: str):
+    return load_config(TINY, [f"out_dir={out}", *SHAPE, *LORA, "rollout.engines_per_role=0", "learner.ranks=0",
+                              *overrides])
+
+
+def _assert_same(a: Path, b: Path, steps: int) -> None:
+    wa, wb = _final_weights(a, steps), _final_weights(b, steps)
+    assert wa.keys() == wb.keys() == {"generator", "aggregator"} and wa["generator"].keys() == wb["generator"].keys()
+    for pid in wa:
+        assert max((wa[pid][k] - wb[pid][k]).abs().max().item() for k in wa[pid]) < 1e-5, pid
+    ma, mb = _per_step(a), _per_step(b)
+    assert list(range(steps)) == sorted(mb) and set(mb) <= set(ma)
+    for step in mb:
+        assert mb[step] == pytest.approx(ma[step], abs=1e-5), step
+
+
+@pytest.mark.slow
+def test_a_colocated_run_equals_separate_learners_and_resumes_without_the_option(ray_cluster, tmp_path):
+    """Isolated LoRA voting, 3 steps: separate learners in one go; colocated, stopped after 2 steps (checkpoint
+    every step), then resumed with the option off. Same rewards, losses, grad norms and adapters throughout."""
+    separate = tmp_path / "separate"
+    train(_cfg(separate, "steps=3"))
+    colocated = tmp_path / "colocated"
+    with pytest.raises(StopRequested):
+        train(_cfg(colocated, "steps=3", COLOCATE), callbacks=(StopAfter(2),))
+    _assert_same(separate, colocated, 2)
+    train(_cfg(colocated, "steps=3"))  # resume=auto from the colocated run's step_2, on separate learners
+    _assert_same(separate, colocated, 3)

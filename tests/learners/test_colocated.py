@@ -1,0 +1,91 @@
+"""Colocated LoRA policies (learners/colocated.py): the same batches through R separate LearnerGroups and through
+one colocated group (one base, R adapters) give the same losses, metrics, adapters and served weights, and a
+checkpoint written by either layout restores the other."""
+
+import pytest
+import torch
+
+from jobs.config import load_config
+from jobs.models import resolve_model
+from learners.colocated import colocated_groups
+from learners.group import LearnerGroup
+from learners.member import LearnerMember, LearnerSpec
+from tests.learners.test_learner_group import BASE, ROWS, TIMEOUT, make_batch
+
+POLICIES = ("generator", "evaluator")
+TOL = 1e-5
+
+
+def specs(*overrides: str) -> list[LearnerSpec]:
+    cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "model.lora.enabled=true", "model.lora.rank=4",
+                                                 "learner.micro_batch_size=2", "algo.ppo_mini_batch_size=2",
+                                                 *overrides])
+    path = resolve_model("builtin:tiny")
+    return [LearnerSpec(policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
+                        temperature=0.7, total_steps=10, seed=0, num_policies=len(POLICIES), policy_index=i)
+            for i, pid in enumerate(POLICIES)]
+
+
+def batch_of(pid: str, step: int):
+    """Each policy's own rows (different advantages per policy and step, so the adapters move apart)."""
+    sign = 1.0 if pid == "generator" else -1.0
+    rows = [(p, r, a * sign * (step + 1), role) for p, r, a, role in ROWS]
+    return make_batch(rows)
+
+
+def adapter(group: LearnerGroup) -> dict[str, torch.Tensor]:
+    payload = group.group.submit_to([0], LearnerMember.get_adapter).result(TIMEOUT)[0]
+    return {k: v.clone() for k, v in payload["tensors"].items()}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def train(groups: dict[str, LearnerGroup], steps: int) -> list[dict[str, float]]:
+    return [{k: v for pid, g in groups.items() for k, v in g.update(batch_of(pid, s), s).items()}
+            for s in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    separate = {s.policy_id: LearnerGroup(s, "sep") for s in specs()}
+    colocated = colocated_groups(specs(), "colo", "colo:learner:colocated")
+    metrics = (train(separate, 2), train(colocated, 2))
+    yield separate, colocated, metrics
+    for g in [*separate.values(), *colocated.values()]:
+        g.shutdown()
+
+
+def test_same_losses_metrics_and_adapters_as_separate_learners(trained):
+    separate, colocated, (sep_metrics, colo_metrics) = trained
+    for sep, colo in zip(sep_metrics, colo_metrics, strict=True):
+        assert set(sep) == set(colo)
+        assert f"loss/{POLICIES[1]}" in sep and sep["optim/steps/generator"] >= 2  # several optimizer steps each
+        for key in sep:
+            assert colo[key] == pytest.approx(sep[key], abs=TOL, rel=TOL), key
+    for pid in POLICIES:
+        assert max_diff(adapter(separate[pid]), adapter(colocated[pid])) < TOL
+    # The policies trained apart: their adapters differ (the bank bound each one's own).
+    assert max_diff(adapter(colocated["generator"]), adapter(colocated["evaluator"])) > 1e-3
+    served = [g.group.submit_to([0], LearnerMember.get_weights).result(TIMEOUT)[0] for g in
+              (separate["evaluator"], colocated["evaluator"])]
+    assert max_diff(*served) < TOL
+
+
+def test_checkpoints_cross_layouts(trained, tmp_path):
+    """A colocated policy's state is a separate learner's layout: it restores a separate group, and back."""
+    separate, colocated, _ = trained
+    colocated["evaluator"].save(str(tmp_path / "evaluator"))
+    fresh = LearnerGroup(specs()[1], "fresh")
+    try:
+        fresh.load(str(tmp_path / "evaluator"))
+        assert max_diff(adapter(fresh), adapter(colocated["evaluator"])) == 0.0
+        separate["generator"].save(str(tmp_path / "generator"))
+        colocated["evaluator"].load(str(tmp_path / "generator"))  # any policy's state fits any adapter slot
+        assert max_diff(adapter(colocated["evaluator"]), adapter(separate["generator"])) == 0.0
+        # ... and the generator's own adapter was left as it was.
+        assert max_diff(adapter(colocated["generator"]), adapter(separate["generator"])) < TOL
+    finally:
+        fresh.shutdown()

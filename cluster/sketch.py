@@ -11,6 +11,7 @@ probes are exact in every float dtype, so the only difference is the kernels' su
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 
 import torch
 
@@ -47,3 +48,22 @@ def sketch_error(served: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.double().norm().item()
     diff = (served.double() - expected.double()).norm().item()
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def low_rank_sketch(name: str, base: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
+    """[rows, k] fp32 sketch of W0 + scale·B@A without forming it: base = sketch(name, W0) [rows, k], B [rows, r],
+    A [r, cols]: base + scale·B@(A@P), O((rows + cols)·r·k) work instead of a [rows, cols] merge."""
+    a, b = a.detach().float(), b.detach().float()
+    return (base + (b @ (a @ probes(name, a.shape[1]).to(a.device))).mul_(scale).cpu())
+
+
+def sketch_mismatch(served: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                    rtol: float) -> str | None:
+    """None when every expected tensor's served sketch is within `rtol` (`sketch_error`); else what is off, worst
+    first. A name the server did not report counts as off: every expected tensor must be read back."""
+    errors = {n: sketch_error(served[n], s) if n in served else float("inf") for n, s in expected.items()}
+    off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)
+    if not off:
+        return None
+    worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
+    return f"{len(off)} of {len(errors)} tensors serve other values (relative sketch error above {rtol:.0e}): {worst}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster.sketch import SKETCH_PROBES, probes, sketch, sketch_error
+from cluster.sketch import SKETCH_PROBES, low_rank_sketch, probes, sketch, sketch_error, sketch_mismatch
 
 
 def test_probes_are_signs_fixed_by_the_name():
@@ -45,3 +45,22 @@ def test_the_same_weights_through_a_reordered_sum_agree_to_rounding():
     p = probes("w", 576)
     reordered = w.flip(1) @ p.flip(0)  # the same products, summed in another order
     assert sketch_error(reordered, sketch("w", w)) < 1e-6
+
+
+def test_a_low_rank_update_is_sketched_without_forming_it():
+    g = torch.Generator().manual_seed(1)
+    w0, b, a = torch.randn(96, 80, generator=g), torch.randn(96, 8, generator=g), torch.randn(8, 80, generator=g)
+    direct = low_rank_sketch("w", sketch("w", w0), b, a, 0.5)
+    assert sketch_error(direct, sketch("w", w0 + 0.5 * (b @ a))) < 1e-6
+
+
+def test_a_mismatch_names_the_tensors_off_worst_first_and_a_missing_one():
+    g = torch.Generator().manual_seed(2)
+    expected = {n: sketch(n, torch.randn(16, 12, generator=g)) for n in ("a", "b", "c")}
+    assert sketch_mismatch(expected, expected, 1e-6) is None
+    served = {"a": expected["a"] * (1 + 1e-3), "b": expected["b"] * 1.5}  # "c" not read back
+    off = sketch_mismatch(served, expected, 1e-4)
+    assert off is not None and off.startswith("3 of 3 tensors")
+    assert off.index("c (inf)") < off.index("b (") < off.index("a (")
+    one = sketch_mismatch(served | {"c": expected["c"]}, expected, 2e-3)
+    assert one is not None and one.startswith("1 of 3 tensors") and "b (" in one

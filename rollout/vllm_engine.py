@@ -211,15 +211,16 @@ class VLLMEngine:
         what vLLM loaded from that folder, or an earlier merge. Reports the sketch (cluster.sketch) of every weight
         the learner named as served, through its kernel, for the learner's own (Learner.merged_sketch) to be
         compared with: the loaded ones read now, the others as read after they last loaded (`_served_sketches`)."""
-        if self._base is None:
-            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype))
+        if self._packed is None:
+            with _PROCESS_LOCK:
+                self._packed = self.llm.apply_model(_packed_modules)[0]
+        if self._base is None:  # fused stacks merge into one buffer each: loaded as views, not concatenated
+            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype), self._packed)
         changed = self._base.merged_layers(payload, changed_only=True)
         self._merged.update(changed)
         served = self._base.full(payload["names"], self._merged)  # every named weight as it now should be
         with _PROCESS_LOCK:
             if changed:
-                if self._packed is None:
-                    self._packed = self.llm.apply_model(_packed_modules)[0]
                 with _quiet_partial_reload():
                     self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
                                                                       self._packed)}, check=False)

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from cluster.sketch import low_rank_sketch, sketch
+from cluster.sketch import low_rank_sketch, probes, sketch
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -117,6 +117,7 @@ class MergedSketch:
 
     def __init__(self) -> None:
         self._base: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}  # name -> ((data_ptr, _version), sketch)
+        self._kept_probes: dict[str, torch.Tensor] = {}  # name -> probes(name, cols)
 
     @torch.no_grad()
     def __call__(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -130,8 +131,9 @@ class MergedSketch:
                 key, adapter = f"{name}.weight", module.active_adapters[0]
                 w0 = module.get_base_layer().weight
                 if isinstance(module, Linear) and not module.fan_in_fan_out and not module.use_dora.get(adapter):
-                    out[key] = low_rank_sketch(key, self._sketch(key, w0), module.lora_B[adapter].weight,
-                                               module.lora_A[adapter].weight, module.scaling[adapter])
+                    a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+                    out[key] = low_rank_sketch(self._sketch(key, w0), b, a, self._probes(key, a.shape[1]),
+                                               module.scaling[adapter])
                 else:  # other LoRA kinds: this layer merged, as merge_for_serving does
                     out[key] = sketch(key, w0.float() + _lora_delta(module, adapter))
         for key, value in base.state_dict().items():
@@ -139,6 +141,12 @@ class MergedSketch:
             if "lora_" not in key and served not in out:
                 out[served] = self._sketch(served, value)
         return out
+
+    def _probes(self, name: str, cols: int) -> torch.Tensor:
+        kept = self._kept_probes.get(name)
+        if kept is None or kept.shape[0] != cols:  # drawing them is most of a layer's low-rank sketch: kept
+            kept = self._kept_probes[name] = probes(name, cols)
+        return kept
 
     def _sketch(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         stamp = (tensor.data_ptr(), tensor._version)  # an in-place write bumps _version, a new tensor the pointer

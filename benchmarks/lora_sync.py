@@ -22,7 +22,7 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,7 +44,7 @@ PARTS = {"before": ["learner merged_fingerprint", "engine load_lora_delta", "  m
          "after": ["learner merged_sketch", "engine load_lora_delta", "  merge", "  load", "  served sketches"]}
 
 
-class Before:
+class Before(Protocol):
     """The check as it was, as methods set on the learner and engine instances (in-process members)."""
 
     def merged_fingerprint(self) -> float: ...
@@ -127,8 +127,10 @@ def main() -> None:
                 out = system.sync(version)
                 assert out["sync/verified"] == 1.0
             else:
-                out = broadcast(learners.group, LearnerMember.get_lora_delta, [engines.group],
-                                Before.load_lora_delta_before, version, 600.0, expect=Before.merged_fingerprint)
+                load: Any = Before.load_lora_delta_before  # set on the in-process engine (`_instrument`)
+                expect: Any = Before.merged_fingerprint  # and on the learner
+                out = broadcast(learners.group, LearnerMember.get_lora_delta, [engines.group], load, version, 600.0,
+                                expect=expect)
                 assert out["verified"] == 1.0
             total[mode[0]].append(time.perf_counter() - t0)
         _print(args, times, total)

@@ -4,7 +4,7 @@ LoRA r16 on every linear layer) and one vLLM engine, in-process, every adapter m
 that every layer is merged and reloaded, the two ways taking turns sync by sync on the same learner and engine.
 
     .venv/bin/python -m benchmarks.lora_sync [--reps 7] [--model builtin:smollm2-135m-instruct] [--rank 16]
-        [--sync-path fast|reload]
+        [--sync-path fast|reload] [--actors]
 
 - before: the learner merges every layer (W0 + scale·B@A) to fingerprint the merge (`merged_fingerprint`, while
   the engine loads); the engine merges the changed layers, loads them, checks that what they serve is its merge
@@ -14,6 +14,8 @@ that every layer is merged and reloaded, the two ways taking turns sync by sync 
   plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded tensors only
   through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
 The learner's part overlaps the engine's, so the parts add up to more than the sync.
+`--actors`: the after sync's phases as the driver sees them with the source (benchmarks.rollout_throughput's
+stand-in for a LoRA learner) and the engine in Ray actors, as jobs.weight_sync runs them.
 """
 
 from __future__ import annotations
@@ -97,13 +99,58 @@ def _instrument(learner: Any, engine: Any, times: dict[str, dict[str, list[float
     BaseWeights.merged_layers = lambda self, *a, **kw: t("  merge", merge)(self, *a, **kw)  # type: ignore
 
 
+def actor_phases(args: argparse.Namespace) -> None:
+    """Median seconds of each phase of cluster.transport.broadcast's adapter-delta sync between actors."""
+    import ray
+
+    from benchmarks.rollout_throughput import _LoraSource, _rollout_cfg
+    from cluster.group import Group
+    from jobs.weight_sync import served_as_merged
+    from marl.engine_map import EngineMap
+    from rollout.engine import EngineMember
+    from rollout.engine_group import EngineGroup
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    path = resolve_model(args.model)
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    bench = argparse.Namespace(model=args.model, threads=2, kv_cache_gb=1.0, lora_rank=args.rank)
+    cfg = _rollout_cfg(bench, lora=True, sync_path=args.sync_path, lora_serving="single")
+    engine = EngineGroup(spec, path, cfg.rollout, "float32")
+    src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
+    phases: dict[str, list[float]] = defaultdict(list)
+    for version in range(1, 2 + args.reps):  # the first: the engine reads its base and sketches every tensor
+        t0 = time.perf_counter()
+        ref = src.submit_to([0], _LoraSource.get_lora_delta).payload(600)
+        t1 = time.perf_counter()
+        pending = engine.group.submit_to([0], EngineMember.load_lora_delta, ref, version)
+        expected = src.submit_to([0], _LoraSource.merged_sketch).result(600)[0]
+        t2 = time.perf_counter()
+        report = pending.result(600)[0]
+        t3 = time.perf_counter()
+        assert served_as_merged(report, expected) is None
+        t4 = time.perf_counter()
+        for name, dt in (("source: adapter out (B moved, payload put)", t1 - t0), ("source: merged_sketch", t2 - t1),
+                         ("engine: load_lora_delta, report back", t3 - t1), ("driver: compare", t4 - t3),
+                         ("whole sync", t4 - t0)):
+            phases[name].append(dt)
+    engine.shutdown()
+    src.shutdown()
+    print(f"adapter-delta sync between actors, {args.model} LoRA r{args.rank}, median of {args.reps}:")
+    for name, dts in phases.items():
+        print(f"  {name:44s} {statistics.median(dts[1:]):7.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--sync-path", choices=("fast", "reload"), default="fast")
+    parser.add_argument("--actors", action="store_true", help="the sync's phases between Ray actors")
     args = parser.parse_args()
+    if args.actors:
+        actor_phases(args)
+        return
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",

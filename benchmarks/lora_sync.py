@@ -1,16 +1,21 @@
-"""Where a LoRA policy's adapter-delta sync (merged serving, `sync.lora_delta`) spends its time: the quickstart's
-policy (SmolLM2-135M-Instruct, LoRA r16 on every linear layer) and one vLLM engine, in-process, every adapter
-matrix moved before each sync so that every layer is merged and reloaded. Prints the median of each part and its
-share of the whole sync, side by side.
+"""Where a LoRA policy's adapter-delta sync (merged serving, `sync.lora_delta`) spends its time, checked the way it
+was (before) and the way it is (after), side by side in one run: the quickstart's policy (SmolLM2-135M-Instruct,
+LoRA r16 on every linear layer) and one vLLM engine, in-process, every adapter matrix moved before each sync so
+that every layer is merged and reloaded, the two ways taking turns sync by sync on the same learner and engine.
 
     .venv/bin/python -m benchmarks.lora_sync [--reps 7] [--model builtin:smollm2-135m-instruct] [--rank 16]
-        [--sync-path fast|reload]
+        [--sync-path fast|reload] [--actors]
 
-Parts: the learner's adapter payload (`get_lora_delta`), its merged fingerprint (`merged_fingerprint`: the full
-merge W0 + scale·B@A and its rounding norms, computed while the engine loads), and inside the engine the merge of
-the changed layers, their load (in place or vLLM's reload: `rollout.vllm_sync_path`) and the sketch check of
-what they serve. The learner's
-fingerprint overlaps the engine's work, so the parts add up to more than the sync.
+- before: the learner merges every layer (W0 + scale·B@A) to fingerprint the merge (`merged_fingerprint`, while
+  the engine loads); the engine merges the changed layers, loads them, checks that what they serve is its merge
+  (a sketch of each loaded tensor through its kernel and one of the tensor itself) and fingerprints every
+  served name;
+- after (jobs.weight_sync): the learner sketches its merge without merging (`merged_sketch`: sketch(W0) kept,
+  plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded tensors only
+  through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
+The learner's part overlaps the engine's, so the parts add up to more than the sync.
+`--actors`: the after sync's phases as the driver sees them with the source (benchmarks.rollout_throughput's
+stand-in for a LoRA learner) and the engine in Ray actors, as jobs.weight_sync runs them.
 """
 
 from __future__ import annotations
@@ -19,17 +24,51 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from benchmarks.timing import timed
+from cluster.fingerprint import fingerprint
+from cluster.transport import broadcast
 from jobs.config import load_config
 from jobs.models import resolve_model
 from jobs.system import build_system
+from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from rollout.lora import BaseWeights
+from rollout.lora import BaseWeights, adapter_bytes
+from rollout.vllm_engine import _PROCESS_LOCK, _quiet_partial_reload
+from rollout.vllm_readback import whole_modules
+
+PARTS = {"before": ["learner merged_fingerprint", "engine load_lora_delta", "  merge", "  load + sketch check",
+                    "    sketch check"],
+         "after": ["learner merged_sketch", "engine load_lora_delta", "  merge", "  load", "  served sketches"]}
+
+
+class Before(Protocol):
+    """The check as it was, as methods set on the learner and engine instances (in-process members)."""
+
+    def merged_fingerprint(self) -> float: ...
+
+    def load_lora_delta_before(self, payload: dict, version: int) -> dict[str, float]: ...
+
+
+def _merged_fingerprint(learner: Any) -> float:
+    return fingerprint(learner.get_weights())
+
+
+def _load_lora_delta_before(engine: Any, payload: dict, version: int) -> dict[str, float]:
+    changed = engine._base.merged_layers(payload, changed_only=True)
+    engine._merged.update(changed)
+    served = engine._base.full(payload["names"], engine._merged)
+    with _PROCESS_LOCK:
+        if changed:
+            with _quiet_partial_reload():  # checks what it loads: served sketch against the merged tensor's
+                engine._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
+                                                                    engine._packed)})
+    engine.version = version
+    return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint(served)}
 
 
 def _move_adapter(model: torch.nn.Module, seed: int) -> None:
@@ -42,13 +81,76 @@ def _move_adapter(model: torch.nn.Module, seed: int) -> None:
                 w.copy_(torch.randn(w.shape, generator=g) * 0.01)
 
 
+def _instrument(learner: Any, engine: Any, times: dict[str, dict[str, list[float]]], mode: list[str]) -> None:
+    """Time each part into times[current mode][part]."""
+    def t(name: str, fn: Any) -> Any:
+        return lambda *a, **kw: timed(times[mode[0]], name, fn)(*a, **kw)
+
+    learner.merged_sketch = t("learner merged_sketch", learner.merged_sketch)
+    learner.merged_fingerprint = t("learner merged_fingerprint", lambda: _merged_fingerprint(learner))
+    engine.load_lora_delta = t("engine load_lora_delta", engine.load_lora_delta)
+    engine.load_lora_delta_before = t("engine load_lora_delta",
+                                      lambda p, v: _load_lora_delta_before(engine, p, v))
+    reload = engine._reload
+    engine._reload = lambda w, check=True: t("  load + sketch check" if check else "  load", reload)(w, check)
+    engine._check_served = t("    sketch check", engine._check_served)
+    engine._served_sketches = t("  served sketches", engine._served_sketches)
+    merge = BaseWeights.merged_layers
+    BaseWeights.merged_layers = lambda self, *a, **kw: t("  merge", merge)(self, *a, **kw)  # type: ignore
+
+
+def actor_phases(args: argparse.Namespace) -> None:
+    """Median seconds of each phase of cluster.transport.broadcast's adapter-delta sync between actors."""
+    import ray
+
+    from benchmarks.rollout_throughput import _LoraSource, _rollout_cfg
+    from cluster.group import Group
+    from jobs.weight_sync import served_as_merged
+    from marl.engine_map import EngineMap
+    from rollout.engine import EngineMember
+    from rollout.engine_group import EngineGroup
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    path = resolve_model(args.model)
+    (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    bench = argparse.Namespace(model=args.model, threads=2, kv_cache_gb=1.0, lora_rank=args.rank)
+    cfg = _rollout_cfg(bench, lora=True, sync_path=args.sync_path, lora_serving="single")
+    engine = EngineGroup(spec, path, cfg.rollout, "float32")
+    src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
+    phases: dict[str, list[float]] = defaultdict(list)
+    for version in range(1, 2 + args.reps):  # the first: the engine reads its base and sketches every tensor
+        t0 = time.perf_counter()
+        ref = src.submit_to([0], _LoraSource.get_lora_delta).payload(600)
+        t1 = time.perf_counter()
+        pending = engine.group.submit_to([0], EngineMember.load_lora_delta, ref, version)
+        expected = src.submit_to([0], _LoraSource.merged_sketch).result(600)[0]
+        t2 = time.perf_counter()
+        report = pending.result(600)[0]
+        t3 = time.perf_counter()
+        assert served_as_merged(report, expected) is None
+        t4 = time.perf_counter()
+        for name, dt in (("source: adapter out (B moved, payload put)", t1 - t0), ("source: merged_sketch", t2 - t1),
+                         ("engine: load_lora_delta, report back", t3 - t1), ("driver: compare", t4 - t3),
+                         ("whole sync", t4 - t0)):
+            phases[name].append(dt)
+    engine.shutdown()
+    src.shutdown()
+    print(f"adapter-delta sync between actors, {args.model} LoRA r{args.rank}, median of {args.reps}:")
+    for name, dts in phases.items():
+        print(f"  {name:44s} {statistics.median(dts[1:]):7.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--sync-path", choices=("fast", "reload"), default="fast")
+    parser.add_argument("--actors", action="store_true", help="the sync's phases between Ray actors")
     args = parser.parse_args()
+    if args.actors:
+        actor_phases(args)
+        return
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
@@ -58,33 +160,40 @@ def main() -> None:
     try:
         (learners,), (engines,) = system.learners.values(), system.engines.values()
         learner, engine = learners.group._members[0], engines.group._members[0]
-        times: dict[str, list[float]] = defaultdict(list)
-        for name in ("get_lora_delta", "merged_fingerprint"):
-            setattr(learner, name, timed(times, f"learner {name}", getattr(learner, name)))
-        engine.load_lora_delta = timed(times, "engine load_lora_delta", engine.load_lora_delta)
-        engine._reload = timed(times, "  load + sketch check", engine._reload)
-        engine._check_served = timed(times, "    sketch check", engine._check_served)
-        BaseWeights.merged_layers = timed(times, "  merge", BaseWeights.merged_layers)  # type: ignore[method-assign]
+        times: dict[str, dict[str, list[float]]] = {"before": defaultdict(list), "after": defaultdict(list)}
+        mode = ["after"]
+        _instrument(learner, engine, times, mode)
         _move_adapter(learner.model, 0)
         system.sync(1)  # warm-up: the engine reads its base weights, vLLM sets up its reload
-        times.clear()
-        total = []
-        for version in range(2, 2 + args.reps):
+        total: dict[str, list[float]] = {"before": [], "after": []}
+        for version in range(2, 2 + 2 * args.reps):
+            mode[0] = "before" if version % 2 else "after"
             _move_adapter(learner.model, version)
             t0 = time.perf_counter()
-            out = system.sync(version)
-            total.append(time.perf_counter() - t0)
-            assert out["sync/verified"] == 1.0
-        whole = statistics.median(total)
-        print(f"adapter-delta sync, {args.model} LoRA r{args.rank}, median of {args.reps}: {whole:.3f} s "
-              f"({out['sync/bytes'] / 2**20:.1f} MiB sent)")
-        order = ["learner get_lora_delta", "learner merged_fingerprint", "engine load_lora_delta", "  merge",
-                 "  load + sketch check", "    sketch check"]
-        for name in order:
-            part = statistics.median(times[name])
-            print(f"  {name:28s} {part:7.3f} s  {part / whole:6.1%}")
+            if mode[0] == "after":
+                out = system.sync(version)
+                assert out["sync/verified"] == 1.0
+            else:
+                load: Any = Before.load_lora_delta_before  # set on the in-process engine (`_instrument`)
+                expect: Any = Before.merged_fingerprint  # and on the learner
+                out = broadcast(learners.group, LearnerMember.get_lora_delta, [engines.group], load, version, 600.0,
+                                expect=expect)
+                assert out["verified"] == 1.0
+            total[mode[0]].append(time.perf_counter() - t0)
+        _print(args, times, total)
     finally:
         system.shutdown()
+
+
+def _print(args: argparse.Namespace, times: dict[str, dict[str, list[float]]], total: dict[str, list[float]]) -> None:
+    whole = {m: statistics.median(total[m]) for m in total}
+    print(f"adapter-delta sync, {args.model} LoRA r{args.rank}, {args.sync_path} path, median of {args.reps} each: "
+          f"before {whole['before']:.3f} s, after {whole['after']:.3f} s ({whole['before'] / whole['after']:.2f}x)")
+    for m in ("before", "after"):
+        print(f"  {m}:")
+        for name in PARTS[m]:
+            part = statistics.median(times[m][name]) if times[m][name] else float("nan")
+            print(f"    {name:28s} {part:7.3f} s  {part / whole[m]:6.1%}")
 
 
 if __name__ == "__main__":

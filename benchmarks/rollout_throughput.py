@@ -35,6 +35,7 @@ from typing import Any  # noqa: E402
 
 from jobs.config import load_config
 from jobs.models import resolve_model
+from jobs.weight_sync import served_as_merged
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from rollout.engine import EngineMember, Sampling
@@ -116,8 +117,9 @@ def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[
 
 def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
     """Merged serving of a LoRA policy (sync.lora_delta): the adapter travels, the engine actor merges it into
-    its base and loads the merged layers; every layer's adapter changes before each sync. vLLM's reload (before)
-    and in place (after); the sender's merged fingerprint is checked as Learner.merged_fingerprint's."""
+    its base and loads the merged layers; every layer's adapter changes before each sync. vLLM's reload and in
+    place; checked as jobs.weight_sync does, the sender's sketch taken as Learner.merged_sketch's (the parts, and
+    the check as it was, side by side: benchmarks/lora_sync.py)."""
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
@@ -138,7 +140,7 @@ def _delta_sync_seconds(group: Any, path: str, cfg: Any, reps: int) -> dict:
 
     src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
     outs = [broadcast(src, _LoraSource.get_lora_delta, [group.group], EngineMember.load_lora_delta, v + 1, 600.0,
-                      expect=_LoraSource.merged_fingerprint) for v in range(reps + 1)][1:]
+                      expect=_LoraSource.merged_sketch, compare=served_as_merged) for v in range(reps + 1)][1:]
     src.shutdown()
     return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs)}
 
@@ -147,10 +149,11 @@ class _LoraSource:
     """Stands in for a LoRA learner's rank 0: every call moves every B matrix (a new adapter per sync)."""
 
     def __init__(self, path: str, lora: Any):
-        from learners.weights import load_policy_model, merge_for_serving
+        from learners.weights import MergedSketch, load_policy_model, merge_for_serving
 
         self.model, self.calls = load_policy_model(path, "float32", lora), 0
         self.names = list(merge_for_serving(self.model)[0])
+        self.sketch = MergedSketch()
 
     def get_lora_delta(self) -> dict:
         import torch
@@ -165,20 +168,21 @@ class _LoraSource:
                     p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
         return {**adapter_payload(self.model, "pi"), "names": self.names}
 
-    def merged_fingerprint(self) -> float:
-        from cluster.fingerprint import fingerprint
-        from learners.weights import merge_for_serving
-
-        return fingerprint(merge_for_serving(self.model)[0])
+    def merged_sketch(self) -> dict:
+        return self.sketch(self.model)
 
 
-def full_sync_parts(path: str, weights: dict, args: argparse.Namespace, sync_path: str) -> dict[str, float]:
-    """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine."""
+def full_sync_parts(path: str, weights: dict, args: argparse.Namespace, sync_path: str,
+                    views: bool = True) -> dict[str, float]:
+    """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine. `views`: as
+    sent (fused layers' parts stacked as views of the buffer); else the same tensors in a plain dict (each fused
+    layer's parts concatenated, as before)."""
     from benchmarks.timing import timed
     from cluster.packing import pack
     from rollout.vllm_engine import VLLMEngine
 
-    packed = pack(weights)
+    packed: Any = pack(weights)
+    packed = packed if views else dict(packed)
     engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi",
                         sync_path=sync_path)
     times: dict[str, list[float]] = {}
@@ -319,7 +323,9 @@ def _sync_only(args: argparse.Namespace) -> None:
     weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
     syncs = {**bench_full_sync(path, weights, args), **bench_lora_delta(path, args)}
     ray.shutdown()
-    parts = {p: full_sync_parts(path, weights, args, p) for p in ("reload", "fast")}
+    parts = {"reload": full_sync_parts(path, weights, args, "reload"),
+             "fast, concatenated": full_sync_parts(path, weights, args, "fast", views=False),
+             "fast": full_sync_parts(path, weights, args, "fast")}
     print(f"{args.model}: verified syncs into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
         _print_sync(name, s)
@@ -327,9 +333,9 @@ def _sync_only(args: argparse.Namespace) -> None:
     print(f"  vllm full weights, packed: reload / fast = {before / after:.2f}x")
     delta = [s["sync_s"] for name, s in syncs.items() if "delta" in name]
     print(f"  vllm LoRA delta: reload / fast = {delta[0] / delta[1]:.2f}x")
-    print(f"  parts of a packed load into an in-process vLLM engine, s: {'reload':>8} {'fast':>8}")
+    print("  parts of a packed load into an in-process vLLM engine, s: " + " ".join(f"{p:>18}" for p in parts))
     for name in parts["fast"]:
-        print(f"    {name:<56} {parts['reload'][name]:8.3f} {parts['fast'][name]:8.3f}")
+        print(f"    {name:<56} " + " ".join(f"{parts[p][name]:18.3f}" for p in parts))
 
 
 def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:

@@ -10,7 +10,7 @@ weights (loaders, fingerprints) takes it as it is.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +55,26 @@ class PackedTensors(Mapping[str, Tensor]):
             index = {s.name: s for s in self.specs}
             object.__setattr__(self, "_by_name", index)
         return index
+
+    def stacked(self, names: Sequence[str]) -> Tensor | None:
+        """The named tensors stacked along dim 0 ([Σ rows, *trailing]) as one view of the buffer, no copy, when they
+        lie back to back in this order with one dtype and one trailing shape (as `pack` lays out tensors whose
+        sizes are multiples of its alignment); None otherwise (the caller concatenates)."""
+        specs = [self._index()[n] for n in names]
+        first, end = specs[0], specs[0].offset
+        itemsize = torch.empty((), dtype=getattr(torch, first.dtype)).element_size()
+        for spec in specs:
+            if (spec.offset != end or spec.dtype != first.dtype or len(spec.shape) < 1
+                    or spec.shape[1:] != first.shape[1:]):
+                return None
+            end += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+        if end == first.offset:
+            return None
+        with warnings.catch_warnings():  # a view of read-only shared memory: loaders only read it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(self.buffer, dtype=getattr(torch, first.dtype),
+                                    count=(end - first.offset) // itemsize, offset=first.offset)
+        return flat.view(sum(s.shape[0] for s in specs), *first.shape[1:])
 
     @property
     def nbytes(self) -> int:

@@ -11,6 +11,7 @@ probes are exact in every float dtype, so the only difference is the kernels' su
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 
 import torch
 
@@ -23,9 +24,11 @@ SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
 def probes(name: str, cols: int, k: int = SKETCH_PROBES) -> torch.Tensor:
-    """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device)."""
+    """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device). Stored column by
+    column (a transposed view): W @ P then takes a matrix-times-vectors kernel, 2.7-3.5x faster on CPU than with
+    row-major probes (median 0.24 -> 0.09 s for SmolLM2-135M's 272 tensors, 2 threads)."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    return torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1)
+    return torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1).T.contiguous().T
 
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
@@ -47,3 +50,24 @@ def sketch_error(served: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.double().norm().item()
     diff = (served.double() - expected.double()).norm().item()
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def low_rank_sketch(base: torch.Tensor, b: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """[rows, k] fp32 sketch of W0 + scale·B@A without forming it: base = sketch(name, W0) [rows, k], B [rows, r],
+    A [r, cols], p = probes(name, cols) [cols, k]: base + scale·B@(A@P), O((rows + cols)·r·k) work instead of a
+    [rows, cols] merge."""
+    a, b = a.detach().float(), b.detach().float()
+    return base + (b @ (a @ p.to(a.device))).mul_(scale).cpu()
+
+
+def sketch_mismatch(served: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                    rtol: float) -> str | None:
+    """None when every expected tensor's served sketch is within `rtol` (`sketch_error`); else what is off, worst
+    first. A name the server did not report counts as off: every expected tensor must be read back."""
+    errors = {n: sketch_error(served[n], s) if n in served else float("inf") for n, s in expected.items()}
+    off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)
+    if not off:
+        return None
+    worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
+    return f"{len(off)} of {len(errors)} tensors serve other values (relative sketch error above {rtol:.0e}): {worst}"

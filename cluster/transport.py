@@ -20,7 +20,8 @@ from cluster.group import Group, GroupTimeout, Pending
 S = TypeVar("S")  # the source member
 D = TypeVar("D")  # a destination member
 X = TypeVar("X")  # the payload
-Report = Mapping[str, float]  # a destination's {"version", "bytes"[, "fingerprint"]}
+Report = Mapping[str, Any]  # a destination's {"version", "bytes"[, "fingerprint"]}, or what `compare` reads
+Compare = Callable[[Report, Any], "str | None"]  # (a destination's report, the sender's expectation) -> what is off
 
 
 class SyncError(RuntimeError):
@@ -29,7 +30,8 @@ class SyncError(RuntimeError):
 
 def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], load: Callable[[D, X, int], Report],
               version: int, timeout: float, fingerprint: Callable[[X], float] | None = None,
-              indices: Sequence[int] | None = None, expect: Callable[[S], float] | None = None) -> dict[str, float]:
+              indices: Sequence[int] | None = None, expect: Callable[[S], Any] | None = None,
+              compare: Compare | None = None) -> dict[str, float]:
     """Send get(src[0]) to every dst member's load(payload, version); `get` and `load` are member methods
     (`Source.method`, `Destination.method`).
 
@@ -38,6 +40,8 @@ def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], lo
     each destination (a replaced engine catching up). `expect` (a source member method, in place of
     `fingerprint`): the sender's fingerprint when the payload is not what the destinations end up serving (an
     adapter they merge); it is asked for after the loads were sent, so the source computes it while they load.
+    `compare(report, expected)`: a description of the mismatch or None, in place of fingerprint equality (a
+    sketch, equal to rounding only).
     Returns {"sync_s", "bytes", "verified"} (verified: members whose fingerprint matched).
     """
     t0 = time.perf_counter()
@@ -55,24 +59,25 @@ def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], lo
         every = range(dst.size) if indices is None else indices
         pendings.append((dst, dst.submit_to(every, load, arg, version)))
     if expect is not None:
-        expected: float | None = src.submit_to([0], expect).result(_left(deadline))[0]
+        expected: Any = src.submit_to([0], expect).result(_left(deadline))[0]
     else:
         expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
-    moved, verified = collect_reports(pendings, version, expected, deadline)
+    moved, verified = collect_reports(pendings, version, expected, deadline, compare)
     return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
 
 
-def collect_reports(pendings: Sequence[tuple[Group[Any], Pending[Report]]], version: int, expected: float | None,
-                    deadline: float) -> tuple[int, int]:
+def collect_reports(pendings: Sequence[tuple[Group[Any], Pending[Report]]], version: int, expected: Any,
+                    deadline: float, compare: Compare | None = None) -> tuple[int, int]:
     """Wait for every destination's report; (bytes moved, members verified). Raises SyncError naming the
-    first member on another version or, when `expected` is given, with another fingerprint."""
+    first member on another version or, when `expected` is given, with another fingerprint (or, with `compare`,
+    whose report it finds off)."""
     moved, verified = 0, 0
     for dst, pending in pendings:
         for i, report in zip(pending.indices, pending.result(_left(deadline)), strict=True):
             if report["version"] != version:
                 raise SyncError(f"{dst.name}:{i} reports weight version {report['version']}, expected {version}")
             if expected is not None:
-                _check_fingerprint(f"{dst.name}:{i}", report, expected, version)
+                _check(f"{dst.name}:{i}", report, expected, version, compare)
                 verified += 1
             moved += int(report["bytes"])
     return moved, verified
@@ -97,7 +102,12 @@ def _expected_fingerprint(fingerprint: Callable[[X], float], src: Group[Any], pa
         raise SyncError("fingerprinting the sent weights missed the sync deadline") from None
 
 
-def _check_fingerprint(member: str, report: Report, expected: float, version: int) -> None:
+def _check(member: str, report: Report, expected: Any, version: int, compare: Compare | None) -> None:
+    if compare is not None:
+        off = compare(report, expected)
+        if off is not None:
+            raise SyncError(f"{member} after loading version {version}: {off}")
+        return
     got = report.get("fingerprint")
     if got != expected:
         raise SyncError(f"{member} serves weights with fingerprint {got!r} after loading version {version}; "

@@ -8,9 +8,11 @@ engine side. The one place that knows which payload each serving mode ships and 
 | merged LoRA, sync.lora_delta     | get_lora_delta → load_lora_delta (engines merge)  | object store     |
 | merged, otherwise                | get_packed_weights → load_weights                 | object store     |
 
-Every engine reports the version it now serves and the fingerprint of those weights (cluster.fingerprint); a
-mismatch is a SyncError naming the engine. A replaced engine is caught up through the object store alone, and
-the policy's NCCL channel (whose members are fixed) is formed anew before its next sync.
+Every engine reports the version it now serves and the fingerprint of those weights (cluster.fingerprint) or, for
+an adapter delta, their probe sketch (cluster.sketch), read through the kernels that serve them and compared with
+the learner's sketch of its merge; a mismatch is a SyncError naming the engine. A replaced engine is caught up
+through the object store alone, and the policy's NCCL channel (whose members are fixed) is formed anew before its
+next sync.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from cluster.fingerprint import fingerprint
 from cluster.nccl import broadcast_nccl, form_channel
+from cluster.sketch import sketch_mismatch
 from cluster.transport import broadcast
 from learners.group import LearnerGroup
 from learners.member import LearnerMember
@@ -76,9 +80,15 @@ class WeightSync:
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
             return broadcast(src, LearnerMember.get_lora_delta, dsts, EngineMember.load_lora_delta, version, timeout,
-                             expect=LearnerMember.merged_fingerprint, indices=indices)
+                             expect=LearnerMember.merged_sketch, compare=served_as_merged, indices=indices)
         return broadcast(src, LearnerMember.get_packed_weights, dsts, EngineMember.load_weights, version, timeout,
                          fingerprint=fingerprint, indices=indices)
+
+
+def served_as_merged(report: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+    """An adapter-delta sync's check: the engine's served sketches against the learner's (Learner.merged_sketch),
+    within the engine's serving dtype's tolerance; what is off, or None."""
+    return sketch_mismatch(report["sketch"], expected, report["sketch_rtol"])
 
 
 def sync_all(syncs: Mapping[str, WeightSync], version: int) -> dict[str, float]:

@@ -27,9 +27,9 @@ from typing import Any, cast
 import torch
 
 from cluster import collective
-from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
+from cluster.sketch import sketch
 from learners.backends import GradientBackend, LearnerParts, backend_class
 from learners.batch import TrainBatch
 from learners.logprob_head import sequence_logprobs
@@ -42,7 +42,15 @@ from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_lambda
-from learners.weights import DTYPES, export_hf, is_lora, load_policy_model, serving_adapter, serving_weights
+from learners.weights import (
+    DTYPES,
+    MergedSketch,
+    export_hf,
+    is_lora,
+    load_policy_model,
+    serving_adapter,
+    serving_weights,
+)
 
 
 class Learner:
@@ -86,6 +94,7 @@ class Learner:
         self.step = 0
         self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
         self._served_names: list[str] | None = None
+        self._merged_sketch = MergedSketch()  # keeps the frozen base's sketches between syncs
 
     # -- collective membership (delegated to cluster) --
     def rendezvous_address(self) -> tuple[str, int]:
@@ -313,15 +322,25 @@ class Learner:
 
     def get_lora_delta(self) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
-        The merge itself (for the fingerprint) waits for `merged_fingerprint`, so engines start on theirs first."""
+        What they must serve (`merged_sketch`) is asked for after, so engines start loading first."""
         if self._served_names is None:  # fixed by the model's structure: merged once, on the first sync
             self._served_names = list(self.get_weights())
         return {**self.get_adapter(), "names": self._served_names}
 
-    def merged_fingerprint(self) -> float:
-        """The fingerprint of the merged weights (merged here, where the merge for serving is measured too), which
-        each engine must reproduce by merging the adapter into its own base weights."""
-        return fingerprint(self.get_weights())
+    def merged_sketch(self) -> dict[str, torch.Tensor]:
+        """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
+        into its own base, taken without merging (learners.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
+        merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
+        fp32 serving skips it (its rounding is fp32's own, ~1e-7 of the weights) and reports none."""
+        snapshot = self.backend.snapshot()
+        if snapshot is not None:
+            self.merge_rounding = snapshot.merge_rounding
+            return {name: sketch(name, tensor) for name, tensor in snapshot.merged.items()}
+        if DTYPES[self.dtype] != torch.float32:
+            self.get_weights()  # sets merge_rounding
+        else:
+            self.merge_rounding = None
+        return self._merged_sketch(self.model)
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""

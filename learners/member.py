@@ -63,8 +63,8 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         """The adapter and the names of the served weights: adapter-only syncs of merged serving."""
         ...
 
-    def merged_fingerprint(self) -> float:
-        """The fingerprint of the merged weights that each engine must reproduce from the adapter alone."""
+    def merged_sketch(self) -> dict[str, Tensor]:
+        """The probe sketch (cluster.sketch) of the merged weights each engine must serve from the adapter alone."""
         ...
 
     def sync_metrics(self) -> dict[str, float]:

@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from cluster.sketch import low_rank_sketch, probes, sketch
+
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -106,6 +108,52 @@ def _lora_delta(module: Any, adapter: str) -> torch.Tensor:
     a, b = module.lora_A[adapter].weight.float(), module.lora_B[adapter].weight.float()
     delta = (b @ a) * module.scaling[adapter]
     return delta.T if module.fan_in_fan_out else delta
+
+
+class MergedSketch:
+    """The probe sketch (cluster.sketch) of the weights a LoRA policy's engines serve merged, taken without merging:
+    a LoRA'd layer's as sketch(W0) + scale·B@(A@P), every other weight's as is. The base is frozen, so its sketches
+    are taken once and kept (per tensor, until that tensor is written to). Same names as `merge_for_serving`."""
+
+    def __init__(self) -> None:
+        self._base: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}  # name -> ((data_ptr, _version), sketch)
+        self._kept_probes: dict[str, torch.Tensor] = {}  # name -> probes(name, cols)
+
+    @torch.no_grad()
+    def __call__(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """{served name: [rows, k] fp32 sketch} of `model` (a peft model) merged, in fp32 (unrounded)."""
+        from peft.tuners.lora import Linear, LoraLayer
+
+        base = model.get_base_model()
+        out: dict[str, torch.Tensor] = {}
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                key, adapter = f"{name}.weight", module.active_adapters[0]
+                w0 = module.get_base_layer().weight
+                if isinstance(module, Linear) and not module.fan_in_fan_out and not module.use_dora.get(adapter):
+                    a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+                    out[key] = low_rank_sketch(self._sketch(key, w0), b, a, self._probes(key, a.shape[1]),
+                                               module.scaling[adapter])
+                else:  # other LoRA kinds: this layer merged, as merge_for_serving does
+                    out[key] = sketch(key, w0.float() + _lora_delta(module, adapter))
+        for key, value in base.state_dict().items():
+            served = key.replace(".base_layer.", ".")
+            if "lora_" not in key and served not in out:
+                out[served] = self._sketch(served, value)
+        return out
+
+    def _probes(self, name: str, cols: int) -> torch.Tensor:
+        kept = self._kept_probes.get(name)
+        if kept is None or kept.shape[0] != cols:  # drawing them is most of a layer's low-rank sketch: kept
+            kept = self._kept_probes[name] = probes(name, cols)
+        return kept
+
+    def _sketch(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        stamp = (tensor.data_ptr(), tensor._version)  # an in-place write bumps _version, a new tensor the pointer
+        kept = self._base.get(name)
+        if kept is None or kept[0] != stamp:
+            kept = self._base[name] = (stamp, sketch(name, tensor))
+        return kept[1]
 
 
 @torch.no_grad()

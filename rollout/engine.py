@@ -75,9 +75,10 @@ class EngineMember(Protocol):
         """Serve `weights` (HF parameter names) from now on."""
         ...
 
-    def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, float]:
+    def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: merge the adapter payload (rollout.lora) into the base weights
-        and serve the result; the fingerprint covers every weight `payload["names"]` lists."""
+        and serve the result; reports {"version", "bytes", "sketch": {name: served sketch (cluster.sketch)} for
+        every weight `payload["names"]` lists, "sketch_rtol": the serving dtype's tolerance}."""
         ...
 
     def load_adapter(self, payload: dict[str, Any], version: int) -> dict[str, float]:

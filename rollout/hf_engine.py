@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
 from cluster.fingerprint import fingerprint
+from cluster.sketch import SKETCH_RTOL, sketch
 from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
@@ -169,10 +171,10 @@ class HFEngine:
                 "fingerprint": fingerprint({name: own[name] for name in weights})}
 
     @between_calls
-    def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
+    def load_lora_delta(self, payload: dict, version: int) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
-        once) and load the layers whose adapter changed. Reports the fingerprint of every weight the learner
-        named, read back from the model."""
+        once) and load the layers whose adapter changed. Reports the sketch (cluster.sketch) of every weight the
+        learner named, read back from the model, for the learner's own to be compared with."""
         if self._base is None:
             self._base = BaseWeights(self.model_path, self.model.dtype)
         own = self.model.state_dict()
@@ -181,7 +183,8 @@ class HFEngine:
                 own[name].copy_(tensor)
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload),
-                "fingerprint": fingerprint({name: own[name] for name in payload["names"]})}
+                "sketch": {name: sketch(name, own[name]) for name in payload["names"]},
+                "sketch_rtol": SKETCH_RTOL[self.model.dtype]}
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
         raise NotImplementedError("the hf engine receives weights through the object store; "

@@ -64,15 +64,28 @@ def merge_into(out: Any, w0: Any, b: Any, a: Any, scale: float) -> Any:
     return torch.mm(b, a, out=out).mul_(scale).add_(w0)
 
 
+def stack_of(weight: str, stacks: dict[str, list[str]]) -> list[str]:
+    """The HF weights stacked with `weight` into one fused module, in stacking order ([weight] when none):
+    'm.layers.0.self_attn.k_proj.weight' with {'qkv_proj': ['q_proj', 'k_proj', 'v_proj']} -> q, k, v's."""
+    path, leaf = weight.rsplit(".", 1)
+    prefix, _, part = path.rpartition(".")
+    for parts in stacks.values():
+        if part in parts:
+            return [f"{prefix}.{p}.{leaf}" if prefix else f"{p}.{leaf}" for p in parts]
+    return [weight]
+
+
 class BaseWeights:
     """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
     the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).
 
     The merge is the learner's (learners.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
     the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted. Each layer
-    merges into an fp32 buffer of its own, reused by every sync (`merge_into`)."""
+    merges into an fp32 buffer of its own, reused by every sync (`merge_into`); the parts of a fused stack
+    (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v) into row blocks of one buffer, in
+    stacking order, so that the engine loads the stack as one view instead of concatenating it."""
 
-    def __init__(self, model_path: str, dtype: Any):
+    def __init__(self, model_path: str, dtype: Any, stacks: dict[str, list[str]] | None = None):
         import glob
 
         import torch
@@ -89,6 +102,7 @@ class BaseWeights:
             self.base["lm_head.weight"] = self.base["model.embed_tokens.weight"]  # a tied head is not stored
         self._last: dict[str, tuple[Any, Any]] = {}  # layer weight name -> the (A, B) merged into it last
         self._buffers: dict[str, Any] = {}  # layer weight name -> its fp32 merge, overwritten by the next one
+        self._stacks = stacks or {}
         self._torch = torch
 
     def merged_layers(self, payload: dict[str, Any], changed_only: bool) -> dict[str, Any]:
@@ -108,13 +122,21 @@ class BaseWeights:
             last = self._last.get(weight)
             if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
                 continue
-            buffer = self._buffers.get(weight)
-            if buffer is None:
-                buffer = self._buffers[weight] = self._torch.empty(self.base[weight].shape, dtype=self._torch.float32)
-            merged = merge_into(buffer, self.base[weight].float(), b.float(), a.float(), scale)
+            if weight not in self._buffers:
+                self._allocate(weight)
+            merged = merge_into(self._buffers[weight], self.base[weight].float(), b.float(), a.float(), scale)
             out[weight] = merged if self.dtype == self._torch.float32 else merged.to(self.dtype)
             self._last[weight] = (a.clone(), b.clone())
         return out
+
+    def _allocate(self, weight: str) -> None:
+        """The fp32 merge buffer of `weight`: its own, or one for the whole stack it is a part of, split by rows."""
+        group = stack_of(weight, self._stacks)
+        if not all(n in self.base and self.base[n].shape[1:] == self.base[weight].shape[1:] for n in group):
+            group = [weight]
+        rows = [self.base[n].shape[0] for n in group]
+        whole = self._torch.empty(sum(rows), *self.base[weight].shape[1:], dtype=self._torch.float32)
+        self._buffers.update(zip(group, whole.split(rows), strict=True))
 
     def full(self, names: list[str], merged: dict[str, Any]) -> dict[str, Any]:
         """Every weight in `names`: the merged layers, and the base for the rest."""

@@ -39,7 +39,7 @@ from marl.types import Completion, Message
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 from rollout.serving import Job, ServingLoop, between_calls
-from rollout.vllm_readback import raise_if_off, served_errors, whole_modules
+from rollout.vllm_readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm_repack import Kernels, load_in_place
 from rollout.vllm_stepper import VLLMStepper
 from rollout.vllm_support import adapter_fingerprint_served, default_cache_root, engine_env, eos_ids_of, memory_kwargs
@@ -99,6 +99,9 @@ class VLLMEngine:
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self._merged: dict[str, torch.Tensor] = {}  # adapter-delta sync: each LoRA layer's latest merge
         self._packed: dict[str, list[str]] | None = None  # the model's fused modules, read on first use
+        # HF name -> the sketch of the tensor as served, read through its kernel after its module last loaded: an
+        # adapter-delta sync reads back only what it loaded. Every load drops what it touches, and the LM head.
+        self._sketches: dict[str, torch.Tensor] = {}
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
@@ -162,10 +165,12 @@ class VLLMEngine:
         return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
                 "fingerprint": fingerprint(weights)}
 
-    def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+    def _reload(self, weights: Mapping[str, torch.Tensor], check: bool = True) -> None:
         """Serve `weights` (any subset of the model's, HF names) from now on, the other weights as they were,
-        and check them. Fast path: in place (rollout.vllm_repack); else, or for a layout it does not know, vLLM
-        reloads the modules it is given."""
+        and check them (unless `check` is off: the caller compares the served sketches itself). Fast path: in
+        place (rollout.vllm_repack); else, or for a layout it does not know, vLLM reloads the modules it is given."""
+        for name in [*weights, HEAD]:  # a tied head is rebuilt with its embedding: always read again
+            self._sketches.pop(name, None)
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         if self.sync_path == "fast" and in_process and self.llm.apply_model(
                 functools.partial(load_in_place, weights=weights, kernels=vllm_kernels()))[0]:
@@ -175,7 +180,8 @@ class VLLMEngine:
         else:
             self._reload_through_files(weights)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the previous weights
-        self._check_served(weights)
+        if check:
+            self._check_served(weights)
 
     def _reload_through_files(self, weights: Mapping[str, torch.Tensor]) -> None:
         # A multi-process engine core receives RPC tensors as nested lists; a safetensors folder is cheaper.
@@ -199,26 +205,37 @@ class VLLMEngine:
         raise_if_off(self.policy_id, errors, SKETCH_RTOL[getattr(torch, self.dtype)])
 
     @between_calls
-    def load_lora_delta(self, payload: dict, version: int) -> dict[str, float]:
+    def load_lora_delta(self, payload: dict, version: int) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
         once, from the model folder) and reload only the layers whose adapter changed; the rest of the model is
-        what vLLM loaded from that folder, or an earlier merge. The fingerprint then reads back every weight the
-        learner named, as a full-weight load's does."""
-        if self._base is None:
-            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype))
+        what vLLM loaded from that folder, or an earlier merge. Reports the sketch (cluster.sketch) of every weight
+        the learner named as served, through its kernel, for the learner's own (Learner.merged_sketch) to be
+        compared with: the loaded ones read now, the others as read after they last loaded (`_served_sketches`)."""
+        if self._packed is None:
+            with _PROCESS_LOCK:
+                self._packed = self.llm.apply_model(_packed_modules)[0]
+        if self._base is None:  # fused stacks merge into one buffer each: loaded as views, not concatenated
+            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype), self._packed)
         changed = self._base.merged_layers(payload, changed_only=True)
         self._merged.update(changed)
         served = self._base.full(payload["names"], self._merged)  # every named weight as it now should be
         with _PROCESS_LOCK:
             if changed:
-                if self._packed is None:
-                    self._packed = self.llm.apply_model(_packed_modules)[0]
-                with _quiet_partial_reload():  # checks the modules it loads; the others were checked before
+                with _quiet_partial_reload():
                     self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
-                                                                      self._packed)})
+                                                                      self._packed)}, check=False)
+            sketches = self._served_sketches({n: tuple(served[n].shape) for n in payload["names"]})
         self.version = version
-        # The engine's own merge, which the learner's must equal bit for bit (rollout.lora.BaseWeights).
-        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint(served)}
+        return {"version": version, "bytes": adapter_bytes(payload), "sketch": sketches,
+                "sketch_rtol": SKETCH_RTOL[getattr(torch, self.dtype)]}
+
+    def _served_sketches(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """The served sketch of every tensor of `shapes` (HF name -> shape): kept ones as they are, the others
+        read through their kernels now (`own_tensors`: how many) and kept."""
+        missing = {n: shape for n, shape in shapes.items() if n not in self._sketches}
+        self._sketches.update(self.llm.apply_model(functools.partial(served_sketches, shapes=missing))[0])
+        self.own_tensors = len(missing)
+        return {n: self._sketches[n] for n in shapes if n in self._sketches}
 
     @between_calls
     def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
@@ -257,6 +274,7 @@ class VLLMEngine:
         """Receive one broadcast into the worker, reload it there, and report as load_weights does."""
         with _PROCESS_LOCK:
             kernels = vllm_kernels() if self.sync_path == "fast" else None
+            self._sketches.clear()  # the channel may load any module
             report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes, kernels))[0]
             self.llm.reset_prefix_cache()
         raise_if_off(self.policy_id, report["errors"], SKETCH_RTOL[getattr(torch, self.dtype)])

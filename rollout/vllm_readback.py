@@ -44,6 +44,20 @@ def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -
     return errors
 
 
+@torch.no_grad()
+def served_sketches(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """{HF name: [rows, k] sketch of the tensor as `model` serves it} for every name of `shapes` (HF shapes) read
+    back (the LM head through the logits path): what a sender that holds the expected sketch compares."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    modules = dict(model.named_modules())
+    out = {}
+    for name, shape in shapes.items():
+        served = _served_sketch(model, params, modules, name, shape)
+        if served is not None:
+            out[name] = served
+    return out
+
+
 def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> None:
     """RuntimeError naming the tensors whose served sketch is off by more than `rtol` (worst first)."""
     off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from cluster.packing import PackedTensors
 from rollout.vllm_readback import part_rows, vllm_module
 
 Plan = dict[str, list[str]]  # vLLM module -> the HF names loading into it
@@ -58,7 +59,7 @@ def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], k
         plan.pop("lm_head", None)  # tied: one parameter, copied once (a differing head fails the check)
     head_stale = False
     for module, names in plan.items():
-        head_stale |= _load_module(model, module, {n: weights[n] for n in names}, kernels)
+        head_stale |= _load_module(model, module, {n: weights[n] for n in names}, kernels, weights)
     if head_stale:
         kernels.rebuild(head, remove_weight=False)
     return True
@@ -106,11 +107,12 @@ def _packed_linear(layer: Any, kernels: Kernels) -> bool:
             and isinstance(weight, torch.Tensor) and weight.numel() == 0)
 
 
-def _load_module(model: torch.nn.Module, module: str, weights: dict[str, torch.Tensor], kernels: Kernels) -> bool:
-    """Load one module's tensors; True when the LM head's handle must be rebuilt after it."""
+def _load_module(model: torch.nn.Module, module: str, weights: dict[str, torch.Tensor], kernels: Kernels,
+                 sent: Mapping[str, torch.Tensor]) -> bool:
+    """Load one module's tensors (`sent`: the whole payload); True when the LM head's handle must be rebuilt."""
     layer: Any = model.get_submodule(module)
     if _packed_linear(layer, kernels):
-        _load_linear(model, layer, module, weights, kernels)
+        _load_linear(model, layer, module, weights, kernels, sent)
         return False
     (tensor,) = weights.values()
     own: torch.Tensor = layer.weight
@@ -120,13 +122,13 @@ def _load_module(model: torch.nn.Module, module: str, weights: dict[str, torch.T
 
 
 def _load_linear(model: torch.nn.Module, layer: Any, module: str, weights: dict[str, torch.Tensor],
-                 kernels: Kernels) -> None:
+                 kernels: Kernels, sent: Mapping[str, torch.Tensor]) -> None:
     """A packed linear from its HF parts: a new GEMM handle from the stacked weights; biases copied in place."""
     parts = _stacking(model, module)
     order = [f"{module.rsplit('.', 1)[0]}.{p}" for p in parts] if parts else [module]
     dtype = layer.weight.dtype
     stacked = [weights[f"{m}.weight"].to(dtype) for m in order]
-    fused = torch.cat(stacked) if len(stacked) > 1 else stacked[0]
+    fused = _fused(stacked, [f"{m}.weight" for m in order], sent)
     biases = [weights.get(f"{m}.bias") for m in order]
     if any(b is not None for b in biases):
         rows = part_rows(parts, model.config, layer.output_size_per_partition) if parts else [fused.shape[0]]
@@ -141,6 +143,27 @@ def _load_linear(model: torch.nn.Module, layer: Any, module: str, weights: dict[
         # A kernel that reads the parameter per call (vLLM's plain fallback) must own it: the sent tensor may be
         # a view of the sender's buffer, released after the sync.
         layer.weight = torch.nn.Parameter(fused.clone(), requires_grad=False)
+
+
+def _fused(stacked: list[torch.Tensor], names: list[str], sent: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The parts stacked along rows: a view of the packed payload when they lie back to back there in stacking
+    order (the learner's state dict order: q, k, v; gate, up), else one concatenated copy."""
+    if len(stacked) == 1:
+        return stacked[0]
+    view = sent.stacked(names) if isinstance(sent, PackedTensors) else _adjacent(stacked)
+    return view if view is not None and view.dtype == stacked[0].dtype else torch.cat(stacked)
+
+
+def _adjacent(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """[Σ rows, cols] one view of `parts` when they are row blocks of one tensor, back to back in this order (an
+    engine's merge buffers, rollout.lora.BaseWeights); None otherwise."""
+    first, end = parts[0], parts[0].data_ptr()
+    for part in parts:
+        if (part.dtype != first.dtype or not part.is_contiguous() or part.shape[1:] != first.shape[1:]
+                or part.data_ptr() != end or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+        end += part.numel() * part.element_size()
+    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _stacking(model: torch.nn.Module, module: str) -> list[str]:

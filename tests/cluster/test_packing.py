@@ -40,6 +40,17 @@ def _read(packed: PackedTensors) -> tuple[bool, float]:
     return (not packed.buffer.flags.writeable), fingerprint(packed)
 
 
+def test_tensors_back_to_back_stack_as_one_view_and_others_do_not():
+    q, k, v = torch.randn(32, 16), torch.randn(8, 16), torch.randn(8, 16)
+    packed = pack({"q": q, "k": k, "v": v, "odd": torch.randn(3, 5), "w": torch.randn(4, 16)})
+    fused = packed.stacked(["q", "k", "v"])
+    assert fused is not None and torch.equal(fused, torch.cat([q, k, v]))
+    assert fused.data_ptr() == packed["q"].data_ptr()  # a view of the buffer: nothing copied
+    assert packed.stacked(["k", "q"]) is None  # not in the buffer's order
+    assert packed.stacked(["odd", "w"]) is None  # 60 bytes, padded to 64: not back to back
+    assert packed.stacked(["v", "odd"]) is None  # another trailing shape
+
+
 def test_through_the_object_store_the_receiver_reads_shared_memory(ray_cluster):
     w = weights()
     readonly, fp = ray.get(_read.remote(pack(w)), timeout=60)

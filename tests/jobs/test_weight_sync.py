@@ -15,6 +15,8 @@ from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.nccl import WeightChannel
 from cluster.packing import pack
+from cluster.sketch import sketch
+from cluster.transport import SyncError
 from jobs.weight_sync import WeightSync, resync_through, sync_all
 
 TIMEOUT = 60.0
@@ -37,8 +39,8 @@ class Rank0:
     def get_lora_delta(self):
         return {**ADAPTER, "names": list(WEIGHTS)}
 
-    def merged_fingerprint(self):
-        return fingerprint(WEIGHTS)
+    def merged_sketch(self):
+        return {name: sketch(name, w) for name, w in WEIGHTS.items()}
 
     def rendezvous_address(self):
         return collective.rendezvous_address()
@@ -72,7 +74,9 @@ class Engine:
         return self._report("load_adapter", version, payload["tensors"])
 
     def load_lora_delta(self, payload, version):
-        return self._report("load_lora_delta", version, WEIGHTS)  # the merge the learner fingerprinted
+        self.loads.append(("load_lora_delta", version))  # serves the merge the learner sketched
+        return {"version": version, "bytes": 1, "sketch": {n: sketch(n, w) for n, w in WEIGHTS.items()},
+                "sketch_rtol": 1e-6}
 
     def nccl_join(self, host, port, rank, world_size, timeout_s):
         self.joins += 1
@@ -83,6 +87,14 @@ class Engine:
 
     def history(self) -> tuple[list[tuple[str, int]], int]:
         return self.loads, self.joins
+
+
+class OffEngine(Engine):
+    """Serves weight "w" of the adapter delta 1% off what the learner merged."""
+
+    def load_lora_delta(self, payload, version):
+        report = super().load_lora_delta(payload, version)
+        return {**report, "sketch": {**report["sketch"], "w": report["sketch"]["w"] * 1.01}}
 
 
 @dataclass
@@ -103,10 +115,11 @@ class Engines:
     name: str
     policies: list[str]
     multi_lora: bool = False
+    member: type = Engine
     group: Group = field(init=False)
 
     def __post_init__(self) -> None:
-        self.group = Group(Engine, 0, f"run:engine:{self.name}")
+        self.group = Group(self.member, 0, f"run:engine:{self.name}")
 
 
 def _history(engines: Engines) -> tuple[list[tuple[str, int]], int]:
@@ -131,6 +144,12 @@ def test_each_serving_mode_ships_its_payload_and_is_verified(multi_lora, transpo
     assert out["verified"] == 2.0
     for e in engines:
         assert _history(e)[0] == [(method, 3)]
+
+
+def test_an_adapter_delta_served_off_the_learners_merge_is_an_error_naming_the_engine_and_the_tensor():
+    engines = [Engines("a", ["pi"]), Engines("b", ["pi"], member=OffEngine)]
+    with pytest.raises(SyncError, match=r"^run:engine:b:0 after loading version 2: 1 of 2 tensors .*: w \("):
+        _sync(engines, lora_delta=True).run(2)
 
 
 def test_sync_all_sums_policies_and_adds_merged_serving_metrics():

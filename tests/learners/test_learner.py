@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from cluster.sketch import sketch, sketch_error
 from jobs.config import load_config
 from jobs.models import resolve_model
 from learners.batch import TrainBatch, empty_batch
@@ -15,7 +16,7 @@ from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
 from learners.schedule import lr_factor
-from learners.weights import merged_state_dict
+from learners.weights import merged_state_dict, take_snapshot
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [
@@ -268,3 +269,21 @@ def test_export_lora_writes_merged_model_and_adapter(make_learner, model_path, t
     base = AutoModelForCausalLM.from_pretrained(model_path)
     reloaded = PeftModel.from_pretrained(base, str(tmp_path / "lora" / "adapter"))
     assert max_abs_diff(merged_state_dict(reloaded), merged) < 1e-6
+
+
+def test_the_merged_sketch_is_the_served_merges_from_the_module_or_its_snapshot(make_learner, monkeypatch):
+    learner = make_learner(*LORA)
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    merged = learner.get_weights()
+    direct = learner.merged_sketch()
+    assert learner.sync_metrics() == {}  # served in fp32: nothing merged, no rounding reported
+    snapshot = take_snapshot(learner.model, "p")
+    monkeypatch.setattr(learner.backend, "snapshot", lambda: snapshot)  # a ZeRO-3 rank: its module holds a partition
+    kept = learner.merged_sketch()
+    assert list(direct) == list(kept) == list(merged)
+    assert max(max(sketch_error(direct[n], sketch(n, w)), sketch_error(kept[n], sketch(n, w)))
+               for n, w in merged.items()) < 1e-6
+    assert "sync/merge_rounding/p" in learner.sync_metrics()

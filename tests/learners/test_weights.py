@@ -4,9 +4,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cluster.sketch import sketch, sketch_error
 from jobs.config import load_config
 from jobs.models import resolve_model
-from learners.weights import is_lora, load_policy_model, merge_for_serving, merge_layer, merged_state_dict, update_lost
+from learners.weights import (
+    MergedSketch,
+    is_lora,
+    load_policy_model,
+    merge_for_serving,
+    merge_layer,
+    merged_state_dict,
+    update_lost,
+)
 
 LORA = [  # scale = alpha / rank = 2
     "model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.0",
@@ -112,3 +121,24 @@ def test_merge_for_serving_reports_the_rounding(model_path, dtype, scale, expect
     assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == w0.dtype
     assert torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], expected)
     assert merge_for_serving(AutoModelForCausalLM.from_pretrained(model_path))[1] is None  # no LoRA, no merge
+
+
+def test_the_merged_sketch_is_the_merges_without_merging_and_keeps_the_frozen_bases(lora_model):
+    with torch.no_grad():
+        for name, p in lora_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    sketcher = MergedSketch()
+    merged = merge_for_serving(lora_model)[0]
+    got = sketcher(lora_model)
+    assert list(got) == list(merged)  # the served names, in the merge's order
+    assert max(sketch_error(got[n], sketch(n, w)) for n, w in merged.items()) < 1e-6  # fp32 summation order only
+    down = lora_model.get_base_model().model.layers[1].mlp.down_proj
+    kept = got["model.layers.1.mlp.down_proj.weight"]
+    with torch.no_grad():
+        down.lora_B["default"].weight.mul_(2)  # an adapter step: only the low-rank term moves
+        down.base_layer.weight.add_(1.0)  # a write to the base: its kept sketch must not be reused
+    again = sketcher(lora_model)["model.layers.1.mlp.down_proj.weight"]
+    expected = sketch("model.layers.1.mlp.down_proj.weight", merge_for_serving(lora_model)[0][
+        "model.layers.1.mlp.down_proj.weight"])
+    assert sketch_error(again, expected) < 1e-6 and sketch_error(kept, expected) > 1e-2

@@ -14,7 +14,8 @@ from jobs.system import build_system
 from learners.weights import merge_layer
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from rollout.lora import BaseWeights, merge_into
+from rollout.lora import BaseWeights, merge_into, stack_of
+from rollout.vllm_repack import _adjacent
 
 ROLES = ["generator", "aggregator"]
 LORA = ("model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16")
@@ -98,3 +99,24 @@ def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
     out = torch.empty(192, 576)
     assert merge_into(out, w0, b, a, scale) is out
     assert torch.equal(out, merge_layer(w0, (b @ a) * scale, torch.float32)[0])
+
+
+def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_one_view(tmp_path):
+    """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one tensor, in
+    stacking order: the in-place load takes them as one view (rollout.vllm_repack._adjacent), nothing concatenated."""
+    system = _system(tmp_path)
+    try:
+        learner = system.learners["generator"].group._members[0]
+        _move_adapter(learner, 4)
+        stacks = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+        base = BaseWeights(learner.model_path, torch.float32, stacks)
+        merged = base.merged_layers(learner.get_lora_delta(), changed_only=True)
+        names = stack_of("model.layers.1.self_attn.k_proj.weight", stacks)
+        assert names == [f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkv"]
+        view = _adjacent([merged[n] for n in names])
+        assert view is not None and view.data_ptr() == merged[names[0]].data_ptr()
+        assert torch.equal(view, torch.cat([merged[n] for n in names]))
+        assert _adjacent([merged[n] for n in reversed(names)]) is None  # not in stacking order: concatenated
+        assert stack_of("model.layers.1.mlp.down_proj.weight", stacks) == ["model.layers.1.mlp.down_proj.weight"]
+    finally:
+        system.shutdown()

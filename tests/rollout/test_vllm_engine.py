@@ -24,9 +24,11 @@ from transformers import AutoModelForCausalLM
 
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
+from cluster.packing import pack
+from cluster.sketch import sketch_mismatch
 from cluster.transport import SyncError, broadcast
 from jobs.models import resolve_model
-from learners.weights import adapter_payload, load_policy_model, merge_for_serving
+from learners.weights import MergedSketch, adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
 from rollout.vllm_engine import VLLMEngine, vllm_kernels
@@ -220,7 +222,8 @@ def test_the_fast_path_serves_what_vllms_reload_serves(engine, tiny, monkeypatch
         engine.load_weights(_state(tiny), version=2)  # back to the base, so the fast path has work to do
         monkeypatch.setattr(engine, "sync_path", "fast")
         monkeypatch.setattr(engine.llm, "collective_rpc", _no_rpc)  # the fast path must not reload through vLLM
-        engine.load_weights({k: v for k, v in other.items() if k != "lm_head.weight"}, version=3)
+        # Packed, as learners send: fused layers are views of the buffer (q, k, v back to back), nothing copied.
+        engine.load_weights(pack({k: v for k, v in other.items() if k != "lm_head.weight"}), version=3)
         assert engine.own_tensors == len(other)  # the head checked through its kernel against the embedding
         fast = engine.generate(REQUESTS, sampling)
         assert [c.response_ids for c in fast] == [c.response_ids for c in reloaded]
@@ -343,7 +346,10 @@ def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[di
     return {**adapter_payload(model, "pi"), "names": list(merged)}, merged
 
 
-def test_an_adapter_delta_reloads_only_the_changed_layers_and_checks_them(tiny, hf, monkeypatch):
+def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_back_only_them(tiny, hf, monkeypatch):
+    """The engine reports every served name's sketch (to be compared with the learner's, Learner.merged_sketch),
+    read through the kernels once and then only for what a load touched: a full-weight load that overwrites a
+    layer drops its kept sketch, so the next delta's check reads it again and catches what it serves."""
     engine = VLLMEngine(tiny, policy_id="pi", kv_cache_gb=KV_GB)
     lora = SimpleNamespace(enabled=True, rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
     model = load_policy_model(tiny, "float32", lora)
@@ -354,26 +360,34 @@ def test_an_adapter_delta_reloads_only_the_changed_layers_and_checks_them(tiny, 
     for name in ("inplace", "layerwise"):
         logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}").addHandler(catch)
     reload = engine._reload
-    monkeypatch.setattr(engine, "_reload", lambda weights: (reloaded.append(sorted(weights)), reload(weights)))
+    monkeypatch.setattr(engine, "_reload", lambda weights, check=True: (reloaded.append(sorted(weights)),
+                                                                        reload(weights, check)))
+
+    def off(report) -> str | None:  # the sync's check (jobs.weight_sync.served_as_merged)
+        return sketch_mismatch(report["sketch"], MergedSketch()(model), report["sketch_rtol"])
 
     payload, merged = _lora_payload(model, 0)
     report = engine.load_lora_delta(payload, 1)
     layers = sorted(n for n in merged if n.endswith("_proj.weight"))
     assert reloaded == [layers]  # the merged layers only: embeddings and norms stay as vLLM loaded them
-    # The fingerprint covers every served name (the engine's merge, bit for bit the learner's); the sketch
-    # check, the modules loaded.
-    assert report["fingerprint"] == fingerprint(merged) and engine.own_tensors == len(layers)
+    assert off(report) is None and engine.own_tensors == len(merged)  # first sync: every served name read
     reference = HFEngine(tiny, policy_id="pi")
     reference.load_weights(merged, 1)
     served = engine.generate(REQUESTS, GREEDY)
     assert [c.response_ids for c in served] == [c.response_ids for c in reference.generate(REQUESTS, GREEDY)]
 
     payload, merged = _lora_payload(model, 1, only="layers.0.self_attn.q_proj")
-    assert engine.load_lora_delta(payload, 2)["fingerprint"] == fingerprint(merged)
-    # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts.
-    assert reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"]
-    assert engine.load_lora_delta(payload, 3)["fingerprint"] == fingerprint(merged) and len(reloaded) == 2
+    assert off(engine.load_lora_delta(payload, 2)) is None
+    # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts; those
+    # three are read again, and the LM head (rebuilt with any embedding change: always read again).
+    assert reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"] and engine.own_tensors == 4
+    assert off(engine.load_lora_delta(payload, 3)) is None and len(reloaded) == 2 and engine.own_tensors == 0
     assert not warned, [r.getMessage()[:200] for r in warned]  # muted: the console stays the run's own
+
+    down = "model.layers.1.mlp.down_proj.weight"
+    engine.load_weights({down: torch.zeros_like(merged[down])}, version=4)  # served as sent: its own check passes
+    stale = off(engine.load_lora_delta(payload, 5))  # the adapter did not move: nothing merged or loaded
+    assert engine.own_tensors == 2 and stale is not None and stale.startswith("1 of ") and down in stale
 
 
 def test_cpu_bind_spreads_engines_over_cores():

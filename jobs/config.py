@@ -2,33 +2,30 @@
 
 `load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
 OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
-returns a read-only config. Each component receives only its own section. Choices that name a registry
-(advantage estimators, loss aggregations, KL estimators, backends, GRPO group fields) are read from it, so
-registering a variant there is the only edit it needs.
+returns a read-only config. Each component receives only its own section. Choices are str Enums on the
+schema's fields (defined beside the registries they name: advantage estimators, loss aggregations, KL
+estimators, backends), bounds sit in the fields' metadata (jobs/field_rules.py); GRPO group fields are read from
+their registry.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection
 from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.colocation import colocate_problem
+from jobs.field_rules import check_fields, choice_problem
 from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
 from jobs.schema import TrainConfig
-from learners.advantages import ADVANTAGE_ESTIMATORS, GROUP_FIELDS, GROUP_PRESETS
-from learners.backends import BACKENDS
-from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
-from marl.workflows import PROMPT_SETS, get_workflow, roles_of
-from rollout.clients import ROLLOUT_MODES
-from rollout.engine import ENGINE_BACKENDS
+from marl.workflows import get_workflow, roles_of
 
 
 class ConfigError(ValueError):
@@ -76,61 +73,23 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None)
     if key in _REPLACED:
         return f"{key} was removed; use {_REPLACED[key]}"
+    choice = _choice_message(e)
+    if choice:
+        return choice
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"{key}: {first}" if key else first
+
+
+def _choice_message(e: OmegaConfBaseException) -> str | None:
+    """An Enum field's refusal of a value, worded as every choice check is (`<key> must be one of ...`)."""
+    key = getattr(e, "full_key", None)
+    return choice_problem(key, getattr(e, "value", None)) if key else None
 
 
 def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-_CHOICES: dict[str, Collection[str]] = {
-    "data.task": ("math", "digit", "code"),
-    "data.answer_fallback": ("none", "last_number"),
-    "marl.sharing": ("shared", "isolated", "custom"),
-    "marl.prompts": PROMPT_SETS,
-    "rollout.backend": ENGINE_BACKENDS,
-    "algo.advantage": ADVANTAGE_ESTIMATORS,
-    "algo.loss_agg": LOSS_AGGREGATIONS,
-    "algo.kl_estimator": KL_ESTIMATORS,
-    "learner.backend": BACKENDS,
-    "learner.optim.schedule": ("cosine", "constant"),
-    "learner.optim.schedule_unit": ("step", "optimizer_step", "update_call"),
-    "learner.concurrent_updates": ("auto", "true", "false"),
-    "learner.gradient_checkpointing": ("auto", "true", "false"),
-    "algo.old_logprobs": ("recompute", "rollout"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "cliff.action": ("warn", "stop", "rollback"),
-    "ray.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "rollout.engine_scope": ("role", "policy"),
-    "rollout.lora_serving": ("single", "multi"),
-    "rollout.vllm_sync_path": ("fast", "reload"),
-    "sync.transport": ("object_store", "nccl"),
-    "tracking.progress": ("auto", "bar", "line"),
-    "tracking.wandb.mode": ("online", "offline"),
-    "rollout.mode": ROLLOUT_MODES,
-}
-_POSITIVE = (
-    "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
-    "rollout.stall_timeout_s", "rollout.start_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
-    "learner.optim.lr", "learner.update_timeout_s", "sync_timeout_s",
-    "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
-    "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
-    "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
-    "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
-    "ray.connect_timeout_s",
-)
-_NON_NEGATIVE = (
-    "eval_every", "data.eval_size", "rollout.engines_per_role", "learner.ranks", "algo.kl_coef",
-    "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
-    "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
-    "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
-    "rollout.max_prompt_tokens", "learner.rank_num_gpus", "rollout.torch_threads", "learner.torch_threads",
-    "algo.ppo_mini_batch_size",
-    "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch",
-    "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
-    "ray.gpu_memory_gb",
-)
 _GROUP_FIELDS, _GROUP_PRESETS = tuple(GROUP_FIELDS), tuple(GROUP_PRESETS)
 # Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
 # model.chat_template_kwargs holds template variables only (enable_thinking, ...).
@@ -144,17 +103,9 @@ _CHAT_TEMPLATE_ARGS = (
 def validate(cfg: Any) -> None:
     """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
     _check_workflow(cfg)
-    for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        # A `true`/`false` override of a string key arrives as "True"/"False" (OmegaConf parses it as a bool).
-        if value not in allowed and not (isinstance(value, str) and value.lower() in allowed):
-            raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}; got {value!r}")
-    for key in _POSITIVE:
-        if not OmegaConf.select(cfg, key) > 0:
-            raise ConfigError(f"config: {key} must be > 0; got {OmegaConf.select(cfg, key)!r}")
-    for key in _NON_NEGATIVE:
-        if OmegaConf.select(cfg, key) < 0:
-            raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
+    problem = check_fields(cfg)  # the choices and bounds the schema's fields carry
+    if problem:
+        raise ConfigError(f"config: {problem}")
     _check_ranges(cfg)
     _check_lengths(cfg)
     _check_task_sources(cfg)
@@ -208,7 +159,9 @@ def _check_policies(cfg: Any) -> None:
         try:
             validate(policy_config(cfg, pid))
         except OmegaConfBaseException as e:
-            raise ConfigError(f"config: marl.policies.{pid}.{_omegaconf_message(e)}") from None
+            choice = _choice_message(e)  # worded as the policy's own validate() would
+            raise ConfigError(f"config: marl.policies.{pid}" + (f": {choice}" if choice else
+                                                                f".{_omegaconf_message(e)}")) from None
         except ConfigError as e:
             raise ConfigError(f"config: marl.policies.{pid}: {str(e).removeprefix('config: ')}") from None
 

@@ -15,6 +15,7 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,8 @@ def matrix_configs(path: Path = MATRIX) -> dict[Cell, Any]:
 def resolved(cfg: Any, key: str) -> Any:
     """A key's value as plain data; None when the schema has no such key."""
     value = OmegaConf.select(cfg, key, default=None)
+    if isinstance(value, Enum):  # a choice: its string, as the YAML holds it
+        return value.value
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf.errors import ReadonlyConfigError
 
-from jobs.config import ConfigError, load_config
+from jobs.config import ConfigError, load_config, to_yaml
 from jobs.train import main
 
 TINY = "jobs/configs/tiny.yaml"
@@ -78,18 +78,29 @@ def test_a_removed_key_names_its_replacement():
         load_config(TINY, ["rollout.call_timeout_s=300"])
 
 
-def test_choices_are_read_from_the_registries(monkeypatch):
-    """A variant registered in its registry is a valid choice with no edit to the config code."""
-    from learners.advantages import ADVANTAGE_ESTIMATORS
-    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+def test_choices_are_the_enums_beside_their_registries():
+    """A registry's names are the values of the Enum beside it, the schema's type for its key (a variant is
+    registered in both); a bad value names the key and the choices, a good one reads back as its string."""
+    from cluster.placement import STRATEGIES
+    from jobs.schema import PlacementStrategy
+    from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
+    from learners.backends import BACKENDS, LearnerBackendName
+    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
+    from marl.workflows import PROMPT_SETS, PromptSet
+    from rollout.clients import ROLLOUT_MODES, RolloutModeName
+    from rollout.engine import ENGINE_BACKENDS, EngineBackendName
 
+    for enum, registry in ((AdvantageEstimator, ADVANTAGE_ESTIMATORS), (LossAggregation, LOSS_AGGREGATIONS),
+                           (KlEstimator, KL_ESTIMATORS), (LearnerBackendName, BACKENDS),
+                           (EngineBackendName, ENGINE_BACKENDS), (RolloutModeName, ROLLOUT_MODES),
+                           (PromptSet, PROMPT_SETS), (PlacementStrategy, STRATEGIES)):
+        assert [m.value for m in enum] == list(registry), enum
     with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):
         load_config(TINY, ["algo.advantage=mean"])
-    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "mean", ADVANTAGE_ESTIMATORS["rloo"])
-    monkeypatch.setitem(LOSS_AGGREGATIONS, "seq_sum", LOSS_AGGREGATIONS["token_mean"])
-    monkeypatch.setitem(KL_ESTIMATORS, "k0", KL_ESTIMATORS["k1"])
-    cfg = load_config(TINY, ["algo.advantage=mean", "algo.loss_agg=seq_sum", "algo.kl_estimator=k0"])
-    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("mean", "seq_sum", "k0")
+    cfg = load_config(TINY, ["algo.advantage=rloo", "algo.loss_agg=seq_mean_token_mean", "algo.kl_estimator=k1"])
+    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("rloo", "seq_mean_token_mean", "k1")
+    assert isinstance(cfg.algo.advantage, AdvantageEstimator) and f"{cfg.algo.advantage}" == "rloo"
+    assert "advantage: rloo\n" in to_yaml(cfg)  # the run's config.yaml keeps the plain string
 
 
 def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():

@@ -13,14 +13,18 @@ from omegaconf import MISSING
 from learners.advantages import AdvantageEstimator
 from learners.backends import LearnerBackendName
 from learners.losses import KlEstimator, LossAggregation
+from learners.schedule import Schedule, ScheduleUnit
+from learners.sections import Dtype, OldLogprobs
 from marl.workflows import PromptSet
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
+from rollout.sections import VllmSyncPath
 
 # Bounds and choices live on the fields they constrain: jobs.config checks every field that carries one (a bad
-# value is an error naming its key) and the config reference lists them. Choices naming a registry are str Enums
-# defined beside it (learners, rollout, marl); the ones below name no registry. OmegaConf checks an Enum field's
-# value at load; YAML and overrides keep the plain strings, and a member compares equal to its string.
+# value is an error naming its key) and the config reference lists them. Choices are str Enums, defined beside
+# the registry they name or the layer that reads them (learners, rollout, marl); the ones below are the driver's.
+# OmegaConf checks an Enum field's value at load; YAML and overrides keep the plain strings, and a member compares
+# equal to its string.
 T = TypeVar("T")
 
 
@@ -57,12 +61,6 @@ class Sharing(StrEnum):
     custom = "custom"
 
 
-class Dtype(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
 class EngineScope(StrEnum):
     role = "role"
     policy = "policy"
@@ -71,27 +69,6 @@ class EngineScope(StrEnum):
 class LoraServing(StrEnum):
     single = "single"
     multi = "multi"
-
-
-class VllmSyncPath(StrEnum):
-    fast = "fast"
-    reload = "reload"
-
-
-class OldLogprobs(StrEnum):
-    recompute = "recompute"
-    rollout = "rollout"
-
-
-class Schedule(StrEnum):
-    cosine = "cosine"
-    constant = "constant"
-
-
-class ScheduleUnit(StrEnum):
-    step = "step"
-    optimizer_step = "optimizer_step"
-    update_call = "update_call"
 
 
 class CliffAction(StrEnum):

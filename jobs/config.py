@@ -21,7 +21,7 @@ from jobs.field_rules import check_fields, choice_problem
 from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
-from jobs.schema import TrainConfig
+from jobs.schema import TrainConfig, as_node
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
@@ -54,7 +54,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
     return cast(TrainConfig, cfg)  # a DictConfig typed by the schema
 
 
-def _resolve_plan(cfg: Any, check: bool) -> None:
+def _resolve_plan(cfg: TrainConfig, check: bool) -> None:
     """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan.py)."""
     try:
         resolve_plan(cfg, check)
@@ -86,7 +86,7 @@ def _choice_message(e: OmegaConfBaseException) -> str | None:
     return choice_problem(key, getattr(e, "value", None)) if key else None
 
 
-def to_yaml(cfg: Any) -> str:
+def to_yaml(cfg: TrainConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
@@ -100,7 +100,7 @@ _CHAT_TEMPLATE_ARGS = (
 )
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: TrainConfig) -> None:
     """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
     _check_workflow(cfg)
     problem = check_fields(cfg)  # the choices and bounds the schema's fields carry
@@ -122,13 +122,13 @@ def validate(cfg: Any) -> None:
     _check_lora_colocate(cfg)
 
 
-def _check_lora_colocate(cfg: Any) -> None:
+def _check_lora_colocate(cfg: TrainConfig) -> None:
     problem = colocate_problem(cfg)
     if problem:
         raise ConfigError(f"config: {problem}")
 
 
-def _check_dtype(cfg: Any) -> None:
+def _check_dtype(cfg: TrainConfig) -> None:
     """model.dtype where the run computes, for the policies that take the top level's settings (a policy with
     settings of its own was checked with them by _check_policies, its errors naming marl.policies.<policy>)."""
     if all(pid in cfg.marl.policies for pid in policy_map_of(cfg).policies):
@@ -138,7 +138,7 @@ def _check_dtype(cfg: Any) -> None:
         raise ConfigError(f"config: {problem}")
 
 
-def _check_policies(cfg: Any) -> None:
+def _check_policies(cfg: TrainConfig) -> None:
     """marl.policies: only policies of the resolved map, only per-policy keys, and each policy's whole config
     (the top level with its overrides) valid; errors name `marl.policies.<policy>[.<key>]`."""
     try:
@@ -166,7 +166,7 @@ def _check_policies(cfg: Any) -> None:
             raise ConfigError(f"config: marl.policies.{pid}: {str(e).removeprefix('config: ')}") from None
 
 
-def _check_workflow(cfg: Any) -> None:
+def _check_workflow(cfg: TrainConfig) -> None:
     """A built-in name, or the user's module (imported and checked against the Workflow protocol now)."""
     try:
         get_workflow(cfg.marl.workflow)
@@ -174,7 +174,7 @@ def _check_workflow(cfg: Any) -> None:
         raise ConfigError(f"config: {e}") from None
 
 
-def _check_reward_shaping(cfg: Any) -> None:
+def _check_reward_shaping(cfg: TrainConfig) -> None:
     """Each hook is imported now, so a typo fails here and not at the first rollout."""
     try:
         load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
@@ -182,15 +182,15 @@ def _check_reward_shaping(cfg: Any) -> None:
         raise ConfigError(f"config: marl.reward_shaping.{e}") from None
 
 
-def _check_tracking(cfg: Any) -> None:
+def _check_tracking(cfg: TrainConfig) -> None:
     """Optional tracking packages are imported only when enabled; a missing one fails here, naming the key."""
     for key, module in (("tracking.mlflow.enabled", "mlflow"), ("tracking.wandb.enabled", "wandb")):
-        if OmegaConf.select(cfg, key) and importlib.util.find_spec(module) is None:
+        if OmegaConf.select(as_node(cfg), key) and importlib.util.find_spec(module) is None:
             raise ConfigError(f"config: {key}=true needs the `{module}` package, which is not installed "
                               "(pip install -e '.[tracking]')")
 
 
-def _check_learner_options(cfg: Any) -> None:
+def _check_learner_options(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, coef in cfg.algo.kl_anchor_roles.items():
         if role not in roles:
@@ -219,7 +219,7 @@ def _check_learner_options(cfg: Any) -> None:
         raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
 
 
-def _check_verl_update_details(cfg: Any) -> None:
+def _check_verl_update_details(cfg: TrainConfig) -> None:
     """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the log-ratio clamp
     is a magnitude."""
     c = cfg.algo.dual_clip_c
@@ -229,19 +229,19 @@ def _check_verl_update_details(cfg: Any) -> None:
         raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
 
 
-def _check_data_fidelity(cfg: Any) -> None:
+def _check_data_fidelity(cfg: TrainConfig) -> None:
     """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive; the whole eval split
     exists only for a listing source."""
     if cfg.data.eval_full and is_generated(cfg.data.eval):
         raise ConfigError(f"config: data.eval_full evaluates every row of a listing source; data.eval="
                           f"{cfg.data.eval} generates tasks: set data.eval_full=false")
     for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
-        if OmegaConf.select(cfg, key) < 0:
+        if OmegaConf.select(as_node(cfg), key) < 0:
             raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
-                              f"got {OmegaConf.select(cfg, key)!r}")
+                              f"got {OmegaConf.select(as_node(cfg), key)!r}")
 
 
-def _check_checkpoint(cfg: Any) -> None:
+def _check_checkpoint(cfg: TrainConfig) -> None:
     ckpt = cfg.checkpoint
     if ckpt.keep_last < 1:
         raise ConfigError(f"config: checkpoint.keep_last must be >= 1; got {ckpt.keep_last}")
@@ -256,7 +256,7 @@ def _check_checkpoint(cfg: Any) -> None:
                           f"eval_every={cfg.eval_every}, checkpoint.keep_best={ckpt.keep_best}")
 
 
-def _check_serving(cfg: Any) -> None:
+def _check_serving(cfg: TrainConfig) -> None:
     for key in cfg.model.chat_template_kwargs:
         if key in _CHAT_TEMPLATE_ARGS:
             raise ConfigError(f"config: model.chat_template_kwargs.{key} is an argument the engines set "
@@ -272,7 +272,7 @@ def _check_serving(cfg: Any) -> None:
             raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")
 
 
-def _check_task_sources(cfg: Any) -> None:
+def _check_task_sources(cfg: TrainConfig) -> None:
     """Code sources need data.task=code, and the code task reads only code sources (or files of code rows);
     a generated train source needs a size; data.max_overlap is a fraction."""
     specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
@@ -291,7 +291,7 @@ def _check_task_sources(cfg: Any) -> None:
                           f"got {cfg.data.max_overlap}")
 
 
-def _check_ranges(cfg: Any) -> None:
+def _check_ranges(cfg: TrainConfig) -> None:
     s = cfg.rollout.sampling
     if not 0.0 < s.top_p <= 1.0:
         raise ConfigError(f"config: rollout.sampling.top_p must be in (0, 1]; got {s.top_p}")
@@ -324,7 +324,7 @@ def max_response_tokens(rollout: Any) -> int:
     return max([int(rollout.sampling.max_new_tokens), *map(int, rollout.role_max_new_tokens.values())])
 
 
-def _check_role_caps(cfg: Any) -> None:
+def _check_role_caps(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, cap in cfg.rollout.role_max_new_tokens.items():
         if role not in roles:
@@ -335,7 +335,7 @@ def _check_role_caps(cfg: Any) -> None:
                               f"{cfg.algo.max_len}]; got {cap!r}")
 
 
-def _check_lengths(cfg: Any) -> None:
+def _check_lengths(cfg: TrainConfig) -> None:
     if not 0 <= cfg.algo.max_role_drop_frac <= 1:
         raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
     budget = cfg.learner.max_tokens_per_micro_batch

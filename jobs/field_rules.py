@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from jobs.schema import TrainConfig
+from jobs.schema import TrainConfig, as_node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +82,10 @@ def choice_problem(key: str, value: Any) -> str | None:
     return rule.problem(value) if rule is not None and rule.choices else None
 
 
-def check_fields(cfg: Any) -> str | None:
+def check_fields(cfg: TrainConfig) -> str | None:
     """The first field rule `cfg` breaks (its message naming the key), or None."""
     for rule in schema_rules().values():
-        problem = rule.problem(OmegaConf.select(cfg, rule.key))
+        problem = rule.problem(OmegaConf.select(as_node(cfg), rule.key))
         if problem:
             return problem
     return None

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from learners.advantages import AdvantageEstimator
 from learners.backends import LearnerBackendName
@@ -26,6 +26,11 @@ from rollout.sections import VllmSyncPath
 # OmegaConf checks an Enum field's value at load; YAML and overrides keep the plain strings, and a member compares
 # equal to its string.
 T = TypeVar("T")
+
+
+def as_node(cfg: TrainConfig) -> DictConfig:
+    """The loaded config as what it is at run time, a DictConfig shaped by the schema, for OmegaConf's own API."""
+    return cast(DictConfig, cfg)
 
 
 def positive(default: T) -> T:

@@ -11,7 +11,7 @@ their registry.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, cast
+from typing import cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -21,7 +21,7 @@ from jobs.field_rules import check_fields, choice_problem
 from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
-from jobs.schema import TrainConfig, as_node
+from jobs.schema import RolloutConfig, TrainConfig, as_node
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
@@ -319,7 +319,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
         raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")
 
 
-def max_response_tokens(rollout: Any) -> int:
+def max_response_tokens(rollout: RolloutConfig) -> int:
     """The longest response any role may write: sampling.max_new_tokens or a larger per-role cap."""
     return max([int(rollout.sampling.max_new_tokens), *map(int, rollout.role_max_new_tokens.values())])
 

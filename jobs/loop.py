@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from cluster.group import GroupError
 from jobs import checkpoint as ckpt
@@ -29,6 +29,7 @@ from jobs.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.seeds import derive_seed
+from marl.tasks import TaskFamily
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
 from rollout.engine import Sampling
@@ -55,7 +56,7 @@ class StepCallback(Protocol):
 @dataclass
 class Inputs:
     model_paths: dict[str, str]  # policy -> its model folder (marl.policies may give a policy its own model)
-    family: Any
+    family: TaskFamily
     sampler: PromptSampler
     eval_tasks: list[Task]
     policy_map: PolicyMap

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -29,6 +28,7 @@ from jobs.rollout_estimate import (
 )
 from jobs.schema import TrainConfig, as_node
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share and packing move.
@@ -120,7 +120,7 @@ def make_plan(cfg: TrainConfig, memory: float | None = None, checkpointing: dict
     return Plan(memory, members, pack(members), ckpt, either_way, times_)
 
 
-def _colocated_members(cfg: TrainConfig, configs: dict[str, TrainConfig], policy_map: Any, ckpt: dict[str, bool],
+def _colocated_members(cfg: TrainConfig, configs: dict[str, TrainConfig], policy_map: PolicyMap, ckpt: dict[str, bool],
                        either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
     """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
     first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
@@ -135,12 +135,12 @@ def _colocated_members(cfg: TrainConfig, configs: dict[str, TrainConfig], policy
             for r in range(max(cfg.learner.ranks, 1))]
 
 
-def _checkpointing(pc: Any) -> bool:
+def _checkpointing(pc: TrainConfig) -> bool:
     """A policy's configured value: true/false, or auto (resolved by `resolve_plan`; off until then)."""
     return str(pc.learner.gradient_checkpointing).lower() == "true"
 
 
-def learner_setup(pc: Any, roles: int, checkpointing: bool) -> LearnerSetup:
+def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
@@ -235,7 +235,7 @@ def _step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list
     return out
 
 
-def update_seconds(shape: ModelShape, pc: Any, tokens: float) -> float:
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float) -> float:
     """One step's update of `tokens` trained tokens on the policy's ranks: forward + backward FLOPs (4× the forward
     for LoRA's frozen base, 6× for full fine-tuning; one more forward with checkpointing, one for the recomputed
     old log-probs) at the measured rate of its kind."""

@@ -10,7 +10,7 @@ learner group, its engine groups, their placement bundles) is built from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -53,7 +53,7 @@ def override_keys(cfg: TrainConfig, policy_id: str) -> list[str]:
     return _leaves(OmegaConf.to_container(over)) if over is not None else []
 
 
-def _leaves(tree: Any, prefix: str = "") -> list[str]:
+def _leaves(tree: object, prefix: str = "") -> list[str]:
     if not isinstance(tree, Mapping) or not tree:
         return [prefix.rstrip(".")]
     return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}{k}.")]

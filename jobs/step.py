@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from jobs.schema import TrainConfig
+from jobs.schema import RolloutConfig, TrainConfig
 from jobs.system import System
 from jobs.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
@@ -69,7 +68,7 @@ class StepRollout:
     engine_metrics: dict[str, float] = field(default_factory=dict)  # rollout.rollout_stats: busy share, latency
 
 
-def role_caps(rollout: Any) -> tuple[tuple[str, int], ...]:
+def role_caps(rollout: RolloutConfig) -> tuple[tuple[str, int], ...]:
     """rollout.role_max_new_tokens as Sampling.role_caps (sorted: the same value in every run of one config)."""
     return tuple(sorted((str(role), int(cap)) for role, cap in rollout.role_max_new_tokens.items()))
 

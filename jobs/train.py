@@ -16,7 +16,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -31,7 +31,7 @@ from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested,
 from jobs.policies import model_paths, policy_map_of
 from jobs.provenance import code_version, config_header
 from jobs.run_data import load_run_data
-from jobs.schema import TrainConfig
+from jobs.schema import TrainConfig, as_node
 from jobs.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
@@ -53,7 +53,7 @@ def _prepare(cfg: TrainConfig) -> Inputs:
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
     family = get_family(cfg.data.task, cfg.data.answer_fallback,
-                        cast(dict[str, Any], OmegaConf.to_container(cfg.data.sandbox)))
+                        cast(dict[str, object], OmegaConf.to_container(as_node(cfg).data.sandbox)))
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
                   {pid: pads[path] for pid, path in paths.items()}, data.metrics, data.full_eval)

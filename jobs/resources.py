@@ -44,7 +44,8 @@ def run_demands(cfg: TrainConfig, policy_map: PolicyMap) -> list[Demand]:
 def build_placement(cfg: TrainConfig, policy_map: PolicyMap) -> RunPlacement | None:
     """The run's placement group (or the enclosing Tune trial's), ready before any member starts."""
     try:
-        return place(run_demands(cfg, policy_map), cfg.ray.placement_strategy, cfg.ray.placement_timeout_s,
+        # str(): Ray gets the plain strategy name, not the config's Enum member
+        return place(run_demands(cfg, policy_map), str(cfg.ray.placement_strategy), cfg.ray.placement_timeout_s,
                      name=f"{cfg.run_name}:placement")
     except PlacementError as e:
         raise PlacementError(f"{e}\n  (set by {', '.join(RESOURCE_KEYS)})") from None

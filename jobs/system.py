@@ -134,7 +134,7 @@ def _engine_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dic
             lora_rank = max(c.model.lora.rank for c in configs.values())
         else:
             pc, path, lora_rank = configs[spec.policy], paths[spec.policy], configs[spec.policy].model.lora.rank
-        group = EngineGroup(spec, path, pc.rollout, pc.model.dtype, first_slot=slot, placement=bundles(spec.name),
+        group = EngineGroup(spec, path, pc.rollout, str(pc.model.dtype), first_slot=slot, placement=bundles(spec.name),
                             lora_rank=lora_rank, weight_channel=cfg.sync.transport == "nccl", resync=resync,
                             chat_template_kwargs=_plain(pc.model.chat_template_kwargs))
         slot += max(pc.rollout.engines_per_role, 1)

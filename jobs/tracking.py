@@ -48,7 +48,7 @@ class RunLog:
             sinks.append(MlflowSink(t.mlflow.uri, t.mlflow.experiment, t.mlflow.run_name or cfg.run_name,
                                     flat_config(cfg)))
         if t.wandb.enabled:
-            sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, t.wandb.mode, run_dir,
+            sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, str(t.wandb.mode), run_dir,
                                    flat_config(cfg)))
         return cls(run_dir, t.tensorboard, tuple(sinks), StepDisplay(cfg.steps, roles, t.progress), first_row)
 

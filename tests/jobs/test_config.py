@@ -162,3 +162,22 @@ def test_verl_update_details_load():
     assert (cfg.algo.dual_clip_c, cfg.algo.log_ratio_clamp, cfg.algo.minibatch_shuffle) == (3.0, 20.0, False)
     assert (cfg.learner.optim.warmup_start_zero, cfg.learner.optim.cosine_clamp) == (True, False)
     assert cfg.learner.optim.schedule_unit == "update_call"
+
+
+def test_every_bound_a_schema_field_carries_is_checked():
+    """A bound in a field's metadata needs no table: the defaults pass, and each bounded key just past its bound
+    fails naming the key."""
+    from omegaconf import OmegaConf
+
+    from jobs.field_rules import check_fields, schema_rules
+    from jobs.schema import TrainConfig
+
+    base = OmegaConf.structured(TrainConfig)
+    assert check_fields(base) is None
+    bounded = [r for r in schema_rules().values() if r.above is not None or r.min is not None]
+    assert {"steps", "learner.optim.lr", "algo.clip_low", "ray.gpu_memory_gb"} <= {r.key for r in bounded}
+    for rule in bounded:
+        edge = rule.above if rule.above is not None else (rule.min or 0) - 1
+        cfg = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{rule.key}={edge}"]))
+        sign = ">" if rule.above is not None else ">="
+        assert check_fields(cfg) == f"{rule.key} must be {sign} 0; got {OmegaConf.select(cfg, rule.key)!r}"

@@ -58,7 +58,7 @@ TABLE: tuple[MetricSpec, ...] = (
 
 def dashboard_sink(cfg: TrainConfig) -> RayMetricsSink:
     """The Ray metrics step callback for one run (tags from the config)."""
-    tags = {"run": cfg.run_name, "workflow": cfg.marl.workflow, "sharing": cfg.marl.sharing}
+    tags = {"run": cfg.run_name, "workflow": cfg.marl.workflow, "sharing": str(cfg.marl.sharing)}
     return RayMetricsSink(TABLE, tags, step_metric=STEP_METRIC)
 
 

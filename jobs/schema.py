@@ -15,6 +15,10 @@ from learners.backends import LearnerBackendName
 from learners.losses import KlEstimator, LossAggregation
 from learners.schedule import Schedule, ScheduleUnit
 from learners.sections import Dtype, OldLogprobs
+from marl.engine_map import EngineScope, LoraServing
+from marl.policy_map import Sharing
+from marl.tasks import TaskName
+from marl.tasks.math import AnswerFallback
 from marl.workflows import PromptSet
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
@@ -47,33 +51,6 @@ def one_of(default: str, choices: Collection[str]) -> str:
     """A str field limited to `choices` that is not an Enum: its YAML `true`/`false` arrive as booleans, which an
     Enum field refuses and a str field takes as "True"/"False"."""
     return field(default=default, metadata={"choices": tuple(choices)})
-
-
-class TaskName(StrEnum):
-    math = "math"
-    digit = "digit"
-    code = "code"
-
-
-class AnswerFallback(StrEnum):
-    none = "none"
-    last_number = "last_number"
-
-
-class Sharing(StrEnum):
-    shared = "shared"
-    isolated = "isolated"
-    custom = "custom"
-
-
-class EngineScope(StrEnum):
-    role = "role"
-    policy = "policy"
-
-
-class LoraServing(StrEnum):
-    single = "single"
-    multi = "multi"
 
 
 class CliffAction(StrEnum):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from jobs.config import load_config
+from jobs.schema import TrainConfig
 from learners.batch import TrainBatch
 from learners.ppo_plan import num_mini_batches
 from learners.schedule import lr_factor, schedule_position
@@ -41,7 +42,7 @@ def config(unit: str, args: argparse.Namespace) -> Any:
         "learner.role_grad_diagnostics=false", "model.dtype=float32", "model.lora.enabled=false"])
 
 
-def expected_lrs(cfg: Any) -> dict[str, list[float]]:
+def expected_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
     """policy -> the lr it logs at each training step: the mean of its update call's optimizer steps' lrs."""
     opt, policies = cfg.learner.optim, PolicyMap.isolated(roles_of(cfg.marl.workflow)).policies
     out: dict[str, list[float]] = {}
@@ -71,7 +72,7 @@ def rows_of(pid: str, vocab: int) -> TrainBatch:
                       rewards=torch.zeros(n), roles=[pid] * n, agents=[f"{pid}{i // EPISODES}" for i in range(n)])
 
 
-def logged_lrs(cfg: Any) -> dict[str, list[float]]:
+def logged_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
     """The `lr/<policy>` each real learner logs, driven as the run's step drives them (one call per step)."""
     from jobs.models import resolve_model
     from learners.group import LearnerGroup

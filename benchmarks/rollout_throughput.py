@@ -35,6 +35,7 @@ from typing import Any  # noqa: E402
 
 from jobs.config import load_config
 from jobs.models import resolve_model
+from jobs.schema import TrainConfig
 from jobs.weight_sync import served_as_merged
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
@@ -134,7 +135,7 @@ def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
     return out
 
 
-def _delta_sync_seconds(group: Any, path: str, cfg: Any, reps: int) -> dict:
+def _delta_sync_seconds(group: Any, path: str, cfg: TrainConfig, reps: int) -> dict:
     from cluster.group import Group
     from cluster.transport import broadcast
 

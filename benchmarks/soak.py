@@ -39,6 +39,7 @@ import ray
 
 from jobs.config import load_config
 from jobs.resources import policy_map_of, run_demands
+from jobs.schema import TrainConfig
 from jobs.train import train
 
 SOAK = ["run_name=soak", "checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.keep_best=1",
@@ -64,7 +65,7 @@ class Sample:
     workers_started: int  # worker processes the cluster started so far (one core-worker log file each)
 
 
-def expected_actors(cfg: Any) -> list[str]:
+def expected_actors(cfg: TrainConfig) -> list[str]:
     """Every member the run's placement group holds a bundle for, by name."""
     return sorted(f"{d.name}:{i}" for d in run_demands(cfg, policy_map_of(cfg)) for i in range(d.n))
 
@@ -211,7 +212,7 @@ def invariant_rows(samples: list[Sample], actors: list[str], run_name: str, keep
     ]
 
 
-def report(samples: list[Sample], cfg: Any, window: int) -> tuple[str, bool]:
+def report(samples: list[Sample], cfg: TrainConfig, window: int) -> tuple[str, bool]:
     keep = cfg.checkpoint.keep_last + cfg.checkpoint.keep_best
     rows = growth_rows(samples, window) + invariant_rows(samples, expected_actors(cfg), cfg.run_name, keep)
     width = max(len(r[0]) for r in rows)

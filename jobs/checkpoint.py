@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.group import GroupError
+from jobs.schema import TrainConfig
 
 MANIFEST, DRIVER, LATEST, FORMAT = "manifest.json", "driver.json", "latest", 1
 
@@ -45,7 +46,7 @@ class Progress:
     rollbacks: int = 0
 
 
-def root_dir(cfg: Any, run_dir: Path) -> Path:
+def root_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
 
 

@@ -3,9 +3,8 @@ applies, what the policies must share, and the name of the one learner group tha
 
 from __future__ import annotations
 
-from typing import Any
-
 from jobs.policies import override_keys
+from jobs.schema import TrainConfig
 from marl.engine_map import group_name
 
 COLOCATED = "colocated"  # the shared learner group's key: `<run>:learner:colocated` (no role has this name)
@@ -16,11 +15,11 @@ SHARED_KEYS = ("model.", "learner.ranks", "learner.rank_num_cpus", "learner.rank
                "learner.rank_resources.", "learner.gradient_checkpointing", "learner.padding_free")
 
 
-def colocated(cfg: Any) -> bool:
+def colocated(cfg: TrainConfig) -> bool:
     return bool(cfg.learner.lora_colocate)
 
 
-def colocate_problem(cfg: Any) -> str | None:
+def colocate_problem(cfg: TrainConfig) -> str | None:
     """Why `learner.lora_colocate` cannot hold this config's policies on one base (None: it can, or it is off).
     Refused: full weights (no base to share), shared and custom maps (shared: one policy already holds one base;
     custom groupings are left out), DeepSpeed (its engine wraps one module and one optimizer, which adapters cannot
@@ -42,6 +41,6 @@ def colocate_problem(cfg: Any) -> str | None:
     return None
 
 
-def colocated_name(cfg: Any) -> str:
+def colocated_name(cfg: TrainConfig) -> str:
     return group_name(cfg.run_name, "learner", COLOCATED)
 

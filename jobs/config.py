@@ -2,33 +2,30 @@
 
 `load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
 OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
-returns a read-only config. Each component receives only its own section. Choices that name a registry
-(advantage estimators, loss aggregations, KL estimators, backends, GRPO group fields) are read from it, so
-registering a variant there is the only edit it needs.
+returns a read-only config. Each component receives only its own section. Choices are str Enums on the
+schema's fields (defined beside the registries they name: advantage estimators, loss aggregations, KL
+estimators, backends), bounds sit in the fields' metadata (jobs/field_rules.py); GRPO group fields are read from
+their registry.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection
-from typing import Any, cast
+from typing import cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.colocation import colocate_problem
+from jobs.field_rules import check_fields, choice_problem
 from jobs.plan import PlanError, resolve_plan
 from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.precision import dtype_problem
-from jobs.schema import TrainConfig
-from learners.advantages import ADVANTAGE_ESTIMATORS, GROUP_FIELDS, GROUP_PRESETS
-from learners.backends import BACKENDS
-from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from jobs.schema import RolloutConfig, TrainConfig, as_node
+from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
-from marl.workflows import PROMPT_SETS, get_workflow, roles_of
-from rollout.clients import ROLLOUT_MODES
-from rollout.engine import ENGINE_BACKENDS
+from marl.workflows import get_workflow, roles_of
 
 
 class ConfigError(ValueError):
@@ -57,7 +54,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
     return cast(TrainConfig, cfg)  # a DictConfig typed by the schema
 
 
-def _resolve_plan(cfg: Any, check: bool) -> None:
+def _resolve_plan(cfg: TrainConfig, check: bool) -> None:
     """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan.py)."""
     try:
         resolve_plan(cfg, check)
@@ -76,61 +73,23 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None)
     if key in _REPLACED:
         return f"{key} was removed; use {_REPLACED[key]}"
+    choice = _choice_message(e)
+    if choice:
+        return choice
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"{key}: {first}" if key else first
 
 
-def to_yaml(cfg: Any) -> str:
+def _choice_message(e: OmegaConfBaseException) -> str | None:
+    """An Enum field's refusal of a value, worded as every choice check is (`<key> must be one of ...`)."""
+    key = getattr(e, "full_key", None)
+    return choice_problem(key, getattr(e, "value", None)) if key else None
+
+
+def to_yaml(cfg: TrainConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-_CHOICES: dict[str, Collection[str]] = {
-    "data.task": ("math", "digit", "code"),
-    "data.answer_fallback": ("none", "last_number"),
-    "marl.sharing": ("shared", "isolated", "custom"),
-    "marl.prompts": PROMPT_SETS,
-    "rollout.backend": ENGINE_BACKENDS,
-    "algo.advantage": ADVANTAGE_ESTIMATORS,
-    "algo.loss_agg": LOSS_AGGREGATIONS,
-    "algo.kl_estimator": KL_ESTIMATORS,
-    "learner.backend": BACKENDS,
-    "learner.optim.schedule": ("cosine", "constant"),
-    "learner.optim.schedule_unit": ("step", "optimizer_step", "update_call"),
-    "learner.concurrent_updates": ("auto", "true", "false"),
-    "learner.gradient_checkpointing": ("auto", "true", "false"),
-    "algo.old_logprobs": ("recompute", "rollout"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "cliff.action": ("warn", "stop", "rollback"),
-    "ray.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "rollout.engine_scope": ("role", "policy"),
-    "rollout.lora_serving": ("single", "multi"),
-    "rollout.vllm_sync_path": ("fast", "reload"),
-    "sync.transport": ("object_store", "nccl"),
-    "tracking.progress": ("auto", "bar", "line"),
-    "tracking.wandb.mode": ("online", "offline"),
-    "rollout.mode": ROLLOUT_MODES,
-}
-_POSITIVE = (
-    "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.sampling.max_new_tokens",
-    "rollout.stall_timeout_s", "rollout.start_timeout_s", "rollout.max_batch_size", "learner.micro_batch_size",
-    "learner.optim.lr", "learner.update_timeout_s", "sync_timeout_s",
-    "marl.num_generators", "marl.max_rounds", "marl.max_strategies", "algo.max_len", "algo.ppo_epochs",
-    "model.lora.rank", "model.lora.alpha", "data.sandbox.timeout_s", "data.sandbox.memory_mb",
-    "data.sandbox.max_output_bytes", "data.sandbox.file_size_mb", "data.sandbox.max_processes",
-    "cliff.drop", "cliff.window", "sync.bucket_mb", "ray.placement_timeout_s",
-    "ray.connect_timeout_s",
-)
-_NON_NEGATIVE = (
-    "eval_every", "data.eval_size", "rollout.engines_per_role", "learner.ranks", "algo.kl_coef",
-    "algo.clip_low", "algo.clip_high", "learner.optim.warmup_steps", "learner.optim.grad_clip",
-    "learner.optim.weight_decay", "ray.num_cpus", "rollout.engine_num_cpus", "learner.rank_num_cpus",
-    "rollout.kv_cache_gb", "rollout.max_model_len", "algo.tis_cap", "rollout.engine_num_gpus",
-    "rollout.max_prompt_tokens", "learner.rank_num_gpus", "rollout.torch_threads", "learner.torch_threads",
-    "algo.ppo_mini_batch_size",
-    "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch",
-    "checkpoint.every", "checkpoint.keep_best", "checkpoint.max_failures", "data.train_size",
-    "ray.gpu_memory_gb",
-)
 _GROUP_FIELDS, _GROUP_PRESETS = tuple(GROUP_FIELDS), tuple(GROUP_PRESETS)
 # Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
 # model.chat_template_kwargs holds template variables only (enable_thinking, ...).
@@ -141,20 +100,12 @@ _CHAT_TEMPLATE_ARGS = (
 )
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: TrainConfig) -> None:
     """Value checks OmegaConf's types cannot express. Raises ConfigError naming the first bad key."""
     _check_workflow(cfg)
-    for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        # A `true`/`false` override of a string key arrives as "True"/"False" (OmegaConf parses it as a bool).
-        if value not in allowed and not (isinstance(value, str) and value.lower() in allowed):
-            raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}; got {value!r}")
-    for key in _POSITIVE:
-        if not OmegaConf.select(cfg, key) > 0:
-            raise ConfigError(f"config: {key} must be > 0; got {OmegaConf.select(cfg, key)!r}")
-    for key in _NON_NEGATIVE:
-        if OmegaConf.select(cfg, key) < 0:
-            raise ConfigError(f"config: {key} must be >= 0; got {OmegaConf.select(cfg, key)!r}")
+    problem = check_fields(cfg)  # the choices and bounds the schema's fields carry
+    if problem:
+        raise ConfigError(f"config: {problem}")
     _check_ranges(cfg)
     _check_lengths(cfg)
     _check_task_sources(cfg)
@@ -171,13 +122,13 @@ def validate(cfg: Any) -> None:
     _check_lora_colocate(cfg)
 
 
-def _check_lora_colocate(cfg: Any) -> None:
+def _check_lora_colocate(cfg: TrainConfig) -> None:
     problem = colocate_problem(cfg)
     if problem:
         raise ConfigError(f"config: {problem}")
 
 
-def _check_dtype(cfg: Any) -> None:
+def _check_dtype(cfg: TrainConfig) -> None:
     """model.dtype where the run computes, for the policies that take the top level's settings (a policy with
     settings of its own was checked with them by _check_policies, its errors naming marl.policies.<policy>)."""
     if all(pid in cfg.marl.policies for pid in policy_map_of(cfg).policies):
@@ -187,7 +138,7 @@ def _check_dtype(cfg: Any) -> None:
         raise ConfigError(f"config: {problem}")
 
 
-def _check_policies(cfg: Any) -> None:
+def _check_policies(cfg: TrainConfig) -> None:
     """marl.policies: only policies of the resolved map, only per-policy keys, and each policy's whole config
     (the top level with its overrides) valid; errors name `marl.policies.<policy>[.<key>]`."""
     try:
@@ -208,12 +159,14 @@ def _check_policies(cfg: Any) -> None:
         try:
             validate(policy_config(cfg, pid))
         except OmegaConfBaseException as e:
-            raise ConfigError(f"config: marl.policies.{pid}.{_omegaconf_message(e)}") from None
+            choice = _choice_message(e)  # worded as the policy's own validate() would
+            raise ConfigError(f"config: marl.policies.{pid}" + (f": {choice}" if choice else
+                                                                f".{_omegaconf_message(e)}")) from None
         except ConfigError as e:
             raise ConfigError(f"config: marl.policies.{pid}: {str(e).removeprefix('config: ')}") from None
 
 
-def _check_workflow(cfg: Any) -> None:
+def _check_workflow(cfg: TrainConfig) -> None:
     """A built-in name, or the user's module (imported and checked against the Workflow protocol now)."""
     try:
         get_workflow(cfg.marl.workflow)
@@ -221,7 +174,7 @@ def _check_workflow(cfg: Any) -> None:
         raise ConfigError(f"config: {e}") from None
 
 
-def _check_reward_shaping(cfg: Any) -> None:
+def _check_reward_shaping(cfg: TrainConfig) -> None:
     """Each hook is imported now, so a typo fails here and not at the first rollout."""
     try:
         load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
@@ -229,15 +182,15 @@ def _check_reward_shaping(cfg: Any) -> None:
         raise ConfigError(f"config: marl.reward_shaping.{e}") from None
 
 
-def _check_tracking(cfg: Any) -> None:
+def _check_tracking(cfg: TrainConfig) -> None:
     """Optional tracking packages are imported only when enabled; a missing one fails here, naming the key."""
     for key, module in (("tracking.mlflow.enabled", "mlflow"), ("tracking.wandb.enabled", "wandb")):
-        if OmegaConf.select(cfg, key) and importlib.util.find_spec(module) is None:
+        if OmegaConf.select(as_node(cfg), key) and importlib.util.find_spec(module) is None:
             raise ConfigError(f"config: {key}=true needs the `{module}` package, which is not installed "
                               "(pip install -e '.[tracking]')")
 
 
-def _check_learner_options(cfg: Any) -> None:
+def _check_learner_options(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, coef in cfg.algo.kl_anchor_roles.items():
         if role not in roles:
@@ -266,7 +219,7 @@ def _check_learner_options(cfg: Any) -> None:
         raise ConfigError("config: learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3")
 
 
-def _check_verl_update_details(cfg: Any) -> None:
+def _check_verl_update_details(cfg: TrainConfig) -> None:
     """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the log-ratio clamp
     is a magnitude."""
     c = cfg.algo.dual_clip_c
@@ -276,19 +229,19 @@ def _check_verl_update_details(cfg: Any) -> None:
         raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
 
 
-def _check_data_fidelity(cfg: Any) -> None:
+def _check_data_fidelity(cfg: TrainConfig) -> None:
     """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive; the whole eval split
     exists only for a listing source."""
     if cfg.data.eval_full and is_generated(cfg.data.eval):
         raise ConfigError(f"config: data.eval_full evaluates every row of a listing source; data.eval="
                           f"{cfg.data.eval} generates tasks: set data.eval_full=false")
     for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
-        if OmegaConf.select(cfg, key) < 0:
+        if OmegaConf.select(as_node(cfg), key) < 0:
             raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
-                              f"got {OmegaConf.select(cfg, key)!r}")
+                              f"got {OmegaConf.select(as_node(cfg), key)!r}")
 
 
-def _check_checkpoint(cfg: Any) -> None:
+def _check_checkpoint(cfg: TrainConfig) -> None:
     ckpt = cfg.checkpoint
     if ckpt.keep_last < 1:
         raise ConfigError(f"config: checkpoint.keep_last must be >= 1; got {ckpt.keep_last}")
@@ -303,7 +256,7 @@ def _check_checkpoint(cfg: Any) -> None:
                           f"eval_every={cfg.eval_every}, checkpoint.keep_best={ckpt.keep_best}")
 
 
-def _check_serving(cfg: Any) -> None:
+def _check_serving(cfg: TrainConfig) -> None:
     for key in cfg.model.chat_template_kwargs:
         if key in _CHAT_TEMPLATE_ARGS:
             raise ConfigError(f"config: model.chat_template_kwargs.{key} is an argument the engines set "
@@ -319,7 +272,7 @@ def _check_serving(cfg: Any) -> None:
             raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")
 
 
-def _check_task_sources(cfg: Any) -> None:
+def _check_task_sources(cfg: TrainConfig) -> None:
     """Code sources need data.task=code, and the code task reads only code sources (or files of code rows);
     a generated train source needs a size; data.max_overlap is a fraction."""
     specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
@@ -338,7 +291,7 @@ def _check_task_sources(cfg: Any) -> None:
                           f"got {cfg.data.max_overlap}")
 
 
-def _check_ranges(cfg: Any) -> None:
+def _check_ranges(cfg: TrainConfig) -> None:
     s = cfg.rollout.sampling
     if not 0.0 < s.top_p <= 1.0:
         raise ConfigError(f"config: rollout.sampling.top_p must be in (0, 1]; got {s.top_p}")
@@ -366,12 +319,12 @@ def _check_ranges(cfg: Any) -> None:
         raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")
 
 
-def max_response_tokens(rollout: Any) -> int:
+def max_response_tokens(rollout: RolloutConfig) -> int:
     """The longest response any role may write: sampling.max_new_tokens or a larger per-role cap."""
     return max([int(rollout.sampling.max_new_tokens), *map(int, rollout.role_max_new_tokens.values())])
 
 
-def _check_role_caps(cfg: Any) -> None:
+def _check_role_caps(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, cap in cfg.rollout.role_max_new_tokens.items():
         if role not in roles:
@@ -382,7 +335,7 @@ def _check_role_caps(cfg: Any) -> None:
                               f"{cfg.algo.max_len}]; got {cap!r}")
 
 
-def _check_lengths(cfg: Any) -> None:
+def _check_lengths(cfg: TrainConfig) -> None:
     if not 0 <= cfg.algo.max_role_drop_frac <= 1:
         raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
     budget = cfg.learner.max_tokens_per_micro_batch

@@ -1,11 +1,12 @@
 """`python -m jobs.config_reference [--write]`: docs/config.md, the config reference, generated from the schema.
 
 Every key of `jobs/schema.py`'s `TrainConfig`, section by section: its type and default (from the dataclasses),
-what config load checks of it (`jobs/config.py`: the tables `_CHOICES`, `_POSITIVE`, `_NON_NEGATIVE`, and the
-rule each other check states in its error message), whether a policy may set it for itself (`jobs/policies.py`),
-and its comment in the schema source: the comment on the field's line and the block right above it (dataclass
-fields carry no docstrings, so the source is read with `tokenize`). A field without a comment of its own that
-directly follows a commented field, with no blank line between, points at the field whose comment covers it.
+what config load checks of it (the choices and bounds its field carries, jobs/field_rules.py, and the rule each
+other check of `jobs/config.py` states in its error message), whether a policy may set it for itself
+(`jobs/policies.py`), and its comment in the schema source: the comment on the field's line and the block right
+above it (dataclass fields carry no docstrings, so the source is read with `tokenize`). A field without a
+comment of its own that directly follows a commented field, with no blank line between, points at the field
+whose comment covers it.
 Without --write the command prints the page; tests/jobs/test_config_reference.py checks the page equals it.
 """
 
@@ -18,6 +19,7 @@ import io
 import re
 import sys
 import tokenize
+import typing
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from omegaconf import MISSING
 
 from jobs import config as config_module
 from jobs import schema
+from jobs.field_rules import enum_type, schema_rules
 from jobs.policies import per_policy_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +93,7 @@ def schema_keys(cls: type = schema.TrainConfig, prefix: str = "") -> Iterator[Ke
 
 
 def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str]]) -> Iterator[Key]:
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         factory = f.default_factory
         if dataclasses.is_dataclass(factory):
@@ -97,7 +101,9 @@ def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str
             continue
         default = factory() if factory is not dataclasses.MISSING else f.default
         text, head = comments.get((cls.__name__, f.name), ("", ""))
-        yield Key(f"{prefix}{f.name}", str(f.type), default, text or (f"See `{prefix}{head}`." if head else ""))
+        # An Enum field is written as a string in YAML and overrides: its type shows as `str`, its values as checks.
+        kind = "str" if enum_type(hints[f.name]) else str(f.type)
+        yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
 
 
 def message_rules(source: str) -> dict[str, list[str]]:
@@ -151,15 +157,9 @@ def _message(call: ast.Call, binding: Binding) -> str:
 
 
 def checks(key: str, rules: dict[str, list[str]]) -> list[str]:
-    """What config load checks of `key`: its table entries, then the rules of its other checks."""
-    found = []
-    if key in config_module._CHOICES:
-        found.append("one of " + ", ".join(f"`{c}`" for c in config_module._CHOICES[key]))
-    if key in config_module._POSITIVE:
-        found.append("> 0")
-    if key in config_module._NON_NEGATIVE:
-        found.append(">= 0")
-    return found + rules.get(key, [])
+    """What config load checks of `key`: the rules its schema field carries, then the rules of its other checks."""
+    own = schema_rules().get(key)
+    return (own.labels() if own else []) + rules.get(key, [])
 
 
 def literal(value: Any) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.metrics import MetricSpec, RayMetricsSink
+from jobs.schema import TrainConfig
 
 S = MetricSpec
 TIME_BUCKETS_S = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -55,9 +56,9 @@ TABLE: tuple[MetricSpec, ...] = (
 )
 
 
-def dashboard_sink(cfg: Any) -> RayMetricsSink:
+def dashboard_sink(cfg: TrainConfig) -> RayMetricsSink:
     """The Ray metrics step callback for one run (tags from the config)."""
-    tags = {"run": cfg.run_name, "workflow": cfg.marl.workflow, "sharing": cfg.marl.sharing}
+    tags = {"run": cfg.run_name, "workflow": cfg.marl.workflow, "sharing": str(cfg.marl.sharing)}
     return RayMetricsSink(TABLE, tags, step_metric=STEP_METRIC)
 
 

@@ -15,11 +15,14 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
+
+from jobs.schema import TrainConfig, as_node
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "docs/paper_fidelity.yaml"
@@ -96,9 +99,11 @@ def matrix_configs(path: Path = MATRIX) -> dict[Cell, Any]:
     return out
 
 
-def resolved(cfg: Any, key: str) -> Any:
+def resolved(cfg: TrainConfig, key: str) -> Any:
     """A key's value as plain data; None when the schema has no such key."""
-    value = OmegaConf.select(cfg, key, default=None)
+    value = OmegaConf.select(as_node(cfg), key, default=None)
+    if isinstance(value, Enum):  # a choice: its string, as the YAML holds it
+        return value.value
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from cluster.group import GroupError
 from jobs import checkpoint as ckpt
@@ -22,12 +22,14 @@ from jobs.checkpoint import Progress
 from jobs.config import to_yaml
 from jobs.eval_records import append_eval, eval_metrics
 from jobs.full_eval import full_evaluation
+from jobs.schema import TrainConfig
 from jobs.step import RolloutSource, role_caps, train_step
 from jobs.system import System, build_system
 from jobs.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.seeds import derive_seed
+from marl.tasks import TaskFamily
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
 from rollout.engine import Sampling
@@ -54,7 +56,7 @@ class StepCallback(Protocol):
 @dataclass
 class Inputs:
     model_paths: dict[str, str]  # policy -> its model folder (marl.policies may give a policy its own model)
-    family: Any
+    family: TaskFamily
     sampler: PromptSampler
     eval_tasks: list[Task]
     policy_map: PolicyMap
@@ -68,7 +70,7 @@ class RunState:
     """One attempt's driver state. `progress` counts completed steps; `learners_ahead` is set while the
     learners may hold an update `progress` does not count yet (a stop then must not checkpoint them)."""
 
-    cfg: Any
+    cfg: TrainConfig
     inp: Inputs
     run_dir: Path
     root: Path  # checkpoint folder
@@ -88,7 +90,7 @@ class RunState:
         self.learners_ahead = True
 
 
-def evaluate(system: System, cfg: Any, tasks: list[Task]) -> list[Episode]:
+def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
     """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
         return []
@@ -98,7 +100,8 @@ def evaluate(system: System, cfg: Any, tasks: list[Task]) -> list[Episode]:
     return system.collector.collect(tasks, 1, sampling)
 
 
-def timed_evaluate(system: System, cfg: Any, tasks: list[Task], run_dir: Path, steps_done: int) -> dict[str, float]:
+def timed_evaluate(system: System, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
+                   steps_done: int) -> dict[str, float]:
     """jobs.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
     per-task results go to the run dir's eval_tasks.csv."""
     t0 = time.perf_counter()
@@ -231,7 +234,7 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     return stop
 
 
-def cliff_guard(cfg: Any, cliff: CliffTracker, step: int, metrics: dict[str, float]) -> bool:
+def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, metrics: dict[str, float]) -> bool:
     """Track held-out accuracy; on a terminal cliff warn, and with cliff.action=stop end the run."""
     flagged = cliff.update(step, metrics["eval/accuracy"])
     metrics.update({**cliff.metrics(), "cliff/flagged": float(flagged)})

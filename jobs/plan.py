@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -27,7 +26,9 @@ from jobs.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
+from jobs.schema import TrainConfig, as_node
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share and packing move.
@@ -76,12 +77,12 @@ def member_share(m: Member) -> float:
     return 1.0 / m.gpus if m.gpus > 1 else 1.0
 
 
-def gpu_memory(cfg: Any) -> float:
+def gpu_memory(cfg: TrainConfig) -> float:
     """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for no
     GPU (a CPU run is never checked)."""
     if not _uses_gpus(cfg):
         return 0.0
-    declared = OmegaConf.select(cfg, "ray.gpu_memory_gb", default=0.0)
+    declared = OmegaConf.select(as_node(cfg), "ray.gpu_memory_gb", default=0.0)
     if declared:
         return float(declared) * GIB
     import torch
@@ -89,12 +90,12 @@ def gpu_memory(cfg: Any) -> float:
     return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
 
 
-def _uses_gpus(cfg: Any) -> bool:
+def _uses_gpus(cfg: TrainConfig) -> bool:
     configs = policy_configs(cfg, policy_map_of(cfg))
     return any(c.learner.rank_num_gpus > 0 or c.rollout.engine_num_gpus > 0 for c in [cfg, *configs.values()])
 
 
-def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
+def make_plan(cfg: TrainConfig, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
               times: bool = True) -> Plan:
     """The plan of `cfg`; `checkpointing` (policy -> on) in place of each policy's configured value; `times`:
     with the step-time estimates (what the fit check does not need)."""
@@ -119,7 +120,7 @@ def make_plan(cfg: Any, memory: float | None = None, checkpointing: dict[str, bo
     return Plan(memory, members, pack(members), ckpt, either_way, times_)
 
 
-def _colocated_members(cfg: Any, configs: dict[str, Any], policy_map: Any, ckpt: dict[str, bool],
+def _colocated_members(cfg: TrainConfig, configs: dict[str, TrainConfig], policy_map: PolicyMap, ckpt: dict[str, bool],
                        either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
     """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
     first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
@@ -134,12 +135,12 @@ def _colocated_members(cfg: Any, configs: dict[str, Any], policy_map: Any, ckpt:
             for r in range(max(cfg.learner.ranks, 1))]
 
 
-def _checkpointing(pc: Any) -> bool:
+def _checkpointing(pc: TrainConfig) -> bool:
     """A policy's configured value: true/false, or auto (resolved by `resolve_plan`; off until then)."""
     return str(pc.learner.gradient_checkpointing).lower() == "true"
 
 
-def learner_setup(pc: Any, roles: int, checkpointing: bool) -> LearnerSetup:
+def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
@@ -151,13 +152,13 @@ def learner_setup(pc: Any, roles: int, checkpointing: bool) -> LearnerSetup:
         role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu")
 
 
-def longest_sequence(cfg: Any) -> int:
+def longest_sequence(cfg: TrainConfig) -> int:
     """A cell's longest sequence in an engine: prompt cap + response cap (algo.max_len without a prompt cap)."""
     r = cfg.rollout
     return r.max_prompt_tokens + r.sampling.max_new_tokens if r.max_prompt_tokens else cfg.algo.max_len
 
 
-def _engine_members(cfg: Any, configs: dict[str, Any], memory: float) -> list[Member]:
+def _engine_members(cfg: TrainConfig, configs: dict[str, TrainConfig], memory: float) -> list[Member]:
     """Every engine of every engine group, on its share of a GPU (or, on CPU, its KV cache plus weights)."""
     out = []
     for spec in engine_map_of(cfg, policy_map_of(cfg)).groups:
@@ -196,7 +197,7 @@ def pack(members: list[Member]) -> list[list[Member]]:
     return gpus
 
 
-def role_turns(cfg: Any) -> tuple[dict[str, int], int]:
+def role_turns(cfg: TrainConfig) -> tuple[dict[str, int], int]:
     """(role -> its turns in one episode at the caps, how many turns run one after another) for the built-in
     workflows; a user's workflow counts one turn per role, one after another."""
     m, roles = cfg.marl, policy_map_of(cfg).roles
@@ -207,13 +208,14 @@ def role_turns(cfg: Any) -> tuple[dict[str, int], int]:
     return known.get(m.workflow, (dict.fromkeys(roles, 1), len(roles)))
 
 
-def step_times(cfg: Any, configs: dict[str, Any], members: list[Member]) -> dict[str, float]:
+def step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[Member]) -> dict[str, float]:
     """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`) with every turn at its caps."""
     return {**_step_times(cfg, configs, members, EXPECTED_FILL),
             **{f"{k}_at_caps": v for k, v in _step_times(cfg, configs, members, 1.0).items() if "/" not in k}}
 
 
-def _step_times(cfg: Any, configs: dict[str, Any], members: list[Member], fill: float) -> dict[str, float]:
+def _step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[Member],
+                fill: float) -> dict[str, float]:
     """Rollout (jobs/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
     each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
     per_role, sequential = role_turns(cfg)
@@ -233,7 +235,7 @@ def _step_times(cfg: Any, configs: dict[str, Any], members: list[Member], fill: 
     return out
 
 
-def update_seconds(shape: ModelShape, pc: Any, tokens: float) -> float:
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float) -> float:
     """One step's update of `tokens` trained tokens on the policy's ranks: forward + backward FLOPs (4× the forward
     for LoRA's frozen base, 6× for full fine-tuning; one more forward with checkpointing, one for the recomputed
     old log-probs) at the measured rate of its kind."""
@@ -243,7 +245,7 @@ def update_seconds(shape: ModelShape, pc: Any, tokens: float) -> float:
     return flops / (LEARNER_FLOPS_S["lora" if lora else "full"] * max(pc.learner.ranks, 1))
 
 
-def resolve_plan(cfg: Any, refuse: bool = True) -> Plan | None:
+def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:
     """At load, before the config is frozen: each policy's `learner.gradient_checkpointing=auto` becomes true where
     its GPU would not fit without it (false where it would, and on runs with no GPU memory to plan against), and
     a plan that still does not fit raises PlanError naming the keys to change. Returns the plan (None: CPU run)."""
@@ -277,7 +279,7 @@ def overfull(plan: Plan) -> list[list[Member]]:
     return [gpu for gpu, b in zip(plan.gpus, plan.gpu_bytes(), strict=True) if b > FIT_FRACTION * plan.memory]
 
 
-def _write_checkpointing(cfg: Any, configs: dict[str, Any], auto: list[str], on: set[str]) -> None:
+def _write_checkpointing(cfg: TrainConfig, configs: dict[str, TrainConfig], auto: list[str], on: set[str]) -> None:
     """Every value true/false: a policy with settings of its own gets its resolution there; the top level takes
     that of the policies inheriting it (true if any of them needs it)."""
     top = str(cfg.learner.gradient_checkpointing).lower()

@@ -3,10 +3,9 @@ estimates (`python -m jobs.train --plan`, `python -m jobs.sweep --dry-run`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from jobs.plan import FIT_FRACTION, Member, Plan, longest_sequence, member_share
 from jobs.rollout_estimate import EXPECTED_FILL
+from jobs.schema import TrainConfig
 from learners.memory import GIB
 
 
@@ -31,7 +30,7 @@ def describe_member(m: Member, plan: Plan) -> str:
             f"runtime {gib(lm.runtime)}")
 
 
-def format_plan(cfg: Any, plan: Plan) -> str:
+def format_plan(cfg: TrainConfig, plan: Plan) -> str:
     """The whole plan: memory per GPU (and the CPU members), then the per-step time estimates."""
     limit = (f"{plan.memory / GIB:g} GiB GPUs, refused above {FIT_FRACTION:.0%} = {gib(FIT_FRACTION * plan.memory)} GiB"
              if plan.memory else "no GPU memory declared (ray.gpu_memory_gb) or detected: not checked")

@@ -10,11 +10,12 @@ learner group, its engine groups, their placement bundles) is built from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from jobs.models import resolve_model
+from jobs.schema import TrainConfig, as_node
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of
@@ -33,25 +34,26 @@ POLICY_KEYS = (
 ENGINE_KEYS = ("model.path", "model.dtype", "model.lora.enabled", "model.chat_template_kwargs.", "rollout.")
 
 
-def policy_map_of(cfg: Any) -> PolicyMap:
+def policy_map_of(cfg: TrainConfig) -> PolicyMap:
     """The run's role -> policy map (ValueError on a custom map that does not name exactly the roles)."""
     custom = OmegaConf.to_container(cfg.marl.policy_map)
     return PolicyMap.build(cfg.marl.sharing, list(roles_of(cfg.marl.workflow)), custom)  # type: ignore[arg-type]
 
 
-def engine_map_of(cfg: Any, policy_map: PolicyMap) -> EngineMap:
+def engine_map_of(cfg: TrainConfig, policy_map: PolicyMap) -> EngineMap:
     """The run's role -> engine group map, with every group's name (rollout.engine_scope, rollout.lora_serving)."""
-    return EngineMap.build(policy_map, cfg.run_name, OmegaConf.select(cfg, "rollout.engine_scope", default="role"),
-                           OmegaConf.select(cfg, "rollout.lora_serving", default="single") == "multi")
+    node = as_node(cfg)
+    return EngineMap.build(policy_map, cfg.run_name, OmegaConf.select(node, "rollout.engine_scope", default="role"),
+                           OmegaConf.select(node, "rollout.lora_serving", default="single") == "multi")
 
 
-def override_keys(cfg: Any, policy_id: str) -> list[str]:
+def override_keys(cfg: TrainConfig, policy_id: str) -> list[str]:
     """The dotted keys policy `policy_id` sets for itself (leaves; a mapping value counts as its leaves)."""
     over = cfg.marl.policies.get(policy_id)
     return _leaves(OmegaConf.to_container(over)) if over is not None else []
 
 
-def _leaves(tree: Any, prefix: str = "") -> list[str]:
+def _leaves(tree: object, prefix: str = "") -> list[str]:
     if not isinstance(tree, Mapping) or not tree:
         return [prefix.rstrip(".")]
     return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}{k}.")]
@@ -61,7 +63,7 @@ def per_policy_key(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in POLICY_KEYS)
 
 
-def policy_config(cfg: Any, policy_id: str) -> Any:
+def policy_config(cfg: TrainConfig, policy_id: str) -> TrainConfig:
     """The whole config with `marl.policies.<policy_id>` merged over it (and no `marl.policies` of its own);
     `cfg` itself for a policy without overrides. Read-only like `cfg`. OmegaConf errors name the key."""
     over = cfg.marl.policies.get(policy_id)
@@ -69,18 +71,18 @@ def policy_config(cfg: Any, policy_id: str) -> Any:
         return cfg
     merged = OmegaConf.merge(cfg, over)
     assert isinstance(merged, DictConfig)
-    readonly = OmegaConf.is_readonly(cfg)
+    readonly = OmegaConf.is_readonly(as_node(cfg))
     OmegaConf.set_readonly(merged, False)
     merged.marl.policies = {}
     OmegaConf.set_readonly(merged, readonly)
-    return merged
+    return cast(TrainConfig, merged)
 
 
-def policy_configs(cfg: Any, policy_map: PolicyMap) -> dict[str, Any]:
+def policy_configs(cfg: TrainConfig, policy_map: PolicyMap) -> dict[str, TrainConfig]:
     return {pid: policy_config(cfg, pid) for pid in policy_map.policies}
 
 
-def model_paths(cfg: Any, policy_map: PolicyMap, default: str | None = None) -> dict[str, str]:
+def model_paths(cfg: TrainConfig, policy_map: PolicyMap, default: str | None = None) -> dict[str, str]:
     """policy -> its local model folder. Policies on the top-level `model.path` get `default` when given
     (already resolved); others are resolved here (built-ins are built once and cached). ValueError/OSError
     name the policy's key."""

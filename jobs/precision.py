@@ -10,12 +10,12 @@ driver's): on a cluster whose nodes differ, give CPU parts the same CPU as the d
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from cluster.cpu import has_bf16, read_cpuinfo
+from jobs.schema import TrainConfig
 
 
-def cpu_parts(cfg: Any, cuda: Callable[[], bool]) -> list[str]:
+def cpu_parts(cfg: TrainConfig, cuda: Callable[[], bool]) -> list[str]:
     """The parts of one policy's config (`jobs.policies.policy_config`) that compute on CPU, each with the
     setting that puts it there. `cuda()`: whether this process sees a CUDA device (asked only when needed)."""
     learner, rollout = cfg.learner, cfg.rollout
@@ -36,7 +36,7 @@ def _on_cpu(members: int, num_gpus: float, cuda: Callable[[], bool]) -> bool:
     return not cuda() if members == 0 else num_gpus == 0
 
 
-def dtype_problem(cfg: Any, cpuinfo: str | None = None, cuda: Callable[[], bool] | None = None) -> str | None:
+def dtype_problem(cfg: TrainConfig, cpuinfo: str | None = None, cuda: Callable[[], bool] | None = None) -> str | None:
     """Why one policy's config cannot run its model.dtype where its parts compute, or None. `cpuinfo`: the text
     of /proc/cpuinfo (this machine's by default); `cuda`: as in `cpu_parts` (torch's view by default)."""
     if cfg.model.dtype != "bfloat16" or cfg.model.allow_emulated_bf16:

@@ -16,7 +16,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -80,9 +80,9 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> RunRecord:
     notes: list[str] = []
-    cfg: Any = {}
+    saved: dict[str, Any] = {}  # the run's config.yaml as plain data, of whatever schema version wrote it
     if (path / "config.yaml").is_file():
-        cfg = OmegaConf.to_container(OmegaConf.load(path / "config.yaml"))
+        saved = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(path / "config.yaml")))
     else:
         notes.append("no config.yaml: labels and cliff settings are defaults")
     by_step: dict[int, dict[str, Any]] = {}
@@ -90,8 +90,8 @@ def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> RunRe
         if line.strip():
             row = json.loads(line)
             by_step.setdefault(row["step"], {}).update(row)  # a re-logged step (restart) updates the older row
-    marl, cliff = cfg.get("marl", {}), cfg.get("cliff", {})
-    return RunRecord(path, cfg.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
+    marl, cliff = saved.get("marl", {}), saved.get("cliff", {})
+    return RunRecord(path, saved.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
                (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1]),
                 cliff.get("relative_drop", 0.0)),
                [by_step[s] for s in sorted(by_step)], notes)

@@ -11,11 +11,10 @@ one bundle in front for its driver.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layout, place
 from jobs.colocation import colocated, colocated_name
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
+from jobs.schema import TrainConfig
 from marl.engine_map import group_name
 from marl.policy_map import PolicyMap
 
@@ -25,7 +24,7 @@ RESOURCE_KEYS = ("rollout.engines_per_role", "rollout.engine_num_cpus", "rollout
                  "learner.rank_resources", "ray.placement_strategy")
 
 
-def run_demands(cfg: Any, policy_map: PolicyMap) -> list[Demand]:
+def run_demands(cfg: TrainConfig, policy_map: PolicyMap) -> list[Demand]:
     """Every engine group's and learner group's members with their per-member resources, each group's from the
     settings of its policy (a multi-LoRA group's from the top level)."""
     configs = policy_configs(cfg, policy_map)
@@ -42,21 +41,22 @@ def run_demands(cfg: Any, policy_map: PolicyMap) -> list[Demand]:
     return [*engines, *learners]
 
 
-def build_placement(cfg: Any, policy_map: PolicyMap) -> RunPlacement | None:
+def build_placement(cfg: TrainConfig, policy_map: PolicyMap) -> RunPlacement | None:
     """The run's placement group (or the enclosing Tune trial's), ready before any member starts."""
     try:
-        return place(run_demands(cfg, policy_map), cfg.ray.placement_strategy, cfg.ray.placement_timeout_s,
+        # str(): Ray gets the plain strategy name, not the config's Enum member
+        return place(run_demands(cfg, policy_map), str(cfg.ray.placement_strategy), cfg.ray.placement_timeout_s,
                      name=f"{cfg.run_name}:placement")
     except PlacementError as e:
         raise PlacementError(f"{e}\n  (set by {', '.join(RESOURCE_KEYS)})") from None
 
 
-def trial_bundles(cfg: Any, driver: dict[str, float]) -> list[dict[str, float]]:
+def trial_bundles(cfg: TrainConfig, driver: dict[str, float]) -> list[dict[str, float]]:
     """A Tune trial's bundles: its driver's, then the run's own layout (what `build_placement` adopts)."""
     return layout(run_demands(cfg, policy_map_of(cfg)), head=driver).bundles
 
 
-def arithmetic(cfg: Any, driver: dict[str, float] | None = None) -> str:
+def arithmetic(cfg: TrainConfig, driver: dict[str, float] | None = None) -> str:
     """The run's resource sum, group by group (what `--dry-run` prints):
     `driver 1 x {CPU: 1} + engine:generator 1 x {CPU: 2, GPU: 0.5} + ... = {CPU: 9, GPU: 2.25}`."""
     demands = [d for d in run_demands(cfg, policy_map_of(cfg)) if d.n]

@@ -14,8 +14,8 @@ other, and summarised (one start-up line and the `data/*` metrics of step 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from jobs.schema import TrainConfig
 from marl.tasks.data import is_generated, load_tasks
 from marl.tasks.overlap import prompt_set, shared_tasks, without_prompts
 from marl.types import Task
@@ -34,7 +34,7 @@ class RunData:
     full_eval: list[Task]  # every row of data.eval with data.eval_full, else none
 
 
-def load_run_data(cfg: Any) -> RunData:
+def load_run_data(cfg: TrainConfig) -> RunData:
     """Train and eval tasks for `cfg.data` with `cfg.seed`. Raises ValueError naming the data sources."""
     d = cfg.data
     # The eval draw does not follow the run's seed: every seed of a study evaluates the same held-out tasks.

@@ -16,6 +16,7 @@ from jobs.rollout_estimate import (
     MATMUL_EFFICIENCY,
     VLLM_MAX_NUM_SEQS,
 )
+from jobs.schema import TrainConfig
 from jobs.sweep import setup_of, trial_config
 from jobs.sweep_spec import SweepConfig, flatten
 from learners.memory import GIB
@@ -55,7 +56,7 @@ def schedule_hours(trials: list[tuple[float, float]], nodes: int, per_node: int 
     return now
 
 
-def _row(cfg: Any, seeds: int) -> tuple[str, float, float]:
+def _row(cfg: TrainConfig, seeds: int) -> tuple[str, float, float]:
     """A configuration's table row, its GPUs per trial and its hours per trial."""
     plan = make_plan(cfg)
     t = plan.times

@@ -91,7 +91,7 @@ def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> An
 
 def trial_resources(setup: TrialSetup, config: dict[str, Any]) -> PlacementGroupFactory:
     cfg = trial_config(setup, config, f"{setup.name}_resources")
-    return PlacementGroupFactory(trial_bundles(cfg, dict(setup.driver)), strategy=cfg.ray.placement_strategy)
+    return PlacementGroupFactory(trial_bundles(cfg, dict(setup.driver)), strategy=str(cfg.ray.placement_strategy))
 
 
 def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:

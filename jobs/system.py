@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
 from jobs.colocation import colocated, colocated_name
@@ -109,9 +109,9 @@ def _distinct_groups(engines: Mapping[str, EngineGroup], policy_map: PolicyMap,
     return list({id(engines[r]): engines[r] for r in roles}.values())
 
 
-def _plain(section: Any) -> dict[str, Any]:
+def _plain(section: Mapping[str, object]) -> dict[str, object]:
     """A mapping section as plain values: they travel to Ray actors."""
-    return cast(dict[str, Any], OmegaConf.to_container(section))
+    return cast(dict[str, object], OmegaConf.to_container(cast(DictConfig, section)))
 
 
 def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig, policy_map: PolicyMap
@@ -134,7 +134,7 @@ def _engine_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dic
             lora_rank = max(c.model.lora.rank for c in configs.values())
         else:
             pc, path, lora_rank = configs[spec.policy], paths[spec.policy], configs[spec.policy].model.lora.rank
-        group = EngineGroup(spec, path, pc.rollout, pc.model.dtype, first_slot=slot, placement=bundles(spec.name),
+        group = EngineGroup(spec, path, pc.rollout, str(pc.model.dtype), first_slot=slot, placement=bundles(spec.name),
                             lora_rank=lora_rank, weight_channel=cfg.sync.transport == "nccl", resync=resync,
                             chat_template_kwargs=_plain(pc.model.chat_template_kwargs))
         slot += max(pc.rollout.engines_per_role, 1)

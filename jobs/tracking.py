@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from jobs.config import ConfigError
+from jobs.schema import TrainConfig
 
 
 class RunLog:
@@ -34,7 +35,8 @@ class RunLog:
         self.display = display
 
     @classmethod
-    def for_run(cls, run_dir: Path, cfg: Any, roles: list[str], first_row: dict[str, Any] | None = None) -> RunLog:
+    def for_run(cls, run_dir: Path, cfg: TrainConfig, roles: list[str],
+                first_row: dict[str, Any] | None = None) -> RunLog:
         """The sinks `cfg.tracking` asks for; a missing optional package fails here, before any cluster work."""
         t = cfg.tracking
         sinks: list[Any] = []
@@ -46,7 +48,7 @@ class RunLog:
             sinks.append(MlflowSink(t.mlflow.uri, t.mlflow.experiment, t.mlflow.run_name or cfg.run_name,
                                     flat_config(cfg)))
         if t.wandb.enabled:
-            sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, t.wandb.mode, run_dir,
+            sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, str(t.wandb.mode), run_dir,
                                    flat_config(cfg)))
         return cls(run_dir, t.tensorboard, tuple(sinks), StepDisplay(cfg.steps, roles, t.progress), first_row)
 
@@ -82,7 +84,7 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def flat_config(cfg: Any) -> dict[str, str]:
+def flat_config(cfg: TrainConfig) -> dict[str, str]:
     """The resolved config as `a.b.c -> value` strings (run parameters for MLflow and W&B)."""
     out: dict[str, str] = {}
 

@@ -16,7 +16,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -31,6 +31,7 @@ from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested,
 from jobs.policies import model_paths, policy_map_of
 from jobs.provenance import code_version, config_header
 from jobs.run_data import load_run_data
+from jobs.schema import TrainConfig, as_node
 from jobs.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
@@ -38,7 +39,7 @@ from marl.tasks import get_family
 from marl.tasks.sampler import PromptSampler
 
 
-def prepare(cfg: Any) -> Inputs:
+def prepare(cfg: TrainConfig) -> Inputs:
     """Everything the loop needs that does not run on the cluster; bad model paths and data fail here."""
     try:
         return _prepare(cfg)
@@ -46,13 +47,13 @@ def prepare(cfg: Any) -> Inputs:
         raise InputError(str(e)) from e
 
 
-def _prepare(cfg: Any) -> Inputs:
+def _prepare(cfg: TrainConfig) -> Inputs:
     policy_map = policy_map_of(cfg)  # built once: the system, placement and metrics all take this one
     paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
     family = get_family(cfg.data.task, cfg.data.answer_fallback,
-                        cast(dict[str, Any], OmegaConf.to_container(cfg.data.sandbox)))
+                        cast(dict[str, object], OmegaConf.to_container(as_node(cfg).data.sandbox)))
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
                   {pid: pads[path] for pid, path in paths.items()}, data.metrics, data.full_eval)
@@ -71,7 +72,7 @@ def quiet_logs(verbose: bool) -> None:
         warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:
+def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float]:
     """Runs the whole job; returns the summary (accuracy before/after, wall time, cliff, failures).
 
     A member failure (dead or hung learner/engine: GroupError) tears the system down and restarts from the
@@ -98,7 +99,7 @@ def train(cfg: Any, callbacks: tuple[StepCallback, ...] = ()) -> dict[str, float
     return summary
 
 
-def _attempts(cfg: Any, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
+def _attempts(cfg: TrainConfig, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
               resume: Path | None) -> tuple[dict[str, float], int, int]:
     """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
     fresh, failures, lost = inp.sampler.state(), 0, 0
@@ -119,7 +120,7 @@ def _attempts(cfg: Any, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tupl
                                  "holds the run)") from None
 
 
-def _initial_resume(cfg: Any, run_dir: Path) -> Path | None:
+def _initial_resume(cfg: TrainConfig, run_dir: Path) -> Path | None:
     spec = cfg.checkpoint.resume
     if spec == "never":
         return None
@@ -167,7 +168,7 @@ def _install_stop_handler() -> None:
         signal.signal(signal.SIGTERM, _raise)
 
 
-def _print_plan(cfg: Any) -> int:
+def _print_plan(cfg: TrainConfig) -> int:
     from jobs.plan import make_plan
     from jobs.plan_report import format_plan
 

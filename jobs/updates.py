@@ -7,14 +7,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from cluster.threads import threads_for
+from jobs.schema import LearnerConfig
 from learners.batch import TrainBatch, empty_batch
 from learners.group import LearnerGroup
 
 
-def run_concurrently(learner: Any, policies: int, cores: int | None = None) -> bool:
+def run_concurrently(learner: LearnerConfig, policies: int, cores: int | None = None) -> bool:
     """`learner.concurrent_updates`: true | false | auto. auto: concurrent unless the policies' CPU learners
     need more threads than the node has cores (each then waits on the others' threads and every update gets
     slower than running them in turn); GPU learners always run concurrently."""

@@ -12,6 +12,7 @@ advantage per turn. Everything here is a pure function; nothing reads global sta
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from enum import StrEnum
 
 import torch
 from torch import Tensor
@@ -114,6 +115,13 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, 
 
 
 # Selected by name from config (validated at load): fn(rewards, group_ids, norm_std, eps) -> [N].
+class AdvantageEstimator(StrEnum):
+    """`algo.advantage`: the names of ADVANTAGE_ESTIMATORS (the config schema's type for the key)."""
+
+    grpo = "grpo"
+    rloo = "rloo"
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
 
 if TYPE_CHECKING:  # the config imports this module; models and optimizers are the ranks' business
@@ -24,6 +25,13 @@ if TYPE_CHECKING:  # the config imports this module; models and optimizers are t
 
 LearnerBackend = Literal["torch", "deepspeed"]
 BACKENDS: tuple[LearnerBackend, ...] = get_args(LearnerBackend)
+
+
+class LearnerBackendName(StrEnum):
+    """`learner.backend`: the names of BACKENDS (the config schema's type for the key)."""
+
+    torch = "torch"
+    deepspeed = "deepspeed"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,13 +44,14 @@ from cluster import collective
 from learners.backends import LearnerParts
 from learners.batch import TrainBatch
 from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
+from learners.sections import LearnerSection
 from learners.weights import WeightSnapshot, is_lora, take_snapshot
 
 CHECKPOINT_TAG = "deepspeed"
 _JOIN_TIMEOUT_S = 300.0
 
 
-def deepspeed_config(learner: Any, dtype: str) -> dict[str, Any]:
+def deepspeed_config(learner: LearnerSection, dtype: str) -> dict[str, Any]:
     """The engine's config from the learner section (`learner.deepspeed.*`, micro-batch, clipping) and dtype."""
     ds = learner.deepspeed
     zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}

@@ -79,7 +79,8 @@ class Learner:
         if str(learner.gradient_checkpointing).lower() == "true":
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
-        self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas),
+        beta1, beta2 = opt.betas  # two, checked at config load
+        self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=(beta1, beta2),
                                            weight_decay=opt.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(opt, spec.total_steps, spec.num_policies, spec.policy_index))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 from torch import Tensor
@@ -87,6 +88,13 @@ def _seq_mean_token_mean(loss: Tensor, mask: Tensor, normalizer: Tensor | float)
 # Selected by name from config (validated at load).
 #   token_mean:           Σ_tokens loss / (global number of loss tokens)
 #   seq_mean_token_mean:  Σ_seqs mean_tokens(loss) / (global number of sequences with ≥ 1 loss token)
+class LossAggregation(StrEnum):
+    """`algo.loss_agg`: the names of LOSS_AGGREGATIONS (the config schema's type for the key)."""
+
+    token_mean = "token_mean"
+    seq_mean_token_mean = "seq_mean_token_mean"
+
+
 LOSS_AGGREGATIONS: dict[str, Aggregation] = {
     "token_mean": Aggregation(_token_mean, lambda mask: mask.sum()),
     "seq_mean_token_mean": Aggregation(_seq_mean_token_mean, lambda mask: mask.any(-1).sum()),
@@ -181,6 +189,14 @@ def _k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 # Per-token estimators of KL(π ‖ π_ref) from samples of π (Schulman, "Approximating KL divergence"):
 # k1 unbiased but signed, k2 biased low-variance, k3 unbiased and always ≥ 0.
+class KlEstimator(StrEnum):
+    """`algo.kl_estimator`: the names of KL_ESTIMATORS (the config schema's type for the key)."""
+
+    k1 = "k1"
+    k2 = "k2"
+    k3 = "k3"
+
+
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
 
 

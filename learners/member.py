@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cluster.collective import CollectiveMember
 from cluster.nccl import WeightSender
+from learners.sections import AlgoSection, LearnerSection, ModelSection
 
 if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
     from torch import Tensor
@@ -20,13 +21,13 @@ if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
 @dataclass(frozen=True, kw_only=True)
 class LearnerSpec:
     """One policy's learner: its model folder and the config sections its ranks read (plain values and read-only
-    config sections, so it pickles to the rank actors)."""
+    config sections, typed by learners.sections, so it pickles to the rank actors)."""
 
     policy_id: str
     model_path: str
-    model: Any  # the policy's `model` config section (dtype, lora)
-    learner: Any  # its `learner` section (optim, micro-batch, backend, ...)
-    algo: Any  # the `algo` section (clipping, KL, loss aggregation, ...)
+    model: ModelSection  # the policy's `model` config section (dtype, lora)
+    learner: LearnerSection  # its `learner` section (optim, micro-batch, backend, ...)
+    algo: AlgoSection  # the `algo` section (clipping, KL, loss aggregation, ...)
     temperature: float  # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
     total_steps: int  # training steps of the run (the LR schedule's length)
     seed: int

@@ -10,13 +10,13 @@ token t+1, so `mask` is the batch's loss mask without its first column.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from learners.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
 from learners.mitigations import kl_coefficients
+from learners.sections import AlgoSection
 
 
 def policy_loss(
@@ -29,7 +29,7 @@ def policy_loss(
     *,
     ref_logprobs: Tensor | None,
     entropy: Tensor,
-    algo: Any,
+    algo: AlgoSection,
     normalizer: float,
 ) -> tuple[Tensor, dict[str, float]]:
     """(scalar loss, metric sums) of one micro-batch; the loss is normalised by the GLOBAL `normalizer`

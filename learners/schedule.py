@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # learners.sections names this module's Enums
+    from learners.sections import OptimSection
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0, *,
@@ -35,7 +39,7 @@ def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) 
     return ticks * policies + index if unit == "update_call" else ticks
 
 
-def lr_lambda(optim: Any, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
+def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
     """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section (schedule, warmup_steps,
     min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the run's `total` training steps."""
 
@@ -48,3 +52,18 @@ def lr_lambda(optim: Any, total: int, policies: int = 1, index: int = 0) -> Call
 
 
 SCHEDULES = ("cosine", "constant")
+
+
+class Schedule(StrEnum):
+    """`learner.optim.schedule`: the names of SCHEDULES (the config schema's type for the key)."""
+
+    cosine = "cosine"
+    constant = "constant"
+
+
+class ScheduleUnit(StrEnum):
+    """`learner.optim.schedule_unit`: what a schedule's position counts (schedule_position)."""
+
+    step = "step"
+    optimizer_step = "optimizer_step"
+    update_call = "update_call"

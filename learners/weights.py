@@ -10,12 +10,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from cluster.sketch import low_rank_sketch, probes, sketch
+from learners.sections import LoraSection
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy_model(model_path: str, dtype: str, lora: Any, attention: str | None = None) -> Any:
+def load_policy_model(model_path: str, dtype: str, lora: LoraSection, attention: str | None = None) -> Any:
     """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
     layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's default."""
     kwargs = {"attn_implementation": attention} if attention else {}

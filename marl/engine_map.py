@@ -9,11 +9,26 @@ so a group always finds the placement bundles reserved under its name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from marl.policy_map import PolicyMap
 
 MULTI_LORA_KEY = "lora"  # the one engine group of multi-LoRA serving
 ENGINE_SCOPES = ("role", "policy")
+
+
+class EngineScope(StrEnum):
+    """`rollout.engine_scope`: the names of ENGINE_SCOPES (the config schema's type for the key)."""
+
+    role = "role"
+    policy = "policy"
+
+
+class LoraServing(StrEnum):
+    """`rollout.lora_serving`: single (engines serve merged weights) or multi (EngineMap.build's multi_lora)."""
+
+    single = "single"
+    multi = "multi"
 
 
 def group_name(run_name: str, kind: str, key: str) -> str:

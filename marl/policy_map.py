@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 SHARED_POLICY_ID = "shared"
+
+
+class Sharing(StrEnum):
+    """`marl.sharing`: the maps PolicyMap.build makes (the config schema's type for the key)."""
+
+    shared = "shared"
+    isolated = "isolated"
+    custom = "custom"
 
 
 @dataclass(frozen=True)

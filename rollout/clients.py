@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Literal, Protocol, get_args
 
 from marl.types import Completion, Message
@@ -137,6 +138,15 @@ class BatchingClient:
 # rollout.mode: how turns reach the engines
 RolloutMode = Literal["streaming", "lockstep"]
 ROLLOUT_MODES: tuple[RolloutMode, ...] = get_args(RolloutMode)
+
+
+class RolloutModeName(StrEnum):
+    """`rollout.mode`: the names of ROLLOUT_MODES (the config schema's type for the key)."""
+
+    streaming = "streaming"
+    lockstep = "lockstep"
+
+
 CLIENTS: dict[str, type[StreamingClient] | type[BatchingClient]] = {
     "streaming": StreamingClient, "lockstep": BatchingClient,
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from marl.seeds import derive_seed
@@ -17,6 +18,13 @@ if TYPE_CHECKING:  # the contract needs no torch to import
 # rollout.backend: the engine classes (rollout.engine_group picks one by name)
 EngineBackend = Literal["hf", "vllm"]
 ENGINE_BACKENDS: tuple[EngineBackend, ...] = get_args(EngineBackend)
+
+
+class EngineBackendName(StrEnum):
+    """`rollout.backend`: the names of ENGINE_BACKENDS (the config schema's type for the key)."""
+
+    hf = "hf"
+    vllm = "vllm"
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,14 @@ from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, Message
 from rollout.engine import EngineMember, Sampling
+from rollout.sections import RolloutSection
 from rollout.stall import StallWatch
 
 # Catches member `index` of a group up to the weights its policies' engines serve (after a replacement).
 Resync = Callable[["EngineGroup", int], None]
 
 
-def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: bool,
+def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weight_channel: bool,
                    chat_template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
@@ -41,7 +42,7 @@ def _engine_kwargs(rollout: Any, adapters: int, lora_rank: int, weight_channel: 
             "weight_channel": weight_channel, "sync_path": rollout.vllm_sync_path}
 
 
-def _engine_env(rollout: Any, slot: int) -> dict[str, str]:
+def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
     """Environment of engine actor `slot`: vLLM reads its settings at import, before any method runs."""
     if rollout.backend != "vllm":
         return {}
@@ -68,7 +69,7 @@ class EngineGroup:
     """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `spec` (marl.engine_map):
     one policy's weights, or every policy's LoRA adapter on one base model (multi-LoRA)."""
 
-    def __init__(self, spec: EngineGroupSpec, model_path: str, rollout: Any, dtype: str, first_slot: int = 0,
+    def __init__(self, spec: EngineGroupSpec, model_path: str, rollout: RolloutSection, dtype: str, first_slot: int = 0,
                  placement: GroupPlacement | None = None, lora_rank: int = 0, weight_channel: bool = False,
                  engine_cls: type[EngineMember] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
                  resync: Resync | None = None):

@@ -21,11 +21,14 @@ inside the worker, through `LLM.apply_model` or the worker extension.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cluster.sketch import probes, sketch, sketch_error
+
+if TYPE_CHECKING:  # the HF model config of the served model
+    from transformers import PretrainedConfig
 
 HEAD = "lm_head.weight"
 
@@ -101,7 +104,7 @@ def whole_modules(names: Sequence[str], changed: Sequence[str], packed: Mapping[
     return [n for n in names if vllm_module(n, packed) in touched]
 
 
-def part_rows(parts: Sequence[str], config: Any, fused_rows: int) -> list[int]:
+def part_rows(parts: Sequence[str], config: PretrainedConfig, fused_rows: int) -> list[int]:
     """Rows of each HF part of a fused linear, in stacking order: q, k, v from the model config
     (num_heads × head_dim, then num_kv_heads × head_dim twice); any other stack (gate, up) equal shares of
     `fused_rows`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from typing import Any
 
 from marl.tasks.base import AsyncScoring, Scored, TaskFamily
@@ -11,6 +12,14 @@ from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
 
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {"math": MathFamily, "digit": DigitFamily, "code": CodeFamily}
+
+
+class TaskName(StrEnum):
+    """`data.task`: the names of FAMILIES (the config schema's type for the key)."""
+
+    math = "math"
+    digit = "digit"
+    code = "code"
 
 
 def get_family(name: str, answer_fallback: str = "none", sandbox: Mapping[str, Any] | None = None) -> TaskFamily:
@@ -27,4 +36,4 @@ def get_family(name: str, answer_fallback: str = "none", sandbox: Mapping[str, A
 
 
 __all__ = ["FAMILIES", "AsyncScoring", "CodeFamily", "DigitFamily", "MathFamily", "Scored", "TaskFamily",
-           "get_family"]
+           "TaskName", "get_family"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from enum import StrEnum
 
 from marl.types import Task
 
@@ -98,6 +99,13 @@ def last_number(text: str) -> str | None:
 
 
 ANSWER_FALLBACKS = ("none", "last_number")
+
+
+class AnswerFallback(StrEnum):
+    """`data.answer_fallback`: the names of ANSWER_FALLBACKS (the config schema's type for the key)."""
+
+    none = "none"
+    last_number = "last_number"
 
 
 class MathFamily:

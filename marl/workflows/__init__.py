@@ -18,7 +18,7 @@ from marl.plugins import PluginError, is_file_spec, load_module
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import eval_opt, orch_workers, single_agent, voting
-from marl.workflows.common import PROMPT_SETS, WorkflowOptions
+from marl.workflows.common import PROMPT_SETS, PromptSet, WorkflowOptions
 
 
 class Workflow(Protocol):
@@ -107,5 +107,5 @@ def slot_roles(name: str) -> tuple[str, ...]:
     return tuple(getattr(get_workflow(name), "SLOT_ROLES", ()))
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "get_workflow", "roles_of",
-           "slot_roles", "workflow_problem"]
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "PromptSet", "Workflow", "WorkflowOptions", "agent_role", "get_workflow",
+           "roles_of", "slot_roles", "workflow_problem"]

@@ -10,6 +10,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
@@ -19,6 +20,13 @@ from marl.types import Episode, Message, PolicyClient, Turn
 # "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202), where it differs: eval_opt's wording and
 # shared history, and code wordings for every workflow on code tasks.
 PROMPT_SETS: tuple[str, ...] = ("default", "paper")
+
+
+class PromptSet(StrEnum):
+    """`marl.prompts`: the names of PROMPT_SETS (the config schema's type for the key)."""
+
+    default = "default"
+    paper = "paper"
 
 
 def prompt_kind(family: TaskFamily) -> str:

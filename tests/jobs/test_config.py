@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf.errors import ReadonlyConfigError
 
-from jobs.config import ConfigError, load_config
+from jobs.config import ConfigError, load_config, to_yaml
 from jobs.train import main
 
 TINY = "jobs/configs/tiny.yaml"
@@ -78,18 +78,34 @@ def test_a_removed_key_names_its_replacement():
         load_config(TINY, ["rollout.call_timeout_s=300"])
 
 
-def test_choices_are_read_from_the_registries(monkeypatch):
-    """A variant registered in its registry is a valid choice with no edit to the config code."""
-    from learners.advantages import ADVANTAGE_ESTIMATORS
-    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+def test_choices_are_the_enums_beside_their_registries():
+    """A registry's names are the values of the Enum beside it, the schema's type for its key (a variant is
+    registered in both); a bad value names the key and the choices, a good one reads back as its string."""
+    from cluster.placement import STRATEGIES
+    from jobs.schema import PlacementStrategy
+    from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
+    from learners.backends import BACKENDS, LearnerBackendName
+    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
+    from learners.schedule import SCHEDULES, Schedule
+    from marl.engine_map import ENGINE_SCOPES, EngineScope
+    from marl.tasks import FAMILIES, TaskName
+    from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
+    from marl.workflows import PROMPT_SETS, PromptSet
+    from rollout.clients import ROLLOUT_MODES, RolloutModeName
+    from rollout.engine import ENGINE_BACKENDS, EngineBackendName
 
+    for enum, registry in ((AdvantageEstimator, ADVANTAGE_ESTIMATORS), (LossAggregation, LOSS_AGGREGATIONS),
+                           (KlEstimator, KL_ESTIMATORS), (LearnerBackendName, BACKENDS),
+                           (EngineBackendName, ENGINE_BACKENDS), (RolloutModeName, ROLLOUT_MODES),
+                           (PromptSet, PROMPT_SETS), (PlacementStrategy, STRATEGIES), (Schedule, SCHEDULES),
+                           (EngineScope, ENGINE_SCOPES), (TaskName, FAMILIES), (AnswerFallback, ANSWER_FALLBACKS)):
+        assert [m.value for m in enum] == list(registry), enum
     with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):
         load_config(TINY, ["algo.advantage=mean"])
-    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "mean", ADVANTAGE_ESTIMATORS["rloo"])
-    monkeypatch.setitem(LOSS_AGGREGATIONS, "seq_sum", LOSS_AGGREGATIONS["token_mean"])
-    monkeypatch.setitem(KL_ESTIMATORS, "k0", KL_ESTIMATORS["k1"])
-    cfg = load_config(TINY, ["algo.advantage=mean", "algo.loss_agg=seq_sum", "algo.kl_estimator=k0"])
-    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("mean", "seq_sum", "k0")
+    cfg = load_config(TINY, ["algo.advantage=rloo", "algo.loss_agg=seq_mean_token_mean", "algo.kl_estimator=k1"])
+    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("rloo", "seq_mean_token_mean", "k1")
+    assert isinstance(cfg.algo.advantage, AdvantageEstimator) and f"{cfg.algo.advantage}" == "rloo"
+    assert "advantage: rloo\n" in to_yaml(cfg)  # the run's config.yaml keeps the plain string
 
 
 def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():
@@ -151,3 +167,22 @@ def test_verl_update_details_load():
     assert (cfg.algo.dual_clip_c, cfg.algo.log_ratio_clamp, cfg.algo.minibatch_shuffle) == (3.0, 20.0, False)
     assert (cfg.learner.optim.warmup_start_zero, cfg.learner.optim.cosine_clamp) == (True, False)
     assert cfg.learner.optim.schedule_unit == "update_call"
+
+
+def test_every_bound_a_schema_field_carries_is_checked():
+    """A bound in a field's metadata needs no table: the defaults pass, and each bounded key just past its bound
+    fails naming the key."""
+    from omegaconf import OmegaConf
+
+    from jobs.field_rules import check_fields, schema_rules
+    from jobs.schema import TrainConfig
+
+    base = OmegaConf.structured(TrainConfig)
+    assert check_fields(base) is None
+    bounded = [r for r in schema_rules().values() if r.above is not None or r.min is not None]
+    assert {"steps", "learner.optim.lr", "algo.clip_low", "ray.gpu_memory_gb"} <= {r.key for r in bounded}
+    for rule in bounded:
+        edge = rule.above if rule.above is not None else (rule.min or 0) - 1
+        cfg = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{rule.key}={edge}"]))
+        sign = ">" if rule.above is not None else ">="
+        assert check_fields(cfg) == f"{rule.key} must be {sign} 0; got {OmegaConf.select(cfg, rule.key)!r}"

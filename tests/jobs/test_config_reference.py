@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from jobs import config, config_reference
 from jobs.config_reference import field_comments, message_rules, page, schema_keys
+from jobs.field_rules import schema_rules
 from jobs.schema import TrainConfig
 
 
@@ -30,7 +31,7 @@ def test_every_schema_key_is_listed_once():
 
 def test_every_key_the_check_tables_name_is_listed():
     keys = {k.key for k in schema_keys()}
-    assert {*config._CHOICES, *config._POSITIVE, *config._NON_NEGATIVE} <= keys
+    assert set(schema_rules()) <= keys
     assert set(message_rules(open(config.__file__).read())) <= keys
 
 

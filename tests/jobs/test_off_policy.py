@@ -42,7 +42,7 @@ def _column(out: Path, step: int, name: str) -> list:
     return pq.read_table(out / "tiny" / "rollouts" / f"step_{step:06d}.parquet")[name].to_pylist()
 
 
-def test_each_batch_comes_from_the_weights_before_the_previous_update(tmp_path):
+def test_each_batch_comes_from_the_weights_before_the_previous_update(ray_cluster, tmp_path):
     rows = _train(tmp_path, "steps=3", *OFF_POLICY)
     assert [r["rollout/off_policy_steps"] for r in rows] == [0.0, 1.0, 1.0]
     # Step 0 collects its own batch and prefetches step 1's; the last step has nothing to prefetch.
@@ -52,7 +52,7 @@ def test_each_batch_comes_from_the_weights_before_the_previous_update(tmp_path):
     assert [set(_column(tmp_path, s, "version")) for s in range(3)] == [{0}, {0}, {1}]
 
 
-def test_off_policy_sees_the_same_prompts_as_on_policy(tmp_path):
+def test_off_policy_sees_the_same_prompts_as_on_policy(ray_cluster, tmp_path):
     """Only when the episodes are collected changes: the prompts and sampling seeds per step are the same."""
     on = _train(tmp_path / "on", "steps=3")
     off = _train(tmp_path / "off", "steps=3", *OFF_POLICY)
@@ -62,7 +62,7 @@ def test_off_policy_sees_the_same_prompts_as_on_policy(tmp_path):
 
 
 @pytest.mark.parametrize("stop_after", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_a_resumed_run_collects_the_prefetched_prompts_again(tmp_path, stop_after):
+def test_a_resumed_run_collects_the_prefetched_prompts_again(ray_cluster, tmp_path, stop_after):
     whole = tmp_path / "whole"
     _train(whole, "steps=3", *OFF_POLICY)
     parts = tmp_path / "parts"

@@ -137,7 +137,7 @@ def test_a_run_without_config_or_evals_still_renders(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_of_real_tiny_runs(tmp_path):
+def test_report_of_real_tiny_runs(ray_cluster, tmp_path):
     from jobs.train import train
 
     for sharing in ("isolated", "shared"):

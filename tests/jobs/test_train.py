@@ -90,10 +90,13 @@ def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("sharing", "actors"), [("shared", 0), pytest.param("isolated", 1, marks=pytest.mark.slow)])
-# The fast tier learns through the HF engine; the vLLM engine's whole cycle (50 s) is in the slow tier.
-@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
-def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, backend):
+# The fast tier learns through the HF engine in-process; the slow tier through Ray actors on both engines. (vLLM
+# in-process with a shared policy is not run here: its engine is the actors' engine, and the shared policy map
+# is the HF run's.)
+@pytest.mark.parametrize(("sharing", "actors", "backend"), [
+    ("shared", 0, "hf"), pytest.param("isolated", 1, "hf", marks=pytest.mark.slow),
+    pytest.param("isolated", 1, "vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharing, actors, backend):
     """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.
 
     Shared runs its groups in-process and isolated through Ray actors, so both placements are covered;
@@ -110,7 +113,7 @@ def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, ba
     assert all(r["sync/verified"] == engines for r in rows if "sync/verified" in r)
 
 
-def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
+def test_isolated_policy_changes_only_from_its_own_roles_turns(ray_cluster, tmp_path):
     cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2")
     model_path = resolve_model(cfg.model.path)
     policy_map = PolicyMap.build("isolated", roles_of("voting"))
@@ -153,13 +156,17 @@ def test_data_without_valid_rows_is_a_clear_error(tmp_path):
         train(_cfg(tmp_path, f"data.train={bad}"))
 
 
-def test_engine_call_past_its_deadline_names_the_engine(tmp_path):
-    cfg = _cfg(tmp_path, "rollout.stall_timeout_s=0.001", "ray.num_cpus=2")
+def test_engine_call_past_its_deadline_names_the_engine(ray_cluster, tmp_path):
+    # The learner in-process: the first engine call fails before any update, so no learner actor is needed. No
+    # replacement: the whole run's error path is under test here; replacing a hung engine first is
+    # tests/rollout/test_engine_faults.py's.
+    cfg = _cfg(tmp_path, "rollout.stall_timeout_s=0.001", "ray.num_cpus=2", "learner.ranks=0",
+               "rollout.replace_dead_engines=false")
     with pytest.raises(GroupTimeout, match=r"tiny:engine:generator:0\.generate"):
         train(cfg)
 
 
-def test_unparsable_outputs_are_counted(tmp_path):
+def test_unparsable_outputs_are_counted(ray_cluster, tmp_path):
     # In-process members: what is counted is the same, without starting actors.
     train(_cfg(tmp_path, "steps=1", "data.eval_size=0", "ray.num_cpus=2", "rollout.engines_per_role=0",
                "learner.ranks=0"))

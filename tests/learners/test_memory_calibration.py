@@ -9,7 +9,9 @@ from benchmarks.learner_peak import measure
 pytestmark = pytest.mark.slow  # three subprocesses that import the learner's stack: ~30 s
 
 
-@pytest.mark.parametrize(("rows", "width"), [(1, 1024), (4, 1024), (8, 2048)])
+# One window within a chunk, two spanning chunks; 2 x 2,048 was not among the fitted rows (8 x 2,048 was, and
+# cost twice the time of the other two together for the same regime).
+@pytest.mark.parametrize(("rows", "width"), [(1, 1024), (4, 1024), (2, 2048)])
 def test_cpu_estimate_is_within_a_quarter_of_the_measured_peak(rows, width):
     r = measure(rows, width)
     assert 0.75 <= r["estimate"] / r["measured"] <= 1.25, r

@@ -18,9 +18,12 @@ from tests.learning import assert_learned, write_seven_tasks
 WIDE_TINY = "builtin:tiny?hidden=512&intermediate=512"
 
 
+# vLLM only: on the HF engine, multi-LoRA serving's rollouts and updates equal merged serving's step for step
+# (the test below), and merged serving's learning is checked by tests/jobs/test_train.py.
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_reward_is_learned_with_multi_lora_serving(tmp_path, backend):
+@pytest.mark.vllm
+def test_reward_is_learned_with_multi_lora_serving(ray_cluster, tmp_path):
+    backend = "vllm"
     data = write_seven_tasks(tmp_path)
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", f"model.path={WIDE_TINY}", "marl.workflow=voting", "marl.sharing=isolated",
@@ -37,7 +40,7 @@ def test_reward_is_learned_with_multi_lora_serving(tmp_path, backend):
 
 
 @pytest.mark.slow
-def test_multi_lora_serving_follows_the_merged_weight_runs_trajectory_exactly(tmp_path):
+def test_multi_lora_serving_follows_the_merged_weight_runs_trajectory_exactly(ray_cluster, tmp_path):
     """Same seeds, same learner: serving adapters on the base gives the very rollouts and updates that serving
     the merged weights gives (HF engines, where both are exact in fp32)."""
 

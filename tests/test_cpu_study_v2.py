@@ -113,7 +113,24 @@ def test_gate_table_from_the_base_models_parse_failures(tmp_path):
     assert sorted(collect.copy_runs(sweep, tmp_path / "gate", gate=True)) == [
         "voting-aggregator-32", "voting-aggregator-64"]
     rows = collect.gate_table(collect.find_runs([tmp_path / "gate"])).splitlines()[2:]
-    assert rows == ["| voting | aggregator | 32 | 32 | 0.375 | no |", "| voting | aggregator | 64 | 32 | 0.625 | yes |"]
+    assert rows == ["| voting | aggregator | 32 | 32 | 20 | 0.375 | no |",
+                    "| voting | aggregator | 64 | 32 | 12 | 0.625 | yes |"]
+
+
+def test_a_role_with_a_turn_per_round_is_gated_on_an_upper_bound_of_its_rate(tmp_path):
+    """eval-opt's evaluator answers once per round (2 here): 62 failures in 32 episodes is at most 2 parsed
+    turns of 64, not a rate of 1 - 62/32; 20 failures leaves the rate at most 0.688, unproven either way."""
+    for cap, failures in ((32, 62.0), (64, 20.0)):
+        run = tmp_path / f"eval_opt-evaluator-{cap}"
+        run.mkdir()
+        cfg = {"marl": {"workflow": "eval_opt", "max_rounds": 2},
+               "rollout": {"role_max_new_tokens": {"evaluator": cap}}}
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (run / "metrics.jsonl").write_text(json.dumps(
+            {"step": 0, "eval/before/episodes": 32.0, "eval/before/parse_failures/evaluator": failures}) + "\n")
+    rows = collect.gate_table(collect.find_runs([tmp_path])).splitlines()[2:]
+    assert rows == ["| eval_opt | evaluator | 32 | 32 | 62 | <= 0.031 | no |",
+                    "| eval_opt | evaluator | 64 | 32 | 20 | <= 0.688 | ? |"]
 
 
 def test_arm_names_come_from_the_config():

@@ -189,19 +189,33 @@ def calibration_table(runs: list[Run]) -> str:
     return _table(["lr", "seed", "base", "peak", "final", "cliff (rule)", "largest policy move"], rows)
 
 
+def turns_at_most(cfg: dict[str, Any], role: str) -> int:
+    """The most turns `role` takes in one episode: eval-opt's evaluator one per round (an episode ends early
+    only when a verdict parses as "correct"), every other coordinating role one."""
+    marl = cfg.get("marl", {})
+    return int(marl.get("max_rounds", 1)) if (marl.get("workflow"), role) == ("eval_opt", "evaluator") else 1
+
+
 def gate_table(paths: list[Path]) -> str:
-    """Per gate run: the coordinating role, its cap, the base model's parse rate over its evaluation's episodes
-    (1 - eval/before/parse_failures/<role> / eval/before/episodes) and whether it reaches the gate's 50 %."""
+    """Per gate run: the coordinating role, its cap, the base model's parse rate over its turns in the
+    evaluation and whether it reaches the gate's 50 %.
+
+    The evaluation logs the role's failures, not its turns: the rate is 1 - failures / turns with turns at most
+    episodes x turns_at_most, so for a role with several turns per episode the rate shown is an upper bound
+    (marked <=), which settles a "no" and leaves a "yes" unproven (marked ?)."""
     rows = []
     for path in paths:
         cfg, record = _config(path), load_run(path)
         first = record.rows[0] if record.rows else {}
         for role, cap in sorted(cfg.get("rollout", {}).get("role_max_new_tokens", {}).items()):
-            episodes = float(first.get("eval/before/episodes", 0.0))
-            rate = 1 - float(first.get(f"eval/before/parse_failures/{role}", 0.0)) / episodes if episodes else math.nan
-            rows.append([record.workflow, role, str(cap), f"{episodes:.0f}", _fmt(rate),
-                         "–" if rate != rate else ("yes" if rate >= GATE_RATE else "no")])
-    return _table(["workflow", "role", "cap", "episodes", "parse rate at base", ">= 50 %"], sorted(rows))
+            episodes, most = float(first.get("eval/before/episodes", 0.0)), turns_at_most(cfg, role)
+            failures = float(first.get(f"eval/before/parse_failures/{role}", 0.0))
+            rate = 1 - failures / (episodes * most) if episodes else math.nan
+            shown = ("<= " if most > 1 else "") + _fmt(rate)
+            passes = "–" if rate != rate else ("no" if rate < GATE_RATE else "yes" if most == 1 else "?")
+            rows.append([record.workflow, role, str(cap), f"{episodes:.0f}", f"{failures:.0f}", shown, passes])
+    return _table(["workflow", "role", "cap", "episodes", "failed turns", "parse rate at base", ">= 50 %"],
+                  sorted(rows))
 
 
 def provenance_table(runs: list[Run]) -> str:

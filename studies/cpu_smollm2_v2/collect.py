@@ -215,7 +215,7 @@ def gate_table(paths: list[Path]) -> str:
             passes = "–" if rate != rate else ("no" if rate < GATE_RATE else "yes" if most == 1 else "?")
             rows.append([record.workflow, role, str(cap), f"{episodes:.0f}", f"{failures:.0f}", shown, passes])
     return _table(["workflow", "role", "cap", "episodes", "failed turns", "parse rate at base", ">= 50 %"],
-                  sorted(rows))
+                  sorted(rows, key=lambda r: (r[0], r[1], int(r[2]))))
 
 
 def provenance_table(runs: list[Run]) -> str:

@@ -30,7 +30,7 @@ from cluster import collective
 from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack
 from cluster.sketch import sketch
-from learners.backends import GradientBackend, LearnerParts, backend_class
+from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
 from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
@@ -367,3 +367,16 @@ class Learner:
     def load_state(self, path: str) -> None:
         self.step = self.backend.load_state(path)
 
+
+def backend_class(backend: str) -> type[GradientBackend]:
+    """The gradient backend named `backend`, imported only here, when a rank builds one (DeepSpeed's imports
+    deepspeed)."""
+    if backend == "torch":
+        from learners.torch_backend import TorchBackend
+
+        return TorchBackend
+    if backend == "deepspeed":
+        from learners.deepspeed_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend
+    raise ValueError(f"learner.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

@@ -97,10 +97,9 @@ class RolloutSource:
 
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
-        timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        episodes = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt, self.sampling(step),
-                                                 on_episode, timings)
+        episodes, timings = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
+                                                          self.sampling(step), on_episode)
         return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:

@@ -110,7 +110,7 @@ class GradientBackend(Protocol):
         ...
 
     def save_state(self, path: str, step: int) -> None:
-        """This rank's part of the policy's state (contract: learners/checkpoint.py), with the update counter."""
+        """This rank's part of the policy's state (contract: learners/state_io.py), with the update counter."""
         ...
 
     def load_state(self, path: str) -> int:

@@ -330,7 +330,7 @@ class Learner:
     def export(self, out_dir: str) -> str:
         return self.weights.export(out_dir)
 
-    # -- checkpoint state (the contract is in learners/checkpoint.py; the layout is the backend's) --
+    # -- checkpoint state (the contract is in learners/state_io.py; the layout is the backend's) --
     def save_state(self, path: str) -> None:
         self.backend.save_state(path, self.step)
 

@@ -64,12 +64,7 @@ class Learner:
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
-        self.model = module if module is not None else load_policy_model(self.model_path, self.master_dtype,
-                                                                         model.lora, attention)
-        # Resolved to "true"/"false" at config load (auto: by the memory plan). Non-reentrant: per-role gradients
-        # use torch.autograd.grad.
-        if str(learner.gradient_checkpointing).lower() == "true":
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = _policy_module(spec, self.master_dtype, attention, module)
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
         beta1, beta2 = opt.betas  # two, checked at config load
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=(beta1, beta2),
@@ -141,25 +136,22 @@ class Learner:
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-        """One optimizer step on mini-batch `mb`: its gradient (per role when asked), clipping, the step. Returns
-        (the step's metrics, `sums` plus its micro-batches' metric sums)."""
-        metrics, sums = self._backward_by_role(mb, normalizer, roles, sums)
-        metrics["lr"], metrics["grad_norm"] = self.backend.step()
-        return metrics, dict(sums)
-
-    def _backward_by_role(self, data: TrainBatch, normalizer: float, roles: list[str] | None,
-                          sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-        """Hand the backend `data`'s gradient, summed over ranks; returns (the per-role gradient metrics, if taken;
-        `sums` plus the micro-batches' metric sums).
+        """One optimizer step on mini-batch `mb`: its gradient summed over ranks, clipping, the step. Returns (the
+        step's metrics: lr, grad norm and the per-role gradient metrics, if taken; `sums` plus its micro-batches'
+        metric sums).
 
         With `roles` (and a backend holding whole weights outside forward) each role's gradient is taken apart and
         the step uses their sum, which is the plain gradient. Otherwise the backend runs one backward per
         micro-batch, and idle ones up to the passes it matches across ranks."""
+        metrics: dict[str, float] = {}
         if roles and self.backend.per_role_gradients:
-            role_grads, sums = self._role_gradients(data, normalizer, roles, sums)
+            role_grads, total = self._role_gradients(mb, normalizer, roles, sums)
             self.backend.apply_gradient(role_grads.sum(0))
-            return role_grad_metrics(role_grads, roles, self.policy_id), dict(sums)
-        return {}, self._backward(data, normalizer, sums)
+            metrics = role_grad_metrics(role_grads, roles, self.policy_id)
+        else:
+            total = self._backward(mb, normalizer, sums)
+        metrics["lr"], metrics["grad_norm"] = self.backend.step()
+        return metrics, total
 
     def _backward(self, data: TrainBatch, normalizer: float, sums: Mapping[str, float]) -> dict[str, float]:
         """The backend's backward through each micro-batch's loss, built as the backend consumes it (one graph alive
@@ -336,6 +328,16 @@ class Learner:
 
     def load_state(self, path: str) -> None:
         self.step = self.backend.load_state(path)
+
+
+def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: Any) -> Any:
+    """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
+    with gradient checkpointing when `learner.gradient_checkpointing` (resolved to "true"/"false" at config load;
+    auto: by the memory plan). Non-reentrant: per-role gradients use torch.autograd.grad."""
+    model = module if module is not None else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
+    if str(spec.learner.gradient_checkpointing).lower() == "true":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def backend_class(backend: str) -> type[GradientBackend]:

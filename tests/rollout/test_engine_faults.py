@@ -113,7 +113,7 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
             running = pool.submit(system.collector.collect, TASKS, SAMPLES, SAMPLING)
             _wait_for(flag, 120.0)  # the engine is inside generate now
             ray.kill(ray.get_actor(f"{RUN}:engine:solver:0"))
-            episodes = running.result(timeout=300)
+            episodes = running.result(timeout=300).episodes
         group = system.engines["solver"]
         assert group.replacements == 1
         assert len(episodes) == len(TASKS) * SAMPLES

@@ -54,9 +54,8 @@ def _engines(args: argparse.Namespace, path: str, workflow: str) -> dict[str, En
 def _collect(engines: dict[str, EngineGroup], workflow: str, mode: str, tasks: list, args: argparse.Namespace,
              seed: int) -> dict[str, float]:
     collector = Collector(engines, workflow, get_family("math"), WorkflowOptions(), mode=mode)
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    episodes = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed), timings=timings)
+    episodes, timings = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed))
     wall = time.perf_counter() - t0
     tokens = sum(len(t.completion.response_ids) for e in episodes for t in e.turns)
     return {"wall_s": wall, "tokens": float(tokens), "tokens_per_s": tokens / wall, "turns": float(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jobs.policies import override_keys
 from jobs.schema import TrainConfig
-from marl.engine_map import group_name
+from marl.names import group_name
 
 COLOCATED = "colocated"  # the shared learner group's key: `<run>:learner:colocated` (no role has this name)
 

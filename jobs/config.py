@@ -24,7 +24,8 @@ from jobs.precision import dtype_problem
 from jobs.schema import RolloutConfig, TrainConfig, as_node
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
-from marl.tasks.data import CODE_SOURCES, FILE_SUFFIXES, is_generated
+from marl.tasks.data import CODE_SOURCES, is_generated
+from marl.tasks.rows import FILE_SUFFIXES
 from marl.workflows import get_workflow, roles_of
 
 

@@ -97,7 +97,7 @@ def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episod
     s = cfg.rollout.sampling
     sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"),
                         role_caps=role_caps(cfg.rollout))
-    return system.collector.collect(tasks, 1, sampling)
+    return system.collector.collect(tasks, 1, sampling).episodes
 
 
 def timed_evaluate(system: System, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
@@ -211,15 +211,16 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
         metrics.update(timed_evaluate(system, cfg, run.inp.eval_tasks, run.run_dir, step + 1))
         accuracy = metrics["eval/accuracy"]
-        stop = cliff_guard(cfg, run.cliff, step + 1, metrics)
-        flagged = metrics["cliff/flagged"] == 1.0
+        stop, guard = cliff_guard(cfg, run.cliff, step + 1, accuracy)
+        metrics.update(guard)
+        flagged = guard["cliff/flagged"] == 1.0
     if accuracy is not None and math.isnan(accuracy):
         accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
     best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
     run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
                                        sampler=source.sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
-        _rollback(run, system, source, metrics)
+        metrics.update(_rollback(run, system, source))
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
         metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
         if run.base_eval_s is not None:
@@ -234,20 +235,21 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     return stop
 
 
-def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, metrics: dict[str, float]) -> bool:
-    """Track held-out accuracy; on a terminal cliff warn, and with cliff.action=stop end the run."""
-    flagged = cliff.update(step, metrics["eval/accuracy"])
-    metrics.update({**cliff.metrics(), "cliff/flagged": float(flagged)})
+def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: float) -> tuple[bool, dict[str, float]]:
+    """Track held-out `accuracy`; on a terminal cliff warn, and with cliff.action=stop end the run. Returns
+    (whether the run stops, the tracker's metrics and `cliff/flagged`)."""
+    flagged = cliff.update(step, accuracy)
     if flagged:
-        print(f"[{cfg.run_name}] terminal cliff: held-out accuracy {metrics['eval/accuracy']:.3f} is "
+        print(f"[{cfg.run_name}] terminal cliff: held-out accuracy {accuracy:.3f} is "
               f"below its peak {cliff.peak:.3f} (step {cliff.peak_step}) by >= {cfg.cliff.drop}"
               f"{f' or >= {cfg.cliff.relative_drop:.0%} of it' if cfg.cliff.relative_drop else ''} for "
               f"{cliff.below} evaluations; action={cfg.cliff.action}", flush=True)
-    return flagged and cfg.cliff.action == "stop"
+    return flagged and cfg.cliff.action == "stop", {**cliff.metrics(), "cliff/flagged": float(flagged)}
 
 
-def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dict[str, float]) -> None:
-    """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it.
+def _rollback(run: RunState, system: System, source: RolloutSource) -> dict[str, float]:
+    """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it;
+    returns the rollback's metrics (none when there is no checkpoint to roll back to).
 
     The tracker keeps its peak (the restored weights are the peak's) and restarts its window: another
     rollback needs `cliff.window` fresh evaluations below the peak. The step counter, data position and
@@ -255,7 +257,7 @@ def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dic
     target = ckpt.best(run.root)
     if target is None:
         print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
-        return
+        return {}
     _load_learners(system, target)
     source.rewind(run.progress.sampler)  # episodes prefetched by the weights rolled back are dropped
     version = run.progress.weight_version + 1
@@ -263,9 +265,9 @@ def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dic
     run.cliff.below = 0
     run.progress = dataclasses.replace(run.progress, weight_version=version, cliff=run.cliff.state(),
                                        eval_accuracy=None, rollbacks=run.progress.rollbacks + 1)
-    metrics.update({"cliff/rollback_to_step": float(ckpt.read_progress(target).step),
-                    "cliff/rollbacks": float(run.progress.rollbacks), "cliff/evals_below": 0.0})
     print(f"[{run.cfg.run_name}] cliff rollback to {target}", flush=True)
+    return {"cliff/rollback_to_step": float(ckpt.read_progress(target).step),
+            "cliff/rollbacks": float(run.progress.rollbacks), "cliff/evals_below": 0.0}
 
 
 def _save(run: RunState, system: System) -> Path:

@@ -15,7 +15,7 @@ from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layo
 from jobs.colocation import colocated, colocated_name
 from jobs.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.schema import TrainConfig
-from marl.engine_map import group_name
+from marl.names import group_name
 from marl.policy_map import PolicyMap
 
 # The config keys a placement failure points the user to.

@@ -19,7 +19,7 @@ from jobs.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
 from learners.role_grads import step_role_shares
-from marl.metrics import episode_metrics
+from marl.episode_metrics import episode_metrics
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
@@ -97,10 +97,9 @@ class RolloutSource:
 
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
-        timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        episodes = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt, self.sampling(step),
-                                                 on_episode, timings)
+        episodes, timings = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
+                                                          self.sampling(step), on_episode)
         return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:

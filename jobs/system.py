@@ -19,7 +19,8 @@ from jobs.weight_sync import WeightSync, resync_through, sync_all
 from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
-from marl.engine_map import EngineMap, group_name
+from marl.engine_map import EngineMap
+from marl.names import group_name
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
 from marl.tasks import TaskFamily

@@ -47,7 +47,7 @@ class WeightSync:
         self.version = 0  # what the engines serve: a replaced engine is caught up to it
         self.channel_ready = False  # nccl: formed before the first sync and after a replacement
 
-    def connect(self) -> None:
+    def open_channel(self) -> None:
         """Form the NCCL channel learner rank 0 → every engine, unless it stands (nothing for the object store)."""
         if self.transport == "nccl" and not self.channel_ready:
             form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s)
@@ -55,7 +55,7 @@ class WeightSync:
 
     def run(self, version: int) -> dict[str, float]:
         """Push the policy's weights (or adapter) as `version` to every engine; {"sync_s", "bytes", "verified"}."""
-        self.connect()
+        self.open_channel()
         out = self._send(self.engines, version)
         self.version = version
         return out
@@ -95,7 +95,7 @@ def sync_all(syncs: Mapping[str, WeightSync], version: int) -> dict[str, float]:
     """Every policy's sync as `version`. Channels are formed one after another; then policies sync concurrently:
     each one's engines wait for their own weights only (a multi-LoRA group takes its adapters one call at a time)."""
     for sync in syncs.values():
-        sync.connect()
+        sync.open_channel()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(syncs), thread_name_prefix="sync") as pool:
         outs = list(pool.map(lambda s: s.run(version), syncs.values()))

@@ -136,7 +136,7 @@ def test_custom_map_two_roles_share_a_model_a_third_has_its_own(tmp_path):
     try:
         assert system.engine_groups("crew") == [system.engines["worker"]]
         assert system.engines["orchestrator"] is system.engines["synthesizer"] is not system.engines["worker"]
-        episodes = system.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3))
+        episodes = system.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)).episodes
         assert system.sync(version=1)["sync/verified"] == 2  # each policy's weights, to its own group only
     finally:
         system.shutdown()

@@ -18,7 +18,7 @@ from marl.tasks.data import digit_tasks
 from marl.tasks.sampler import PromptSampler
 from marl.types import Completion
 from marl.workflows.common import WorkflowOptions
-from rollout.collector import Collector
+from rollout.collector import Collected, Collector
 from rollout.engine import EngineMember
 from rollout.engine_group import EngineGroup
 
@@ -88,11 +88,9 @@ class FakeCollector:
     def __init__(self):
         self.calls: list[tuple[list[str], int]] = []
 
-    def collect(self, tasks, n, sampling, on_episode=None, timings=None):  # noqa: ARG002 - Collector signature
+    def collect(self, tasks, n, sampling, on_episode=None):  # noqa: ARG002 - Collector signature
         self.calls.append(([t.task_id for t in tasks], sampling.seed))
-        if timings is not None:
-            timings["generate_s"] = 0.5
-        return []
+        return Collected([], {"generate_s": 0.5})
 
 
 def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_before_its_prompts(tmp_path):

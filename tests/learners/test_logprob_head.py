@@ -3,7 +3,6 @@
 plain head), the checkpointed module (any other head), tied embeddings, LoRA, and the learner's passes."""
 
 import dataclasses
-from collections import defaultdict
 
 import pytest
 import torch
@@ -57,8 +56,7 @@ def _learner(*overrides: str) -> Learner:
 
 def _grads_and_metrics(learner, batch, temperature):
     learner.temperature = temperature
-    sums: defaultdict[str, float] = defaultdict(float)
-    loss = learner._micro_step(batch, float(batch.num_loss_tokens()), sums)
+    loss, sums = learner._micro_step(batch, float(batch.loss_mask.sum()))
     grads = torch.autograd.grad(loss, learner.params, allow_unused=True)
     return loss, [torch.zeros_like(p) if g is None else g for p, g in zip(learner.params, grads, strict=True)], sums
 

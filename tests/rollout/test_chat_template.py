@@ -67,7 +67,7 @@ def test_the_systems_engines_render_with_the_configs_kwargs(tmp_path, thinking_m
         out = asyncio.run(system.engines["solver"].generate([MESSAGES], greedy, role="solver"))
         assert out[0].prompt_ids == _render(thinking_model, **OFF) != _render(thinking_model)
         task = Task(task_id="t", prompt="Write the digit 3.", answer="3")
-        episode = system.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2))[0]
+        episode = system.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[0]
         prompt = AutoTokenizer.from_pretrained(thinking_model).decode(episode.turns[0].completion.prompt_ids)
         assert prompt.endswith("assistant\n<think>\n\n</think>\n\n")
     finally:

@@ -113,7 +113,7 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
             running = pool.submit(system.collector.collect, TASKS, SAMPLES, SAMPLING)
             _wait_for(flag, 120.0)  # the engine is inside generate now
             ray.kill(ray.get_actor(f"{RUN}:engine:solver:0"))
-            episodes = running.result(timeout=300)
+            episodes = running.result(timeout=300).episodes
         group = system.engines["solver"]
         assert group.replacements == 1
         assert len(episodes) == len(TASKS) * SAMPLES
@@ -163,7 +163,7 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
     replace_now = group._replace_now
     monkeypatch.setattr(group, "_replace_now", lambda i: (replaced_at.append(time.time()), replace_now(i)))
     try:
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert len(episodes) == 1 and group.replacements == 1
         waited = replaced_at[0] - float(open(flag).read())
         assert stall_s <= waited <= stall_s + margin_s
@@ -177,7 +177,7 @@ def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_clu
     system = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
     try:
         t0 = time.monotonic()
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert time.monotonic() - t0 > 2 * stall_s  # a 4 s call, twice the deadline, never flat for 1.5 s
         assert len(episodes) == 1 and system.engines["solver"].replacements == 0
     finally:

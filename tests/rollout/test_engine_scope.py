@@ -41,7 +41,7 @@ def test_policy_scope_with_a_shared_policy_is_one_group_for_every_role_synced_on
         out = system.sync(1)
         assert out["sync/verified"] == 1.0  # one engine, one broadcast: not one per role
         assert groups[0].versions() == [1]
-        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         assert {t.completion.version for e in episodes for t in e.turns} == {1}
     finally:
@@ -69,7 +69,7 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
         full = sum(t.numel() * t.element_size()
                    for t in system.learners["generator"].group._members[0].get_weights().values())
         assert adapter_bytes < full / 2  # adapters only, never the base weights
-        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         served = {(t.role, t.completion.policy_id, t.completion.version) for e in episodes for t in e.turns}
         assert served == {("generator", "generator", 2), ("aggregator", "aggregator", 2)}

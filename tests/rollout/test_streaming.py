@@ -73,7 +73,7 @@ def test_two_streaming_collections_with_the_same_seeds_give_the_same_episodes(ti
         groups = _groups(tiny, ["generator", "evaluator"])
         try:
             collector = Collector(groups, "eval_opt", get_family("digit"), WorkflowOptions(max_rounds=2))
-            return collector.collect(TASKS, 2, SAMPLING)
+            return collector.collect(TASKS, 2, SAMPLING).episodes
         finally:
             for g in groups.values():
                 g.shutdown()

@@ -1,8 +1,8 @@
-"""marl.metrics.episode_metrics on hand-built episodes."""
+"""marl.episode_metrics.episode_metrics on hand-built episodes."""
 
 from __future__ import annotations
 
-from marl.metrics import episode_metrics
+from marl.episode_metrics import episode_metrics
 from marl.types import Completion, Episode, Task, Turn
 
 

@@ -15,12 +15,12 @@ import ray
 import torch
 from ray.util import metrics as ray_metrics
 
-from cluster.metrics import METRIC_NAME, TAG_KEY, MetricSpec, RayMetricsSink, check_table
+from cluster.ray_metrics import METRIC_NAME, TAG_KEY, MetricSpec, RayMetricsSink, check_table
 from jobs.config import load_config
 from jobs.dashboard import GRAFANA_JSON, RUN_TAGS, STEP_METRIC, TABLE, dashboard_sink, grafana_dashboard
 from jobs.tracking import derived_metrics
 from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
-from marl.metrics import episode_metrics
+from marl.episode_metrics import episode_metrics
 from marl.types import Completion, Episode, Task, Turn
 
 

@@ -38,8 +38,8 @@ import psutil
 import ray
 
 from jobs.config import load_config
-from jobs.resources import policy_map_of, run_demands
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
+from jobs.driver.resources import policy_map_of, run_demands
 from jobs.train import train
 
 SOAK = ["run_name=soak", "checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.keep_best=1",

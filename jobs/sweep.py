@@ -3,7 +3,7 @@
 
 Each trial runs the ordinary driver (`jobs.train.train`) on its cell's config. Its resources are one
 placement group per trial: a driver bundle, then a bundle per engine and learner rank computed from that
-trial's config (jobs/resources.py); the run inside the trial schedules its actors into exactly those
+trial's config (jobs/driver/resources.py); the run inside the trial schedules its actors into exactly those
 bundles. Every step's metrics go to Tune, with a pointer checkpoint (a JSON naming the run's committed
 checkpoint folder on shared storage) when the run commits one. `--resume` continues an interrupted sweep
 (Tuner.restore); restarted trials pick up their newest checkpoint (checkpoint.resume=auto).
@@ -26,10 +26,7 @@ from ray.tune import PlacementGroupFactory
 
 from cluster.connect import ConnectError, connect
 from jobs.config import load_config
-from jobs.plan import make_plan
-from jobs.plan_report import format_plan
-from jobs.resources import arithmetic, trial_bundles
-from jobs.sweep_spec import (
+from jobs.config.sweep_spec import (
     WHERE,
     SweepConfig,
     SweepError,
@@ -40,7 +37,10 @@ from jobs.sweep_spec import (
     search_space,
     validate,
 )
-from jobs.tracking import read_metrics
+from jobs.driver.resources import arithmetic, trial_bundles
+from jobs.plan.planner import make_plan
+from jobs.plan.report import format_plan
+from jobs.telemetry.tracking import read_metrics
 
 POINTER = "pointer.json"
 FINISHED = "sweep/finished"  # in a trial's last result once its run returned (Tune's own `done` is not saved)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         all_cells = validate(spec)
         if args.dry_run:
             if args.markdown:
-                from jobs.scaling import scaling_markdown
+                from jobs.plan.scaling import scaling_markdown
 
                 print(scaling_markdown(spec, all_cells), end="")
             else:

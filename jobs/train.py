@@ -1,7 +1,7 @@
 """The training driver: `python -m jobs.train --config X [key=value ...] [--print-config]`.
 
-Prepares the inputs, connects to Ray and runs attempts of the loop (jobs/loop.py) until one finishes: a
-member failure restarts from the newest committed checkpoint (jobs/checkpoint.py), up to
+Prepares the inputs, connects to Ray and runs attempts of the loop (jobs/driver/loop.py) until one finishes: a
+member failure restarts from the newest committed checkpoint (jobs/driver/run_checkpoints.py), up to
 `checkpoint.max_failures` times. Shared vs isolated is only the policy map.
 """
 
@@ -24,15 +24,15 @@ from omegaconf import OmegaConf
 from cluster.connect import ConnectError, connect
 from cluster.group import GroupError
 from cluster.placement import PlacementError
-from jobs import checkpoint as ckpt
-from jobs.checkpoint import Progress
 from jobs.config import ConfigError, load_config, to_yaml
-from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested, attempt
-from jobs.policies import model_paths, policy_map_of
-from jobs.provenance import code_version, config_header
-from jobs.run_data import load_run_data
-from jobs.schema import TrainConfig, as_node
-from jobs.tracking import RunLog
+from jobs.config.policies import model_paths, policy_map_of
+from jobs.config.schema import TrainConfig, as_node
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.loop import InputError, Inputs, RunState, StepCallback, StopRequested, attempt
+from jobs.driver.provenance import code_version, config_header
+from jobs.driver.run_checkpoints import Progress
+from jobs.driver.run_data import load_run_data
+from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
 from marl.tasks import get_family
@@ -169,8 +169,8 @@ def _install_stop_handler() -> None:
 
 
 def _print_plan(cfg: TrainConfig) -> int:
-    from jobs.plan import make_plan
-    from jobs.plan_report import format_plan
+    from jobs.plan.planner import make_plan
+    from jobs.plan.report import format_plan
 
     try:
         plan = make_plan(cfg)

@@ -1,7 +1,7 @@
 """One attempt of the driver loop on one built system: start (fresh or from a checkpoint), the steps, the
 cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
-One step = train_step (jobs/step.py: collect → score → assign → advantages → update every policy, one
+One step = train_step (jobs/driver/step.py: collect → score → assign → advantages → update every policy, one
 optimizer step each → sync weights) → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the
 policy map. With rollout.one_step_off_policy the next step's collect runs while the learners update (a knob
 of the step's RolloutSource).
@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Protocol
 
 from cluster.group import GroupError
-from jobs import checkpoint as ckpt
-from jobs.checkpoint import Progress
 from jobs.config import to_yaml
-from jobs.eval_records import append_eval, eval_metrics
-from jobs.full_eval import full_evaluation
-from jobs.schema import TrainConfig
-from jobs.step import RolloutSource, role_caps, train_step
-from jobs.system import System, build_system
-from jobs.tracking import RunLog
+from jobs.config.schema import TrainConfig
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.eval_records import append_eval, eval_metrics
+from jobs.driver.full_eval import full_evaluation
+from jobs.driver.handles import System, build_system
+from jobs.driver.run_checkpoints import Progress
+from jobs.driver.step import RolloutSource, role_caps, train_step
+from jobs.telemetry.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.policy_map import PolicyMap
 from marl.seeds import derive_seed
@@ -102,7 +102,7 @@ def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episod
 
 def timed_evaluate(system: System, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
-    """jobs.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
+    """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
     per-task results go to the run dir's eval_tasks.csv."""
     t0 = time.perf_counter()
     episodes = evaluate(system, cfg, tasks)
@@ -147,7 +147,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
 
 
 def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) -> dict[str, float]:
-    """The final weights, then the peak checkpoint's, on every held-out task (jobs/full_eval.py)."""
+    """The final weights, then the peak checkpoint's, on every held-out task (jobs/driver/full_eval.py)."""
     def restore(folder: Path) -> None:
         _load_learners(system, folder)
         system.sync(version=run.progress.weight_version + 1)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.schema import RolloutConfig, TrainConfig
-from jobs.system import System
-from jobs.updates import run_concurrently, update_all
+from jobs.config.schema import RolloutConfig, TrainConfig
+from jobs.driver.handles import System
+from jobs.driver.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
 from learners.role_grads import step_role_shares

@@ -12,9 +12,9 @@ from ray.util.placement_group import placement_group_table
 
 from cluster.placement import PlacementError
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.resources import build_placement, policy_map_of, run_demands
-from jobs.system import build_system
+from jobs.driver.handles import build_system
+from jobs.driver.resources import build_placement, policy_map_of, run_demands
+from jobs.models.resolve import resolve_model
 from marl.tasks import get_family
 
 TINY = "jobs/configs/tiny.yaml"

@@ -12,9 +12,9 @@ from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.resources import policy_map_of
-from jobs.system import System, build_system
+from jobs.driver.handles import System, build_system
+from jobs.driver.resources import policy_map_of
+from jobs.models.resolve import resolve_model
 from marl.tasks import get_family
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""learner.lora_colocate (jobs/colocation.py, learners/colocated.py): what the option refuses, the one learner
+"""learner.lora_colocate (jobs/config/colocation.py, learners/colocated.py): what the option refuses, the one learner
 group it places, and a run through the driver that equals separate learners and resumes across the option."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.loop import StopRequested
-from jobs.model_shape import shape_of
-from jobs.models import resolve_model
-from jobs.plan import make_plan
-from jobs.policies import policy_map_of
-from jobs.resources import run_demands
+from jobs.config.policies import policy_map_of
+from jobs.driver.loop import StopRequested
+from jobs.driver.resources import run_demands
+from jobs.models.resolve import resolve_model
+from jobs.models.shape import shape_of
+from jobs.plan.planner import make_plan
 from jobs.train import train
 from tests.jobs.test_resume import SHAPE, StopAfter, _final_weights, _per_step
 

@@ -5,8 +5,8 @@ members share GPUs as Ray's fractions do, and `--plan` prints it."""
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.plan import FIT_FRACTION, Member, make_plan, pack
-from jobs.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
+from jobs.plan.planner import FIT_FRACTION, Member, make_plan, pack
+from jobs.plan.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
 from jobs.train import main
 from learners.memory import GIB
 from tests.learners.test_memory import qwen3_shape
@@ -100,8 +100,8 @@ def test_plan_cli_prints_every_gpu_and_exits_2_when_it_does_not_fit(capsys):
 
 @pytest.mark.slow  # 42 configs through load_config: ~11 s
 def test_docs_scaling_is_the_generators_output():
-    from jobs.scaling import scaling_markdown
-    from jobs.sweep_spec import cells, load_sweep
+    from jobs.config.sweep_spec import cells, load_sweep
+    from jobs.plan.scaling import scaling_markdown
 
     spec = load_sweep("jobs/configs/sweeps/paper_matrix.yaml")
     with open("docs/scaling.md") as f:
@@ -111,7 +111,7 @@ def test_docs_scaling_is_the_generators_output():
 
 
 def test_a_trial_waits_for_free_gpus_on_one_node():
-    from jobs.scaling import schedule_hours
+    from jobs.plan.scaling import schedule_hours
 
     assert schedule_hours([(2, 10.0)] * 4, nodes=1) == 10.0  # 4 x 2 GPUs at once on 8
     assert schedule_hours([(2, 10.0)] * 5, nodes=1) == 20.0

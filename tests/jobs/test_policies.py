@@ -13,13 +13,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from jobs.policies import policy_config, policy_map_of
-from jobs.resources import arithmetic, run_demands
+from jobs.config.policies import policy_config, policy_map_of
+from jobs.config.sweep_spec import cells, load_sweep
+from jobs.driver.handles import build_system
+from jobs.driver.resources import arithmetic, run_demands
+from jobs.models.resolve import resolve_model
 from jobs.sweep import setup_of, trial_config
-from jobs.sweep_spec import cells, load_sweep
-from jobs.system import build_system
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import prepare, train
 from marl.tasks import get_family
 from marl.tasks.data import digit_tasks

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from jobs.policies import policy_map_of
-from jobs.step import RolloutSource, train_step
-from jobs.system import build_system
+from jobs.config.policies import policy_map_of
+from jobs.driver.handles import build_system
+from jobs.driver.step import RolloutSource, train_step
+from jobs.models.resolve import resolve_model
 from marl.tasks import get_family
 from marl.tasks.data import digit_tasks
 from marl.tasks.math import last_boxed

@@ -12,9 +12,9 @@ import pytest
 from ray import tune
 
 from jobs import sweep
-from jobs.plan import make_plan
+from jobs.config.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
+from jobs.plan.planner import make_plan
 from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
-from jobs.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
 from learners.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,13 +13,13 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
-from jobs.eval_records import read_eval
-from jobs.loop import InputError
-from jobs.models import resolve_model
-from jobs.provenance import code_version
-from jobs.step import RolloutSource, train_step
-from jobs.system import build_system
-from jobs.tracking import read_metrics
+from jobs.driver.eval_records import read_eval
+from jobs.driver.handles import build_system
+from jobs.driver.loop import InputError
+from jobs.driver.provenance import code_version
+from jobs.driver.step import RolloutSource, train_step
+from jobs.models.resolve import resolve_model
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 from learners.member import LearnerMember
 from marl.policy_map import PolicyMap

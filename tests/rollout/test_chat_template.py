@@ -10,10 +10,10 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from jobs.builtin_models import CHATML_TEMPLATE
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_system
+from jobs.models.builtin import CHATML_TEMPLATE
+from jobs.models.resolve import resolve_model
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.types import Task

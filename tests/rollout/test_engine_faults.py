@@ -16,8 +16,8 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_system
+from jobs.models.resolve import resolve_model
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.types import Task

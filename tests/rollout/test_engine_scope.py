@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_system
+from jobs.models.resolve import resolve_model
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.types import Task
@@ -80,7 +80,7 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
 
 def test_merged_lora_serving_in_bf16_reports_the_update_lost_to_rounding(tmp_path):
     system = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16",
-                     "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/precision.py)
+                     "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/config/precision.py)
     try:
         assert system.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
         learner = system.learners["shared"].group._members[0]

@@ -9,8 +9,8 @@ import torch
 
 from cluster.transport import SyncError
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_system
+from jobs.models.resolve import resolve_model
 from learners.weights import merge_layer
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -39,7 +39,7 @@ def _move_adapter(learner, seed: int, only: str | None = None) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype):
-    emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/precision.py)
+    emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/config/precision.py)
     system = _system(tmp_path, f"model.dtype={dtype}", emulated)
     full = _system(tmp_path / "full", f"model.dtype={dtype}", emulated, "sync.lora_delta=false")
     try:

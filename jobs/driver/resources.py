@@ -5,16 +5,16 @@ inside it looks for.
 
 Per run: for each engine group, rollout.engines_per_role bundles of {engine_num_cpus, engine_num_gpus,
 engine_resources}, and for each policy, learner.ranks bundles of {rank_num_cpus, rank_num_gpus, rank_resources},
-each read from the settings of the policy the group serves (marl.policies, jobs/policies.py); a Tune trial adds
+each read from the settings of the policy the group serves (marl.policies, jobs/config/policies.py); a Tune trial adds
 one bundle in front for its driver.
 """
 
 from __future__ import annotations
 
 from cluster.placement import Demand, PlacementError, RunPlacement, bundle, layout, place
-from jobs.colocation import colocated, colocated_name
-from jobs.policies import engine_map_of, policy_configs, policy_map_of
-from jobs.schema import TrainConfig
+from jobs.config.colocation import colocated, colocated_name
+from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
+from jobs.config.schema import TrainConfig
 from marl.engine_map import group_name
 from marl.policy_map import PolicyMap
 

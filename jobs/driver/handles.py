@@ -11,11 +11,11 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
-from jobs.colocation import colocated, colocated_name
-from jobs.policies import engine_map_of, model_paths, policy_configs
-from jobs.resources import build_placement
-from jobs.schema import TrainConfig
-from jobs.weight_sync import WeightSync, resync_through, sync_all
+from jobs.config.colocation import colocated, colocated_name
+from jobs.config.policies import engine_map_of, model_paths, policy_configs
+from jobs.config.schema import TrainConfig
+from jobs.driver.resources import build_placement
+from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
@@ -44,7 +44,7 @@ class System:
 
     def sync(self, version: int) -> dict[str, float]:
         """Push every policy's weights (or LoRA adapter) once to each engine group serving its roles; every
-        engine confirms `version` and the fingerprint of the weights it now serves (jobs/weight_sync.py)."""
+        engine confirms `version` and the fingerprint of the weights it now serves (jobs/driver/weight_sync.py)."""
         return sync_all(self.syncs, version)
 
     def shutdown(self) -> None:

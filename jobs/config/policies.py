@@ -14,8 +14,8 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from jobs.models import resolve_model
-from jobs.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig, as_node
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of

@@ -1,8 +1,8 @@
 """The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
-at its peak (learners/memory.py, jobs/rollout_estimate.py), which GPU it shares with which, and whether every
+at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
 GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). jobs.config resolves
 `learner.gradient_checkpointing=auto` and refuses a plan that does not fit with it, before anything starts;
-`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan_report.py).
+`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
 order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs.
@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from jobs.colocation import colocated
-from jobs.model_shape import shape_of
-from jobs.policies import engine_map_of, policy_configs, policy_map_of
-from jobs.rollout_estimate import (
+from jobs.config.colocation import colocated
+from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
+from jobs.config.schema import TrainConfig, as_node
+from jobs.models.shape import shape_of
+from jobs.plan.rollout_estimate import (
     ENGINE_RESERVE,
     EXPECTED_FILL,
     EngineMemory,
@@ -26,7 +27,6 @@ from jobs.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
-from jobs.schema import TrainConfig, as_node
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
 from marl.policy_map import PolicyMap
 
@@ -216,7 +216,7 @@ def step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[
 
 def _step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[Member],
                 fill: float) -> dict[str, float]:
-    """Rollout (jobs/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
+    """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
     each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
     per_role, sequential = role_turns(cfg)
     r, policy_map = cfg.rollout, policy_map_of(cfg)

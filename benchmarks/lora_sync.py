@@ -34,6 +34,7 @@ from cluster.transport import broadcast
 from jobs.config import load_config
 from jobs.driver.handles import build_system
 from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -154,9 +155,8 @@ def main() -> None:
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
-        f"rollout.vllm_sync_path={args.sync_path}"])
-    system = build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build("shared", ["generator"]),
-                          get_family("math"))
+        f"rollout.vllm_sync_path={args.sync_path}", "marl.sharing=shared"])
+    system = build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
     try:
         (learners,), (engines,) = system.learners.values(), system.engines.values()
         learner, engine = learners.group._members[0], engines.group._members[0]

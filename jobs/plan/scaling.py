@@ -8,9 +8,9 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from jobs.config.schema import TrainConfig
 from jobs.config.sweep_spec import SweepConfig, flatten
-from jobs.plan.planner import FIT_FRACTION, LEARNER_FLOPS_S, make_plan
+from jobs.plan.layout import RunLayout
+from jobs.plan.planner import FIT_FRACTION, LEARNER_FLOPS_S, gpu_memory, make_plan
 from jobs.plan.rollout_estimate import (
     DECODE_BANDWIDTH_EFFICIENCY,
     ENGINE_RESERVE,
@@ -18,7 +18,6 @@ from jobs.plan.rollout_estimate import (
     MATMUL_EFFICIENCY,
     VLLM_MAX_NUM_SEQS,
 )
-from jobs.sweep import setup_of, trial_config
 from learners.memory import GIB
 
 NODE_GPUS = 8
@@ -56,9 +55,9 @@ def schedule_hours(trials: list[tuple[float, float]], nodes: int, per_node: int 
     return now
 
 
-def _row(cfg: TrainConfig, seeds: int) -> tuple[str, float, float]:
+def _row(layout: RunLayout, seeds: int) -> tuple[str, float, float]:
     """A configuration's table row, its GPUs per trial and its hours per trial."""
-    plan = make_plan(cfg)
+    cfg, plan = layout.cfg, make_plan(layout)
     t = plan.times
     gpus = sum(m.gpus for m in plan.members)
     hours = t["step_s"] * cfg.steps / 3600
@@ -72,15 +71,14 @@ def _row(cfg: TrainConfig, seeds: int) -> tuple[str, float, float]:
     return row, gpus, hours
 
 
-def scaling_markdown(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> str:
-    setup = setup_of(spec)
+def scaling_markdown(spec: SweepConfig, layouts: list[tuple[RunLayout, int]]) -> str:
+    """The page for the layouts of a sweep's configurations, each with how many seeds it runs (`configurations`)."""
     rows, trials = [], []
-    for cell, seeds in configurations(all_cells):
-        cfg = trial_config(setup, {"grid": cell}, f"{setup.name}_plan")
-        row, gpus, hours = _row(cfg, seeds)
+    for layout, seeds in layouts:
+        row, gpus, hours = _row(layout, seeds)
         rows.append(row)
         trials += [(gpus, hours)] * seeds
-    memory = make_plan(cfg).memory
+    memory = gpu_memory(layouts[-1][0])
     return "\n".join([
         *_intro(spec, len(rows), len(trials), memory),
         "| workflow | task | model | sharing | policies | GPUs per trial | peak GiB per GPU | fits | checkpointing | "

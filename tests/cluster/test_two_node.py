@@ -13,8 +13,8 @@ from ray.util.placement_group import placement_group_table
 
 from jobs.config import load_config
 from jobs.driver.handles import System, build_system
-from jobs.driver.resources import policy_map_of
 from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ def _nodes(system: System) -> tuple[list[str], list[str]]:
 
 def _build(*overrides: str) -> System:
     cfg = load_config("jobs/configs/tiny.yaml", [*SMALL, *overrides])
-    return build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
+    return build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def test_labelled_bundles_put_engines_and_learners_on_their_nodes(two_nodes):

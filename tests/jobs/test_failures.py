@@ -20,7 +20,8 @@ import learners.checkpoint
 from cluster.group import GroupError
 from jobs.config import load_config
 from jobs.driver import run_checkpoints as ckpt
-from jobs.driver.loop import InputError, StopRequested
+from jobs.driver.assets import InputError
+from jobs.driver.loop import StopRequested
 from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 

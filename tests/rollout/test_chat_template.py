@@ -14,7 +14,7 @@ from jobs.config import load_config
 from jobs.driver.handles import build_system
 from jobs.models.builtin import CHATML_TEMPLATE
 from jobs.models.resolve import resolve_model
-from marl.policy_map import PolicyMap
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout.engine import Sampling
@@ -60,8 +60,8 @@ def test_the_systems_engines_render_with_the_configs_kwargs(tmp_path, thinking_m
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", f"model.path={thinking_model}", "marl.workflow=single_agent", "rollout.backend=hf",
         "rollout.engines_per_role=0", "learner.ranks=0", "rollout.torch_threads=1",
-        "model.chat_template_kwargs.enable_thinking=false"])
-    system = build_system(cfg, thinking_model, PolicyMap.build("shared", ["solver"]), get_family("digit"))
+        "model.chat_template_kwargs.enable_thinking=false", "marl.sharing=shared"])
+    system = build_system(run_layout(cfg), thinking_model, get_family("digit"))
     try:
         greedy = Sampling(temperature=0.0, max_new_tokens=2)
         out = asyncio.run(system.engines["solver"].generate([MESSAGES], greedy, role="solver"))

@@ -10,7 +10,7 @@ import torch
 from jobs.config import load_config
 from jobs.driver.handles import build_system
 from jobs.models.resolve import resolve_model
-from marl.policy_map import PolicyMap
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout.engine import Sampling
@@ -24,7 +24,7 @@ def _system(tmp_path, sharing: str, *overrides: str):
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "marl.workflow=voting", f"marl.sharing={sharing}", "rollout.engines_per_role=0",
         "learner.ranks=0", "rollout.torch_threads=1", *overrides])
-    return build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build(sharing, ROLES), get_family("digit"))
+    return build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _roles_served(episodes) -> set[str]:

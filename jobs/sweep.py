@@ -68,12 +68,6 @@ class TuneReporter:
             tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-def read_pointer(checkpoint: tune.Checkpoint) -> dict[str, Any]:
-    """The run folder and checkpoint folder a trial's Tune checkpoint points to."""
-    with checkpoint.as_directory() as d:
-        return json.loads((Path(d) / POINTER).read_text())
-
-
 @dataclass(frozen=True)
 class TrialSetup:
     """What every trial shares; paths absolute, since trials may run anywhere on the cluster."""

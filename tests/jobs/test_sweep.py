@@ -15,7 +15,7 @@ from jobs import sweep
 from jobs.config.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
 from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
-from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
+from jobs.sweep import POINTER, TrialSetup, TuneReporter, setup_of, trial_config, trial_resources
 from learners.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,8 +235,9 @@ def test_where_is_no_grid_axis(tmp_path):
 def test_reporter_sends_metrics_and_a_pointer_checkpoint(monkeypatch, tmp_path):
     sent = []
 
-    def report(metrics, checkpoint=None):  # what tune.report would persist
-        sent.append((metrics, read_pointer(checkpoint) if checkpoint else None))
+    def report(metrics, checkpoint=None):  # what tune.report would persist: the pointer file, read back
+        pointer = json.loads((Path(checkpoint.path) / POINTER).read_text()) if checkpoint else None
+        sent.append((metrics, pointer))
 
     monkeypatch.setattr(tune, "report", report)
     reporter = TuneReporter(tmp_path / "run")

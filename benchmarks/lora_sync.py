@@ -32,7 +32,7 @@ from benchmarks.timing import timed
 from cluster.fingerprint import fingerprint
 from cluster.transport import broadcast
 from jobs.config import load_config
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from learners.member import LearnerMember
@@ -156,7 +156,7 @@ def main() -> None:
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
         f"rollout.vllm_sync_path={args.sync_path}", "marl.sharing=shared"])
-    system = build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
     try:
         (learners,), (engines,) = system.learners.values(), system.engines.values()
         learner, engine = learners.group._members[0], engines.group._members[0]

@@ -1,6 +1,7 @@
-"""Builds the running system for one config: a LearnerGroup per policy, the EngineGroups (one per role, one
-per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them. Nothing here
-branches on shared vs isolated: the policy map alone decides which learner feeds which engines."""
+"""The run's handles, built from its layout (jobs/plan/layout.py): a LearnerGroup per policy, the EngineGroups (one
+per role, one per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them, in the
+run's placement group. Nothing here branches on shared vs isolated: the policy map alone decides which learner feeds
+which engines."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ from rollout.engine_group import EngineGroup, Resync
 
 
 @dataclass
-class System:
-    policy_map: PolicyMap
+class RunHandles:
+    """What a run holds while it runs: its groups, the collector over them, the syncs between them; shut down once."""
+
+    policy_map: PolicyMap  # the layout's own
     learners: dict[str, LearnerGroup]
     engines: dict[str, EngineGroup]
     collector: Collector
@@ -55,7 +58,7 @@ class System:
             self.placement.release()
 
 
-def build_system(layout: RunLayout, model_path: str | Mapping[str, str], family: TaskFamily) -> System:
+def build_handles(layout: RunLayout, model_path: str | Mapping[str, str], family: TaskFamily) -> RunHandles:
     """`model_path`: each policy's model folder, or one folder for the policies on the top-level `model.path`
     (others, set in marl.policies, are resolved here)."""
     paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(layout, model_path)
@@ -86,7 +89,7 @@ def model_paths(layout: RunLayout, default: str | None = None) -> dict[str, str]
 
 
 def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
-                  placement: RunPlacement | None) -> System:
+                  placement: RunPlacement | None) -> RunHandles:
     def bundles(name: str) -> GroupPlacement | None:
         return placement.group(name) if placement is not None else None
 
@@ -105,7 +108,7 @@ def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
-    return System(policy_map, learners, engines, collector, syncs, placement)
+    return RunHandles(policy_map, learners, engines, collector, syncs, placement)
 
 
 def _learner_groups(layout: RunLayout, paths: dict[str, str],

@@ -23,7 +23,7 @@ from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets
 from jobs.driver.eval_records import append_eval, eval_metrics
 from jobs.driver.full_eval import full_evaluation
-from jobs.driver.handles import System, build_system
+from jobs.driver.handles import RunHandles, build_handles
 from jobs.driver.run_checkpoints import Progress
 from jobs.driver.step import RolloutSource, role_caps, train_step
 from jobs.telemetry.tracking import RunLog
@@ -72,7 +72,7 @@ class RunState:
         self.learners_ahead = True
 
 
-def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
+def evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
     """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
         return []
@@ -82,7 +82,7 @@ def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episod
     return system.collector.collect(tasks, 1, sampling)
 
 
-def timed_evaluate(system: System, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
+def timed_evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
     """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
     per-task results go to the run dir's eval_tasks.csv."""
@@ -96,7 +96,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
     """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
-    system = build_system(run.assets.layout, run.assets.model_paths, run.assets.family)
+    system = build_handles(run.assets.layout, run.assets.model_paths, run.assets.family)
     try:
         # A new source holds no episodes: an attempt starts from a checkpoint, never from an earlier one's.
         display = run.log.display.episodes if run.log.display is not None else None
@@ -128,7 +128,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
             **{k: v for k, v in final.items() if k.startswith("eval/full/")}}
 
 
-def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) -> dict[str, float]:
+def _evaluate_whole_split(run: RunState, system: RunHandles, final_accuracy: float) -> dict[str, float]:
     """The final weights, then the peak checkpoint's, on every held-out task (jobs/driver/full_eval.py)."""
     def restore(folder: Path) -> None:
         _load_learners(system, folder)
@@ -140,7 +140,7 @@ def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) 
     return full_evaluation(run.assets.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
 
 
-def _fresh_start(run: RunState, system: System) -> None:
+def _fresh_start(run: RunState, system: RunHandles) -> None:
     run.assets.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
     base = timed_evaluate(system, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
@@ -155,7 +155,7 @@ def _fresh_start(run: RunState, system: System) -> None:
           f"held-out accuracy {acc:.3f}", flush=True)
 
 
-def _restore(run: RunState, system: System, folder: Path) -> None:
+def _restore(run: RunState, system: RunHandles, folder: Path) -> None:
     """Learner state into every rank, driver state, then the engines re-synced to the restored version."""
     try:
         progress = ckpt.read_progress(folder)
@@ -171,7 +171,7 @@ def _restore(run: RunState, system: System, folder: Path) -> None:
           f"{progress.weight_version}; {dropped} metric lines of later steps dropped)", flush=True)
 
 
-def _load_learners(system: System, folder: Path) -> None:
+def _load_learners(system: RunHandles, folder: Path) -> None:
     for pid, learner in system.learners.items():
         state = folder / "policies" / pid
         if not state.is_dir():
@@ -184,7 +184,7 @@ def _load_learners(system: System, folder: Path) -> None:
             raise ckpt.CheckpointError(str(e)) from e
 
 
-def _step(run: RunState, system: System, source: RolloutSource) -> bool:
+def _step(run: RunState, system: RunHandles, source: RolloutSource) -> bool:
     """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
     cfg, step = run.cfg, run.progress.step
     version = run.progress.weight_version + 1
@@ -229,7 +229,7 @@ def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, metrics: dict[
     return flagged and cfg.cliff.action == "stop"
 
 
-def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dict[str, float]) -> None:
+def _rollback(run: RunState, system: RunHandles, source: RolloutSource, metrics: dict[str, float]) -> None:
     """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it.
 
     The tracker keeps its peak (the restored weights are the peak's) and restarts its window: another
@@ -251,7 +251,7 @@ def _rollback(run: RunState, system: System, source: RolloutSource, metrics: dic
     print(f"[{run.cfg.run_name}] cliff rollback to {target}", flush=True)
 
 
-def _save(run: RunState, system: System) -> Path:
+def _save(run: RunState, system: RunHandles) -> Path:
     t0 = time.perf_counter()
     folder = ckpt.write(run.root, run.progress, system.learners, to_yaml(run.cfg))
     ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
@@ -259,7 +259,7 @@ def _save(run: RunState, system: System) -> Path:
     return folder
 
 
-def _checkpoint_on_stop(run: RunState, system: System) -> None:
+def _checkpoint_on_stop(run: RunState, system: RunHandles) -> None:
     """On a graceful stop, commit the last completed step (unless the learners are already past it)."""
     if not run.cfg.checkpoint.every or run.progress.step == 0:
         return

@@ -12,7 +12,7 @@ from ray.util.placement_group import placement_group_table
 
 from cluster.placement import PlacementError
 from jobs.config import load_config
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.driver.resources import build_placement
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
@@ -43,7 +43,7 @@ def test_bundles_follow_workflow_sharing_and_resources():
 def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
     cfg = load_config(TINY, ["run_name=toobig", "rollout.engine_num_gpus=1", "ray.placement_timeout_s=1"])
     with pytest.raises(PlacementError) as err:
-        build_system(run_layout(cfg), "unused-model-path", get_family("digit"))
+        build_handles(run_layout(cfg), "unused-model-path", get_family("digit"))
     msg = str(err.value)
     assert "GPU: needs 2, cluster has 0" in msg and "toobig:engine:generator (1 x 1)" in msg
     assert "rollout.engine_num_gpus" in msg
@@ -54,7 +54,7 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
 def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster):
     cfg = load_config(TINY, ["run_name=placed", "marl.workflow=single_agent", "rollout.engine_num_cpus=0.25",
                              "learner.rank_num_cpus=0.75", "ray.placement_strategy=STRICT_PACK"])
-    system = build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     pg = system.placement.pg
     try:
         assert pg.bundle_specs == [{"CPU": 0.25}, {"CPU": 0.75}]  # the solver's engine, then its learner rank

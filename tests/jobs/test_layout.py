@@ -10,7 +10,7 @@ import pytest
 
 from jobs.config import load_config, policies
 from jobs.driver.assets import prepare
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.driver.resources import trial_bundles
 from jobs.plan.layout import RunLayout, run_layout
 from marl.engine_map import EngineMap
@@ -41,7 +41,7 @@ def test_a_run_builds_its_layout_once(tmp_path, counted):
                              "rollout.engines_per_role=0", "learner.ranks=0", "data.eval_size=2"])
     counted.clear()  # what loading resolved (its plan's layout of the config being loaded) is not the run's
     assets = prepare(cfg)
-    system = build_system(assets.layout, assets.model_paths, assets.family)
+    system = build_handles(assets.layout, assets.model_paths, assets.family)
     try:
         assert counted == {"layout": 1, "engine_map": 1, "policy_config": 2}  # voting, isolated: two policies
         assert system.policy_map is assets.layout.policy_map

@@ -16,7 +16,7 @@ from jobs.config import ConfigError, load_config
 from jobs.config.policies import policy_config
 from jobs.config.sweep_spec import cells, load_sweep
 from jobs.driver.assets import prepare
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.driver.resources import arithmetic
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
@@ -135,7 +135,7 @@ def test_custom_map_two_roles_share_a_model_a_third_has_its_own(tmp_path):
                "marl.policy_map.orchestrator=lead", "marl.policy_map.synthesizer=lead", "marl.policy_map.worker=crew",
                "marl.policies.crew.model.path=builtin:tiny-wide", "rollout.engine_scope=policy",
                "rollout.engines_per_role=0", "learner.ranks=0")
-    system = build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
         assert system.engine_groups("crew") == [system.engines["worker"]]
         assert system.engines["orchestrator"] is system.engines["synthesizer"] is not system.engines["worker"]

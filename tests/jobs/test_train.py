@@ -15,7 +15,7 @@ from cluster.group import GroupTimeout
 from jobs.config import load_config
 from jobs.driver.assets import InputError
 from jobs.driver.eval_records import read_eval
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.driver.provenance import code_version
 from jobs.driver.step import RolloutSource, train_step
 from jobs.models.resolve import resolve_model
@@ -114,7 +114,7 @@ def test_reward_is_learned_through_the_whole_cycle(tmp_path, sharing, actors, ba
 def test_isolated_policy_changes_only_from_its_own_roles_turns(tmp_path):
     cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2")
     model_path = resolve_model(cfg.model.path)
-    system = build_system(run_layout(cfg), model_path, get_family("digit"))
+    system = build_handles(run_layout(cfg), model_path, get_family("digit"))
     # Only generator turns carry reward signal (varying within each group); the aggregator's is constant.
     system.collector.shaping = {"aggregator": lambda episode, turn: 0.0,
                                 "generator": lambda episode, turn: float(turn.completion.response_ids[0] % 2)}

@@ -1,4 +1,4 @@
-"""How the System lays out engine groups (HF engines, in-process): one group per role, one per policy
+"""How build_handles lays out engine groups (HF engines, in-process): one group per role, one per policy
 (rollout.engine_scope=policy), or one multi-LoRA group for every policy; the Collector routes by role either
 way and each sync reaches every engine group once."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from marl.tasks import get_family
@@ -24,7 +24,7 @@ def _system(tmp_path, sharing: str, *overrides: str):
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "marl.workflow=voting", f"marl.sharing={sharing}", "rollout.engines_per_role=0",
         "learner.ranks=0", "rollout.torch_threads=1", *overrides])
-    return build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _roles_served(episodes) -> set[str]:

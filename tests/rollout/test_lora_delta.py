@@ -9,7 +9,7 @@ import torch
 
 from cluster.transport import SyncError
 from jobs.config import load_config
-from jobs.driver.handles import build_system
+from jobs.driver.handles import build_handles
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from learners.weights import merge_layer
@@ -25,7 +25,7 @@ def _system(tmp_path, *overrides: str):
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "marl.workflow=voting", "marl.sharing=isolated", "rollout.engines_per_role=0",
         "learner.ranks=0", "rollout.torch_threads=1", *LORA, *overrides])
-    return build_system(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _move_adapter(learner, seed: int, only: str | None = None) -> None:

@@ -12,7 +12,6 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
-from jobs.config.colocation import colocated, colocated_name
 from jobs.config.schema import TrainConfig
 from jobs.driver.resources import build_placement
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
@@ -116,8 +115,9 @@ def _learner_groups(layout: RunLayout, paths: dict[str, str],
     """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated base (learner.lora_colocate)."""
     cfg = layout.cfg
     specs = [_learner_spec(cfg, pid, paths[pid], pc, layout.policy_map) for pid, pc in layout.configs.items()]
-    if colocated(cfg):
-        return colocated_groups(specs, cfg.run_name, colocated_name(cfg), placement=bundles(colocated_name(cfg)))
+    if layout.colocated:  # every policy names the one shared group
+        name = layout.learner_groups[layout.policy_map.policies[0]]
+        return colocated_groups(specs, cfg.run_name, name, placement=bundles(name))
     return {s.policy_id: LearnerGroup(s, cfg.run_name, placement=bundles(layout.learner_groups[s.policy_id]))
             for s in specs}
 

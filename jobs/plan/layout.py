@@ -31,6 +31,7 @@ class RunLayout:
     engine_map: EngineMap
     configs: Mapping[str, TrainConfig]  # policy -> the whole config as that policy sees it
     learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
+    colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
     demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
 
     def engine_config(self, policy: str | None) -> TrainConfig:
@@ -43,10 +44,11 @@ def run_layout(cfg: TrainConfig) -> RunLayout:
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
     engine_map = engine_map_of(cfg, policy_map)
-    learner_groups = {pid: colocated_name(cfg) if colocated(cfg) else group_name(cfg.run_name, "learner", pid)
+    shared = colocated(cfg)
+    learner_groups = {pid: colocated_name(cfg) if shared else group_name(cfg.run_name, "learner", pid)
                       for pid in policy_map.policies}
-    demands = (*_engine_demands(cfg, engine_map, configs), *_learner_demands(cfg, configs, learner_groups))
-    return RunLayout(cfg, policy_map, engine_map, configs, learner_groups, demands)
+    demands = (*_engine_demands(cfg, engine_map, configs), *_learner_demands(cfg, configs, learner_groups, shared))
+    return RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands)
 
 
 def _engine_demands(cfg: TrainConfig, engine_map: EngineMap, configs: Mapping[str, TrainConfig]) -> list[Demand]:
@@ -58,10 +60,10 @@ def _engine_demands(cfg: TrainConfig, engine_map: EngineMap, configs: Mapping[st
     return out
 
 
-def _learner_demands(cfg: TrainConfig, configs: Mapping[str, TrainConfig],
-                     learner_groups: Mapping[str, str]) -> list[Demand]:
+def _learner_demands(cfg: TrainConfig, configs: Mapping[str, TrainConfig], learner_groups: Mapping[str, str],
+                     shared: bool) -> list[Demand]:
     # learner.lora_colocate: one group, on the top-level rank settings, holds every policy's adapter on one base.
-    groups = ({colocated_name(cfg): cfg.learner} if colocated(cfg) else
+    groups = ({colocated_name(cfg): cfg.learner} if shared else
               {learner_groups[pid]: pc.learner for pid, pc in configs.items()})
     return [Demand(name, lr.ranks, {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
             for name, lr in groups.items()]

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from jobs.config.colocation import colocated
 from jobs.config.schema import TrainConfig, as_node
 from jobs.models.shape import shape_of
 from jobs.plan.layout import RunLayout, run_layout
@@ -111,10 +110,10 @@ def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dic
         mem = learner_memory(shape, learner_setup(pc, len(roles), ckpt[pid]))
         either_way[pid] = (learner_memory(shape, learner_setup(pc, len(roles), True)),
                            learner_memory(shape, learner_setup(pc, len(roles), False)))
-        if not colocated(cfg):
+        if not layout.colocated:
             members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
                         for r in range(max(pc.learner.ranks, 1))]
-    if colocated(cfg):
+    if layout.colocated:
         members += _colocated_members(cfg, configs, policy_map, ckpt, either_way)
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
     times_ = step_times(layout, members) if on_gpu else {}

@@ -27,7 +27,7 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from jobs.config import load_config  # noqa: E402
-from jobs.models import resolve_model  # noqa: E402
+from jobs.models.resolve import resolve_model  # noqa: E402
 from marl.engine_map import EngineMap  # noqa: E402
 from marl.policy_map import PolicyMap  # noqa: E402
 from marl.tasks import get_family  # noqa: E402

@@ -23,17 +23,42 @@ MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
 # tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.
 RAY_ALLOWED = {"cluster", "jobs"}
 NOT_LAYERS = {"benchmarks", "tests", "scripts"}
+# Inside jobs/: the entry points (jobs/*.py) may import every folder; below them each folder imports only these. The
+# run (driver) assembles what config, models, plan and telemetry provide; the plan reads the config and the models'
+# shapes; nothing below the entry points imports them.
+JOBS_ALLOWED = {
+    "jobs.models": {"jobs.models"},
+    "jobs.config": {"jobs.config", "jobs.plan"},
+    "jobs.plan": {"jobs.plan", "jobs.config", "jobs.models"},
+    "jobs.telemetry": {"jobs.telemetry", "jobs.config"},
+    "jobs.driver": {"jobs.driver", "jobs.config", "jobs.models", "jobs.plan", "jobs.telemetry"},
+}
+# The one config module that reads the planner: loading resolves learner.gradient_checkpointing=auto against the
+# memory plan before the config is frozen. The rest of jobs/config is what the planner itself reads.
+CONFIG_READS_PLAN = {"jobs/config/loading.py"}
 
 
-def _imports(path: Path) -> set[str]:
+def _modules(path: Path) -> set[str]:
+    """Every module an import statement of `path` names, at any depth (lazy and TYPE_CHECKING imports too)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
+            names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)  # `from jobs import train` names jobs.train
     return names
+
+
+def _imports(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in _modules(path)}
+
+
+def _jobs_folder(module: str) -> str:
+    """`jobs.<folder>` for a module of a jobs/ folder, `jobs` for an entry point (jobs/*.py)."""
+    parts = module.split(".")
+    return f"jobs.{parts[1]}" if len(parts) > 1 and (ROOT / "jobs" / parts[1]).is_dir() else "jobs"
 
 
 def _sources(package: str) -> list[Path]:
@@ -92,9 +117,7 @@ def test_the_import_scan_sees_every_form_of_a_ray_import(tmp_path):
 # still ties the two modules together; it only postpones the failure), except under `if TYPE_CHECKING:`, which
 # never runs. A circle listed here is known and must stay exactly as listed: breaking it fails the test until
 # it is removed from the list, so the list never outlives the circle.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"jobs.scaling", "jobs.sweep"}),  # sweep's `--dry-run --markdown` runs scaling, which builds trials
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -160,3 +183,32 @@ def test_the_cycle_scan_sees_lazy_imports_and_skips_type_checking(tmp_path):
     assert import_cycles(tmp_path, {"p"}) == {frozenset({"p.a", "p.b", "p.c"})}
     (pkg / "d.py").write_text("from p import e\n")
     assert import_cycles(tmp_path, {"p"}) == {frozenset({"p.a", "p.b", "p.c"}), frozenset({"p.d", "p.e"})}
+
+
+@pytest.mark.parametrize("folder", sorted(JOBS_ALLOWED))
+def test_jobs_folders_point_one_way(folder):
+    paths = _sources(folder.replace(".", "/"))
+    assert paths, f"{folder} holds no modules"
+    for path in paths:
+        rel = str(path.relative_to(ROOT))
+        reached = {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs.") or m == "jobs"}
+        allowed = JOBS_ALLOWED[folder] - ({"jobs.plan"} if folder == "jobs.config" and rel not in CONFIG_READS_PLAN
+                                          else set())
+        assert reached <= allowed, f"{rel} imports {sorted(reached - allowed)}; {folder} may import {sorted(allowed)}"
+
+
+def test_jobs_holds_entry_points_and_folders_only():
+    """Every module at jobs/'s top level is a command (`python -m jobs.<name>`); the rest lives in a folder."""
+    entries = {p.stem for p in (ROOT / "jobs").glob("*.py")} - {"__init__"}
+    for name in entries:
+        source = (ROOT / "jobs" / f"{name}.py").read_text()
+        assert 'if __name__ == "__main__":' in source, f"jobs/{name}.py is no entry point: move it into a folder"
+    folders = {p.name for p in (ROOT / "jobs").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == {f.removeprefix("jobs.") for f in JOBS_ALLOWED}
+
+
+def test_the_jobs_arrow_check_sees_entry_points_and_folders(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from jobs import train\nfrom jobs.driver.loop import attempt\nimport jobs.config.schema\n"
+                    "def f():\n    from jobs.sweep import trial_config\n")
+    assert {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs")} == {"jobs", "jobs.driver", "jobs.config"}

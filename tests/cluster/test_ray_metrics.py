@@ -17,8 +17,8 @@ from ray.util import metrics as ray_metrics
 
 from cluster.ray_metrics import METRIC_NAME, TAG_KEY, MetricSpec, RayMetricsSink, check_table
 from jobs.config import load_config
-from jobs.dashboard import GRAFANA_JSON, RUN_TAGS, STEP_METRIC, TABLE, dashboard_sink, grafana_dashboard
-from jobs.tracking import derived_metrics
+from jobs.telemetry.dashboard import GRAFANA_JSON, RUN_TAGS, STEP_METRIC, TABLE, dashboard_sink, grafana_dashboard
+from jobs.telemetry.tracking import derived_metrics
 from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
 from marl.episode_metrics import episode_metrics
 from marl.types import Completion, Episode, Task, Turn
@@ -94,7 +94,7 @@ def test_sink_rejects_an_invalid_table_at_construction():
         RayMetricsSink([MetricSpec("a", "a.b")])
 
 
-# --- The training run's table (jobs.dashboard) and its Grafana dashboard ---------------------------------
+# --- The training run's table (jobs.telemetry.dashboard) and its Grafana dashboard ---------------------------------
 
 ROLES = ("generator", "aggregator")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.loop import cliff_guard
+from jobs.driver.loop import cliff_guard
 from marl.cliff import CliffTracker
 
 

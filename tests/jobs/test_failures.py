@@ -18,10 +18,11 @@ import ray
 
 import learners.state_io
 from cluster.group import GroupError
-from jobs import checkpoint as ckpt
 from jobs.config import load_config
-from jobs.loop import InputError, StopRequested
-from jobs.tracking import read_metrics
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.assets import InputError
+from jobs.driver.loop import StopRequested
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 
 TINY = "jobs/configs/tiny.yaml"
@@ -121,7 +122,7 @@ def test_failed_checkpoint_write_keeps_latest_and_resume_works(ray_cluster, tmp_
 _WRITER = """
 import sys, time
 from pathlib import Path
-from jobs import checkpoint as ckpt
+from jobs.driver import run_checkpoints as ckpt
 
 class Stalls:
     def save(self, path):

@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from jobs.config import load_config
-from jobs.step import PHASES, PhaseTimer, RolloutSource
+from jobs.driver.step import PHASES, PhaseTimer, RolloutSource
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -124,7 +124,7 @@ def test_synchronous_source_never_prefetches(tmp_path):
 
 def test_phase_timer_reports_every_phase_and_the_step(monkeypatch):
     clock = iter([10.0, 11.0, 13.5, 20.0])
-    monkeypatch.setattr("jobs.step.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("jobs.driver.step.time.perf_counter", lambda: next(clock))
     timer = PhaseTimer()  # starts at 10
     with timer.phase("store"):  # 11 .. 13.5
         pass

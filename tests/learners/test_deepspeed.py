@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
 from learners.deepspeed_backend import DeepSpeedBackend, deepspeed_config
 from learners.learner import Learner, backend_class

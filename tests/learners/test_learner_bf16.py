@@ -15,7 +15,7 @@ import torch
 
 from cluster.fingerprint import fingerprint
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.group import merge_rank_metrics
 from learners.learner import Learner
 from learners.losses import token_logprobs

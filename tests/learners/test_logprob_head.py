@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.learner import Learner
 from learners.logprob_head import head_logprobs
 from learners.losses import entropy_from_logits, token_logprobs

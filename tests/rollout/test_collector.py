@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cluster.member import Call
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineGroupSpec, EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family

@@ -1,4 +1,4 @@
-"""Engine health through the real System (HF engines as Ray actors, in-process learner): a killed engine is
+"""Engine health through the real run handles (HF engines as Ray actors, in-process learner): a killed engine is
 replaced under its name, caught up to the current weights (fingerprint-checked) and its call retried once,
 so the step loses and duplicates nothing; an engine that stops generating tokens is replaced once it has been
 flat for rollout.stall_timeout_s, and named when its replacement stalls too; a slow engine that keeps
@@ -16,9 +16,9 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
-from marl.policy_map import PolicyMap
+from jobs.driver.handles import build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout import engine_group
@@ -90,8 +90,7 @@ def _system(tmp_path, monkeypatch, engine_cls: type, *overrides: str):
         f"run_name={RUN}", f"out_dir={tmp_path}", "marl.workflow=single_agent", "marl.sharing=shared",
         "rollout.backend=hf", "rollout.engines_per_role=1", "learner.ranks=0", "rollout.torch_threads=1",
         "rollout.max_batch_size=2", *overrides])
-    policy_map = PolicyMap.build("shared", ["solver"])
-    return build_system(cfg, resolve_model(cfg.model.path), policy_map, get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _wait_for(path: str, timeout: float) -> None:

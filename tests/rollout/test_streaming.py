@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family

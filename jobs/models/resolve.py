@@ -1,7 +1,7 @@
 """Model resolution: turn a `model.path` spec into a local Hugging Face model folder.
 
 Owns the spec grammar (a folder path, or `builtin:<name>[?key=int&...]`) and the on-disk cache of the
-built-in models (their offline builders are in jobs.builtin_models). Every component then loads the
+built-in models (their offline builders are in jobs.models.builtin). Every component then loads the
 returned folder the ordinary way (`AutoModelForCausalLM/AutoTokenizer.from_pretrained(path)`), so
 built-in models take exactly the code path a user's Qwen3 folder takes. Nothing is fetched from the hub.
 """
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from jobs.builtin_models import BUILTIN_MODELS
+from jobs.models.builtin import BUILTIN_MODELS
 
 log = logging.getLogger(__name__)
 

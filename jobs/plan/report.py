@@ -3,9 +3,9 @@ estimates (`python -m jobs.train --plan`, `python -m jobs.sweep --dry-run`)."""
 
 from __future__ import annotations
 
-from jobs.plan import FIT_FRACTION, Member, Plan, longest_sequence, member_share
-from jobs.rollout_estimate import EXPECTED_FILL
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
+from jobs.plan.planner import FIT_FRACTION, Member, Plan, longest_sequence, member_share
+from jobs.plan.rollout_estimate import EXPECTED_FILL
 from learners.memory import GIB
 
 
@@ -53,7 +53,7 @@ def format_plan(cfg: TrainConfig, plan: Plan) -> str:
 
 
 def format_times(t: dict[str, float]) -> str:
-    """Per-step seconds (estimates on H100s; sources in jobs/rollout_estimate.py and jobs/plan.py)."""
+    """Per-step seconds (estimates on H100s; sources in jobs/plan/rollout_estimate.py and jobs/plan/planner.py)."""
     updates = ", ".join(f"{k.split('/', 1)[1]} {v:.0f} s" for k, v in t.items() if k.startswith("update_s/"))
     return (f"estimated per step (H100, turns at {EXPECTED_FILL:.0%} of their caps): rollout {t['rollout_s']:.0f} s "
             f"({t['generated_tokens']:,.0f} tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, "

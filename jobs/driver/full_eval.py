@@ -3,8 +3,8 @@ checkpoint's.
 
 Periodic evaluations use a fixed draw of `data.eval_size` tasks, cheap enough for every checkpoint; the numbers a
 run reports as final and peak accuracy come from every row of `data.eval`, as the paper evaluates on its whole
-held-out split. The peak checkpoint is the most accurate one on the draw (jobs.checkpoint.best); when the final
-weights score at least as well on the draw, they are the peak and are not evaluated twice.
+held-out split. The peak checkpoint is the most accurate one on the draw (jobs.driver.run_checkpoints.best); when
+the final weights score at least as well on the draw, they are the peak and are not evaluated twice.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from jobs import checkpoint as ckpt
+from jobs.driver import run_checkpoints as ckpt
 from marl.types import Task
 
 Evaluate = Callable[[list[Task]], float]  # pass@1 of the weights the engines serve now

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from jobs.config import ConfigError
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
 
 
 class RunLog:
@@ -29,7 +29,7 @@ class RunLog:
     def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: tuple[Any, ...] = (),
                  display: StepDisplay | None = None, first_row: dict[str, Any] | None = None):
         self.run_dir = run_dir
-        self.first_row = dict(first_row or {})  # non-metric fields (jobs/provenance.py) for metrics.jsonl alone
+        self.first_row = dict(first_row or {})  # non-metric fields (jobs/driver/provenance.py) for metrics.jsonl alone
         self.path = run_dir / "metrics.jsonl"
         self.sinks = (*((TensorBoardSink(run_dir / "tb"),) if tensorboard else ()), *sinks)
         self.display = display
@@ -41,7 +41,7 @@ class RunLog:
         t = cfg.tracking
         sinks: list[Any] = []
         if t.ray_metrics:
-            from jobs.dashboard import dashboard_sink
+            from jobs.telemetry.dashboard import dashboard_sink
 
             sinks.append(dashboard_sink(cfg))
         if t.mlflow.enabled:

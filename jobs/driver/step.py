@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.schema import RolloutConfig, TrainConfig
-from jobs.system import System
-from jobs.updates import run_concurrently, update_all
+from jobs.config.schema import RolloutConfig, TrainConfig
+from jobs.driver.handles import RunHandles
+from jobs.driver.updates import run_concurrently, update_all
 from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
 from learners.role_grads import step_role_shares
@@ -82,7 +82,7 @@ class RolloutSource:
     last taken step's prompts were drawn: what that step's checkpoint records, so prefetched episodes are never
     saved and a resumed run draws their prompts again."""
 
-    def __init__(self, system: System, cfg: TrainConfig, sampler: PromptSampler,
+    def __init__(self, system: RunHandles, cfg: TrainConfig, sampler: PromptSampler,
                  on_episode: Callable[[int, int], None] | None = None):
         """`on_episode(done, total)` follows a synchronous collection (progress display)."""
         self.system, self.cfg, self.sampler, self.on_episode = system, cfg, sampler, on_episode
@@ -129,7 +129,7 @@ class RolloutSource:
         self.sampler.load_state(sampler_state)
 
 
-def train_step(system: System, cfg: TrainConfig, source: RolloutSource, step: int, pad_id: int | Mapping[str, int],
+def train_step(system: RunHandles, cfg: TrainConfig, source: RolloutSource, step: int, pad_id: int | Mapping[str, int],
                run_dir: Path, version: int | None = None, before_update: Callable[[], None] | None = None) -> dict:
     """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
     policy, or policy -> pad id (policies on different base models). `before_update` runs once the batches
@@ -153,7 +153,7 @@ def train_step(system: System, cfg: TrainConfig, source: RolloutSource, step: in
             **{k: float(v) for k, v in batch_stats.items()}, **timer.metrics()}
 
 
-def step_batches(system: System, cfg: TrainConfig, episodes: list[Episode], step: int,
+def step_batches(system: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
                  pad_id: int | Mapping[str, int]) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length caps
     before any update trains on the rest."""

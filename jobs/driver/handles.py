@@ -1,6 +1,7 @@
-"""Builds the running system for one config: a LearnerGroup per policy, the EngineGroups (one per role, one
-per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them. Nothing here
-branches on shared vs isolated: the policy map alone decides which learner feeds which engines."""
+"""The run's handles, built from its layout (jobs/plan/layout.py): a LearnerGroup per policy, the EngineGroups (one
+per role, one per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them, in the
+run's placement group. Nothing here branches on shared vs isolated: the policy map alone decides which learner feeds
+which engines."""
 
 from __future__ import annotations
 
@@ -11,16 +12,14 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
-from jobs.colocation import colocated, colocated_name
-from jobs.policies import engine_map_of, model_paths, policy_configs
-from jobs.resources import build_placement
-from jobs.schema import TrainConfig
-from jobs.weight_sync import WeightSync, resync_through, sync_all
+from jobs.config.schema import TrainConfig
+from jobs.driver.resources import build_placement
+from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import RunLayout
 from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
-from marl.engine_map import EngineMap
-from marl.names import group_name
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
 from marl.tasks import TaskFamily
@@ -31,8 +30,10 @@ from rollout.engine_group import EngineGroup, Resync
 
 
 @dataclass
-class System:
-    policy_map: PolicyMap
+class RunHandles:
+    """What a run holds while it runs: its groups, the collector over them, the syncs between them; shut down once."""
+
+    policy_map: PolicyMap  # the layout's own
     learners: dict[str, LearnerGroup]
     engines: dict[str, EngineGroup]
     collector: Collector
@@ -45,7 +46,7 @@ class System:
 
     def sync(self, version: int) -> dict[str, float]:
         """Push every policy's weights (or LoRA adapter) once to each engine group serving its roles; every
-        engine confirms `version` and the fingerprint of the weights it now serves (jobs/weight_sync.py)."""
+        engine confirms `version` and the fingerprint of the weights it now serves (jobs/driver/weight_sync.py)."""
         return sync_all(self.syncs, version)
 
     def shutdown(self) -> None:
@@ -56,29 +57,45 @@ class System:
             self.placement.release()
 
 
-def build_system(cfg: TrainConfig, model_path: str | Mapping[str, str], policy_map: PolicyMap,
-                 family: TaskFamily) -> System:
+def build_handles(layout: RunLayout, model_path: str | Mapping[str, str], family: TaskFamily) -> RunHandles:
     """`model_path`: each policy's model folder, or one folder for the policies on the top-level `model.path`
     (others, set in marl.policies, are resolved here)."""
-    paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(cfg, policy_map, model_path)
-    placement = build_placement(cfg, policy_map)  # all bundles reserved before any member starts
+    paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(layout, model_path)
+    placement = build_placement(layout)  # all bundles reserved before any member starts
     try:
-        return _build_groups(cfg, paths, policy_map, family, placement)
+        return _build_groups(layout, paths, family, placement)
     except BaseException:
         if placement is not None:
             placement.release()  # also ends the members already started in it
         raise
 
 
-def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap, family: TaskFamily,
-                  placement: RunPlacement | None) -> System:
+def model_paths(layout: RunLayout, default: str | None = None) -> dict[str, str]:
+    """policy -> its local model folder. Policies on the top-level `model.path` get `default` when given
+    (already resolved); others are resolved here (built-ins are built once and cached). ValueError/OSError
+    name the policy's key."""
+    cfg, out = layout.cfg, {}
+    for pid, pc in layout.configs.items():
+        if default is not None and pc.model.path == cfg.model.path:
+            out[pid] = default
+            continue
+        try:
+            out[pid] = resolve_model(pc.model.path)
+        except (ValueError, OSError) as e:
+            key = "model.path" if pc.model.path == cfg.model.path else f"marl.policies.{pid}.model.path"
+            raise type(e)(f"{key}: {e}") from None
+    return out
+
+
+def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
+                  placement: RunPlacement | None) -> RunHandles:
     def bundles(name: str) -> GroupPlacement | None:
         return placement.group(name) if placement is not None else None
 
-    configs = policy_configs(cfg, policy_map)  # each policy's own model, learner and engine settings
-    learners = _learner_groups(cfg, configs, paths, policy_map, bundles)
+    cfg, policy_map, configs = layout.cfg, layout.policy_map, layout.configs
+    learners = _learner_groups(layout, paths, bundles)
     syncs: dict[str, WeightSync] = {}  # read by the engines' resync; filled once the engine groups exist
-    engines = _engine_groups(cfg, configs, paths, engine_map_of(cfg, policy_map), bundles, resync_through(syncs))
+    engines = _engine_groups(layout, paths, bundles, resync_through(syncs))
     syncs.update({
         pid: WeightSync(learners[pid], _distinct_groups(engines, policy_map, pid), cfg.sync.transport,
                         cfg.sync.bucket_mb << 20, cfg.sync_timeout_s,
@@ -90,17 +107,18 @@ def _build_groups(cfg: TrainConfig, paths: dict[str, str], policy_map: PolicyMap
                               max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
-    return System(policy_map, learners, engines, collector, syncs, placement)
+    return RunHandles(policy_map, learners, engines, collector, syncs, placement)
 
 
-def _learner_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dict[str, str], policy_map: PolicyMap,
+def _learner_groups(layout: RunLayout, paths: dict[str, str],
                     bundles: Callable[[str], GroupPlacement | None]) -> dict[str, LearnerGroup]:
     """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated base (learner.lora_colocate)."""
-    specs = [_learner_spec(cfg, pid, paths[pid], pc, policy_map) for pid, pc in configs.items()]
-    if colocated(cfg):
-        return colocated_groups(specs, cfg.run_name, colocated_name(cfg), placement=bundles(colocated_name(cfg)))
-    return {s.policy_id: LearnerGroup(s, cfg.run_name, placement=bundles(group_name(cfg.run_name, "learner",
-                                                                                    s.policy_id)))
+    cfg = layout.cfg
+    specs = [_learner_spec(cfg, pid, paths[pid], pc, layout.policy_map) for pid, pc in layout.configs.items()]
+    if layout.colocated:  # every policy names the one shared group
+        name = layout.learner_groups[layout.policy_map.policies[0]]
+        return colocated_groups(specs, cfg.run_name, name, placement=bundles(name))
+    return {s.policy_id: LearnerGroup(s, cfg.run_name, placement=bundles(layout.learner_groups[s.policy_id]))
             for s in specs}
 
 
@@ -123,13 +141,14 @@ def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig, 
                        num_policies=len(policy_map.policies), policy_index=policy_map.policies.index(pid))
 
 
-def _engine_groups(cfg: TrainConfig, configs: dict[str, TrainConfig], paths: dict[str, str], engine_map: EngineMap,
-                   bundles: Callable[[str], GroupPlacement | None], resync: Resync) -> dict[str, EngineGroup]:
+def _engine_groups(layout: RunLayout, paths: dict[str, str], bundles: Callable[[str], GroupPlacement | None],
+                   resync: Resync) -> dict[str, EngineGroup]:
     """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object. Each group
     serves its policy's model with that policy's engine settings; the multi-LoRA group the top-level model."""
+    cfg, configs = layout.cfg, layout.configs
     out: dict[str, EngineGroup] = {}
     slot = 0
-    for spec in engine_map.groups:
+    for spec in layout.engine_map.groups:
         if spec.policy is None:  # multi-LoRA: every role, one base model, adapters up to the largest rank
             pc, path = cfg, paths[spec.policies[0]]
             lora_rank = max(c.model.lora.rank for c in configs.values())

@@ -1,4 +1,4 @@
-"""The per-field rules of the config schema (jobs/schema.py): each leaf key's choices (an Enum field's values, or
+"""The per-field rules of the config schema (jobs/config/schema.py): each leaf key's choices (an Enum field's values, or
 `one_of`'s) and bounds (`positive`, `non_negative`), read from the dataclass fields, for config load to check
 and the config reference to list. A rule lives on the field it constrains, nowhere else."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from jobs.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig, as_node
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Loading the one config schema (jobs/schema.py): YAML + `key=value` overrides, validated once.
+"""Loading the one config schema (jobs/config/schema.py): YAML + `key=value` overrides, validated once.
 
 `load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
 OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
 returns a read-only config. Each component receives only its own section. Choices are str Enums on the
 schema's fields (defined beside the registries they name: advantage estimators, loss aggregations, KL
-estimators, backends), bounds sit in the fields' metadata (jobs/field_rules.py); GRPO group fields are read from
+estimators, backends), bounds sit in the fields' metadata (jobs/config/field_rules.py); GRPO group fields are read from
 their registry.
 """
 
@@ -16,12 +16,12 @@ from typing import cast
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from jobs.colocation import colocate_problem
-from jobs.field_rules import check_fields, choice_problem
-from jobs.plan import PlanError, resolve_plan
-from jobs.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
-from jobs.precision import dtype_problem
-from jobs.schema import RolloutConfig, TrainConfig, as_node
+from jobs.config.colocation import colocate_problem
+from jobs.config.field_rules import check_fields, choice_problem
+from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
+from jobs.config.precision import dtype_problem
+from jobs.config.schema import RolloutConfig, TrainConfig, as_node
+from jobs.plan.planner import PlanError, resolve_plan
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
@@ -56,7 +56,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
 
 
 def _resolve_plan(cfg: TrainConfig, check: bool) -> None:
-    """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan.py)."""
+    """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan/planner.py)."""
     try:
         resolve_plan(cfg, check)
     except PlanError as e:

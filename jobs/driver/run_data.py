@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
 from marl.tasks.data import is_generated, load_tasks
 from marl.tasks.overlap import prompt_set, shared_tasks, without_prompts
 from marl.types import Task

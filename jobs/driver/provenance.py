@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 UNKNOWN = "unknown"
-ROOT = Path(__file__).resolve().parent.parent  # the folder holding jobs/, marl/, learners/ ...
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding jobs/, marl/, learners/ ...
 
 
 def _git(root: Path, *args: str) -> str | None:

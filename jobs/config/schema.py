@@ -97,9 +97,9 @@ class LoraConfig:
 class ModelConfig:
     # An HF model folder, or `builtin:tiny` / `builtin:smollm2-135m-instruct` (built offline, cached).
     path: str = MISSING
-    # float32 | bfloat16 | float16: what the engines serve and sync. bfloat16 on a GPU-less part (jobs/precision.py)
-    # needs a CPU with bf16 instructions (avx512_bf16 or amx_bf16); there the torch learner keeps fp32 master
-    # weights and optimizer state and computes under bf16 autocast.
+    # float32 | bfloat16 | float16: what the engines serve and sync. bfloat16 on a GPU-less part
+    # (jobs/config/precision.py) needs a CPU with bf16 instructions (avx512_bf16 or amx_bf16); there the torch
+    # learner keeps fp32 master weights and optimizer state and computes under bf16 autocast.
     dtype: Dtype = Dtype.float32
     # Allow bfloat16 on CPU parts whose CPU lacks bf16 instructions: PyTorch and vLLM then run it in software,
     # correct but slower than float32 (for checking bf16 numerics on any machine). Top level only.
@@ -138,7 +138,7 @@ class DataConfig:
     train_size: int = non_negative(0)
     eval: str = "gsm8k"
     # 0 = no held-out evaluation; N = N rows (all of a smaller listing source), drawn like train_size but
-    # from a seed range disjoint from training's (jobs/run_data.py)
+    # from a seed range disjoint from training's (jobs/driver/run_data.py)
     eval_size: int = non_negative(64)
     # Seed of the eval draw (a seeded cut of a file, or a generator's seed), apart from the run's `seed`, so the
     # cells of a study that differ only in their seed are evaluated on the same tasks.
@@ -167,7 +167,7 @@ class MarlConfig:
     # Per-policy settings: policy id (of the map `sharing` produces) -> overrides shaped like the top-level
     # sections, of model.{path,dtype,lora.*}, learner.{optim.*,micro_batch_size,ranks,rank_num_cpus,rank_num_gpus,
     # rank_resources,gradient_checkpointing} and rollout.{engines_per_role,engine_num_cpus,engine_num_gpus,
-    # engine_resources,kv_cache_gb,gpu_memory_utilization} (jobs/policies.py). Unset keys are inherited.
+    # engine_resources,kv_cache_gb,gpu_memory_utilization} (jobs/config/policies.py). Unset keys are inherited.
     policies: dict[str, Any] = field(default_factory=dict)
     num_generators: int = positive(3)
     max_rounds: int = positive(3)
@@ -343,7 +343,7 @@ class LearnerConfig:
     rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
     torch_threads: int = non_negative(0)  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     micro_batch_size: int = positive(16)
-    # auto | true | false. auto: on when the planner (jobs/plan.py) finds the learner's activations at its token
+    # auto | true | false. auto: on when the planner (jobs/plan/planner.py) finds the learner's activations at its token
     # budget would not fit its GPU without it; resolved to true/false once at load (off on CPU-only runs, where
     # nothing is planned). Recomputing each layer in the backward costs one more forward pass.
     gradient_checkpointing: str = one_of("auto", ("auto", "true", "false"))
@@ -365,7 +365,7 @@ class LearnerConfig:
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
     # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
-    # need more threads than the node has cores (jobs/updates.py).
+    # need more threads than the node has cores (jobs/driver/updates.py).
     concurrent_updates: str = one_of("auto", ("auto", "true", "false"))
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -376,7 +376,7 @@ class LearnerConfig:
     # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
     # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';
     # the policies' updates run in turn on the shared ranks. Needs model.lora.enabled, marl.sharing=isolated and
-    # the torch backend; every policy shares the base and the ranks (jobs/policies.py: colocate_problem).
+    # the torch backend; every policy shares the base and the ranks (jobs/config/policies.py: colocate_problem).
     lora_colocate: bool = False
 
 
@@ -435,9 +435,9 @@ class WandbConfig:
 
 @dataclass
 class TrackingConfig:
-    # metrics.jsonl is always written; these are the other sinks (jobs/tracking.py).
+    # metrics.jsonl is always written; these are the other sinks (jobs/telemetry/tracking.py).
     tensorboard: bool = True
-    ray_metrics: bool = True  # Ray metrics for the dashboard / Prometheus / Grafana (jobs/dashboard.py)
+    ray_metrics: bool = True  # Ray metrics for the dashboard / Prometheus / Grafana (jobs/telemetry/dashboard.py)
     # auto: a progress bar when stdout is a terminal, else a line per step | bar | line
     progress: Progress = Progress.auto
     # false: vLLM logs at ERROR, torch's C++ log at ERROR, FutureWarnings and Ray's driver INFO lines are hidden
@@ -459,7 +459,7 @@ class RayConfig:
     # One placement group per run holds a bundle per engine and learner rank (cluster/placement.py).
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     placement_timeout_s: float = positive(120.0)  # the cluster must hold the whole placement group within this
-    # Memory of each GPU the run is placed on, in GiB (jobs/plan.py): a plan whose engines and learner ranks
+    # Memory of each GPU the run is placed on, in GiB (jobs/plan/planner.py): a plan whose engines and learner ranks
     # would hold more than 0.9 of it on any GPU is refused at load. 0 = the local GPU's when torch sees one, else
     # nothing is checked (CPU runs, or a driver without a GPU: declare it then).
     gpu_memory_gb: float = non_negative(0.0)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from cluster.threads import threads_for
-from jobs.schema import LearnerConfig
+from jobs.config.schema import LearnerConfig
 from learners.batch import TrainBatch, empty_batch
 from learners.group import LearnerGroup
 

@@ -14,8 +14,7 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from jobs.models import resolve_model
-from jobs.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig, as_node
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of
@@ -81,19 +80,3 @@ def policy_config(cfg: TrainConfig, policy_id: str) -> TrainConfig:
 def policy_configs(cfg: TrainConfig, policy_map: PolicyMap) -> dict[str, TrainConfig]:
     return {pid: policy_config(cfg, pid) for pid in policy_map.policies}
 
-
-def model_paths(cfg: TrainConfig, policy_map: PolicyMap, default: str | None = None) -> dict[str, str]:
-    """policy -> its local model folder. Policies on the top-level `model.path` get `default` when given
-    (already resolved); others are resolved here (built-ins are built once and cached). ValueError/OSError
-    name the policy's key."""
-    out = {}
-    for pid, pc in policy_configs(cfg, policy_map).items():
-        if default is not None and pc.model.path == cfg.model.path:
-            out[pid] = default
-            continue
-        try:
-            out[pid] = resolve_model(pc.model.path)
-        except (ValueError, OSError) as e:
-            key = "model.path" if pc.model.path == cfg.model.path else f"marl.policies.{pid}.model.path"
-            raise type(e)(f"{key}: {e}") from None
-    return out

@@ -8,8 +8,8 @@ import json
 import os
 import re
 
-from jobs.builtin_models import CHAR_VOCAB, QWEN3_SHAPES, QWEN3_VOCAB
-from jobs.models import is_builtin, parse_builtin
+from jobs.models.builtin import CHAR_VOCAB, QWEN3_SHAPES, QWEN3_VOCAB
+from jobs.models.resolve import is_builtin, parse_builtin
 from learners.memory import ModelShape
 
 # SmolLM2-135M-Instruct's config.json (the built-in converted from its GGUF).

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cluster.cpu import has_bf16, read_cpuinfo
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
 
 
 def cpu_parts(cfg: TrainConfig, cuda: Callable[[], bool]) -> list[str]:
-    """The parts of one policy's config (`jobs.policies.policy_config`) that compute on CPU, each with the
+    """The parts of one policy's config (`jobs.config.policies.policy_config`) that compute on CPU, each with the
     setting that puts it there. `cuda()`: whether this process sees a CUDA device (asked only when needed)."""
     learner, rollout = cfg.learner, cfg.rollout
     parts = []

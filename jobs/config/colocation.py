@@ -3,8 +3,8 @@ applies, what the policies must share, and the name of the one learner group tha
 
 from __future__ import annotations
 
-from jobs.policies import override_keys
-from jobs.schema import TrainConfig
+from jobs.config.policies import override_keys
+from jobs.config.schema import TrainConfig
 from marl.names import group_name
 
 COLOCATED = "colocated"  # the shared learner group's key: `<run>:learner:colocated` (no role has this name)

@@ -1,7 +1,7 @@
 """One attempt of the driver loop on one built system: start (fresh or from a checkpoint), the steps, the
 cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
-One step = train_step (jobs/step.py: collect → score → assign → advantages → update every policy, one
+One step = train_step (jobs/driver/step.py: collect → score → assign → advantages → update every policy, one
 optimizer step each → sync weights) → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the
 policy map. With rollout.one_step_off_policy the next step's collect runs while the learners update (a knob
 of the step's RolloutSource).
@@ -17,26 +17,20 @@ from pathlib import Path
 from typing import Protocol
 
 from cluster.group import GroupError
-from jobs import checkpoint as ckpt
-from jobs.checkpoint import Progress
 from jobs.config import to_yaml
-from jobs.eval_records import append_eval, eval_metrics
-from jobs.full_eval import full_evaluation
-from jobs.schema import TrainConfig
-from jobs.step import RolloutSource, role_caps, train_step
-from jobs.system import System, build_system
-from jobs.tracking import RunLog
+from jobs.config.schema import TrainConfig
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.assets import InputError, RunAssets
+from jobs.driver.eval_records import append_eval, eval_metrics
+from jobs.driver.full_eval import full_evaluation
+from jobs.driver.handles import RunHandles, build_handles
+from jobs.driver.run_checkpoints import Progress
+from jobs.driver.step import RolloutSource, role_caps, train_step
+from jobs.telemetry.tracking import RunLog
 from marl.cliff import CliffTracker
-from marl.policy_map import PolicyMap
 from marl.seeds import derive_seed
-from marl.tasks import TaskFamily
-from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
 from rollout.engine import Sampling
-
-
-class InputError(ValueError):
-    """The model, the data or a checkpoint cannot be used (missing folder, no valid rows, corrupt, ...)."""
 
 
 class StopRequested(BaseException):
@@ -54,24 +48,12 @@ class StepCallback(Protocol):
 
 
 @dataclass
-class Inputs:
-    model_paths: dict[str, str]  # policy -> its model folder (marl.policies may give a policy its own model)
-    family: TaskFamily
-    sampler: PromptSampler
-    eval_tasks: list[Task]
-    policy_map: PolicyMap
-    pad_ids: dict[str, int]  # policy -> its tokenizer's pad id
-    data_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # data/*, logged with step 0
-    full_eval_tasks: list[Task] = dataclasses.field(default_factory=list)  # the whole split (data.eval_full)
-
-
-@dataclass
 class RunState:
     """One attempt's driver state. `progress` counts completed steps; `learners_ahead` is set while the
     learners may hold an update `progress` does not count yet (a stop then must not checkpoint them)."""
 
     cfg: TrainConfig
-    inp: Inputs
+    assets: RunAssets
     run_dir: Path
     root: Path  # checkpoint folder
     log: RunLog
@@ -90,7 +72,7 @@ class RunState:
         self.learners_ahead = True
 
 
-def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
+def evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
     """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
         return []
@@ -100,9 +82,9 @@ def evaluate(system: System, cfg: TrainConfig, tasks: list[Task]) -> list[Episod
     return system.collector.collect(tasks, 1, sampling).episodes
 
 
-def timed_evaluate(system: System, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
+def timed_evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
-    """jobs.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
+    """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
     per-task results go to the run dir's eval_tasks.csv."""
     t0 = time.perf_counter()
     episodes = evaluate(system, cfg, tasks)
@@ -114,11 +96,11 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
     """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
-    system = build_system(cfg, run.inp.model_paths, run.inp.policy_map, run.inp.family)
+    system = build_handles(run.assets.layout, run.assets.model_paths, run.assets.family)
     try:
         # A new source holds no episodes: an attempt starts from a checkpoint, never from an earlier one's.
         display = run.log.display.episodes if run.log.display is not None else None
-        source = RolloutSource(system, cfg, run.inp.sampler, on_episode=display)
+        source = RolloutSource(system, cfg, run.assets.sampler, on_episode=display)
         if resume:
             _restore(run, system, resume)
         else:
@@ -126,11 +108,11 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
         while run.progress.step < cfg.steps:
             if _step(run, system, source):
                 break
-        final = timed_evaluate(system, cfg, run.inp.eval_tasks, run.run_dir, run.progress.step)
+        final = timed_evaluate(system, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
         acc_after = final["eval/accuracy"]
         for pid, learner in system.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
-        if run.inp.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
+        if run.assets.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
             final.update(_evaluate_whole_split(run, system, acc_after))
         run.log.log(cfg.steps, final)
     except StopRequested:
@@ -146,8 +128,8 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
             **{k: v for k, v in final.items() if k.startswith("eval/full/")}}
 
 
-def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) -> dict[str, float]:
-    """The final weights, then the peak checkpoint's, on every held-out task (jobs/full_eval.py)."""
+def _evaluate_whole_split(run: RunState, system: RunHandles, final_accuracy: float) -> dict[str, float]:
+    """The final weights, then the peak checkpoint's, on every held-out task (jobs/driver/full_eval.py)."""
     def restore(folder: Path) -> None:
         _load_learners(system, folder)
         system.sync(version=run.progress.weight_version + 1)
@@ -155,29 +137,30 @@ def _evaluate_whole_split(run: RunState, system: System, final_accuracy: float) 
     def accuracy(tasks: list[Task]) -> float:
         return eval_metrics(evaluate(system, run.cfg, tasks))["eval/accuracy"]
 
-    return full_evaluation(run.inp.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
+    return full_evaluation(run.assets.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
 
 
-def _fresh_start(run: RunState, system: System) -> None:
-    run.inp.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
+def _fresh_start(run: RunState, system: RunHandles) -> None:
+    run.assets.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
-    base = timed_evaluate(system, run.cfg, run.inp.eval_tasks, run.run_dir, 0)
+    base = timed_evaluate(system, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
     acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
     run.base_parse = {k.replace("eval/", "eval/before/", 1): v for k, v in base.items()
                       if k.startswith("eval/parse_failures/") or k == "eval/episodes"}
     run.cliff.update(0, acc)
     run.progress = dataclasses.replace(run.progress, acc_before=acc, cliff=run.cliff.state(),
                                        best_accuracy=acc if not math.isnan(acc) else -math.inf)
-    print(f"[{run.cfg.run_name}] policies {run.inp.policy_map.policies} roles {run.inp.policy_map.roles}; "
+    policy_map = run.assets.layout.policy_map
+    print(f"[{run.cfg.run_name}] policies {policy_map.policies} roles {policy_map.roles}; "
           f"held-out accuracy {acc:.3f}", flush=True)
 
 
-def _restore(run: RunState, system: System, folder: Path) -> None:
+def _restore(run: RunState, system: RunHandles, folder: Path) -> None:
     """Learner state into every rank, driver state, then the engines re-synced to the restored version."""
     try:
         progress = ckpt.read_progress(folder)
         _load_learners(system, folder)
-        run.inp.sampler.load_state(progress.sampler)
+        run.assets.sampler.load_state(progress.sampler)
     except (ckpt.CheckpointError, ValueError) as e:
         raise InputError(f"checkpoint {folder} cannot be restored: {e}") from e
     run.cliff.load_state(progress.cliff)
@@ -188,7 +171,7 @@ def _restore(run: RunState, system: System, folder: Path) -> None:
           f"{progress.weight_version}; {dropped} metric lines of later steps dropped)", flush=True)
 
 
-def _load_learners(system: System, folder: Path) -> None:
+def _load_learners(system: RunHandles, folder: Path) -> None:
     for pid, learner in system.learners.items():
         state = folder / "policies" / pid
         if not state.is_dir():
@@ -201,15 +184,15 @@ def _load_learners(system: System, folder: Path) -> None:
             raise ckpt.CheckpointError(str(e)) from e
 
 
-def _step(run: RunState, system: System, source: RolloutSource) -> bool:
+def _step(run: RunState, system: RunHandles, source: RolloutSource) -> bool:
     """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
     cfg, step = run.cfg, run.progress.step
     version = run.progress.weight_version + 1
-    metrics = train_step(system, cfg, source, step, run.inp.pad_ids, run.run_dir, version,
+    metrics = train_step(system, cfg, source, step, run.assets.pad_ids, run.run_dir, version,
                          before_update=run.mark_learners_ahead)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-        metrics.update(timed_evaluate(system, cfg, run.inp.eval_tasks, run.run_dir, step + 1))
+        metrics.update(timed_evaluate(system, cfg, run.assets.eval_tasks, run.run_dir, step + 1))
         accuracy = metrics["eval/accuracy"]
         stop, guard = cliff_guard(cfg, run.cliff, step + 1, accuracy)
         metrics.update(guard)
@@ -222,7 +205,7 @@ def _step(run: RunState, system: System, source: RolloutSource) -> bool:
     if flagged and cfg.cliff.action == "rollback":
         metrics.update(_rollback(run, system, source))
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
-        metrics.update({**run.inp.data_metrics, "eval/accuracy_before": run.progress.acc_before})
+        metrics.update({**run.assets.data_metrics, "eval/accuracy_before": run.progress.acc_before})
         if run.base_eval_s is not None:
             metrics.update({"time/eval_before_s": run.base_eval_s, **run.base_parse})
     run.learners_ahead = False
@@ -247,7 +230,7 @@ def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: floa
     return flagged and cfg.cliff.action == "stop", {**cliff.metrics(), "cliff/flagged": float(flagged)}
 
 
-def _rollback(run: RunState, system: System, source: RolloutSource) -> dict[str, float]:
+def _rollback(run: RunState, system: RunHandles, source: RolloutSource) -> dict[str, float]:
     """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it;
     returns the rollback's metrics (none when there is no checkpoint to roll back to).
 
@@ -270,7 +253,7 @@ def _rollback(run: RunState, system: System, source: RolloutSource) -> dict[str,
             "cliff/rollbacks": float(run.progress.rollbacks), "cliff/evals_below": 0.0}
 
 
-def _save(run: RunState, system: System) -> Path:
+def _save(run: RunState, system: RunHandles) -> Path:
     t0 = time.perf_counter()
     folder = ckpt.write(run.root, run.progress, system.learners, to_yaml(run.cfg))
     ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
@@ -278,7 +261,7 @@ def _save(run: RunState, system: System) -> Path:
     return folder
 
 
-def _checkpoint_on_stop(run: RunState, system: System) -> None:
+def _checkpoint_on_stop(run: RunState, system: RunHandles) -> None:
     """On a graceful stop, commit the last completed step (unless the learners are already past it)."""
     if not run.cfg.checkpoint.every or run.progress.step == 0:
         return

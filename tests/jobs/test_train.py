@@ -160,9 +160,10 @@ def test_engine_call_past_its_deadline_names_the_engine(ray_cluster, tmp_path):
     # The learner in-process: the first engine call fails before any update, so no learner actor is needed. No
     # replacement: the whole run's error path is under test here; replacing a hung engine first is
     # tests/rollout/test_engine_faults.py's.
+    # One role, so the engine that stalls first is known.
     cfg = _cfg(tmp_path, "rollout.stall_timeout_s=0.001", "ray.num_cpus=2", "learner.ranks=0",
-               "rollout.replace_dead_engines=false")
-    with pytest.raises(GroupTimeout, match=r"tiny:engine:generator:0\.generate"):
+               "rollout.replace_dead_engines=false", "marl.workflow=single_agent")
+    with pytest.raises(GroupTimeout, match=r"tiny:engine:solver:0\.generate"):
         train(cfg)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +215,34 @@ def test_the_jobs_arrow_check_sees_entry_points_and_folders(tmp_path):
     path.write_text("from jobs import train\nfrom jobs.driver.loop import attempt\nimport jobs.config.schema\n"
                     "def f():\n    from jobs.sweep import trial_config\n")
     assert {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs")} == {"jobs", "jobs.driver", "jobs.config"}
+
+
+# Each module of ours imported first, in a fresh process: a circle through a package's __init__ (importing
+# jobs.config.x runs jobs/config/__init__.py first) passes the scan above but fails at import in whichever order a
+# fresh Ray worker happens to import. The parent loads the heavy libraries once and forks a child per module.
+FIRST_IMPORT = """
+import importlib, os, sys
+import omegaconf, ray, torch, transformers  # noqa: F401 - loaded once, shared by the forked children
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1] != 0:
+        failed.append(name)
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.slow  # one fork per module after loading torch and Ray: ~15-35 s on 2 cores
+def test_every_module_imports_first_in_a_fresh_process():
+    modules = sorted(_module_name(p, ROOT) for package in ("jobs", "learners", "rollout", "cluster", "marl")
+                     for p in (ROOT / package).rglob("*.py"))
+    done = subprocess.run([sys.executable, "-c", FIRST_IMPORT, *modules], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -21,7 +21,6 @@ from jobs.config.field_rules import check_fields, choice_problem
 from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.config.precision import dtype_problem
 from jobs.config.schema import RolloutConfig, TrainConfig, as_node
-from jobs.plan.planner import PlanError, resolve_plan
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
@@ -57,6 +56,11 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
 
 def _resolve_plan(cfg: TrainConfig, check: bool) -> None:
     """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan/planner.py)."""
+    # Imported here, not at the top: the planner reads the run layout, which reads jobs.config's submodules, and
+    # importing any of those runs this package's __init__ (this module). A top-level import would make importing
+    # jobs.plan.layout (or a driver module, as a fresh Ray worker does) first fail on a half-initialised module.
+    from jobs.plan.planner import PlanError, resolve_plan
+
     try:
         resolve_plan(cfg, check)
     except PlanError as e:

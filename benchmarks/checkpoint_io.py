@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.checkpoint_io [--model builtin:tiny] [--lora-rank 0] [--reps 3] [--dir /tmp/x]
 
 One in-process learner takes one (empty) update so its optimizer holds its moments, then the driver's commit
-path (jobs/checkpoint.write: learner files + driver state + manifest, every file fsynced, rename, `latest`)
+path (jobs/driver/run_checkpoints.write: learner files + driver state + manifest, every file fsynced, rename, `latest`)
 and the restore (LearnerGroup.load) are timed. Prints the median seconds and the bytes on disk.
 """
 
@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs import checkpoint as ckpt
 from jobs.config import load_config, to_yaml
-from jobs.models import resolve_model
+from jobs.driver import run_checkpoints as ckpt
+from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec

@@ -32,7 +32,7 @@ def measure_one(policies: int, colocate: bool, dtype: str) -> dict[str, float]:
     import torch
 
     from jobs.config import load_config
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
     from learners.batch import TrainBatch
     from learners.colocated import colocated_groups
     from learners.group import LearnerGroup

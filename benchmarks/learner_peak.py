@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from jobs.model_shape import shape_of
+from jobs.models.shape import shape_of
 from learners.memory import LearnerSetup, ModelShape, learner_memory
 
 # A Qwen3-shaped body small enough for CPU (2 layers, hidden 64), the real vocabulary: the logits dominate.
@@ -47,7 +47,7 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int) -> dict[
     import torch
 
     from jobs.config import load_config
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
     from learners.batch import TrainBatch
     from learners.learner import Learner
     from learners.losses import local_normalizer

@@ -89,7 +89,7 @@ def child(run: Run) -> dict[str, object]:
     """In the subprocess: build the learner, run `repeats` updates, report times, loss, grad norm, peak RSS."""
     from benchmarks.update import make_batch
     from jobs.config import load_config
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
     from learners.learner import Learner
     from learners.losses import local_normalizer
     from learners.member import LearnerSpec

@@ -10,12 +10,12 @@ that every layer is merged and reloaded, the two ways taking turns sync by sync 
   the engine loads); the engine merges the changed layers, loads them, checks that what they serve is its merge
   (a sketch of each loaded tensor through its kernel and one of the tensor itself) and fingerprints every
   served name;
-- after (jobs.weight_sync): the learner sketches its merge without merging (`merged_sketch`: sketch(W0) kept,
+- after (jobs.driver.weight_sync): the learner sketches its merge without merging (`merged_sketch`: sketch(W0) kept,
   plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded tensors only
   through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
 The learner's part overlaps the engine's, so the parts add up to more than the sync.
 `--actors`: the after sync's phases as the driver sees them with the source (benchmarks.rollout_throughput's
-stand-in for a LoRA learner) and the engine in Ray actors, as jobs.weight_sync runs them.
+stand-in for a LoRA learner) and the engine in Ray actors, as jobs.driver.weight_sync runs them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from benchmarks.timing import timed
 from cluster.fingerprint import fingerprint
 from cluster.transport import broadcast
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -105,7 +106,7 @@ def actor_phases(args: argparse.Namespace) -> None:
 
     from benchmarks.rollout_throughput import _LoraSource, _rollout_cfg
     from cluster.group import Group
-    from jobs.weight_sync import served_as_merged
+    from jobs.driver.weight_sync import served_as_merged
     from marl.engine_map import EngineMap
     from rollout.engine import EngineMember
     from rollout.engine_group import EngineGroup
@@ -154,9 +155,8 @@ def main() -> None:
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
-        f"rollout.vllm_sync_path={args.sync_path}"])
-    system = build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build("shared", ["generator"]),
-                          get_family("math"))
+        f"rollout.vllm_sync_path={args.sync_path}", "marl.sharing=shared"])
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
     try:
         (learners,), (engines,) = system.learners.values(), system.engines.values()
         learner, engine = learners.group._members[0], engines.group._members[0]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from jobs.config import load_config
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
 from learners.batch import TrainBatch
 from learners.ppo_plan import num_mini_batches
 from learners.schedule import lr_factor, schedule_position
@@ -74,7 +74,7 @@ def rows_of(pid: str, vocab: int) -> TrainBatch:
 
 def logged_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
     """The `lr/<policy>` each real learner logs, driven as the run's step drives them (one call per step)."""
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
     from learners.group import LearnerGroup
     from learners.member import LearnerSpec
 

@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.update import make_batch
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.learner import Learner
 from learners.losses import local_normalizer
 from learners.member import LearnerSpec

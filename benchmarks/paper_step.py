@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from jobs.model_shape import shape_of
+from jobs.models.shape import shape_of
 from learners.memory import GIB, LearnerSetup, learner_memory
 
 GPU_MODEL = "builtin:qwen3-4b-shape?vocab=151936&max_positions=40960"
@@ -50,7 +50,7 @@ def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> d
     import torch
 
     from jobs.config import load_config
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
     from learners.batch import TrainBatch
     from learners.learner import Learner
     from learners.losses import local_normalizer

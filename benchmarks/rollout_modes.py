@@ -27,7 +27,7 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from jobs.config import load_config  # noqa: E402
-from jobs.models import resolve_model  # noqa: E402
+from jobs.models.resolve import resolve_model  # noqa: E402
 from marl.engine_map import EngineMap  # noqa: E402
 from marl.policy_map import PolicyMap  # noqa: E402
 from marl.tasks import get_family  # noqa: E402
@@ -54,9 +54,8 @@ def _engines(args: argparse.Namespace, path: str, workflow: str) -> dict[str, En
 def _collect(engines: dict[str, EngineGroup], workflow: str, mode: str, tasks: list, args: argparse.Namespace,
              seed: int) -> dict[str, float]:
     collector = Collector(engines, workflow, get_family("math"), WorkflowOptions(), mode=mode)
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    episodes = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed), timings=timings)
+    episodes, timings = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed))
     wall = time.perf_counter() - t0
     tokens = sum(len(t.completion.response_ids) for e in episodes for t in e.turns)
     return {"wall_s": wall, "tokens": float(tokens), "tokens_per_s": tokens / wall, "turns": float(

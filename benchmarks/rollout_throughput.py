@@ -34,9 +34,9 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.schema import TrainConfig
-from jobs.weight_sync import served_as_merged
+from jobs.config.schema import TrainConfig
+from jobs.driver.weight_sync import served_as_merged
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from rollout.engine import EngineMember, Sampling
@@ -119,7 +119,7 @@ def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[
 def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
     """Merged serving of a LoRA policy (sync.lora_delta): the adapter travels, the engine actor merges it into
     its base and loads the merged layers; every layer's adapter changes before each sync. vLLM's reload and in
-    place; checked as jobs.weight_sync does, the sender's sketch taken as Learner.merged_sketch's (the parts, and
+    place; checked as jobs.driver.weight_sync does, the sender's sketch taken as Learner.merged_sketch's (the parts, and
     the check as it was, side by side: benchmarks/lora_sync.py)."""
     from rollout.engine_group import EngineGroup
 

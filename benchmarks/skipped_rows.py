@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.update import make_batch, median_step_s
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.learner import Learner
 from learners.member import LearnerSpec
 from learners.ppo_plan import plan_update

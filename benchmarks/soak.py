@@ -38,8 +38,8 @@ import psutil
 import ray
 
 from jobs.config import load_config
-from jobs.resources import policy_map_of, run_demands
-from jobs.schema import TrainConfig
+from jobs.config.schema import TrainConfig
+from jobs.plan.layout import run_layout
 from jobs.train import train
 
 SOAK = ["run_name=soak", "checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.keep_best=1",
@@ -67,7 +67,7 @@ class Sample:
 
 def expected_actors(cfg: TrainConfig) -> list[str]:
     """Every member the run's placement group holds a bundle for, by name."""
-    return sorted(f"{d.name}:{i}" for d in run_demands(cfg, policy_map_of(cfg)) for i in range(d.n))
+    return sorted(f"{d.name}:{i}" for d in run_layout(cfg).demands for i in range(d.n))
 
 
 def store_usage() -> tuple[int, int]:

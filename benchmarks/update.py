@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
 from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs

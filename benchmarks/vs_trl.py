@@ -83,7 +83,7 @@ def run_trl(a: argparse.Namespace) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
 
     torch.set_num_threads(2)
     dataset, family, by_answer = _trl_dataset(a)

@@ -20,6 +20,11 @@ from torch import Tensor
 _ALIGN = 64  # bytes: every tensor starts on a cache line (and any dtype's alignment)
 
 
+def tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
+    """The bytes `tensors`' elements take (what a weight payload moves; no alignment padding)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -78,7 +83,7 @@ class PackedTensors(Mapping[str, Tensor]):
 
     @property
     def nbytes(self) -> int:
-        return sum(self[n].numel() * self[n].element_size() for n in self)
+        return tensor_bytes(self)
 
 
 def pack(tensors: Mapping[str, Tensor]) -> PackedTensors:

@@ -113,6 +113,3 @@ def _check(member: str, report: Report, expected: Any, version: int, compare: Co
         raise SyncError(f"{member} serves weights with fingerprint {got!r} after loading version {version}; "
                         f"the sent weights have {expected!r}")
 
-
-def payload_bytes(state: Mapping[str, Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())

@@ -1,9 +1,9 @@
 """`python -m jobs.config_reference [--write]`: docs/config.md, the config reference, generated from the schema.
 
-Every key of `jobs/schema.py`'s `TrainConfig`, section by section: its type and default (from the dataclasses),
-what config load checks of it (the choices and bounds its field carries, jobs/field_rules.py, and the rule each
-other check of `jobs/config.py` states in its error message), whether a policy may set it for itself
-(`jobs/policies.py`), and its comment in the schema source: the comment on the field's line and the block right
+Every key of `jobs/config/schema.py`'s `TrainConfig`, section by section: its type and default (from the dataclasses),
+what config load checks of it (the choices and bounds its field carries, jobs/config/field_rules.py, and the rule each
+other check of `jobs/config/loading.py` states in its error message), whether a policy may set it for itself
+(`jobs/config/policies.py`), and its comment in the schema source: the comment on the field's line and the block right
 above it (dataclass fields carry no docstrings, so the source is read with `tokenize`). A field without a
 comment of its own that directly follows a commented field, with no blank line between, points at the field
 whose comment covers it.
@@ -27,10 +27,10 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from jobs import config as config_module
-from jobs import schema
-from jobs.field_rules import enum_type, schema_rules
-from jobs.policies import per_policy_key
+from jobs.config import loading as config_module
+from jobs.config import schema
+from jobs.config.field_rules import enum_type, schema_rules
+from jobs.config.policies import per_policy_key
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs/config.md"
@@ -107,7 +107,7 @@ def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str
 
 
 def message_rules(source: str) -> dict[str, list[str]]:
-    """key -> the rules jobs/config.py's ConfigError messages state for it (`<key> must be ...`, `<key>=x needs
+    """key -> the rules jobs/config/loading.py's ConfigError messages state for it (`<key> must be ...`, `<key>=x needs
     ...`), read from its source: each message that opens with keys, up to `; got`, for each key it opens with. A
     loop over a literal tuple (`for key in ("a.b", ...)`) states its rule once for each of its values; values
     computed at run time show as `…`."""
@@ -188,8 +188,8 @@ def cell(text: str) -> str:
 
 HEADER = """# Config reference
 
-Every key of the one config schema (`jobs/schema.py`), section by section: its type, its default, what config
-load checks of it (`jobs/config.py`: a bad value is an error naming the key, exit code 2) and the schema's own
+Every key of the one config schema (`jobs/config/schema.py`), section by section: its type, its default, what config
+load checks of it (`jobs/config/loading.py`: a bad value is an error naming the key, exit code 2) and the schema's own
 comment on it. *per policy*: the key may be set for one policy under `marl.policies.<policy>` (see
 [per-policy settings](rollout_learners.md#per-policy-settings)). Keys are set in a YAML file (`--config`) or as
 `key.path=value` overrides; `python -m jobs.train --config X --print-config` prints the resolved whole. This page

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from jobs.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig, as_node
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "docs/paper_fidelity.yaml"
@@ -86,8 +86,8 @@ def selected(selector: str, task: str, workflow: str) -> bool:
 
 def matrix_configs(path: Path = MATRIX) -> dict[Cell, Any]:
     """One resolved config per (task, workflow, sharing) of the matrix: no row varies with model or seed."""
+    from jobs.config.sweep_spec import cells, flatten, load_sweep
     from jobs.sweep import setup_of, trial_config  # Ray Tune is imported only to resolve the matrix
-    from jobs.sweep_spec import cells, flatten, load_sweep
 
     spec = load_sweep(str(path))
     out: dict[Cell, Any] = {}

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from marl.tasks.code_data import code_row_to_task, problem_text
-from marl.tasks.data import read_rows, row_problem
 from marl.tasks.overlap import normalise_prompt
+from marl.tasks.rows import read_rows, row_problem
 
 NAMES = {"math": "dapo_math_17k", "code": "deepcoder"}
 CONFIGS = {"math": "en", "code": "primeintellect"}  # the paper's config of each source (DAPO-Math-17k: ~14.1k en)

@@ -3,7 +3,7 @@
 
 Each trial runs the ordinary driver (`jobs.train.train`) on its cell's config. Its resources are one
 placement group per trial: a driver bundle, then a bundle per engine and learner rank computed from that
-trial's config (jobs/resources.py); the run inside the trial schedules its actors into exactly those
+trial's config (jobs/driver/resources.py); the run inside the trial schedules its actors into exactly those
 bundles. Every step's metrics go to Tune, with a pointer checkpoint (a JSON naming the run's committed
 checkpoint folder on shared storage) when the run commits one. `--resume` continues an interrupted sweep
 (Tuner.restore); restarted trials pick up their newest checkpoint (checkpoint.resume=auto).
@@ -26,10 +26,8 @@ from ray.tune import PlacementGroupFactory
 
 from cluster.connect import ConnectError, connect
 from jobs.config import load_config
-from jobs.plan import make_plan
-from jobs.plan_report import format_plan
-from jobs.resources import arithmetic, trial_bundles
-from jobs.sweep_spec import (
+from jobs.config.schema import TrainConfig
+from jobs.config.sweep_spec import (
     WHERE,
     SweepConfig,
     SweepError,
@@ -40,7 +38,12 @@ from jobs.sweep_spec import (
     search_space,
     validate,
 )
-from jobs.tracking import read_metrics
+from jobs.driver.resources import arithmetic, trial_bundles
+from jobs.plan.layout import RunLayout, run_layout
+from jobs.plan.planner import make_plan
+from jobs.plan.report import format_plan
+from jobs.plan.scaling import configurations, scaling_markdown
+from jobs.telemetry.tracking import read_metrics
 
 POINTER = "pointer.json"
 FINISHED = "sweep/finished"  # in a trial's last result once its run returned (Tune's own `done` is not saved)
@@ -65,12 +68,6 @@ class TuneReporter:
             tune.report(self.last, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-def read_pointer(checkpoint: tune.Checkpoint) -> dict[str, Any]:
-    """The run folder and checkpoint folder a trial's Tune checkpoint points to."""
-    with checkpoint.as_directory() as d:
-        return json.loads((Path(d) / POINTER).read_text())
-
-
 @dataclass(frozen=True)
 class TrialSetup:
     """What every trial shares; paths absolute, since trials may run anywhere on the cluster."""
@@ -82,7 +79,7 @@ class TrialSetup:
     driver: tuple[tuple[str, float], ...]
 
 
-def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> Any:
+def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> TrainConfig:
     """The train config of one trial: base ← sweep overrides ← its cell ← its search sample."""
     overrides = [*setup.overrides, *as_overrides(config.get("grid", {})), *as_overrides(config.get("search", {})),
                  f"run_name={run_name}", f"out_dir={setup.out_dir}"]
@@ -90,8 +87,13 @@ def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> An
 
 
 def trial_resources(setup: TrialSetup, config: dict[str, Any]) -> PlacementGroupFactory:
-    cfg = trial_config(setup, config, f"{setup.name}_resources")
-    return PlacementGroupFactory(trial_bundles(cfg, dict(setup.driver)), strategy=str(cfg.ray.placement_strategy))
+    return resources_of(setup, run_layout(trial_config(setup, config, f"{setup.name}_resources")))
+
+
+def resources_of(setup: TrialSetup, layout: RunLayout) -> PlacementGroupFactory:
+    """A trial's placement group request: its driver's bundle, then the bundles of its run's layout."""
+    return PlacementGroupFactory(trial_bundles(layout, dict(setup.driver)),
+                                 strategy=str(layout.cfg.ray.placement_strategy))
 
 
 def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
@@ -162,13 +164,19 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     setup = setup_of(spec)
     for cell in all_cells:
         sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
-        print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
-              f"{trial_resources(setup, {'grid': cell}).bundles}")
-        cfg = trial_config(setup, {"grid": cell}, f"{setup.name}_resources")
-        print(f"  {arithmetic(cfg, dict(setup.driver))}")
-        print("  " + format_plan(cfg, make_plan(cfg)).replace("\n", "\n  "))
+        layout = run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_resources"))
+        print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles {resources_of(setup, layout).bundles}")
+        print(f"  {arithmetic(layout, dict(setup.driver))}")
+        print("  " + format_plan(layout.cfg, make_plan(layout)).replace("\n", "\n  "))
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
           f"runs in {setup.out_dir}")
+
+
+def scaling_page(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> str:
+    """docs/scaling.md's page: one layout per configuration of the sweep (its seeds counted, not planned)."""
+    setup = setup_of(spec)
+    return scaling_markdown(spec, [(run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_plan")), seeds)
+                                   for cell, seeds in configurations(all_cells)])
 
 
 def _summary(results: tune.ResultGrid, spec: SweepConfig) -> int:
@@ -202,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         all_cells = validate(spec)
         if args.dry_run:
             if args.markdown:
-                from jobs.scaling import scaling_markdown
-
-                print(scaling_markdown(spec, all_cells), end="")
+                print(scaling_page(spec, all_cells), end="")
             else:
                 _dry_run(spec, all_cells)
             return 0

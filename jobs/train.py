@@ -1,7 +1,7 @@
 """The training driver: `python -m jobs.train --config X [key=value ...] [--print-config]`.
 
-Prepares the inputs, connects to Ray and runs attempts of the loop (jobs/loop.py) until one finishes: a
-member failure restarts from the newest committed checkpoint (jobs/checkpoint.py), up to
+Prepares the inputs, connects to Ray and runs attempts of the loop (jobs/driver/loop.py) until one finishes: a
+member failure restarts from the newest committed checkpoint (jobs/driver/run_checkpoints.py), up to
 `checkpoint.max_failures` times. Shared vs isolated is only the policy map.
 """
 
@@ -16,47 +16,22 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import cast
 
 import torch
-from omegaconf import OmegaConf
 
 from cluster.connect import ConnectError, connect
 from cluster.group import GroupError
 from cluster.placement import PlacementError
-from jobs import checkpoint as ckpt
-from jobs.checkpoint import Progress
 from jobs.config import ConfigError, load_config, to_yaml
-from jobs.loop import InputError, Inputs, RunState, StepCallback, StopRequested, attempt
-from jobs.policies import model_paths, policy_map_of
-from jobs.provenance import code_version, config_header
-from jobs.run_data import load_run_data
-from jobs.schema import TrainConfig, as_node
-from jobs.tracking import RunLog
+from jobs.config.schema import TrainConfig
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.assets import InputError, RunAssets, prepare
+from jobs.driver.loop import RunState, StepCallback, StopRequested, attempt
+from jobs.driver.provenance import code_version, config_header
+from jobs.driver.run_checkpoints import Progress
+from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
-from marl.tasks import get_family
-from marl.tasks.sampler import PromptSampler
-
-
-def prepare(cfg: TrainConfig) -> Inputs:
-    """Everything the loop needs that does not run on the cluster; bad model paths and data fail here."""
-    try:
-        return _prepare(cfg)
-    except (ValueError, OSError) as e:
-        raise InputError(str(e)) from e
-
-
-def _prepare(cfg: TrainConfig) -> Inputs:
-    policy_map = policy_map_of(cfg)  # built once: the system, placement and metrics all take this one
-    paths = model_paths(cfg, policy_map)  # each policy's own model (marl.policies), else model.path
-    data = load_run_data(cfg)
-    print(f"[{cfg.run_name}] {data.summary}", flush=True)
-    family = get_family(cfg.data.task, cfg.data.answer_fallback,
-                        cast(dict[str, object], OmegaConf.to_container(as_node(cfg).data.sandbox)))
-    pads = {path: _pad_id(path) for path in set(paths.values())}
-    return Inputs(paths, family, PromptSampler(data.train, cfg.seed), data.eval, policy_map,
-                  {pid: pads[path] for pid, path in paths.items()}, data.metrics, data.full_eval)
 
 
 def quiet_logs(verbose: bool) -> None:
@@ -83,13 +58,13 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     version = code_version()
     (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
-    inp, resume = prepare(cfg), _initial_resume(cfg, run_dir)
-    log = RunLog.for_run(run_dir, cfg, inp.policy_map.roles, first_row=version)
+    assets, resume = prepare(cfg), _initial_resume(cfg, run_dir)
+    log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)
     try:
         with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
                      quiet=not cfg.tracking.verbose):
             _install_stop_handler()
-            summary, failures, lost = _attempts(cfg, inp, run_dir, log, callbacks, resume)
+            summary, failures, lost = _attempts(cfg, assets, run_dir, log, callbacks, resume)
     finally:
         log.close()
     summary.update({"time/total_s": time.perf_counter() - t_start, "train/failures": float(failures),
@@ -99,12 +74,12 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     return summary
 
 
-def _attempts(cfg: TrainConfig, inp: Inputs, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
+def _attempts(cfg: TrainConfig, assets: RunAssets, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
               resume: Path | None) -> tuple[dict[str, float], int, int]:
     """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
-    fresh, failures, lost = inp.sampler.state(), 0, 0
+    fresh, failures, lost = assets.sampler.state(), 0, 0
     while True:
-        run = RunState(cfg, inp, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
+        run = RunState(cfg, assets, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
                        CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
         try:
             return attempt(run, resume), failures, lost
@@ -146,16 +121,6 @@ def _restart_point(run: RunState, error: GroupError, failures: int, resume: Path
     return resume
 
 
-def _pad_id(model_path: str) -> int:
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(model_path)
-    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a damaged folder
-        raise InputError(f"model.path={model_path!r} cannot be loaded as a tokenizer: {e}") from e
-    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-
-
 EXIT_CONFIG, EXIT_INPUT, EXIT_TRAINING, EXIT_STOPPED = 2, 3, 4, 143
 
 
@@ -169,11 +134,12 @@ def _install_stop_handler() -> None:
 
 
 def _print_plan(cfg: TrainConfig) -> int:
-    from jobs.plan import make_plan
-    from jobs.plan_report import format_plan
+    from jobs.plan.layout import run_layout
+    from jobs.plan.planner import make_plan
+    from jobs.plan.report import format_plan
 
     try:
-        plan = make_plan(cfg)
+        plan = make_plan(run_layout(cfg))
     except ValueError as e:  # a model the planner cannot size
         raise ConfigError(f"config: {e}") from None
     print(format_plan(cfg, plan))

@@ -1,11 +1,12 @@
-"""Learner backends by name (`learner.backend`): how a Learner rank reduces and applies its gradients.
+"""The learner backends' names (`learner.backend`) and contract: how a Learner rank reduces and applies its
+gradients.
 
 Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
-training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen by name at setup) owns only what
-differs between plain torch (learners/torch_backend.py: one all-reduce, AdamW, clipping) and DeepSpeed
-(learners/deepspeed_backend.py: the ZeRO engine, its idle passes, ZeRO-3's weight snapshot and checkpoint
-layout). Both modules are imported when a rank resolves its backend, so the config reads BACKENDS on a machine
-without deepspeed.
+training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen by name at setup:
+learners.learner.backend_class) owns only what differs between plain torch (learners/torch_backend.py: one
+all-reduce, AdamW, clipping) and DeepSpeed (learners/deepspeed_backend.py: the ZeRO engine, its idle passes,
+ZeRO-3's weight snapshot and checkpoint layout). The backends import this contract and this module imports
+neither of them, so the config reads BACKENDS on a machine without deepspeed.
 """
 
 from __future__ import annotations
@@ -109,21 +110,10 @@ class GradientBackend(Protocol):
         ...
 
     def save_state(self, path: str, step: int) -> None:
-        """This rank's part of the policy's state (contract: learners/checkpoint.py), with the update counter."""
+        """This rank's part of the policy's state (contract: learners/state_io.py), with the update counter."""
         ...
 
     def load_state(self, path: str) -> int:
         """Restore what save_state wrote; returns the update counter."""
         ...
 
-
-def backend_class(backend: str) -> type[GradientBackend]:
-    if backend == "torch":
-        from learners.torch_backend import TorchBackend
-
-        return TorchBackend
-    if backend == "deepspeed":
-        from learners.deepspeed_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend
-    raise ValueError(f"learner.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

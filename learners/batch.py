@@ -57,9 +57,6 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask.sum())
-
     def select(self, idx: list[int] | range | Tensor) -> TrainBatch:
         """The rows `idx` (positions, or a bool mask [B]) in that order; trailing all-padding columns
         are trimmed, keeping at least one column (no rows → shape [0, 1])."""

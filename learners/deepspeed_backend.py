@@ -43,8 +43,8 @@ import torch.distributed as dist
 from cluster import collective
 from learners.backends import LearnerParts
 from learners.batch import TrainBatch
-from learners.checkpoint import StateError, read_state, rng_file, write_fsynced
 from learners.sections import LearnerSection
+from learners.state_io import StateError, read_state, rng_file, write_fsynced
 from learners.weights import WeightSnapshot, is_lora, take_snapshot
 
 CHECKPOINT_TAG = "deepspeed"
@@ -171,7 +171,7 @@ class DeepSpeedBackend:
             raise RuntimeError(f"learner rank {self.rank} holds a ZeRO-3 partition; rank 0 serves the weights")
         return self._snapshot
 
-    # -- checkpoint state (contract: learners/checkpoint.py; the engine writes its own partitioned layout) --
+    # -- checkpoint state (contract: learners/state_io.py; the engine writes its own partitioned layout) --
     def save_state(self, path: str, step: int) -> None:
         """Collective: the engine writes weights (the adapter alone for LoRA), each rank's optimizer partition
         and the scheduler under `<path>/deepspeed/`; every rank writes its RNG state; all of it fsynced."""

@@ -22,7 +22,7 @@ from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
-from marl.engine_map import group_name
+from marl.names import group_name
 from marl.seeds import derive_seed
 
 
@@ -108,7 +108,7 @@ class LearnerGroup:
         return self.group.submit_to([0], LearnerMember.export, out_dir).result(self.timeout)[0]
 
     def save(self, path: str) -> None:
-        """Every rank writes its part of the policy's state into `path` (learners/checkpoint.py)."""
+        """Every rank writes its part of the policy's state into `path` (learners/state_io.py)."""
         self.group.submit(LearnerMember.save_state, path).result(self.timeout)
 
     def load(self, path: str) -> None:

@@ -8,7 +8,9 @@ how, is the rank's `backend` (learners/backends.py: plain torch or DeepSpeed, by
 is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
 LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
-learners/schedule.py maps update_call's shared schedule onto the training step).
+learners/schedule.py maps update_call's shared schedule onto the training step). Handing the weights out (sync
+payloads, the NCCL channel, export) is its `weights`, a learners.weight_server.WeightServer; the learner's
+remote methods for them delegate to it.
 
 bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
@@ -20,37 +22,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
 
 from cluster import collective
-from cluster.nccl import WeightChannel
-from cluster.packing import PackedTensors, pack
-from cluster.sketch import sketch
-from learners.backends import GradientBackend, LearnerParts, backend_class
+from cluster.packing import PackedTensors
+from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
 from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
 from learners.micro_batches import micro_batch_rows, padding
 from learners.mitigations import uses_kl
 from learners.padding_free import attention_implementation
-from learners.policy_loss import add_diagnostics, policy_loss
+from learners.policy_loss import added, diagnostic_terms, policy_loss
 from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_lambda
-from learners.weights import (
-    DTYPES,
-    MergedSketch,
-    export_hf,
-    is_lora,
-    load_policy_model,
-    serving_adapter,
-    serving_weights,
-)
+from learners.weight_server import WeightServer
+from learners.weights import is_lora, load_policy_model
 
 
 class Learner:
@@ -72,12 +64,7 @@ class Learner:
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
-        self.model = module if module is not None else load_policy_model(self.model_path, self.master_dtype,
-                                                                         model.lora, attention)
-        # Resolved to "true"/"false" at config load (auto: by the memory plan). Non-reentrant: per-role gradients
-        # use torch.autograd.grad.
-        if str(learner.gradient_checkpointing).lower() == "true":
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = _policy_module(spec, self.master_dtype, attention, module)
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
         beta1, beta2 = opt.betas  # two, checked at config load
         self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=(beta1, beta2),
@@ -94,8 +81,7 @@ class Learner:
         self.move = PolicyMove(learner.policy_move)
         self.step = 0
         self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
-        self._served_names: list[str] | None = None
-        self._merged_sketch = MergedSketch()  # keeps the frozen base's sketches between syncs
+        self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
 
     # -- collective membership (delegated to cluster) --
     def rendezvous_address(self) -> tuple[str, int]:
@@ -114,10 +100,9 @@ class Learner:
         self.pad_id = data.pad_id
         data = self._with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
-        sums: dict[str, float] = defaultdict(float, {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0,
-                                                     "padded_positions": 0.0, "positions": 0.0})
+        sums = {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0, "padded_positions": 0.0, "positions": 0.0}
         if plan.metric_rows is not None:
-            self._skipped_row_metrics(data, plan.metric_rows, sums)
+            sums = added(sums, self._skipped_row_metrics(data, plan.metric_rows).items())
         per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
         taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
         self.move.start()
@@ -125,13 +110,14 @@ class Learner:
             mb = data.select(data.longest_first(plan.steps[i]))
             if i == 0 and self.algo.old_logprobs == "recompute":
                 mb = dataclasses.replace(mb, old_logprobs=None)  # nothing moved yet: old = current, detached
-            per_step.append(self._optimizer_step(mb, plan.normalizers[i], plan.roles, sums))
+            metrics, sums = self._optimizer_step(mb, plan.normalizers[i], plan.roles, sums)
+            per_step.append(metrics)
             self.move.stop_capture()  # the first step's forward alone ran on the weights of before the update
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
         if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
             self.scheduler.step()
-        sums.update(self._measure_move(data, plan, taken))
+        sums = {**sums, **self._measure_move(data, plan, taken)}
         self.step += 1
         self.backend.after_update()
         sums["loss"] /= len(plan.steps)
@@ -149,45 +135,59 @@ class Learner:
         return self.move.measure(self._policy_logprobs, self.backend.matched_passes, self._idle_loss)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
-                        sums: dict[str, float]) -> dict[str, float]:
-        """One optimizer step on mini-batch `mb`: its gradient (per role when asked), clipping, the step."""
-        metrics = self._backward_by_role(mb, normalizer, roles, sums)
-        metrics["lr"], metrics["grad_norm"] = self.backend.step()
-        return metrics
-
-    def _backward_by_role(self, data: TrainBatch, normalizer: float, roles: list[str] | None,
-                          sums: dict[str, float]) -> dict[str, float]:
-        """Hand the backend `data`'s gradient, summed over ranks; returns the per-role gradient metrics, if taken.
+                        sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step on mini-batch `mb`: its gradient summed over ranks, clipping, the step. Returns (the
+        step's metrics: lr, grad norm and the per-role gradient metrics, if taken; `sums` plus its micro-batches'
+        metric sums).
 
         With `roles` (and a backend holding whole weights outside forward) each role's gradient is taken apart and
         the step uses their sum, which is the plain gradient. Otherwise the backend runs one backward per
         micro-batch, and idle ones up to the passes it matches across ranks."""
+        metrics: dict[str, float] = {}
         if roles and self.backend.per_role_gradients:
-            role_grads = self._role_gradients(data, normalizer, sums, roles)
+            role_grads, total = self._role_gradients(mb, normalizer, roles, sums)
             self.backend.apply_gradient(role_grads.sum(0))
-            return role_grad_metrics(role_grads, roles, self.policy_id)
-        self.backend.backward(self._micro_losses(data, normalizer, sums))
-        return {}
+            metrics = role_grad_metrics(role_grads, roles, self.policy_id)
+        else:
+            total = self._backward(mb, normalizer, sums)
+        metrics["lr"], metrics["grad_norm"] = self.backend.step()
+        return metrics, total
 
-    def _micro_losses(self, data: TrainBatch, normalizer: float, sums: dict[str, float]) -> Iterator[torch.Tensor]:
-        """Each micro-batch's loss, built as the backend consumes it (one graph alive at a time), then idle ones."""
-        micro = self._micro_batches(data)
-        for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
-            yield self._micro_step(micro[i], normalizer, sums) if i < len(micro) else self._idle_loss()
+    def _backward(self, data: TrainBatch, normalizer: float, sums: Mapping[str, float]) -> dict[str, float]:
+        """The backend's backward through each micro-batch's loss, built as the backend consumes it (one graph alive
+        at a time), then idle ones; returns `sums` plus the micro-batches' metric sums, in the order they ran."""
+        total = dict(sums)
 
-    def _role_gradients(self, data: TrainBatch, normalizer: float, sums: dict[str, float],
-                        roles: list[str]) -> torch.Tensor:
-        """[R, P], summed over ranks: row r is the gradient of role r's rows' share of the mini-batch's loss.
+        def losses() -> Iterator[torch.Tensor]:
+            nonlocal total
+            micro = self._micro_batches(data)
+            for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
+                if i >= len(micro):
+                    yield self._idle_loss()
+                    continue
+                loss, metrics = self._micro_step(micro[i], normalizer)
+                total = added(total, metrics.items())
+                yield loss
+
+        self.backend.backward(losses())
+        return total
+
+    def _role_gradients(self, data: TrainBatch, normalizer: float, roles: list[str],
+                        sums: Mapping[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """([R, P] summed over ranks: row r is the gradient of role r's rows' share of the mini-batch's loss;
+        `sums` plus the micro-batches' metric sums).
 
         Taken with torch.autograd.grad through the plain module, outside any engine's reduction hooks."""
         out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self.backend.device)
+        total = dict(sums)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
             for mb in self._micro_batches(data.select(rows)) if rows else []:
-                loss = self._micro_step(mb, normalizer, sums, plain=True)
+                loss, metrics = self._micro_step(mb, normalizer, plain=True)
+                total = added(total, metrics.items())
                 out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
         collective.all_reduce_sum(out)
-        return out
+        return out, total
 
     def _micro_rows(self, lengths: list[int]) -> list[list[int]]:
         """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
@@ -208,43 +208,35 @@ class Learner:
             return dataclasses.replace(data, old_logprobs=data.rollout_logprobs)
         if len(plan.steps) < 2:
             return data
-        later = data.longest_first(sorted({i for rows in plan.steps[1:] for i in rows}))
         old = torch.zeros_like(data.rollout_logprobs)
-        lengths = data.attention_mask[later].sum(-1).tolist()
-        chunks = [[later[i] for i in group] for group in self._micro_rows(lengths)]
-        for j in range(self.backend.matched_passes(len(chunks))):
-            if j >= len(chunks):
-                self._idle_loss()
-                continue
-            mb = data.select(chunks[j])
-            old[torch.tensor(chunks[j]), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
+        for rows, mb in self._passes(data, data.longest_first(sorted({i for r in plan.steps[1:] for i in r}))):
+            old[torch.tensor(rows), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
         return dataclasses.replace(data, old_logprobs=old)
 
+    def _passes(self, data: TrainBatch, rows: list[int]) -> Iterator[tuple[list[int], TrainBatch]]:
+        """(row positions, micro-batch) of `rows` (longest first) in micro-batches for one pass each, then the idle
+        passes the backend matches across ranks (run here, yielding nothing)."""
+        chunks = [[rows[i] for i in group] for group in self._micro_rows(data.attention_mask[rows].sum(-1).tolist())]
+        for j in range(self.backend.matched_passes(len(chunks))):
+            if j < len(chunks):
+                yield chunks[j], data.select(chunks[j])
+            else:
+                self._idle_loss()
+
     @torch.no_grad()
-    def _skipped_row_metrics(self, data: TrainBatch, rows: list[int], sums: dict[str, float]) -> None:
-        """Add the diagnostics (learners.policy_loss.add_diagnostics, and the tokens the clip fraction counts) of
+    def _skipped_row_metrics(self, data: TrainBatch, rows: list[int]) -> dict[str, float]:
+        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction counts) of
         the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
         per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
         exactly zero)."""
-        order = data.longest_first(rows)
-        chunks = [[order[i] for i in group] for group in self._micro_rows(data.attention_mask[order].sum(-1).tolist())]
-        for j in range(self.backend.matched_passes(len(chunks))):
-            if j >= len(chunks):
-                self._idle_loss()
-                continue
-            mb = data.select(chunks[j])
+        sums: dict[str, float] = {}
+        for _, mb in self._passes(data, data.longest_first(rows)):
             lp, entropy = self._logprobs(mb, entropy=True)
             entropy = cast(torch.Tensor, entropy)  # asked for, so present
             mask = mb.loss_mask[:, 1:]
-            add_diagnostics(sums, lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles)
-            sums["tokens"] += float(mask.sum())
-
-    def _forward(self, mb: TrainBatch, plain: bool = False, keep: int = 0, model: Any = None) -> torch.Tensor:
-        """The policy's logits [B, T, V], or of the last `keep` positions [B, keep, V], through the backend's runner
-        (an engine, unless `plain`), or those of `model` (the reference); bf16 autocast around fp32 masters."""
-        module = self.backend.runner(plain) if model is None else model
-        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
-            return module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep).logits
+            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles),
+                                ("tokens", float(mask.sum()))])
+        return sums
 
     def _idle_loss(self) -> torch.Tensor:
         """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for. It runs the
@@ -270,26 +262,23 @@ class Learner:
                                      entropy=entropy, padding_free=self.cfg.padding_free,
                                      agree=self.backend.matched_passes)
 
-    def _micro_step(self, mb: TrainBatch, normalizer: float, sums: dict[str, float],
-                    plain: bool = False) -> torch.Tensor:
-        """One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`); adds its metric sums
-        to `sums`. The PPO ratio is taken against `mb.old_logprobs` (the behaviour policy), or against the current
-        log-probs, detached, when there are none (the first optimizer step of a recomputed plan)."""
+    def _micro_step(self, mb: TrainBatch, normalizer: float,
+                    plain: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        """(One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`), its metric sums:
+        padded_positions, positions and policy_loss's). The PPO ratio is taken against `mb.old_logprobs` (the
+        behaviour policy), or against the current log-probs, detached, when there are none (the first optimizer
+        step of a recomputed plan)."""
         lp, entropy = self._logprobs(mb, plain, entropy=True)
         entropy = cast(torch.Tensor, entropy)  # asked for, so present
         self.move.capture(mb, lp)
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
-        sums["padded_positions"] += padded
-        sums["positions"] += positions
         algo = self.algo
         reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
         loss, metrics = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
                                     mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
                                     normalizer=normalizer)
-        for key, value in metrics.items():
-            sums[key] += value
-        return loss
+        return loss, {"padded_positions": padded, "positions": positions, **metrics}
 
     @torch.no_grad()
     def _policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
@@ -304,66 +293,62 @@ class Learner:
                 return self._logprobs(mb, model=self.model)[0]
         return self._logprobs(mb, model=self.reference)[0]
 
+    # -- the weights handed out (learners.weight_server): the remote methods LearnerMember names --
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
-        (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
-        merged, self.merge_rounding = serving_weights(self.model, DTYPES[self.dtype], self.backend.snapshot())
-        return merged
-
-    def sync_metrics(self) -> dict[str, float]:
-        """What the weights last handed out by get_weights lost: with LoRA merged into the serving dtype,
-        `sync/merge_rounding/<policy>` (learners.weights.update_lost); nothing for full weights."""
-        rounding = getattr(self, "merge_rounding", None)
-        return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
+        return self.weights.get_weights()
 
     def get_packed_weights(self) -> PackedTensors:
-        """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it
-        zero-copy; a dict would be pickled tensor by tensor and copied on both sides)."""
-        return pack(self.get_weights())
+        return self.weights.get_packed_weights()
 
     def get_lora_delta(self) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
-        What they must serve (`merged_sketch`) is asked for after, so engines start loading first."""
-        if self._served_names is None:  # fixed by the model's structure: merged once, on the first sync
-            self._served_names = list(self.get_weights())
-        return {**self.get_adapter(), "names": self._served_names}
+        return self.weights.get_lora_delta()
 
     def merged_sketch(self) -> dict[str, torch.Tensor]:
-        """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
-        into its own base, taken without merging (learners.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
-        merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
-        fp32 serving skips it (its rounding is fp32's own, ~1e-7 of the weights) and reports none."""
-        snapshot = self.backend.snapshot()
-        if snapshot is not None:
-            self.merge_rounding = snapshot.merge_rounding
-            return {name: sketch(name, tensor) for name, tensor in snapshot.merged.items()}
-        if DTYPES[self.dtype] != torch.float32:
-            self.get_weights()  # sets merge_rounding
-        else:
-            self.merge_rounding = None
-        return self._merged_sketch(self.model)
+        return self.weights.merged_sketch()
 
     def get_adapter(self) -> dict[str, Any]:
-        """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
-        return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
+        return self.weights.get_adapter()
+
+    def sync_metrics(self) -> dict[str, float]:
+        return self.weights.sync_metrics()
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
-        was replaced, since a channel's members are fixed."""
-        self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s)
+        self.weights.nccl_join(host, port, rank, world_size, timeout_s)
 
-    def nccl_send(self, version: int, bucket_bytes: int, fingerprint: Callable) -> dict[str, float]:
-        weights = self.get_weights()
-        return {"fingerprint": fingerprint(weights), "bytes": self.weight_channel.send(weights, version, bucket_bytes)}
+    def nccl_send(self, version: int, bucket_bytes: int,
+                  fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:
+        return self.weights.nccl_send(version, bucket_bytes, fingerprint)
 
     def export(self, out_dir: str) -> str:
-        export_hf(self.model, self.model_path, self.dtype, out_dir, self.backend.snapshot())
-        return out_dir
+        return self.weights.export(out_dir)
 
-    # -- checkpoint state (the contract is in learners/checkpoint.py; the layout is the backend's) --
+    # -- checkpoint state (the contract is in learners/state_io.py; the layout is the backend's) --
     def save_state(self, path: str) -> None:
         self.backend.save_state(path, self.step)
 
     def load_state(self, path: str) -> None:
         self.step = self.backend.load_state(path)
 
+
+def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: Any) -> Any:
+    """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
+    with gradient checkpointing when `learner.gradient_checkpointing` (resolved to "true"/"false" at config load;
+    auto: by the memory plan). Non-reentrant: per-role gradients use torch.autograd.grad."""
+    model = module if module is not None else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
+    if str(spec.learner.gradient_checkpointing).lower() == "true":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def backend_class(backend: str) -> type[GradientBackend]:
+    """The gradient backend named `backend`, imported only here, when a rank builds one (DeepSpeed's imports
+    deepspeed)."""
+    if backend == "torch":
+        from learners.torch_backend import TorchBackend
+
+        return TorchBackend
+    if backend == "deepspeed":
+        from learners.deepspeed_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend
+    raise ValueError(f"learner.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

@@ -38,8 +38,9 @@ class LearnerSpec:
 
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):
-    """One data-parallel rank of a policy: trains on its shard, hands out weights (rank 0 also over the NCCL
-    channel: WeightSender), saves and restores state; ranks form a process group (CollectiveMember)."""
+    """One data-parallel rank of a policy: trains on its shard, hands out weights (its WeightServer,
+    learners/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores state; ranks
+    form a process group (CollectiveMember)."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...
 
@@ -77,7 +78,7 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         ...
 
     def save_state(self, path: str) -> None:
-        """This rank's part of the policy's state (learners/checkpoint.py)."""
+        """This rank's part of the policy's state (learners/state_io.py)."""
         ...
 
     def load_state(self, path: str) -> None: ...

@@ -1,5 +1,5 @@
 """The learner's memory model: how many bytes one learner rank holds at its peak, term by term, from a model's
-shape and the learner's settings. Pure arithmetic (no torch), read by the planner (jobs/plan.py).
+shape and the learner's settings. Pure arithmetic (no torch), read by the planner (jobs/plan/planner.py).
 
 Two devices, two sets of coefficients:
 - `gpu`: DeepSpeed in bf16 with flash-attention (padding-free), the paper's setting. Model states follow

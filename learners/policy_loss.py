@@ -9,7 +9,7 @@ token t+1, so `mask` is the batch's loss mask without its first column.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -53,39 +53,46 @@ def policy_loss(
     loss, m = ppo_clip_loss(logprobs, old, weighted, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                             agg=algo.loss_agg, normalizer=normalizer, dual_clip_c=algo.dual_clip_c,
                             log_ratio_clamp=algo.log_ratio_clamp)
-    sums: dict[str, float] = defaultdict(float)
+    terms: list[tuple[str, float]] = []
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
         # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.mitigations.kl_coefficients).
         coef = kl_coefficients(roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
         loss = loss + LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
-        add_per_role(sums, "kl_sum", kl.detach(), mask, roles)
-    sums["loss"] += float(loss.detach())
-    sums["clip_frac_sum"] += float(m["clip_frac_sum"])
-    sums["tokens"] += float(m["tokens"])
+        terms += per_role_terms("kl_sum", kl.detach(), mask, roles)
+    terms += [("loss", float(loss.detach())), ("clip_frac_sum", float(m["clip_frac_sum"])),
+              ("tokens", float(m["tokens"]))]
     if "dual_clip_frac_sum" in m:
-        sums["dual_clip_frac_sum"] += float(m["dual_clip_frac_sum"])
+        terms.append(("dual_clip_frac_sum", float(m["dual_clip_frac_sum"])))
     with torch.no_grad():
-        add_per_role(sums, "clip_frac_sum", m["clipped"].float(), mask, roles)
-        add_diagnostics(sums, logprobs.detach(), rollout_logprobs, entropy, mask, roles)
-    return loss, dict(sums)
+        terms += per_role_terms("clip_frac_sum", m["clipped"].float(), mask, roles)
+        terms += diagnostic_terms(logprobs.detach(), rollout_logprobs, entropy, mask, roles)
+    return loss, added({}, terms)
 
 
-def add_diagnostics(sums: dict[str, float], logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor,
-                    mask: Tensor, roles: list[str]) -> None:
-    """Add the per-role diagnostics of B rows to `sums` (a defaultdict(float)): entropy_sum/<role>,
-    logprob_diff_sum/<role> (|learner − engine| log-prob) and tokens/<role>, over the loss tokens.
+def diagnostic_terms(logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor, mask: Tensor,
+                     roles: list[str]) -> list[tuple[str, float]]:
+    """The per-role diagnostics of B rows, as terms of entropy_sum/<role>, logprob_diff_sum/<role>
+    (|learner − engine| log-prob) and tokens/<role>, over the loss tokens.
 
     logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that train
-    add them through `policy_loss`; rows skipped for a zero advantage through the learner's metrics-only pass."""
+    report them through `policy_loss`; rows skipped for a zero advantage through the learner's metrics-only pass."""
     diff = (logprobs - rollout_logprobs).abs()
-    add_per_role(sums, "entropy_sum", entropy, mask, roles)
-    add_per_role(sums, "logprob_diff_sum", diff, mask, roles)
-    add_per_role(sums, "tokens", torch.ones_like(diff), mask, roles)
+    return [*per_role_terms("entropy_sum", entropy, mask, roles),
+            *per_role_terms("logprob_diff_sum", diff, mask, roles),
+            *per_role_terms("tokens", torch.ones_like(diff), mask, roles)]
 
 
-def add_per_role(sums: dict[str, float], key: str, values: Tensor, mask: Tensor, roles: list[str]) -> None:
-    """Add each row's masked sum of `values` [B, T−1] to sums[f"{key}/{role}"] (a defaultdict(float))."""
+def per_role_terms(key: str, values: Tensor, mask: Tensor, roles: list[str]) -> list[tuple[str, float]]:
+    """(f"{key}/{role}", each row's masked sum of `values` [B, T−1]), one term per row, in row order."""
     per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
-    for role, v in zip(roles, per_row.tolist(), strict=True):
-        sums[f"{key}/{role}"] += v
+    return [(f"{key}/{role}", v) for role, v in zip(roles, per_row.tolist(), strict=True)]
+
+
+def added(sums: Mapping[str, float], terms: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """A copy of `sums` with each (key, value) term added in order (a missing key counts from 0.0): metric sums
+    accumulate by value, in the same order (and so to the same floats) however the terms are gathered."""
+    out = dict(sums)
+    for key, value in terms:
+        out[key] = out.get(key, 0.0) + value
+    return out

@@ -1,5 +1,5 @@
 """The config sections a learner reads, as Protocols: `LearnerSpec` carries them to the ranks, typed, and every
-learner module takes the one it needs. jobs/schema.py's dataclasses (ModelConfig, LearnerConfig, AlgoConfig, ...)
+learner module takes the one it needs. jobs/config/schema.py's dataclasses (ModelConfig, LearnerConfig, AlgoConfig, ...)
 satisfy them, which mypy checks where a LearnerSpec is built; learners cannot import jobs, so the contract is
 stated here, on the side that reads it. Also the choices of the keys whose values only the learners interpret."""
 

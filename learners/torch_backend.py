@@ -1,6 +1,6 @@
 """The plain torch gradient backend (`learner.backend=torch`): each rank's gradient is summed over the data-parallel
 ranks with one all-reduce per optimizer step, clipped by its global norm and applied by the learner's torch AdamW.
-Checkpoints are learners/checkpoint.py's files.
+Checkpoints are learners/state_io.py's files.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from cluster import collective
 from learners.backends import LearnerParts
 from learners.batch import TrainBatch
-from learners.checkpoint import load_learner_state, save_learner_state
 from learners.role_grads import assign_flat_grads, flat_grads
+from learners.state_io import load_learner_state, save_learner_state
 
 if TYPE_CHECKING:
     from learners.weights import WeightSnapshot

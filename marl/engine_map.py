@@ -3,7 +3,7 @@
 Built once from the policy map (pure, beside it): one group per role (`rollout.engine_scope=role`), one per
 policy (`policy`), or one group serving every policy as LoRA adapters on one base model
 (`rollout.lora_serving=multi`). The run's placement demands, the System and each EngineGroup read the same map,
-so a group always finds the placement bundles reserved under its name.
+so a group always finds the placement bundles reserved under its name (marl.names.group_name).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from marl.names import group_name
 from marl.policy_map import PolicyMap
 
 MULTI_LORA_KEY = "lora"  # the one engine group of multi-LoRA serving
@@ -29,12 +30,6 @@ class LoraServing(StrEnum):
 
     single = "single"
     multi = "multi"
-
-
-def group_name(run_name: str, kind: str, key: str) -> str:
-    """`<run>:<kind>:<key>` (kind: engine | learner): a group's name; its Ray actors are `<name>:<i>` and its
-    placement bundles are reserved under it."""
-    return f"{run_name}:{kind}:{key}"
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,6 @@ def assign(episode: Episode, shaping: RewardShaping | None = None) -> Episode:
     return episode
 
 
-def validate_shaping(shaping: RewardShaping | None, roles: Iterable[str]) -> None:
-    """Reject hooks for roles the workflow does not have (a typo would silently shape nothing)."""
-    roles = list(roles)
-    unknown = sorted(set(shaping or {}) - set(roles))
-    if unknown:
-        raise ValueError(f"reward shaping names roles {unknown} the workflow lacks; its roles are {roles}")
-
-
 def load_shaping(paths: Mapping[str, str], roles: Iterable[str]) -> dict[str, Callable[[Episode, Turn], float]]:
     """role -> function path (`pkg.module.function`, `path/file.py:function`) → role -> hook. Raises ValueError
     naming the role when a role is not the workflow's, a path does not load, or the function cannot be called

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from marl.episode import run_episode
 from marl.types import Episode, Task
 from rollout.clients import CLIENTS, ROLLOUT_MODES, Engines, EpisodeClient, TurnClient
 from rollout.engine import Sampling
+
+
+class Collected(NamedTuple):
+    """A collection's episodes, and its metrics: `generate_s` (the wall time during which at least one engine call
+    was in flight) and the engine metrics (rollout.rollout_stats)."""
+
+    episodes: list[Episode]
+    metrics: dict[str, float]
 
 
 class Collector:
@@ -25,16 +33,13 @@ class Collector:
         self.options, self.shaping, self.mode = options, shaping, mode
 
     def collect(self, tasks: list[Task], samples_per_prompt: int, sampling: Sampling,
-                on_episode: Callable[[int, int], None] | None = None,
-                timings: dict[str, float] | None = None) -> list[Episode]:
-        """`on_episode(done, total)` is told each time an episode finishes (progress display). `timings`, if
-        given, receives `generate_s` (the wall time during which at least one engine call was in flight) and
-        the collection's engine metrics (rollout.rollout_stats)."""
-        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling, on_episode, timings))
+                on_episode: Callable[[int, int], None] | None = None) -> Collected:
+        """The episodes and the collection's metrics. `on_episode(done, total)` is told each time an episode
+        finishes (progress display)."""
+        return asyncio.run(self._collect(tasks, samples_per_prompt, sampling, on_episode))
 
     async def _collect(self, tasks: list[Task], n: int, sampling: Sampling,
-                       on_episode: Callable[[int, int], None] | None,
-                       timings: dict[str, float] | None) -> list[Episode]:
+                       on_episode: Callable[[int, int], None] | None) -> Collected:
         client: TurnClient = CLIENTS[self.mode](self.engines, sampling)
         total, done = len(tasks) * n, 0
 
@@ -47,9 +52,5 @@ class Collector:
                 on_episode(done, total)
             return episode
 
-        try:
-            return list(await asyncio.gather(*(tracked(t, task, i) for t, task in enumerate(tasks)
-                                               for i in range(n))))
-        finally:
-            if timings is not None:
-                timings.update({"generate_s": client.clock.generate_s, **client.clock.metrics()})
+        episodes = await asyncio.gather(*(tracked(t, task, i) for t, task in enumerate(tasks) for i in range(n)))
+        return Collected(list(episodes), {"generate_s": client.clock.generate_s, **client.clock.metrics()})

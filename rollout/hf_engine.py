@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, L
 from transformers.utils import logging as hf_logging
 
 from cluster.fingerprint import fingerprint
+from cluster.packing import tensor_bytes
 from cluster.sketch import SKETCH_RTOL, sketch
 from marl.types import Completion, Message
 from rollout.engine import Sampling
@@ -166,7 +167,7 @@ class HFEngine:
             for name, tensor in weights.items():
                 own[name].copy_(tensor)
         self.version = version
-        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+        return {"version": version, "bytes": tensor_bytes(weights),
                 # Read back from the model itself, so a load that did not land is caught by the sender.
                 "fingerprint": fingerprint({name: own[name] for name in weights})}
 

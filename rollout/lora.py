@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from cluster.fingerprint import fingerprint
+from cluster.packing import tensor_bytes
 
 
 def adapter_fingerprint(payload: dict[str, Any]) -> float:
@@ -20,7 +21,7 @@ def adapter_fingerprint(payload: dict[str, Any]) -> float:
 
 
 def adapter_bytes(payload: dict[str, Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in payload["tensors"].values())
+    return tensor_bytes(payload["tensors"])
 
 
 def write_adapter(folder: str, payload: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from cluster.fingerprint import fingerprint
+from cluster.packing import tensor_bytes
 from cluster.sketch import SKETCH_RTOL
 from marl.types import Completion, Message
 from rollout.engine import Sampling
@@ -162,7 +163,7 @@ class VLLMEngine:
         with _PROCESS_LOCK:
             self._reload(weights)
         self.version = version
-        return {"version": version, "bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+        return {"version": version, "bytes": tensor_bytes(weights),
                 "fingerprint": fingerprint(weights)}
 
     def _reload(self, weights: Mapping[str, torch.Tensor], check: bool = True) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
+from cluster.packing import tensor_bytes
 from rollout.vllm_readback import served_errors
 from rollout.vllm_repack import Kernels, load_in_place
 
@@ -29,5 +30,5 @@ class WeightChannelExtension:
         model = self.model_runner.get_model()
         if kernels is None or not load_in_place(model, weights, kernels):
             self.reload_weights(weights_iterator=list(weights.items()))
-        return {"bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+        return {"bytes": tensor_bytes(weights),
                 "fingerprint": fingerprint(weights), "errors": served_errors(model, weights)}

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from jobs.config import load_config, to_yaml
+from jobs.config.sweep_spec import as_overrides, cells, load_sweep
 from jobs.report import load_run
-from jobs.sweep_spec import as_overrides, cells, load_sweep
-from jobs.tracking import RunLog
+from jobs.telemetry.tracking import RunLog
 from studies.cpu_smollm2 import collect
 
 SWEEP = "jobs/configs/sweeps/cpu_study.yaml"

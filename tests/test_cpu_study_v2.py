@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.eval_records import append_eval
-from jobs.sweep_spec import SweepError, flatten, load_sweep, validate
+from jobs.config.sweep_spec import SweepError, flatten, load_sweep, validate
+from jobs.driver.eval_records import append_eval
 from marl.types import Episode, Task
 from studies.cpu_smollm2_v2 import collect
 from studies.cpu_smollm2_v2.stats import binomial_two_sided, fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd

@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from marl.tasks.data import FILE_SUFFIXES, LoadReport, collect_tasks, read_rows, row_problem, seeded_cut
+from marl.tasks.rows import FILE_SUFFIXES, LoadReport, collect_tasks, read_rows, row_problem, seeded_cut
 from marl.types import Task
 
 log = logging.getLogger(__name__)

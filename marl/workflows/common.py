@@ -144,11 +144,6 @@ def _items(text: str, header: re.Pattern[str]) -> list[str]:
     return [s for s in joined if s]
 
 
-def parse_strategies(text: str) -> list[str]:
-    """Strategies written as 'STRATEGY k: ...' lines (any case, markdown emphasis allowed)."""
-    return _items(text, _STRATEGY)
-
-
 def parse_plan(text: str) -> tuple[list[str], str]:
     """An orchestrator's strategies and the format they were read in, falling back as the paper's parser does:
     'STRATEGY k:' lines ('strategy'), else a numbered list of '1.' / '1)' lines ('numbered'), else every

@@ -24,8 +24,8 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from jobs.eval_records import FILE as EVAL_TASKS
-from jobs.eval_records import read_eval
+from jobs.driver.eval_records import FILE as EVAL_TASKS
+from jobs.driver.eval_records import read_eval
 from jobs.report import RunRecord, eval_curve, find_runs, load_run
 from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
 from studies.cpu_smollm2_v2.stats import fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd

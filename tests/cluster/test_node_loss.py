@@ -16,9 +16,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 import jobs.train
-from jobs import checkpoint as ckpt
 from jobs.config import load_config
-from jobs.tracking import read_metrics
+from jobs.driver import run_checkpoints as ckpt
+from jobs.telemetry.tracking import read_metrics
 from tests.ray_head import free_port
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import ray
 import torch
 
 from cluster.fingerprint import fingerprint
-from cluster.packing import PackedTensors, pack
+from cluster.packing import PackedTensors, pack, tensor_bytes
 
 
 def weights() -> dict[str, torch.Tensor]:
@@ -56,3 +56,9 @@ def test_through_the_object_store_the_receiver_reads_shared_memory(ray_cluster):
     readonly, fp = ray.get(_read.remote(pack(w)), timeout=60)
     assert readonly  # a view of the object store, not a private copy
     assert fp == pytest.approx(fingerprint(w), abs=0)
+
+
+def test_tensor_bytes_counts_element_storage_and_is_a_packs_nbytes():
+    state = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.float64),
+             "h": torch.zeros(2, dtype=torch.bfloat16)}
+    assert tensor_bytes(state) == 4 * 3 * 4 + 5 * 8 + 2 * 2 == pack(state).nbytes

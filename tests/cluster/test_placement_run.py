@@ -12,9 +12,10 @@ from ray.util.placement_group import placement_group_table
 
 from cluster.placement import PlacementError
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.resources import build_placement, policy_map_of, run_demands
-from jobs.system import build_system
+from jobs.driver.handles import build_handles
+from jobs.driver.resources import build_placement
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 
 TINY = "jobs/configs/tiny.yaml"
@@ -22,7 +23,7 @@ TINY = "jobs/configs/tiny.yaml"
 
 def _demands(*overrides: str) -> dict[str, tuple[int, dict]]:
     cfg = load_config(TINY, ["run_name=r", *overrides])
-    return {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg))}
+    return {d.name: (d.n, dict(d.resources)) for d in run_layout(cfg).demands}
 
 
 def test_bundles_follow_workflow_sharing_and_resources():
@@ -42,7 +43,7 @@ def test_bundles_follow_workflow_sharing_and_resources():
 def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
     cfg = load_config(TINY, ["run_name=toobig", "rollout.engine_num_gpus=1", "ray.placement_timeout_s=1"])
     with pytest.raises(PlacementError) as err:
-        build_system(cfg, "unused-model-path", policy_map_of(cfg), get_family("digit"))
+        build_handles(run_layout(cfg), "unused-model-path", get_family("digit"))
     msg = str(err.value)
     assert "GPU: needs 2, cluster has 0" in msg and "toobig:engine:generator (1 x 1)" in msg
     assert "rollout.engine_num_gpus" in msg
@@ -53,7 +54,7 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
 def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster):
     cfg = load_config(TINY, ["run_name=placed", "marl.workflow=single_agent", "rollout.engine_num_cpus=0.25",
                              "learner.rank_num_cpus=0.75", "ray.placement_strategy=STRICT_PACK"])
-    system = build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     pg = system.placement.pg
     try:
         assert pg.bundle_specs == [{"CPU": 0.25}, {"CPU": 0.75}]  # the solver's engine, then its learner rank
@@ -73,5 +74,4 @@ def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster)
     while [n for n in ray.util.list_named_actors() if n.startswith("placed:")] and time.monotonic() < end:
         time.sleep(0.1)
     assert not [n for n in ray.util.list_named_actors() if n.startswith("placed:")]
-    assert build_placement(load_config(TINY, ["rollout.engines_per_role=0", "learner.ranks=0"]),
-                           policy_map_of(cfg)) is None
+    assert build_placement(run_layout(load_config(TINY, ["rollout.engines_per_role=0", "learner.ranks=0"]))) is None

@@ -14,7 +14,7 @@ import pytest
 from cluster.fingerprint import fingerprint
 from cluster.group import Group, GroupTimeout, MemberOptions
 from cluster.member import Call
-from cluster.transport import SyncError, broadcast, payload_bytes
+from cluster.transport import SyncError, broadcast
 
 CPU = MemberOptions(num_cpus=0.5)
 TIMEOUT = 60.0
@@ -226,14 +226,6 @@ def test_hung_member_trips_the_sync_deadline_and_is_named(ray_cluster, n):
     finally:
         dst.shutdown()
         src.shutdown()
-
-
-def test_payload_bytes_counts_tensor_storage():
-    import torch
-
-    state = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.float64),
-             "h": torch.zeros(2, dtype=torch.bfloat16)}
-    assert payload_bytes(state) == 4 * 3 * 4 + 5 * 8 + 2 * 2
 
 
 def test_init_collective_then_all_reduce_sums_across_ranks(ranks):

@@ -12,9 +12,9 @@ from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.resources import policy_map_of
-from jobs.system import System, build_system
+from jobs.driver.handles import RunHandles, build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 
 pytestmark = pytest.mark.slow
@@ -49,15 +49,15 @@ def _node_of(actor) -> str:
     return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
 
 
-def _nodes(system: System) -> tuple[list[str], list[str]]:
+def _nodes(system: RunHandles) -> tuple[list[str], list[str]]:
     engines = {id(g): g for g in system.engines.values()}.values()
     return ([_node_of(m) for g in engines for m in g.group._members],
             [_node_of(m) for lg in system.learners.values() for m in lg.group._members])
 
 
-def _build(*overrides: str) -> System:
+def _build(*overrides: str) -> RunHandles:
     cfg = load_config("jobs/configs/tiny.yaml", [*SMALL, *overrides])
-    return build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def test_labelled_bundles_put_engines_and_learners_on_their_nodes(two_nodes):

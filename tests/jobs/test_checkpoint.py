@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from jobs import checkpoint as ckpt
-from jobs.checkpoint import CheckpointError, Progress
 from jobs.config import ConfigError, load_config
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.run_checkpoints import CheckpointError, Progress
 
 TINY = "jobs/configs/tiny.yaml"
 

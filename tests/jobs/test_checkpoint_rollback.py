@@ -6,9 +6,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import torch
 
-import jobs.loop
+import jobs.driver.loop
 from jobs.config import load_config
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 
 TINY = "jobs/configs/tiny.yaml"
@@ -23,7 +23,7 @@ RAY_CPUS = 2
 
 def _scripted(monkeypatch, accuracies: list[float]) -> None:
     left = list(accuracies)
-    monkeypatch.setattr(jobs.loop, "timed_evaluate",
+    monkeypatch.setattr(jobs.driver.loop, "timed_evaluate",
                         lambda system, cfg, tasks, run_dir, steps_done: {"eval/accuracy": left.pop(0),
                                                                            "time/eval_s": 0.0})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.loop import cliff_guard
+from jobs.driver.loop import cliff_guard
 from marl.cliff import CliffTracker
 
 
@@ -15,8 +15,8 @@ def test_guard_acts_on_a_sustained_drop(action, stops, capsys):
     tracker = CliffTracker(cfg.cliff.drop, cfg.cliff.window)
     decisions = []
     for step, acc in enumerate([0.5, 0.7, 0.45, 0.4]):
-        metrics = {"eval/accuracy": acc}
-        decisions.append(cliff_guard(cfg, tracker, step, metrics))
+        stop, metrics = cliff_guard(cfg, tracker, step, acc)
+        decisions.append(stop)
     assert decisions == [False, False, False, stops]
     assert metrics["cliff/flagged"] == 1.0 and metrics["cliff/peak"] == 0.7
     assert "terminal cliff" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""learner.lora_colocate (jobs/colocation.py, learners/colocated.py): what the option refuses, the one learner
+"""learner.lora_colocate (jobs/config/colocation.py, learners/colocated.py): what the option refuses, the one learner
 group it places, and a run through the driver that equals separate learners and resumes across the option."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.loop import StopRequested
-from jobs.model_shape import shape_of
-from jobs.models import resolve_model
-from jobs.plan import make_plan
-from jobs.policies import policy_map_of
-from jobs.resources import run_demands
+from jobs.driver.loop import StopRequested
+from jobs.models.resolve import resolve_model
+from jobs.models.shape import shape_of
+from jobs.plan.layout import run_layout
+from jobs.plan.planner import make_plan
 from jobs.train import train
 from tests.jobs.test_resume import SHAPE, StopAfter, _final_weights, _per_step
 
@@ -39,7 +38,7 @@ def test_refusals_name_the_key(overrides, message):
 
 def test_one_learner_group_is_placed_for_every_policy():
     cfg = load_config(TINY, [*LORA, COLOCATE, "learner.ranks=2", "marl.policies.aggregator.learner.optim.lr=5e-4"])
-    learners = {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg)) if ":learner:" in d.name}
+    learners = {d.name: (d.n, dict(d.resources)) for d in run_layout(cfg).demands if ":learner:" in d.name}
     assert learners == {"tiny:learner:colocated": (2, {"CPU": 0.5, "GPU": 0.0})}
 
 
@@ -47,7 +46,8 @@ def test_the_plan_holds_one_base_and_every_adapter():
     """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter states
     summed, the largest policy's activations and logits."""
     def learners(*overrides: str):
-        return [m.learner for m in make_plan(load_config(TINY, [*LORA, *overrides]), memory=0).members if m.learner]
+        layout = run_layout(load_config(TINY, [*LORA, *overrides]))
+        return [m.learner for m in make_plan(layout, memory=0).members if m.learner]
 
     (col,), parts = learners(COLOCATE), learners()
     assert len(parts) == 2

@@ -82,7 +82,7 @@ def test_choices_are_the_enums_beside_their_registries():
     """A registry's names are the values of the Enum beside it, the schema's type for its key (a variant is
     registered in both); a bad value names the key and the choices, a good one reads back as its string."""
     from cluster.placement import STRATEGIES
-    from jobs.schema import PlacementStrategy
+    from jobs.config.schema import PlacementStrategy
     from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
     from learners.backends import BACKENDS, LearnerBackendName
     from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
@@ -174,8 +174,8 @@ def test_every_bound_a_schema_field_carries_is_checked():
     fails naming the key."""
     from omegaconf import OmegaConf
 
-    from jobs.field_rules import check_fields, schema_rules
-    from jobs.schema import TrainConfig
+    from jobs.config.field_rules import check_fields, schema_rules
+    from jobs.config.schema import TrainConfig
 
     base = OmegaConf.structured(TrainConfig)
     assert check_fields(base) is None

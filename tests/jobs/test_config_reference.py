@@ -7,10 +7,11 @@ import textwrap
 
 from omegaconf import OmegaConf
 
-from jobs import config, config_reference
+from jobs import config_reference
+from jobs.config import loading
+from jobs.config.field_rules import schema_rules
+from jobs.config.schema import TrainConfig
 from jobs.config_reference import field_comments, message_rules, page, schema_keys
-from jobs.field_rules import schema_rules
-from jobs.schema import TrainConfig
 
 
 def _leaves(tree: object, prefix: str = "") -> set[str]:
@@ -32,7 +33,7 @@ def test_every_schema_key_is_listed_once():
 def test_every_key_the_check_tables_name_is_listed():
     keys = {k.key for k in schema_keys()}
     assert set(schema_rules()) <= keys
-    assert set(message_rules(open(config.__file__).read())) <= keys
+    assert set(message_rules(open(loading.__file__).read())) <= keys
 
 
 SCHEMA = textwrap.dedent('''

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from jobs.eval_records import append_eval, eval_metrics, read_eval
+from jobs.driver.eval_records import append_eval, eval_metrics, read_eval
 from marl.types import Episode, Task
 
 

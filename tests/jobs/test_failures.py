@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import ray
 
-import learners.checkpoint
+import learners.state_io
 from cluster.group import GroupError
-from jobs import checkpoint as ckpt
 from jobs.config import load_config
-from jobs.loop import InputError, StopRequested
-from jobs.tracking import read_metrics
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.assets import InputError
+from jobs.driver.loop import StopRequested
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 
 TINY = "jobs/configs/tiny.yaml"
@@ -99,20 +100,20 @@ class StopAt:
 
 def test_failed_checkpoint_write_keeps_latest_and_resume_works(ray_cluster, tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, "steps=3", "checkpoint.every=1", "learner.ranks=0", "rollout.engines_per_role=0")
-    real = learners.checkpoint.write_fsynced
+    real = learners.state_io.write_fsynced
 
     def disk_full_at_step_2(file, obj):  # the model file of step 2 is written, then the disk is full
         if "step_2.tmp" in str(file) and file.name != "model.pt":
             raise OSError(errno.ENOSPC, "No space left on device")
         real(file, obj)
 
-    monkeypatch.setattr(learners.checkpoint, "write_fsynced", disk_full_at_step_2)
+    monkeypatch.setattr(learners.state_io, "write_fsynced", disk_full_at_step_2)
     with pytest.raises(ckpt.CheckpointError, match=r"step_2 not written .*No space left on device"):
         train(cfg)
     root = tmp_path / "tiny" / "checkpoints"
     assert (root / "latest").read_text() == "step_1" and ckpt.newest(root) == root / "step_1"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_1"]
-    monkeypatch.setattr(learners.checkpoint, "write_fsynced", real)
+    monkeypatch.setattr(learners.state_io, "write_fsynced", real)
     train(cfg)
     assert [r["step"] for r in read_metrics(tmp_path / "tiny")] == [0, 1, 2, 3]
     assert (root / "latest").read_text() == "step_3"
@@ -121,7 +122,7 @@ def test_failed_checkpoint_write_keeps_latest_and_resume_works(ray_cluster, tmp_
 _WRITER = """
 import sys, time
 from pathlib import Path
-from jobs import checkpoint as ckpt
+from jobs.driver import run_checkpoints as ckpt
 
 class Stalls:
     def save(self, path):

@@ -1,4 +1,4 @@
-"""The whole held-out split at the end of a run (jobs/full_eval.py, data.eval_full): the final weights, then the
+"""The whole held-out split at the end of a run (jobs/driver/full_eval.py, data.eval_full): the final weights, then the
 peak checkpoint's unless the final weights are the peak; the split is loaded whole and the key checked at load."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from jobs import checkpoint as ckpt
 from jobs.config import ConfigError, load_config
-from jobs.full_eval import full_evaluation
-from jobs.run_data import load_run_data
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.full_eval import full_evaluation
+from jobs.driver.run_data import load_run_data
 from marl.types import Task
 
 TASKS = [Task(task_id=f"t{i}", prompt=f"p{i}", answer="1") for i in range(7)]
@@ -71,7 +71,7 @@ def test_the_whole_split_is_loaded_beside_the_draw(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_ends_with_the_whole_split_evaluated(ray_cluster, tmp_path):
-    from jobs.tracking import read_metrics
+    from jobs.telemetry.tracking import read_metrics
     from jobs.train import train
 
     rows = "".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(5))

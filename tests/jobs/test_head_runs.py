@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ray.util.state import list_actors, list_placement_groups
 
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 from tests.ray_head import ROOT, free_port, start_head
 
 pytestmark = pytest.mark.slow

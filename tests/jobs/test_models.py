@@ -1,4 +1,4 @@
-"""jobs.models: spec resolution, the built-in model builders and their build-once cache."""
+"""jobs.models.resolve: spec resolution, the built-in model builders and their build-once cache."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from jobs import builtin_models, models
-from jobs.builtin_models import BUILTIN_MODELS, Builtin
-from jobs.models import is_builtin, parse_builtin, resolve_model
+from jobs.models import builtin as builtin_models
+from jobs.models import resolve as models
+from jobs.models.builtin import BUILTIN_MODELS, Builtin
+from jobs.models.resolve import is_builtin, parse_builtin, resolve_model
 
 TRICKY = "a b\n\\boxed{7} #### 1,234"
 

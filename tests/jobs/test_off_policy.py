@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import load_config
-from jobs.loop import StopRequested
-from jobs.tracking import read_metrics
+from jobs.driver.loop import StopRequested
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 
 IN_PROCESS = ("rollout.engines_per_role=0", "learner.ranks=0", "rollout.prompts_per_step=2",

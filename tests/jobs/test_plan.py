@@ -5,8 +5,9 @@ members share GPUs as Ray's fractions do, and `--plan` prints it."""
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.plan import FIT_FRACTION, Member, make_plan, pack
-from jobs.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
+from jobs.plan.layout import run_layout
+from jobs.plan.planner import FIT_FRACTION, Member, make_plan, pack
+from jobs.plan.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
 from jobs.train import main
 from learners.memory import GIB
 from tests.learners.test_memory import qwen3_shape
@@ -24,7 +25,7 @@ def learner_bytes(checkpointing: bool) -> float:
     """The learner rank's planned bytes with checkpointing forced on or off."""
     cfg = load_config(TINY, [*GPU, "ray.gpu_memory_gb=80", f"learner.gradient_checkpointing="
                              f"{str(checkpointing).lower()}"], check_plan=False)
-    return next(m.peak for m in make_plan(cfg).members if m.learner is not None)
+    return next(m.peak for m in make_plan(run_layout(cfg)).members if m.learner is not None)
 
 
 def test_a_cpu_run_is_not_planned_and_auto_stays_off():
@@ -100,18 +101,18 @@ def test_plan_cli_prints_every_gpu_and_exits_2_when_it_does_not_fit(capsys):
 
 @pytest.mark.slow  # 42 configs through load_config: ~11 s
 def test_docs_scaling_is_the_generators_output():
-    from jobs.scaling import scaling_markdown
-    from jobs.sweep_spec import cells, load_sweep
+    from jobs.config.sweep_spec import cells, load_sweep
+    from jobs.sweep import scaling_page
 
     spec = load_sweep("jobs/configs/sweeps/paper_matrix.yaml")
     with open("docs/scaling.md") as f:
-        assert f.read() == scaling_markdown(spec, cells(spec)), (
+        assert f.read() == scaling_page(spec, cells(spec)), (
             "docs/scaling.md is stale: python -m jobs.sweep --config jobs/configs/sweeps/paper_matrix.yaml "
             "--dry-run --markdown > docs/scaling.md")
 
 
 def test_a_trial_waits_for_free_gpus_on_one_node():
-    from jobs.scaling import schedule_hours
+    from jobs.plan.scaling import schedule_hours
 
     assert schedule_hours([(2, 10.0)] * 4, nodes=1) == 10.0  # 4 x 2 GPUs at once on 8
     assert schedule_hours([(2, 10.0)] * 5, nodes=1) == 20.0

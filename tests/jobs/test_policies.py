@@ -13,14 +13,16 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from jobs.policies import policy_config, policy_map_of
-from jobs.resources import arithmetic, run_demands
+from jobs.config.policies import policy_config
+from jobs.config.sweep_spec import cells, load_sweep
+from jobs.driver.assets import prepare
+from jobs.driver.handles import build_handles
+from jobs.driver.resources import arithmetic
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from jobs.sweep import setup_of, trial_config
-from jobs.sweep_spec import cells, load_sweep
-from jobs.system import build_system
-from jobs.tracking import read_metrics
-from jobs.train import prepare, train
+from jobs.telemetry.tracking import read_metrics
+from jobs.train import train
 from marl.tasks import get_family
 from marl.tasks.data import digit_tasks
 from rollout.engine import Sampling
@@ -82,16 +84,17 @@ def test_resources_follow_each_policy():
                "marl.policies.generator.rollout.engine_num_gpus=0.5", "marl.policies.generator.learner.rank_num_gpus=1",
                "marl.policies.aggregator.rollout.engines_per_role=2", "marl.policies.aggregator.learner.ranks=2",
                "marl.policies.aggregator.learner.rank_num_cpus=1")
-    demands = {d.name: (d.n, dict(d.resources)) for d in run_demands(cfg, policy_map_of(cfg))}
+    demands = {d.name: (d.n, dict(d.resources)) for d in run_layout(cfg).demands}
     assert demands == {
         "tiny:engine:generator": (1, {"CPU": 0.5, "GPU": 0.5}),
         "tiny:engine:aggregator": (2, {"CPU": 0.5, "GPU": 0.25}),
         "tiny:learner:generator": (1, {"CPU": 0.5, "GPU": 1.0}),
         "tiny:learner:aggregator": (2, {"CPU": 1.0, "GPU": 0.25}),
     }
-    assert arithmetic(cfg, {"CPU": 1}).endswith("= {CPU: 5, GPU: 2.5}")  # CPU 1+0.5+1+0.5+2, GPU 0.5+0.5+1+0.5
+    # CPU 1+0.5+1+0.5+2, GPU 0.5+0.5+1+0.5
+    assert arithmetic(run_layout(cfg), {"CPU": 1}).endswith("= {CPU: 5, GPU: 2.5}")
     scoped = _cfg("rollout.engine_scope=policy", "marl.policies.aggregator.rollout.engine_num_cpus=2")
-    assert {d.name: dict(d.resources) for d in run_demands(scoped, policy_map_of(scoped))}["tiny:engine:aggregator"] \
+    assert {d.name: dict(d.resources) for d in run_layout(scoped).demands}["tiny:engine:aggregator"] \
         == {"CPU": 2.0, "GPU": 0.0}
 
 
@@ -102,7 +105,7 @@ def test_hetero_example_sweep_fits_two_gpus():
         cfg = trial_config(setup, {"grid": cell}, "hetero")
         assert policy_config(cfg, "generator").model.path == "/models/Qwen3-4B"
         assert policy_config(cfg, "evaluator").model.lora.rank == 16
-        assert arithmetic(cfg, dict(setup.driver)).endswith("= {CPU: 9, GPU: 2}")
+        assert arithmetic(run_layout(cfg), dict(setup.driver)).endswith("= {CPU: 9, GPU: 2}")
 
 
 def test_prepare_gives_each_policy_its_model_and_pad_id():
@@ -132,11 +135,11 @@ def test_custom_map_two_roles_share_a_model_a_third_has_its_own(tmp_path):
                "marl.policy_map.orchestrator=lead", "marl.policy_map.synthesizer=lead", "marl.policy_map.worker=crew",
                "marl.policies.crew.model.path=builtin:tiny-wide", "rollout.engine_scope=policy",
                "rollout.engines_per_role=0", "learner.ranks=0")
-    system = build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
         assert system.engine_groups("crew") == [system.engines["worker"]]
         assert system.engines["orchestrator"] is system.engines["synthesizer"] is not system.engines["worker"]
-        episodes = system.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3))
+        episodes = system.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)).episodes
         assert system.sync(version=1)["sync/verified"] == 2  # each policy's weights, to its own group only
     finally:
         system.shutdown()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-import jobs.precision
+import jobs.config.precision
 from cluster.cpu import has_bf16, read_cpuinfo
 from jobs.config import ConfigError, load_config
-from jobs.precision import cpu_parts, dtype_problem
+from jobs.config.precision import cpu_parts, dtype_problem
 from tests.cluster.test_cpu import SAPPHIRE_RAPIDS, ZEN3
 
 TINY = "jobs/configs/tiny.yaml"
@@ -21,12 +21,12 @@ GPU_RUN = ["learner.backend=deepspeed", "learner.ranks=1", "learner.rank_num_gpu
 
 @pytest.fixture
 def no_bf16_cpu(monkeypatch):
-    monkeypatch.setattr(jobs.precision, "read_cpuinfo", lambda: ZEN3)
+    monkeypatch.setattr(jobs.config.precision, "read_cpuinfo", lambda: ZEN3)
 
 
 @pytest.fixture
 def bf16_cpu(monkeypatch):
-    monkeypatch.setattr(jobs.precision, "read_cpuinfo", lambda: SAPPHIRE_RAPIDS)
+    monkeypatch.setattr(jobs.config.precision, "read_cpuinfo", lambda: SAPPHIRE_RAPIDS)
 
 
 def test_this_machine_refuses_bf16_on_cpu_unless_its_cpu_has_the_instructions():

@@ -179,7 +179,7 @@ def test_over_cap_prompts_are_dropped_after_the_split_and_counted(tmp_path, caps
 
 @pytest.mark.slow
 def test_the_cap_counts_the_model_s_chat_template_tokens(tmp_path, capsys):
-    from jobs.models import resolve_model
+    from jobs.models.resolve import resolve_model
 
     src = _hf_folder(tmp_path / "dapo", "en", PROCESSED)
     args = ["math", "--src", str(src), "--out", str(tmp_path / "o"), "--tokenizer", resolve_model("builtin:tiny")]

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 from jobs.config import load_config, to_yaml
-from jobs.provenance import ROOT, code_version, config_header
-from jobs.tracking import RunLog, read_metrics
+from jobs.driver.provenance import ROOT, code_version, config_header
+from jobs.telemetry.tracking import RunLog, read_metrics
 
 
 def git(cwd: Path, *args: str) -> str:

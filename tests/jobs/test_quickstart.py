@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from jobs.config import load_config
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 
 QUICKSTART = "jobs/configs/quickstart.yaml"
 MIN_GAIN = 0.15

@@ -11,8 +11,8 @@ from PIL import Image
 
 from jobs.config import load_config, to_yaml
 from jobs.report import eval_curve, find_runs, load_run, main
-from jobs.tracking import RunLog
-from tests.cluster.test_metrics import real_step_metrics
+from jobs.telemetry.tracking import RunLog
+from tests.cluster.test_ray_metrics import real_step_metrics
 
 TINY = "jobs/configs/tiny.yaml"
 

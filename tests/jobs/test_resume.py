@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from jobs import checkpoint as ckpt
 from jobs.config import load_config
-from jobs.loop import StopRequested
-from jobs.tracking import read_metrics
+from jobs.driver import run_checkpoints as ckpt
+from jobs.driver.loop import StopRequested
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 
 TINY = "jobs/configs/tiny.yaml"

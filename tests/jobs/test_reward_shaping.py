@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from jobs.policies import policy_map_of
-from jobs.step import RolloutSource, train_step
-from jobs.system import build_system
+from jobs.driver.handles import build_handles
+from jobs.driver.step import RolloutSource, train_step
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.tasks.data import digit_tasks
 from marl.tasks.math import last_boxed
@@ -45,7 +45,7 @@ def test_format_penalty_shapes_its_role_in_a_step(tmp_path):
     cfg = load_config(TINY, [f"out_dir={tmp_path}", "marl.sharing=shared", "rollout.engines_per_role=0",
                              "learner.ranks=0", "rollout.prompts_per_step=2",
                              f"marl.reward_shaping.generator={PENALTY}"])
-    system = build_system(cfg, resolve_model(cfg.model.path), policy_map_of(cfg), get_family("digit"))
+    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
         (tmp_path / "rollouts").mkdir()
         source = RolloutSource(system, cfg, PromptSampler(digit_tasks(8, 0)[:2], 0))

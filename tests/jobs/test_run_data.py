@@ -1,4 +1,4 @@
-"""The run's data (jobs/run_data.py): the whole train set by default, seeded cuts, eval held out from train
+"""The run's data (jobs/driver/run_data.py): the whole train set by default, seeded cuts, eval held out from train
 (overlap counted, an input error above data.max_overlap, generated train sets decontaminated), the epoch
 count, and its start-up line and step-0 metrics."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.run_data import EVAL_SEED_OFFSET, load_run_data
-from jobs.tracking import read_metrics
+from jobs.driver.run_data import EVAL_SEED_OFFSET, load_run_data
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import EXIT_INPUT, main, train
 from marl.tasks.overlap import prompt_set, shared_tasks
 

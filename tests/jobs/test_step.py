@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from jobs.config import load_config
-from jobs.step import PHASES, PhaseTimer, RolloutSource
+from jobs.driver.step import PHASES, PhaseTimer, RolloutSource
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -18,7 +18,7 @@ from marl.tasks.data import digit_tasks
 from marl.tasks.sampler import PromptSampler
 from marl.types import Completion
 from marl.workflows.common import WorkflowOptions
-from rollout.collector import Collector
+from rollout.collector import Collected, Collector
 from rollout.engine import EngineMember
 from rollout.engine_group import EngineGroup
 
@@ -88,11 +88,9 @@ class FakeCollector:
     def __init__(self):
         self.calls: list[tuple[list[str], int]] = []
 
-    def collect(self, tasks, n, sampling, on_episode=None, timings=None):  # noqa: ARG002 - Collector signature
+    def collect(self, tasks, n, sampling, on_episode=None):  # noqa: ARG002 - Collector signature
         self.calls.append(([t.task_id for t in tasks], sampling.seed))
-        if timings is not None:
-            timings["generate_s"] = 0.5
-        return []
+        return Collected([], {"generate_s": 0.5})
 
 
 def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_before_its_prompts(tmp_path):
@@ -126,7 +124,7 @@ def test_synchronous_source_never_prefetches(tmp_path):
 
 def test_phase_timer_reports_every_phase_and_the_step(monkeypatch):
     clock = iter([10.0, 11.0, 13.5, 20.0])
-    monkeypatch.setattr("jobs.step.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("jobs.driver.step.time.perf_counter", lambda: next(clock))
     timer = PhaseTimer()  # starts at 10
     with timer.phase("store"):  # 11 .. 13.5
         pass

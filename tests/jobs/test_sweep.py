@@ -12,9 +12,10 @@ import pytest
 from ray import tune
 
 from jobs import sweep
-from jobs.plan import make_plan
-from jobs.sweep import TrialSetup, TuneReporter, read_pointer, setup_of, trial_config, trial_resources
-from jobs.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
+from jobs.config.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
+from jobs.plan.layout import run_layout
+from jobs.plan.planner import make_plan
+from jobs.sweep import POINTER, TrialSetup, TuneReporter, setup_of, trial_config, trial_resources
 from learners.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ def test_paper_matrix_fits_two_gpus_per_trial():
     # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone: half a GPU
     # for the engine and for each policy's rank (the memory plan's packing, docs/scaling.md).
     assert (min(gpus), max(gpus)) == (1.0, 2.0)
-    plans = [make_plan(trial_config(setup, {"grid": c}, "p")) for c in some]
+    plans = [make_plan(run_layout(trial_config(setup, {"grid": c}, "p"))) for c in some]
     assert all(p.fits() and p.memory == 80 * GIB for p in plans)  # every 4B cell fits an 80 GB GPU
     cfg = trial_config(setup, {"grid": some[-1]}, "p")
     assert cfg.rollout.lora_serving == "multi" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
@@ -234,8 +235,9 @@ def test_where_is_no_grid_axis(tmp_path):
 def test_reporter_sends_metrics_and_a_pointer_checkpoint(monkeypatch, tmp_path):
     sent = []
 
-    def report(metrics, checkpoint=None):  # what tune.report would persist
-        sent.append((metrics, read_pointer(checkpoint) if checkpoint else None))
+    def report(metrics, checkpoint=None):  # what tune.report would persist: the pointer file, read back
+        pointer = json.loads((Path(checkpoint.path) / POINTER).read_text()) if checkpoint else None
+        sent.append((metrics, pointer))
 
     monkeypatch.setattr(tune, "report", report)
     reporter = TuneReporter(tmp_path / "run")

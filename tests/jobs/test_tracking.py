@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.dashboard import STEP_METRIC
-from jobs.tracking import MlflowSink, RunLog, StepDisplay, WandbSink, derived_metrics, read_metrics, require
+from jobs.telemetry.dashboard import STEP_METRIC
+from jobs.telemetry.tracking import MlflowSink, RunLog, StepDisplay, WandbSink, derived_metrics, read_metrics, require
 
 TINY = "jobs/configs/tiny.yaml"
 ROLES = ["generator", "aggregator"]

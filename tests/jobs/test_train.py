@@ -13,13 +13,14 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
-from jobs.eval_records import read_eval
-from jobs.loop import InputError
-from jobs.models import resolve_model
-from jobs.provenance import code_version
-from jobs.step import RolloutSource, train_step
-from jobs.system import build_system
-from jobs.tracking import read_metrics
+from jobs.driver.assets import InputError
+from jobs.driver.eval_records import read_eval
+from jobs.driver.handles import build_handles
+from jobs.driver.provenance import code_version
+from jobs.driver.step import RolloutSource, train_step
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
@@ -116,17 +117,16 @@ def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharin
 def test_isolated_policy_changes_only_from_its_own_roles_turns(ray_cluster, tmp_path):
     cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2")
     model_path = resolve_model(cfg.model.path)
-    policy_map = PolicyMap.build("isolated", roles_of("voting"))
-    system = build_system(cfg, model_path, policy_map, get_family("digit"))
+    system = build_handles(run_layout(cfg), model_path, get_family("digit"))
     # Only generator turns carry reward signal (varying within each group); the aggregator's is constant.
     system.collector.shaping = {"aggregator": lambda episode, turn: 0.0,
                                 "generator": lambda episode, turn: float(turn.completion.response_ids[0] % 2)}
-    before = {pid: _weights(system, pid) for pid in policy_map.policies}
+    before = {pid: _weights(system, pid) for pid in system.policy_map.policies}
     (tmp_path / "tiny" / "rollouts").mkdir(parents=True)
     tasks = _load_digit_tasks()[:4]
     train_step(system, cfg, RolloutSource(system, cfg, PromptSampler(tasks, 0)), 0, pad_id=0,
                run_dir=tmp_path / "tiny")
-    after = {pid: _weights(system, pid) for pid in policy_map.policies}
+    after = {pid: _weights(system, pid) for pid in system.policy_map.policies}
     assert all(torch.equal(before["aggregator"][k], after["aggregator"][k]) for k in before["aggregator"])
     assert any(not torch.equal(before["generator"][k], after["generator"][k]) for k in before["generator"])
     system.shutdown()

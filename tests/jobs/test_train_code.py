@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 from marl.workflows import roles_of
 

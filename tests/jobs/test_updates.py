@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.updates import run_concurrently
+from jobs.driver.updates import run_concurrently
 
 
 def learner(**kw):
@@ -30,7 +30,7 @@ def test_auto_rule(kw, policies, cores, expected):
 @pytest.mark.slow  # two whole steps of two policies: ~20 s
 def test_in_turn_and_at_once_give_the_same_step(ray_cluster, tmp_path):
     from jobs.config import load_config
-    from jobs.tracking import read_metrics
+    from jobs.telemetry.tracking import read_metrics
     from jobs.train import train
 
     rows = {}

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from jobs.tracking import read_metrics
+from jobs.models.resolve import resolve_model
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 from marl.policy_map import PolicyMap
 from tests.learning import assert_accuracy_is_a_count, assert_rewards_match_episodes, assert_updates_follow_advantages

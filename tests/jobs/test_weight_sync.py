@@ -1,6 +1,6 @@
-"""jobs.weight_sync with in-process stand-ins for a learner's rank 0 and engines (no Ray, no model): which payload
-each serving mode ships, over which transport (the NCCL channel over gloo on CPU), the versions a replaced engine
-is caught up to, and the channel formed anew after a replacement."""
+"""jobs.driver.weight_sync with in-process stand-ins for a learner's rank 0 and engines (no Ray, no model): which
+payload each serving mode ships, over which transport (the NCCL channel over gloo on CPU), the versions a replaced
+engine is caught up to, and the channel formed anew after a replacement."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cluster.nccl import WeightChannel
 from cluster.packing import pack
 from cluster.sketch import sketch
 from cluster.transport import SyncError
-from jobs.weight_sync import WeightSync, resync_through, sync_all
+from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 
 TIMEOUT = 60.0
 WEIGHTS = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.float64)}

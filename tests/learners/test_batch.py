@@ -82,7 +82,7 @@ def test_isolated_map_splits_rows_with_masks_over_responses_and_aligned_logprobs
     assert torch.allclose(gen.rollout_logprobs, torch.tensor([[0, 0, -0.1, -0.2, -0.3], [0, 0, -0.6, 0, 0]]))
     assert torch.allclose(gen.advantages, torch.tensor([0.1, 0.3]))
     assert gen.rewards.tolist() == [1.0, 0.0] and gen.roles == ["generator"] * 2
-    assert gen.num_loss_tokens() == 4 and len(gen) == 2 and gen.pad_id == PAD
+    assert int(gen.loss_mask.sum()) == 4 and len(gen) == 2 and gen.pad_id == PAD
     ev = batches["evaluator"]
     assert ev.input_ids.tolist() == [[6, 7, 8]] and ev.loss_mask.tolist() == [[False, True, True]]
     assert torch.allclose(ev.rollout_logprobs, torch.tensor([[0.0, -0.4, -0.5]]))
@@ -106,7 +106,7 @@ def test_shared_map_gives_one_batch_in_flat_order():
     assert b.roles == ["generator", "evaluator", "generator"]
     assert b.input_ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, -1, -1], [1, 2, 9, -1, -1]]
     assert torch.allclose(b.advantages, torch.tensor([0.1, 0.2, 0.3]))
-    assert b.num_loss_tokens() == 6 and not b.loss_mask[:, 0].any()
+    assert int(b.loss_mask.sum()) == 6 and not b.loss_mask[:, 0].any()
 
 
 def test_policy_without_rows_is_absent():
@@ -196,14 +196,14 @@ def test_shard_is_contiguous_balanced_and_concat_restores():
     assert [len(s) for s in shards] == [2, 1] and shards[1].roles == ["generator"]
     assert shards[1].input_ids.tolist() == [[1, 2, 9]]
     _assert_same(TrainBatch.concat(shards), b)
-    assert sum(s.num_loss_tokens() for s in shards) == b.num_loss_tokens()
+    assert sum(int(s.loss_mask.sum()) for s in shards) == int(b.loss_mask.sum())
 
 
 def test_empty_shard_has_shape_zero_by_one_and_concat_ignores_it():
     gen = _generator_batch().select([0])
     empty = gen.shard(1, 2)
     assert len(empty) == 0 and empty.input_ids.shape == (0, 1) and empty.loss_mask.shape == (0, 1)
-    assert empty.num_loss_tokens() == 0 and empty.roles == [] and empty.advantages.shape == (0,)
+    assert int(empty.loss_mask.sum()) == 0 and empty.roles == [] and empty.advantages.shape == (0,)
     _assert_same(TrainBatch.concat([gen.shard(0, 2), empty]), gen)
     _assert_same(empty_batch("generator", pad_id=PAD), empty)
     assert not empty_batch("p") and empty_batch("p").shard(0, 3).input_ids.shape == (0, 1)

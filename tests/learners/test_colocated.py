@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerMember, LearnerSpec

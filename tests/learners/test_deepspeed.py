@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
-from jobs.models import resolve_model
-from learners.backends import backend_class
+from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
 from learners.deepspeed_backend import DeepSpeedBackend, deepspeed_config
-from learners.learner import Learner
+from learners.learner import Learner, backend_class
 from learners.losses import local_normalizer
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
 from tests.learners.test_learner import LORA

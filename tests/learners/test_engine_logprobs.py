@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.batch import build_batches
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec

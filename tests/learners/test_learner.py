@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cluster.sketch import sketch, sketch_error
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs

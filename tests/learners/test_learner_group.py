@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.group import LearnerGroup, merge_rank_metrics
 from learners.member import LearnerMember, LearnerSpec

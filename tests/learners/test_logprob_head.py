@@ -3,13 +3,12 @@
 plain head), the checkpointed module (any other head), tied embeddings, LoRA, and the learner's passes."""
 
 import dataclasses
-from collections import defaultdict
 
 import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.learner import Learner
 from learners.logprob_head import head_logprobs
 from learners.losses import entropy_from_logits, token_logprobs
@@ -57,8 +56,7 @@ def _learner(*overrides: str) -> Learner:
 
 def _grads_and_metrics(learner, batch, temperature):
     learner.temperature = temperature
-    sums: defaultdict[str, float] = defaultdict(float)
-    loss = learner._micro_step(batch, float(batch.num_loss_tokens()), sums)
+    loss, sums = learner._micro_step(batch, float(batch.loss_mask.sum()))
     grads = torch.autograd.grad(loss, learner.params, allow_unused=True)
     return loss, [torch.zeros_like(p) if g is None else g for p, g in zip(learner.params, grads, strict=True)], sums
 

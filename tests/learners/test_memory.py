@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from jobs.model_shape import qwen3_shape
+from jobs.models.shape import qwen3_shape
 from learners.memory import GIB, LearnerSetup, learner_memory
 
 # Qwen3 model cards: total and non-embedding parameters (billions).
@@ -68,7 +68,7 @@ def test_role_gradient_buffer_is_roles_by_trainable_parameters():
 def test_shapes_come_from_config_json_a_builtin_spec_or_a_qwen3_name(tmp_path):
     import json
 
-    from jobs.model_shape import shape_of
+    from jobs.models.shape import shape_of
 
     (tmp_path / "config.json").write_text(json.dumps({
         "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from cluster.sketch import sketch, sketch_error
 from jobs.config import load_config
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.weights import (
     MergedSketch,
     is_lora,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from marl.engine_map import EngineGroupSpec, EngineMap, group_name
+from marl.engine_map import EngineGroupSpec, EngineMap
+from marl.names import group_name
 from marl.policy_map import PolicyMap
 
 ROLES = ["generator", "aggregator"]

@@ -14,7 +14,7 @@ import pytest
 from marl_scripted import ScriptedClient
 
 from marl.episode import run_episode
-from marl.metrics import code_metrics, episode_metrics
+from marl.episode_metrics import code_metrics, episode_metrics
 from marl.tasks import CodeFamily, get_family
 from marl.tasks.code import INSTRUCTION, code_blocks, last_python_block, program_for
 from marl.tasks.code_data import code_synthetic_tasks, humaneval_path, load_code_rows

@@ -12,12 +12,11 @@ from marl.tasks.data import (
     digit_tasks,
     gsm8k_test,
     is_generated,
-    load_rows,
     load_tasks,
     reasoning_gym_tasks,
-    seeded_cut,
 )
 from marl.tasks.overlap import normalise_prompt, prompt_set, shared_tasks, without_prompts
+from marl.tasks.rows import load_rows, seeded_cut
 from marl.tasks.sampler import PromptSampler
 from marl.types import Task
 

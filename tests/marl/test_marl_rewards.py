@@ -8,7 +8,7 @@ import pytest
 from marl_scripted import ScriptedClient
 
 from marl.episode import run_episode
-from marl.rewards import assign, validate_shaping
+from marl.rewards import assign
 from marl.tasks import MathFamily
 from marl.types import Task
 from marl.workflows.common import WorkflowOptions
@@ -42,12 +42,6 @@ def test_assign_overwrites_previous_rewards():
     ep.reward = 0.0
     assign(ep)
     assert all(t.reward == 0.0 for t in ep.turns)
-
-
-def test_validate_shaping_rejects_unknown_roles():
-    validate_shaping({"aggregator": lambda e, t: 0.0}, ["generator", "aggregator"])
-    with pytest.raises(ValueError, match="evaluator"):
-        validate_shaping({"evaluator": lambda e, t: 0.0}, ["generator", "aggregator"])
 
 
 def test_format_penalty_example_docks_unboxed_turns():

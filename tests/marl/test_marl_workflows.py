@@ -12,7 +12,7 @@ from marl.tasks import MathFamily
 from marl.tasks.code import CodeFamily
 from marl.types import Task
 from marl.workflows import WORKFLOWS, get_workflow, roles_of
-from marl.workflows.common import WorkflowOptions, parse_choice, parse_plan, parse_strategies, parse_verdict
+from marl.workflows.common import WorkflowOptions, parse_choice, parse_plan, parse_verdict
 
 TASK = Task(task_id="t0", prompt="What is 6 * 7?", answer="42")
 MATH = MathFamily()
@@ -206,11 +206,11 @@ def test_parse_plan_order_of_fallbacks():
     assert parse_plan("") == ([], "none") and parse_plan(" \n\t\n") == ([], "none")
 
 
-def test_parse_strategies_variants():
+def test_parse_plan_reads_strategy_lines_in_their_variants():
     text = "Plan:\n**Strategy 1:** Draw it.\n- strategy 2) Factor\n  the expression.\n\nStrategy 3 is prose"
-    assert parse_strategies(text) == ["Draw it.", "Factor the expression."]
-    assert parse_strategies("STRATEGY 1:\nWork backwards.") == ["Work backwards."]
-    assert parse_strategies("no plan here") == []
+    assert parse_plan(text) == (["Draw it.", "Factor the expression."], "strategy")
+    assert parse_plan("STRATEGY 1:\nWork backwards.") == (["Work backwards."], "strategy")
+    assert parse_plan("no plan here")[1] != "strategy"
 
 
 def test_parse_verdict_and_choice():

@@ -1,5 +1,5 @@
 """model.chat_template_kwargs reaches every engine's prompt rendering: a tiny model whose chat template branches
-on `enable_thinking` (as Qwen3's does) renders other prompt ids with the flag off, the System's engines render
+on `enable_thinking` (as Qwen3's does) renders other prompt ids with the flag off, the run's engines render
 exactly those ids, and the vLLM engine renders the same ids as the HF engine."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from jobs.builtin_models import CHATML_TEMPLATE
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
-from marl.policy_map import PolicyMap
+from jobs.driver.handles import build_handles
+from jobs.models.builtin import CHATML_TEMPLATE
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout.engine import Sampling
@@ -60,14 +60,14 @@ def test_the_systems_engines_render_with_the_configs_kwargs(tmp_path, thinking_m
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", f"model.path={thinking_model}", "marl.workflow=single_agent", "rollout.backend=hf",
         "rollout.engines_per_role=0", "learner.ranks=0", "rollout.torch_threads=1",
-        "model.chat_template_kwargs.enable_thinking=false"])
-    system = build_system(cfg, thinking_model, PolicyMap.build("shared", ["solver"]), get_family("digit"))
+        "model.chat_template_kwargs.enable_thinking=false", "marl.sharing=shared"])
+    system = build_handles(run_layout(cfg), thinking_model, get_family("digit"))
     try:
         greedy = Sampling(temperature=0.0, max_new_tokens=2)
         out = asyncio.run(system.engines["solver"].generate([MESSAGES], greedy, role="solver"))
         assert out[0].prompt_ids == _render(thinking_model, **OFF) != _render(thinking_model)
         task = Task(task_id="t", prompt="Write the digit 3.", answer="3")
-        episode = system.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2))[0]
+        episode = system.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[0]
         prompt = AutoTokenizer.from_pretrained(thinking_model).decode(episode.turns[0].completion.prompt_ids)
         assert prompt.endswith("assistant\n<think>\n\n</think>\n\n")
     finally:

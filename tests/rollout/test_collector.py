@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cluster.member import Call
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineGroupSpec, EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -71,7 +71,7 @@ def _collector(engines, mode: str = "lockstep") -> Collector:
 
 def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
     engines = _engines()
-    episodes = _collector(engines).collect(TASKS, samples_per_prompt=2, sampling=SAMPLING)
+    episodes = _collector(engines).collect(TASKS, samples_per_prompt=2, sampling=SAMPLING).episodes
 
     gen, agg = engines["generator"].batches, engines["aggregator"].batches
     assert [len(reqs) for reqs, _ in gen] == [18]  # 3 tasks x 2 samples x 3 generators, one call
@@ -108,7 +108,7 @@ def test_a_role_cap_reaches_that_roles_engine_alone():
 
 def test_progress_callback_counts_each_finished_episode_once():
     seen: list[tuple[int, int]] = []
-    episodes = _collector(_engines()).collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t)))
+    episodes = _collector(_engines()).collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t))).episodes
     assert seen == [(i, len(episodes)) for i in range(1, len(episodes) + 1)]
 
 
@@ -128,9 +128,8 @@ def test_generate_time_is_the_wall_time_with_an_engine_call_in_flight():
     delay = 0.2
     engines = {"generator": SlowEngines(_generator_reply, delay),
                "aggregator": SlowEngines(lambda _: "I pick \\boxed{2}", delay)}
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    _collector(engines).collect(TASKS, 2, SAMPLING, timings=timings)
+    timings = _collector(engines).collect(TASKS, 2, SAMPLING).metrics
     wall = time.perf_counter() - t0
     calls = len(engines["generator"].batches) + len(engines["aggregator"].batches)
     assert calls == 2  # one batch per role: the generators' turns, then the aggregators'
@@ -183,9 +182,7 @@ def test_streaming_sends_each_turn_alone_and_an_episode_does_not_wait_for_other_
     async def run() -> tuple[list, dict]:
         asked = asyncio.Event()
         engines = {"generator": GatedGenerators(TASKS[0].answer, asked), "aggregator": AskedAggregator(asked)}
-        timings: dict[str, float] = {}
-        episodes = await asyncio.to_thread(_collector(engines, "streaming").collect, TASKS, 2, SAMPLING, None,
-                                           timings)
+        episodes, timings = await asyncio.to_thread(_collector(engines, "streaming").collect, TASKS, 2, SAMPLING)
         return episodes, {**timings, "calls": [len(r) for e in engines.values() for r, _ in e.batches]}
 
     episodes, timings = asyncio.run(run())

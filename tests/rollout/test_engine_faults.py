@@ -1,4 +1,4 @@
-"""Engine health through the real System (HF engines as Ray actors, in-process learner): a killed engine is
+"""Engine health through the real run handles (HF engines as Ray actors, in-process learner): a killed engine is
 replaced under its name, caught up to the current weights (fingerprint-checked) and its call retried once,
 so the step loses and duplicates nothing; an engine that stops generating tokens is replaced once it has been
 flat for rollout.stall_timeout_s, and named when its replacement stalls too; a slow engine that keeps
@@ -16,9 +16,9 @@ import torch
 
 from cluster.group import GroupTimeout
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
-from marl.policy_map import PolicyMap
+from jobs.driver.handles import build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout import engine_group
@@ -90,8 +90,7 @@ def _system(tmp_path, monkeypatch, engine_cls: type, *overrides: str):
         f"run_name={RUN}", f"out_dir={tmp_path}", "marl.workflow=single_agent", "marl.sharing=shared",
         "rollout.backend=hf", "rollout.engines_per_role=1", "learner.ranks=0", "rollout.torch_threads=1",
         "rollout.max_batch_size=2", *overrides])
-    policy_map = PolicyMap.build("shared", ["solver"])
-    return build_system(cfg, resolve_model(cfg.model.path), policy_map, get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _wait_for(path: str, timeout: float) -> None:
@@ -113,7 +112,7 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
             running = pool.submit(system.collector.collect, TASKS, SAMPLES, SAMPLING)
             _wait_for(flag, 120.0)  # the engine is inside generate now
             ray.kill(ray.get_actor(f"{RUN}:engine:solver:0"))
-            episodes = running.result(timeout=300)
+            episodes = running.result(timeout=300).episodes
         group = system.engines["solver"]
         assert group.replacements == 1
         assert len(episodes) == len(TASKS) * SAMPLES
@@ -163,7 +162,7 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
     replace_now = group._replace_now
     monkeypatch.setattr(group, "_replace_now", lambda i: (replaced_at.append(time.time()), replace_now(i)))
     try:
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert len(episodes) == 1 and group.replacements == 1
         waited = replaced_at[0] - float(open(flag).read())
         assert stall_s <= waited <= stall_s + margin_s
@@ -177,7 +176,7 @@ def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_clu
     system = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
     try:
         t0 = time.monotonic()
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING)
+        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert time.monotonic() - t0 > 2 * stall_s  # a 4 s call, twice the deadline, never flat for 1.5 s
         assert len(episodes) == 1 and system.engines["solver"].replacements == 0
     finally:

@@ -1,4 +1,4 @@
-"""How the System lays out engine groups (HF engines, in-process): one group per role, one per policy
+"""How build_handles lays out engine groups (HF engines, in-process): one group per role, one per policy
 (rollout.engine_scope=policy), or one multi-LoRA group for every policy; the Collector routes by role either
 way and each sync reaches every engine group once."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
-from marl.policy_map import PolicyMap
+from jobs.driver.handles import build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from marl.tasks import get_family
 from marl.types import Task
 from rollout.engine import Sampling
@@ -24,7 +24,7 @@ def _system(tmp_path, sharing: str, *overrides: str):
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "marl.workflow=voting", f"marl.sharing={sharing}", "rollout.engines_per_role=0",
         "learner.ranks=0", "rollout.torch_threads=1", *overrides])
-    return build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build(sharing, ROLES), get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _roles_served(episodes) -> set[str]:
@@ -41,7 +41,7 @@ def test_policy_scope_with_a_shared_policy_is_one_group_for_every_role_synced_on
         out = system.sync(1)
         assert out["sync/verified"] == 1.0  # one engine, one broadcast: not one per role
         assert groups[0].versions() == [1]
-        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         assert {t.completion.version for e in episodes for t in e.turns} == {1}
     finally:
@@ -69,7 +69,7 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
         full = sum(t.numel() * t.element_size()
                    for t in system.learners["generator"].group._members[0].get_weights().values())
         assert adapter_bytes < full / 2  # adapters only, never the base weights
-        episodes = system.collector.collect(TASKS, 2, SAMPLING)
+        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         served = {(t.role, t.completion.policy_id, t.completion.version) for e in episodes for t in e.turns}
         assert served == {("generator", "generator", 2), ("aggregator", "aggregator", 2)}
@@ -80,7 +80,7 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
 
 def test_merged_lora_serving_in_bf16_reports_the_update_lost_to_rounding(tmp_path):
     system = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16",
-                     "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/precision.py)
+                     "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/config/precision.py)
     try:
         assert system.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
         learner = system.learners["shared"].group._members[0]

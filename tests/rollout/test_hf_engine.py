@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cluster.fingerprint import fingerprint
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
 

@@ -9,10 +9,10 @@ import torch
 
 from cluster.transport import SyncError
 from jobs.config import load_config
-from jobs.models import resolve_model
-from jobs.system import build_system
+from jobs.driver.handles import build_handles
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
 from learners.weights import merge_layer
-from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, merge_into, stack_of
 from rollout.vllm_repack import _adjacent
@@ -25,7 +25,7 @@ def _system(tmp_path, *overrides: str):
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "marl.workflow=voting", "marl.sharing=isolated", "rollout.engines_per_role=0",
         "learner.ranks=0", "rollout.torch_threads=1", *LORA, *overrides])
-    return build_system(cfg, resolve_model(cfg.model.path), PolicyMap.build("isolated", ROLES), get_family("digit"))
+    return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
 def _move_adapter(learner, seed: int, only: str | None = None) -> None:
@@ -39,7 +39,7 @@ def _move_adapter(learner, seed: int, only: str | None = None) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype):
-    emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/precision.py)
+    emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/config/precision.py)
     system = _system(tmp_path, f"model.dtype={dtype}", emulated)
     full = _system(tmp_path / "full", f"model.dtype={dtype}", emulated, "sync.lora_delta=false")
     try:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.weights import adapter_payload, load_policy_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.config import load_config
-from jobs.tracking import read_metrics
+from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 from tests.learning import assert_learned, write_seven_tasks
 

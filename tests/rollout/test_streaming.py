@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
@@ -73,7 +73,7 @@ def test_two_streaming_collections_with_the_same_seeds_give_the_same_episodes(ti
         groups = _groups(tiny, ["generator", "evaluator"])
         try:
             collector = Collector(groups, "eval_opt", get_family("digit"), WorkflowOptions(max_rounds=2))
-            return collector.collect(TASKS, 2, SAMPLING)
+            return collector.collect(TASKS, 2, SAMPLING).episodes
         finally:
             for g in groups.values():
                 g.shutdown()

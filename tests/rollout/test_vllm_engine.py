@@ -27,7 +27,7 @@ from cluster.group import Group
 from cluster.packing import pack
 from cluster.sketch import sketch_mismatch
 from cluster.transport import SyncError, broadcast
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from learners.weights import MergedSketch, adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
@@ -363,7 +363,7 @@ def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_back_only_th
     monkeypatch.setattr(engine, "_reload", lambda weights, check=True: (reloaded.append(sorted(weights)),
                                                                         reload(weights, check)))
 
-    def off(report) -> str | None:  # the sync's check (jobs.weight_sync.served_as_merged)
+    def off(report) -> str | None:  # the sync's check (jobs.driver.weight_sync.served_as_merged)
         return sketch_mismatch(report["sketch"], MergedSketch()(model), report["sketch_rtol"])
 
     payload, merged = _lora_payload(model, 0)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from cluster.fingerprint import fingerprint
 from cluster.group import Group, MemberOptions
 from cluster.nccl import broadcast_nccl, form_channel
-from jobs.models import resolve_model
+from jobs.models.resolve import resolve_model
 from rollout.engine import EngineMember, Sampling
 from rollout.vllm_engine import VLLMEngine
 from tests.cluster.test_nccl import Sender

@@ -1,0 +1,91 @@
+"""The per-field rules of the config schema (jobs/config/schema.py): each leaf key's choices (an Enum field's values, or
+`one_of`'s) and bounds (`positive`, `non_negative`), read from the dataclass fields, for config load to check
+and the config reference to list. A rule lives on the field it constrains, nowhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Iterator, Mapping
+from enum import Enum
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from jobs.config.schema import TrainConfig, as_node
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldRule:
+    key: str  # dotted path from the top of the config
+    choices: tuple[str, ...] = ()  # () = any value of the field's type
+    above: float | None = None  # the value must be > this
+    min: float | None = None  # the value must be >= this
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this key (a message naming the key), or None."""
+        # A `true`/`false` override of a str key arrives as "True"/"False" (OmegaConf parses it as a bool).
+        if self.choices and value not in self.choices and not (
+                isinstance(value, str) and value.lower() in self.choices):
+            return f"{self.key} must be one of {', '.join(self.choices)}; got {_plain(value)!r}"
+        if self.above is not None and not value > self.above:
+            return f"{self.key} must be > {self.above:g}; got {value!r}"
+        if self.min is not None and value < self.min:
+            return f"{self.key} must be >= {self.min:g}; got {value!r}"
+        return None
+
+    def labels(self) -> list[str]:
+        """The rule as the config reference lists it."""
+        found = ["one of " + ", ".join(f"`{c}`" for c in self.choices)] if self.choices else []
+        found += [f"> {self.above:g}"] if self.above is not None else []
+        return found + ([f">= {self.min:g}"] if self.min is not None else [])
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def enum_type(hint: Any) -> type[Enum] | None:
+    """The Enum a field's resolved type hint names, if any."""
+    return hint if isinstance(hint, type) and issubclass(hint, Enum) else None
+
+
+def field_rules(cls: type = TrainConfig, prefix: str = "") -> Iterator[FieldRule]:
+    """Every leaf key under `cls` that carries a rule, in schema order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            yield from field_rules(f.default_factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+            continue
+        rule = _rule(f"{prefix}{f.name}", enum_type(hints[f.name]), f.metadata)
+        if rule is not None:
+            yield rule
+
+
+def _rule(key: str, enum: type[Enum] | None, meta: Mapping[str, Any]) -> FieldRule | None:
+    choices = tuple(str(m.value) for m in enum) if enum else tuple(meta.get("choices", ()))
+    if not (choices or "above" in meta or "min" in meta):
+        return None
+    return FieldRule(key, choices, meta.get("above"), meta.get("min"))
+
+
+@functools.cache
+def schema_rules() -> dict[str, FieldRule]:
+    """key -> its rule, for every key of the schema that carries one (schema order)."""
+    return {rule.key: rule for rule in field_rules()}
+
+
+def choice_problem(key: str, value: Any) -> str | None:
+    """For a value OmegaConf refused at `key` (an Enum field's): the choice rule's message, else None."""
+    rule = schema_rules().get(key)
+    return rule.problem(value) if rule is not None and rule.choices else None
+
+
+def check_fields(cfg: TrainConfig) -> str | None:
+    """The first field rule `cfg` breaks (its message naming the key), or None."""
+    for rule in schema_rules().values():
+        problem = rule.problem(OmegaConf.select(as_node(cfg), rule.key))
+        if problem:
+            return problem
+    return None

@@ -1,0 +1,70 @@
+"""The run layout: everything decided once from the config before any member starts. The role -> policy map, the
+role -> engine group map with every group's name, each policy's own config (marl.policies over the top level) and
+every group's resource demand. `run_layout(cfg)` builds it; placement (jobs/driver/resources.py), system building
+(jobs/driver/handles.py), a sweep's trial bundles and the planner (planner.py) read it, and nothing rebuilds a part.
+
+Per run: for each engine group, rollout.engines_per_role members of {engine_num_cpus, engine_num_gpus,
+engine_resources}, and for each policy, learner.ranks members of {rank_num_cpus, rank_num_gpus, rank_resources}, each
+read from the settings of the policy the group serves (a multi-LoRA engine group's from the top level; with
+learner.lora_colocate one learner group holds every policy on the top-level rank settings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cluster.placement import Demand
+from jobs.config.colocation import colocated, colocated_name
+from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
+from jobs.config.schema import TrainConfig
+from marl.engine_map import EngineMap
+from marl.names import group_name
+from marl.policy_map import PolicyMap
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """One run's groups as decided by its config; read-only like the config it was built from."""
+
+    cfg: TrainConfig  # the run's whole config
+    policy_map: PolicyMap
+    engine_map: EngineMap
+    configs: Mapping[str, TrainConfig]  # policy -> the whole config as that policy sees it
+    learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
+    colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
+    demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
+
+    def engine_config(self, policy: str | None) -> TrainConfig:
+        """The config an engine group of `policy` is built from (None: the multi-LoRA group, on the top level)."""
+        return self.configs[policy] if policy is not None else self.cfg
+
+
+def run_layout(cfg: TrainConfig) -> RunLayout:
+    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles)."""
+    policy_map = policy_map_of(cfg)
+    configs = policy_configs(cfg, policy_map)
+    engine_map = engine_map_of(cfg, policy_map)
+    shared = colocated(cfg)
+    learner_groups = {pid: colocated_name(cfg) if shared else group_name(cfg.run_name, "learner", pid)
+                      for pid in policy_map.policies}
+    demands = (*_engine_demands(cfg, engine_map, configs), *_learner_demands(cfg, configs, learner_groups, shared))
+    return RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands)
+
+
+def _engine_demands(cfg: TrainConfig, engine_map: EngineMap, configs: Mapping[str, TrainConfig]) -> list[Demand]:
+    out = []
+    for spec in engine_map.groups:
+        r = (configs[spec.policy] if spec.policy is not None else cfg).rollout
+        out.append(Demand(spec.name, r.engines_per_role,
+                          {"CPU": r.engine_num_cpus, "GPU": r.engine_num_gpus, **r.engine_resources}))
+    return out
+
+
+def _learner_demands(cfg: TrainConfig, configs: Mapping[str, TrainConfig], learner_groups: Mapping[str, str],
+                     shared: bool) -> list[Demand]:
+    # learner.lora_colocate: one group, on the top-level rank settings, holds every policy's adapter on one base.
+    groups = ({colocated_name(cfg): cfg.learner} if shared else
+              {learner_groups[pid]: pc.learner for pid, pc in configs.items()})
+    return [Demand(name, lr.ranks, {"CPU": lr.rank_num_cpus, "GPU": lr.rank_num_gpus, **lr.rank_resources})
+            for name, lr in groups.items()]

@@ -1,0 +1,310 @@
+"""The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
+at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
+GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). jobs.config resolves
+`learner.gradient_checkpointing=auto` and refuses a plan that does not fit with it, before anything starts;
+`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
+
+GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
+order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from jobs.config.schema import TrainConfig, as_node
+from jobs.models.shape import shape_of
+from jobs.plan.layout import RunLayout, run_layout
+from jobs.plan.rollout_estimate import (
+    ENGINE_RESERVE,
+    EXPECTED_FILL,
+    EngineMemory,
+    RolloutWork,
+    engine_memory,
+    rollout_seconds,
+)
+from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from marl.policy_map import PolicyMap
+
+FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
+# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share and packing move.
+FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
+            "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
+            "learner.rank_num_gpus", "learner.logits_chunk_tokens")
+# The learner's measured rate on one H200 (benchmarks/README.md, "Learner update on a GPU": Qwen3-0.6B-shaped,
+# bf16, DeepSpeed ZeRO-2): 57.73 TFLOP in 0.998 s with LoRA r64, 86.60 TFLOP in 0.785 s full fine-tuning.
+LEARNER_FLOPS_S = {"lora": 57.73e12 / 0.998, "full": 86.60e12 / 0.785}
+
+
+class PlanError(ValueError):
+    """A plan that cannot run: the message names the keys that change it."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One engine or learner rank on the GPUs: its GPU request and its peak bytes."""
+
+    name: str
+    gpus: float
+    peak: float
+    policy: str | None = None  # a learner rank's policy
+    learner: LearnerMemory | None = None
+    engine: EngineMemory | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    memory: float  # bytes per GPU; 0 = none declared or detected: nothing is checked
+    members: list[Member]
+    gpus: list[list[Member]]  # members per GPU
+    checkpointing: dict[str, bool]  # policy -> resolved learner.gradient_checkpointing
+    either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]  # policy -> its rank with checkpointing (on, off)
+    times: dict[str, float] = field(default_factory=dict)  # rollout_s, update_s, ... per step (estimates)
+
+    def gpu_bytes(self) -> list[float]:
+        return [sum(m.peak * member_share(m) for m in members) for members in self.gpus]
+
+    def fits(self) -> bool:
+        return not self.memory or all(b <= FIT_FRACTION * self.memory for b in self.gpu_bytes())
+
+
+def member_share(m: Member) -> float:
+    """The part of a member's peak on each GPU it takes (a member of several GPUs spreads over them)."""
+    return 1.0 / m.gpus if m.gpus > 1 else 1.0
+
+
+def gpu_memory(layout: RunLayout) -> float:
+    """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for no
+    GPU (a CPU run is never checked)."""
+    cfg = layout.cfg
+    if not _uses_gpus(layout):
+        return 0.0
+    declared = OmegaConf.select(as_node(cfg), "ray.gpu_memory_gb", default=0.0)
+    if declared:
+        return float(declared) * GIB
+    import torch
+
+    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
+
+
+def _uses_gpus(layout: RunLayout) -> bool:
+    return any(c.learner.rank_num_gpus > 0 or c.rollout.engine_num_gpus > 0
+               for c in [layout.cfg, *layout.configs.values()])
+
+
+def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
+              times: bool = True) -> Plan:
+    """The plan of a run's layout; `checkpointing` (policy -> on) in place of each policy's configured value;
+    `times`: with the step-time estimates (what the fit check does not need)."""
+    memory = gpu_memory(layout) if memory is None else memory
+    cfg, policy_map, configs = layout.cfg, layout.policy_map, layout.configs
+    ckpt = {pid: _checkpointing(c) for pid, c in configs.items()} | (checkpointing or {})
+    members = _engine_members(layout, memory)
+    either_way = {}
+    for pid, pc in configs.items():
+        shape, roles = shape_of(pc.model.path), policy_map.roles_of(pid)
+        mem = learner_memory(shape, learner_setup(pc, len(roles), ckpt[pid]))
+        either_way[pid] = (learner_memory(shape, learner_setup(pc, len(roles), True)),
+                           learner_memory(shape, learner_setup(pc, len(roles), False)))
+        if not layout.colocated:
+            members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
+                        for r in range(max(pc.learner.ranks, 1))]
+    if layout.colocated:
+        members += _colocated_members(cfg, configs, policy_map, ckpt, either_way)
+    on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
+    times_ = step_times(layout, members) if on_gpu else {}
+    return Plan(memory, members, pack(members), ckpt, either_way, times_)
+
+
+def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], policy_map: PolicyMap,
+                       ckpt: dict[str, bool],
+                       either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
+    """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
+    first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
+    first, shape = policy_map.policies[0], shape_of(cfg.model.path)
+
+    def rank(on: bool) -> LearnerMemory:
+        return colocated_memory(shape, [learner_setup(pc, len(policy_map.roles_of(pid)), on)
+                                        for pid, pc in configs.items()])
+    either_way[first] = (rank(True), rank(False))
+    mem = rank(ckpt[first])
+    return [Member(f"learner:colocated#{r}", cfg.learner.rank_num_gpus, mem.total(), first, learner=mem)
+            for r in range(max(cfg.learner.ranks, 1))]
+
+
+def _checkpointing(pc: TrainConfig) -> bool:
+    """A policy's configured value: true/false, or auto (resolved by `resolve_plan`; off until then)."""
+    return str(pc.learner.gradient_checkpointing).lower() == "true"
+
+
+def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
+    """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one)."""
+    lr = pc.learner
+    tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
+    return LearnerSetup(
+        tokens=tokens,
+        lora_rank=pc.model.lora.rank if pc.model.lora.enabled else 0,
+        zero_stage=lr.deepspeed.zero_stage if lr.backend == "deepspeed" else 0, ranks=max(lr.ranks, 1),
+        checkpointing=checkpointing, logits_chunk=lr.logits_chunk_tokens,
+        role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu")
+
+
+def longest_sequence(cfg: TrainConfig) -> int:
+    """A cell's longest sequence in an engine: prompt cap + response cap (algo.max_len without a prompt cap)."""
+    r = cfg.rollout
+    return r.max_prompt_tokens + r.sampling.max_new_tokens if r.max_prompt_tokens else cfg.algo.max_len
+
+
+def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
+    """Every engine of every engine group, on its share of a GPU (or, on CPU, its KV cache plus weights)."""
+    out = []
+    for spec in layout.engine_map.groups:
+        pc = layout.engine_config(spec.policy)
+        shape, r = shape_of(pc.model.path), pc.rollout
+        adapters = len(spec.policies) if spec.multi_lora else 0
+        if r.engine_num_gpus > 0:
+            share = r.gpu_memory_utilization * memory
+        else:  # CPU: rollout.kv_cache_gb is the KV cache itself
+            share = r.kv_cache_gb * GIB + 2.0 * shape.params() + ENGINE_RESERVE
+        mem = engine_memory(shape, share, pc.model.lora.rank, adapters, longest_sequence(pc))
+        out += [Member(f"engine:{spec.key}#{i}", r.engine_num_gpus, mem.share, engine=mem)
+                for i in range(max(r.engines_per_role, 1))]
+    return out
+
+
+def pack(members: list[Member]) -> list[list[Member]]:
+    """Members onto GPUs: fractions first-fit in creation order, whole GPUs for a member of one or more."""
+    gpus: list[list[Member]] = []
+    free: list[float] = []
+    for m in members:
+        if m.gpus <= 0:
+            continue
+        if m.gpus >= 1:
+            for _ in range(math.ceil(m.gpus)):
+                gpus.append([m])
+                free.append(0.0)
+            continue
+        i = next((i for i, f in enumerate(free) if f + 1e-9 >= m.gpus), None)
+        if i is None:
+            gpus.append([])
+            free.append(1.0)
+            i = len(gpus) - 1
+        gpus[i].append(m)
+        free[i] -= m.gpus
+    return gpus
+
+
+def role_turns(layout: RunLayout) -> tuple[dict[str, int], int]:
+    """(role -> its turns in one episode at the caps, how many turns run one after another) for the built-in
+    workflows; a user's workflow counts one turn per role, one after another."""
+    m, roles = layout.cfg.marl, layout.policy_map.roles
+    known = {"single_agent": ({"solver": 1}, 1),
+             "voting": ({"generator": m.num_generators, "aggregator": 1}, 2),
+             "orch_workers": ({"orchestrator": 1, "worker": m.max_strategies, "synthesizer": 1}, 3),
+             "eval_opt": ({"generator": m.max_rounds, "evaluator": m.max_rounds}, 2 * m.max_rounds)}
+    return known.get(m.workflow, (dict.fromkeys(roles, 1), len(roles)))
+
+
+def step_times(layout: RunLayout, members: list[Member]) -> dict[str, float]:
+    """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`) with every turn at its caps."""
+    return {**_step_times(layout, members, EXPECTED_FILL),
+            **{f"{k}_at_caps": v for k, v in _step_times(layout, members, 1.0).items() if "/" not in k}}
+
+
+def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[str, float]:
+    """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
+    each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
+    per_role, sequential = role_turns(layout)
+    cfg, policy_map = layout.cfg, layout.policy_map
+    r = cfg.rollout
+    prompt = (r.max_prompt_tokens or cfg.algo.max_len - r.sampling.max_new_tokens) * fill
+    work = RolloutWork(r.prompts_per_step * r.samples_per_prompt, sum(per_role.values()), sequential, prompt,
+                       r.sampling.max_new_tokens * fill)
+    engines = [m.engine for m in members if m.engine is not None]
+    kv = min(e.kv for e in engines) if engines else 0.0
+    out = rollout_seconds(shape_of(cfg.model.path), work, max(len(engines), 1), kv)
+    for pid, pc in layout.configs.items():
+        rows = work.episodes * sum(per_role.get(role, 1) for role in policy_map.roles_of(pid))
+        tokens = rows * (work.prompt_tokens + work.response_tokens)
+        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens)
+    out["update_s"] = max(v for k, v in out.items() if k.startswith("update_s/"))
+    out["step_s"] = out["rollout_s"] + out["update_s"]
+    return out
+
+
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float) -> float:
+    """One step's update of `tokens` trained tokens on the policy's ranks: forward + backward FLOPs (4× the forward
+    for LoRA's frozen base, 6× for full fine-tuning; one more forward with checkpointing, one for the recomputed
+    old log-probs) at the measured rate of its kind."""
+    lora = pc.model.lora.enabled
+    passes = (2 if lora else 3) + _checkpointing(pc) * 1.0 + (pc.algo.old_logprobs == "recompute")
+    flops = passes * tokens * shape.flops_per_token()
+    return flops / (LEARNER_FLOPS_S["lora" if lora else "full"] * max(pc.learner.ranks, 1))
+
+
+def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:
+    """At load, before the config is frozen: each policy's `learner.gradient_checkpointing=auto` becomes true where
+    its GPU would not fit without it (false where it would, and on runs with no GPU memory to plan against), and
+    a plan that still does not fit raises PlanError naming the keys to change. Returns the plan (None: CPU run)."""
+    layout = run_layout(cfg)  # of the config being loaded: resolving writes into it, the run builds its own
+    configs = layout.configs
+    auto = [pid for pid, pc in configs.items() if str(pc.learner.gradient_checkpointing).lower() == "auto"]
+    memory = gpu_memory(layout)
+    on: set[str] = set()
+    plan = None
+    if memory:
+        try:
+            plan = make_plan(layout, memory, dict.fromkeys(auto, False), times=False)
+            while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
+                on.add(pid)
+                plan = make_plan(layout, memory, {p: p in on for p in auto}, times=False)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+    _write_checkpointing(cfg, configs, auto, on)
+    if plan is not None and refuse:
+        check(plan)
+    return plan
+
+
+def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None:
+    """On an overfull GPU, the auto policy not yet checkpointing whose learner checkpointing saves the most."""
+    candidates = {m.policy: plan.either_way[m.policy][1].total() - m.peak for gpu in overfull(plan) for m in gpu
+                  if m.policy in auto and m.policy not in on}
+    return max(candidates, key=lambda p: candidates[p]) if candidates else None
+
+
+def overfull(plan: Plan) -> list[list[Member]]:
+    return [gpu for gpu, b in zip(plan.gpus, plan.gpu_bytes(), strict=True) if b > FIT_FRACTION * plan.memory]
+
+
+def _write_checkpointing(cfg: TrainConfig, configs: Mapping[str, TrainConfig], auto: list[str],
+                         on: set[str]) -> None:
+    """Every value true/false: a policy with settings of its own gets its resolution there; the top level takes
+    that of the policies inheriting it (true if any of them needs it)."""
+    top = str(cfg.learner.gradient_checkpointing).lower()
+    inheriting = [pid for pid in auto if pid not in cfg.marl.policies]
+    cfg.learner.gradient_checkpointing = (str(any(p in on for p in inheriting)).lower() if top == "auto" else top)
+    for pid in cfg.marl.policies:
+        value = configs[pid].learner.gradient_checkpointing
+        if pid in auto or str(value).lower() != str(value):
+            cfg.marl.policies[pid].setdefault("learner", {})
+            cfg.marl.policies[pid].learner.gradient_checkpointing = str(pid in on if pid in auto else value).lower()
+
+
+def check(plan: Plan) -> None:
+    """PlanError unless every GPU holds at most FIT_FRACTION of its memory and every engine one whole sequence."""
+    for m in plan.members:
+        if m.engine is not None and m.gpus > 0 and m.engine.kv_sequences < 1:
+            raise PlanError(f"{m.name}: its share ({m.engine.share / GIB:.1f} GiB) leaves {m.engine.kv / GIB:.1f} GiB "
+                            "of KV cache, less than one sequence of the longest prompt and response: raise "
+                            "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens")
+    for gpu in overfull(plan):
+        held = " + ".join(f"{m.name} {m.peak * member_share(m) / GIB:.1f}" for m in gpu)
+        raise PlanError(f"the plan does not fit {plan.memory / GIB:g} GiB GPUs (ray.gpu_memory_gb; at most "
+                        f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = "
+                        f"{sum(m.peak * member_share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
+                        "(`python -m jobs.train --plan` shows every term)")

@@ -1,0 +1,99 @@
+"""WeightServer: the part of a learner rank that hands its policy's weights out, composed into learners.learner.Learner.
+
+What it serves: the weights engines serve (LoRA merged into the serving dtype), in one byte buffer for the object
+store, over the NCCL channel (rank 0, cluster.nccl), the LoRA adapter alone (multi-LoRA serving), an adapter delta
+with the names of the served weights (adapter-only syncs of merged serving), the probe sketch of the merge each
+engine must serve after such a delta, and an HF folder of the current weights. It keeps what serving needs between
+syncs (the served names, the frozen base's sketches) and what the weights last handed out lost to the serving dtype
+(`sync/merge_rounding/<policy>`). It reads the module and, when the module holds only a partition (ZeRO-3), the
+backend's snapshot; it never changes either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from cluster.nccl import WeightChannel
+from cluster.packing import PackedTensors, pack
+from cluster.sketch import sketch
+from learners.backends import GradientBackend
+from learners.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
+
+
+class WeightServer:
+    """Serves policy `policy_id`'s `model`, loaded from `model_path`, in dtype `dtype`; `backend.snapshot()` is the
+    weights the rank's gradient backend gathered, or None when the module itself holds them whole."""
+
+    def __init__(self, model: torch.nn.Module, policy_id: str, model_path: str, dtype: str,
+                 backend: GradientBackend):
+        self.model, self.policy_id, self.model_path, self.dtype = model, policy_id, model_path, dtype
+        self.backend = backend
+        # What the weights last handed out lost to the serving dtype (None: nothing merged, or fp32 serving).
+        self.merge_rounding: float | None = None
+        self.served_names: list[str] | None = None  # fixed by the model's structure: merged once, on the first delta
+        self.sketcher = MergedSketch()  # keeps the frozen base's sketches between syncs
+        self.channel: WeightChannel | None = None  # rank 0's NCCL channel to its engines, once joined
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
+        (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
+        merged, self.merge_rounding = serving_weights(self.model, DTYPES[self.dtype], self.backend.snapshot())
+        return merged
+
+    def sync_metrics(self) -> dict[str, float]:
+        """What the weights last handed out by get_weights lost: with LoRA merged into the serving dtype,
+        `sync/merge_rounding/<policy>` (learners.weights.update_lost); nothing for full weights."""
+        rounding = self.merge_rounding
+        return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
+
+    def get_packed_weights(self) -> PackedTensors:
+        """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it
+        zero-copy; a dict would be pickled tensor by tensor and copied on both sides)."""
+        return pack(self.get_weights())
+
+    def get_lora_delta(self) -> dict[str, Any]:
+        """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
+        What they must serve (`merged_sketch`) is asked for after, so engines start loading first."""
+        if self.served_names is None:
+            self.served_names = list(self.get_weights())
+        return {**self.get_adapter(), "names": self.served_names}
+
+    def merged_sketch(self) -> dict[str, torch.Tensor]:
+        """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
+        into its own base, taken without merging (learners.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
+        merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
+        fp32 serving skips it (its rounding is fp32's own, ~1e-7 of the weights) and reports none."""
+        snapshot = self.backend.snapshot()
+        if snapshot is not None:
+            self.merge_rounding = snapshot.merge_rounding
+            return {name: sketch(name, tensor) for name, tensor in snapshot.merged.items()}
+        if DTYPES[self.dtype] != torch.float32:
+            self.get_weights()  # sets merge_rounding
+        else:
+            self.merge_rounding = None
+        return self.sketcher(self.model)
+
+    def get_adapter(self) -> dict[str, Any]:
+        """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
+        return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
+
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
+        was replaced, since a channel's members are fixed."""
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s)
+
+    def nccl_send(self, version: int, bucket_bytes: int,
+                  fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:
+        """The served weights broadcast over the channel as `version`: {"fingerprint", "bytes"}."""
+        if self.channel is None:
+            raise RuntimeError(f"learner {self.policy_id}: nccl_send before nccl_join opened the weight channel")
+        weights = self.get_weights()
+        return {"fingerprint": fingerprint(weights), "bytes": self.channel.send(weights, version, bucket_bytes)}
+
+    def export(self, out_dir: str) -> str:
+        """An HF model folder of the current weights (and the adapter, for LoRA); returns the folder."""
+        export_hf(self.model, self.model_path, self.dtype, out_dir, self.backend.snapshot())
+        return out_dir

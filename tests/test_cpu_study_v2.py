@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jobs.eval_records import append_eval
-from jobs.sweep_spec import SweepError, flatten, load_sweep, validate
+from jobs.sweep_spec import flatten, load_sweep, validate
 from marl.types import Episode, Task
 from studies.cpu_smollm2_v2 import collect
 from studies.cpu_smollm2_v2.stats import binomial_two_sided, fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd
@@ -170,13 +170,12 @@ def test_calibration_and_gate_sweeps_are_valid():
     assert caps == {(w, n) for w in ("voting", "eval_opt", "orch_workers") for n in (32, 64, 128, 256)}
 
 
-def test_the_study_sweep_refuses_to_run_until_the_calibration_fills_it():
-    with pytest.raises(SweepError, match=r"where\[0\].set.learner.optim.lr"):
-        load_sweep(SWEEPS + "cpu_study_v2.yaml")
-    spec = load_sweep(SWEEPS + "cpu_study_v2.yaml", [
-        "where=[{when: {marl.sharing: [shared, isolated]}, set: {learner.optim.lr: 3.0e-4}}]"])
+def test_the_study_sweep_runs_single_agent_at_the_calibrated_lr():
+    cells = validate(load_sweep(SWEEPS + "cpu_study_v2.yaml"))
+    assert {flatten(c)["learner.optim.lr"] for c in cells} == {3e-4}, "the calibration's outcome (the README's)"
     # The gate removed every voting arm (no workflow passed it): the single-agent seeds remain.
-    assert arms_of(validate(spec)) == {"single_agent-shared": [0, 1, 2, 3, 4]}
+    assert arms_of(cells) == {"single_agent-shared": [0, 1, 2, 3, 4]}
+    spec = load_sweep(SWEEPS + "cpu_study_v2.yaml")
     spec.grid["seed"] = [4]  # seed by seed, as the sweep file runs them
     assert arms_of(validate(spec)) == {"single_agent-shared": [4]}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.config.sweep_spec import SweepError, flatten, load_sweep, validate
+from jobs.config.sweep_spec import flatten, load_sweep, validate
 from jobs.driver.eval_records import append_eval
 from marl.types import Episode, Task
 from studies.cpu_smollm2_v2 import collect
@@ -100,6 +100,22 @@ def test_collect_pipeline_on_runs_built_by_hand(sweep, tmp_path):
     assert collect.calibration_table(runs[:1]).splitlines()[2] == "| 0.0003 | 0 | 0.200 | 0.500 | 0.500 | no | 0.500 |"
 
 
+def test_calibration_runs_differing_in_lr_are_committed_apart(tmp_path):
+    """The calibration's runs share arm and seed: each lr gets its own folder, and two runs bound for one
+    folder stop the copy instead of overwriting each other."""
+    src = tmp_path / "sweep"
+    for name, lr in (("a", 1e-4), ("b", 3e-4)):
+        write_run(src, name, "single_agent", "shared", 0, [0.2, 0.5, 0.5], 5)
+        cfg = yaml.safe_load((src / name / "config.yaml").read_text())
+        cfg.setdefault("learner", {})["optim"] = {"lr": lr}
+        (src / name / "config.yaml").write_text("# code/commit: abc\n" + yaml.safe_dump(cfg))
+    assert sorted(collect.copy_runs(src, tmp_path / "calibration", "calibration")) == [
+        "single_agent-shared-lr0.0001/seed0", "single_agent-shared-lr0.0003/seed0"]
+    assert [r.lr for r in collect.committed(tmp_path / "calibration")] == [1e-4, 3e-4]
+    with pytest.raises(ValueError, match="would be committed to"):
+        collect.copy_runs(src, tmp_path / "study")
+
+
 def test_gate_table_from_the_base_models_parse_failures(tmp_path):
     sweep = tmp_path / "sweep"
     for cap, failures in ((32, 20.0), (64, 12.0)):
@@ -110,7 +126,7 @@ def test_gate_table_from_the_base_models_parse_failures(tmp_path):
         row = {"step": 0, "time/step_s": 1.0, "eval/before/episodes": 32.0,
                "eval/before/parse_failures/aggregator": failures}
         (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-    assert sorted(collect.copy_runs(sweep, tmp_path / "gate", gate=True)) == [
+    assert sorted(collect.copy_runs(sweep, tmp_path / "gate", "gate")) == [
         "voting-aggregator-32", "voting-aggregator-64"]
     rows = collect.gate_table(collect.find_runs([tmp_path / "gate"])).splitlines()[2:]
     assert rows == ["| voting | aggregator | 32 | 32 | 20 | 0.375 | no |",
@@ -154,13 +170,12 @@ def test_calibration_and_gate_sweeps_are_valid():
     assert caps == {(w, n) for w in ("voting", "eval_opt", "orch_workers") for n in (32, 64, 128, 256)}
 
 
-def test_the_study_sweep_refuses_to_run_until_the_calibration_fills_it():
-    with pytest.raises(SweepError, match=r"where\[0\].set.learner.optim.lr"):
-        load_sweep(SWEEPS + "cpu_study_v2.yaml")
-    spec = load_sweep(SWEEPS + "cpu_study_v2.yaml", [
-        "where=[{when: {marl.sharing: [shared, isolated]}, set: {learner.optim.lr: 3.0e-4}}]"])
+def test_the_study_sweep_runs_single_agent_at_the_calibrated_lr():
+    cells = validate(load_sweep(SWEEPS + "cpu_study_v2.yaml"))
+    assert {flatten(c)["learner.optim.lr"] for c in cells} == {3e-4}, "the calibration's outcome (the README's)"
     # The gate removed every voting arm (no workflow passed it): the single-agent seeds remain.
-    assert arms_of(validate(spec)) == {"single_agent-shared": [0, 1, 2, 3, 4]}
+    assert arms_of(cells) == {"single_agent-shared": [0, 1, 2, 3, 4]}
+    spec = load_sweep(SWEEPS + "cpu_study_v2.yaml")
     spec.grid["seed"] = [4]  # seed by seed, as the sweep file runs them
     assert arms_of(validate(spec)) == {"single_agent-shared": [4]}
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from omegaconf import OmegaConf
 
@@ -31,6 +31,7 @@ from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_rea
 from studies.cpu_smollm2_v2.stats import fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd
 
 HERE = Path(__file__).resolve().parent
+Phase = Literal["study", "calibration", "gate"]
 RUNS, CALIBRATION, GATE, README = HERE / "runs", HERE / "calibration", HERE / "gate", HERE / "README.md"
 # One sweep per phase and seed (jobs/configs/sweeps/cpu_study_v2.yaml).
 SWEEPS = sorted([*Path("runs/sweeps").glob("cpu_study_v2_s*"), *Path("runs/sweeps").glob("cpu_study_v2_ablation_s*")])
@@ -92,13 +93,24 @@ def gate_name(cfg: dict[str, Any]) -> str:
     return "-".join([cfg.get("marl", {}).get("workflow", "?"), *(f"{r}-{c}" for r, c in sorted(caps.items()))])
 
 
-def copy_runs(sweep: Path, root: Path, gate: bool = False) -> list[str]:
-    """Copies each run under `sweep` into `root`/<arm>/seed<seed>/ (gate runs: `root`/<gate_name>/); returns
-    those folders' names."""
-    names = []
+def destination(root: Path, path: Path, run: Run, phase: Phase) -> Path:
+    """Where a run is committed: `root`/<arm>/seed<seed>/; calibration runs, which share arm and seed and differ
+    in lr, under `root`/<arm>-lr<lr>/seed<seed>/; gate runs under `root`/<gate_name>/."""
+    if phase == "gate":
+        return root / gate_name(_config(path))
+    arm = f"{run.arm}-lr{run.lr:g}" if phase == "calibration" else run.arm
+    return root / arm / f"seed{run.seed}"
+
+
+def copy_runs(sweep: Path, root: Path, phase: Phase = "study") -> list[str]:
+    """Copies each run under `sweep` to its `destination` under `root`; returns those folders' names. Two runs
+    bound for one folder are an error, not an overwrite."""
+    names: list[str] = []
     for path in find_runs([sweep]):
         run = load(path)
-        dest = root / gate_name(_config(path)) if gate else root / run.arm / f"seed{run.seed}"
+        dest = destination(root, path, run, phase)
+        if str(dest.relative_to(root)) in names:
+            raise ValueError(f"two runs of {sweep} would be committed to {dest}")
         dest.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "config.yaml", EVAL_TASKS):
             if (path / name).is_file():
@@ -251,10 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate", type=Path, nargs="*", default=[], help="gate sweeps (copied)")
     parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
     args = parser.parse_args(argv)
-    for sources, root in ((args.sweep, RUNS), (args.calibration, CALIBRATION), (args.gate, GATE)):
+    phases: list[tuple[list[Path], Path, Phase]] = [
+        (args.sweep, RUNS, "study"), (args.calibration, CALIBRATION, "calibration"), (args.gate, GATE, "gate")]
+    for sources, root, phase in phases:
         for sweep in sources if not args.check else []:
             if sweep.is_dir():
-                print(f"copied {', '.join(copy_runs(sweep, root, root == GATE)) or 'no runs'} from {sweep}")
+                print(f"copied {', '.join(copy_runs(sweep, root, phase)) or 'no runs'} from {sweep}")
     computed, text = committed_tables(), README.read_text()
     if args.check:
         stale = [n for n, t in readme_tables(text).items() if computed.get(n) != t]

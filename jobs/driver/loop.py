@@ -110,6 +110,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
                 break
         final = timed_evaluate(system, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
         acc_after = final["eval/accuracy"]
+        final.update(final_cliff_guard(cfg, run.cliff, run.progress.step, acc_after))
         for pid, learner in system.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
         if run.assets.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
@@ -228,6 +229,16 @@ def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: floa
               f"{f' or >= {cfg.cliff.relative_drop:.0%} of it' if cfg.cliff.relative_drop else ''} for "
               f"{cliff.below} evaluations; action={cfg.cliff.action}", flush=True)
     return flagged and cfg.cliff.action == "stop", {**cliff.metrics(), "cliff/flagged": float(flagged)}
+
+
+def final_cliff_guard(cfg: TrainConfig, cliff: CliffTracker, steps_done: int, accuracy: float) -> dict[str, float]:
+    """The final evaluation counts toward the cliff flag like the periodic ones, which skip the last step so as not
+    to evaluate it twice. A run that ends early (the guard stopped it) already fed this step's evaluation, and a
+    run without held-out tasks has nothing to feed. Nothing is left to stop or roll back: the guard records (and
+    warns), and the final weights are exported as they are."""
+    if steps_done < cfg.steps or math.isnan(accuracy):
+        return {}
+    return cliff_guard(cfg, cliff, steps_done, accuracy)[1]
 
 
 def _rollback(run: RunState, system: RunHandles, source: RolloutSource) -> dict[str, float]:

@@ -74,31 +74,27 @@ def _alive(head: Head, kind: str, prefix: str) -> list[str]:
                                                                            "RESCHEDULING", "DEPENDENCIES_UNREADY")]
 
 
-def test_user_workflow_file_travels_with_the_working_dir(head, tmp_path):
-    """`marl.workflow=examples/debate.py` is read from the job's working_dir copy (its cwd on the cluster)."""
-    _submit(head, "tiny_debate", f"out_dir={tmp_path}", "run_name=jobdebate", "steps=1", "data.eval_size=2",
-            "marl.workflow=examples/debate.py", "marl.max_rounds=1")
-    status = _wait(head, "tiny_debate", lambda s: s in TERMINAL, 300)
-    assert status == "SUCCEEDED", _logs(head, "tiny_debate")[-3000:]
-    assert "[jobdebate] held-out accuracy" in _logs(head, "tiny_debate")
-    first = json.loads((tmp_path / "jobdebate" / "metrics.jsonl").read_text().splitlines()[0])
-    assert first["batch/rows/debater"] > 0 and first["batch/rows/judge"] > 0
-    assert (tmp_path / "jobdebate" / "export" / "judge" / "config.json").exists()
-
-
 def test_broken_config_fails_with_its_message(head):
     _submit(head, "tiny_bad", "learner.optim.lr=abc")
     assert _wait(head, "tiny_bad", lambda s: s in TERMINAL, 180) == "FAILED"
     assert "learner.optim.lr" in _logs(head, "tiny_bad")
 
 
-def test_stopped_job_leaves_no_actors_or_placement_group(head, tmp_path):
-    _submit(head, "tiny_stop", f"out_dir={tmp_path}", "run_name=jobstop", "steps=500", "data.eval_size=0")
-    end = time.monotonic() + 300
-    # Voting, isolated: two engines and two learner ranks, all inside the run's placement group.
-    while len(_alive(head, "actors", "jobstop:")) < 4:
+def test_a_user_workflow_travels_and_a_stopped_job_leaves_no_actors_or_placement_group(head, tmp_path):
+    """`marl.workflow=examples/debate.py` is read from the job's working_dir copy (its cwd on the cluster) and
+    trains both its roles; `ray job stop` then releases every actor and the placement group. (One job for both:
+    each costs a working_dir upload and a run's start. A submitted run that ends by itself is the resubmission's
+    below; the export at a run's end is tests/jobs/test_policies.py's.)"""
+    _submit(head, "tiny_stop", f"out_dir={tmp_path}", "run_name=jobstop", "steps=500", "data.eval_size=2",
+            "marl.workflow=examples/debate.py", "marl.max_rounds=1")
+    metrics, end = tmp_path / "jobstop" / "metrics.jsonl", time.monotonic() + 300
+    # Debate, isolated: two engines and two learner ranks, all inside the run's placement group.
+    while len(_alive(head, "actors", "jobstop:")) < 4 or not metrics.exists() or not metrics.read_text():
         assert time.monotonic() < end and _status(head, "tiny_stop") not in TERMINAL, _logs(head, "tiny_stop")
         time.sleep(1)
+    first = json.loads(metrics.read_text().splitlines()[0])
+    assert first["batch/rows/debater"] > 0 and first["batch/rows/judge"] > 0
+    assert "[jobstop] policies ['debater', 'judge']" in _logs(head, "tiny_stop")
     assert _alive(head, "placement-groups", "jobstop:") == ["jobstop:placement"]
     assert head.ray("job", "stop", "--address", head.dashboard, "tiny_stop", timeout=120).returncode == 0
     assert _wait(head, "tiny_stop", lambda s: s in TERMINAL, 120) == "STOPPED"

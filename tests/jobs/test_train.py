@@ -43,18 +43,26 @@ def _cfg(tmp_path: Path, *overrides: str):
     return load_config(TINY, [f"out_dir={tmp_path}", *overrides])
 
 
-# Isolated eval_opt and orch_workers start the most actors (one learner per role): the slow tier runs them.
-@pytest.mark.parametrize(("workflow", "sharing"), [
-    (w, s) if s == "shared" or w in ("single_agent", "voting") else pytest.param(w, s, marks=pytest.mark.slow)
-    for w in WORKFLOWS for s in ("shared", "isolated")
-])
-def test_two_steps_through_ray_actors(ray_cluster, tmp_path, workflow, sharing):
+# Through Ray actors, the layouts that differ: voting shared (one engine and one learner group for two roles) and
+# isolated (a group each) in the fast tier, isolated eval_opt and orch_workers (the most actors, one learner per
+# role) in the slow one. The other cells check their workflow's whole cycle in-process: what a workflow adds
+# (its roles, turns and rewards) does not depend on where its members run, and a layout that does is one of the
+# actor cells' (shared or isolated, one role or several).
+def _cell(workflow: str, sharing: str):
+    if sharing == "isolated" and workflow in ("eval_opt", "orch_workers"):
+        return pytest.param(workflow, sharing, 1, marks=pytest.mark.slow)
+    return workflow, sharing, int(workflow == "voting")
+
+
+@pytest.mark.parametrize(("workflow", "sharing", "actors"), [
+    _cell(w, s) for w in WORKFLOWS for s in ("shared", "isolated")])
+def test_two_steps_of_every_workflow_and_sharing(ray_cluster, tmp_path, workflow, sharing, actors):
     roles = roles_of(workflow)
     # Turn rewards by the first token's parity: a random model's rows then carry advantages from the first step.
     parity = [f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in roles]
-    cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}", "rollout.engines_per_role=1",
-               "learner.ranks=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2",
-               *parity)
+    cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}",
+               f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", "rollout.prompts_per_step=2",
+               "rollout.samples_per_prompt=2", "data.eval_size=2", *parity)
     summary = train(cfg)
     run = tmp_path / "tiny"
     rows = read_metrics(run)
@@ -91,12 +99,13 @@ def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
     return False
 
 
-# The fast tier learns through the HF engine in-process; the slow tier through Ray actors on both engines. (vLLM
+# The fast tier learns through the HF engine in-process; the slow tier through Ray actors on vLLM. (vLLM
 # in-process with a shared policy is not run here: its engine is the actors' engine, and the shared policy map
-# is the HF run's.)
+# is the HF run's. The HF engine through actors is not run either: its learning is the in-process cell's, and
+# the actor layout's, with isolated policies, the vLLM cell's; the HF engine as an actor is in every actor cell
+# of test_two_steps_of_every_workflow_and_sharing.)
 @pytest.mark.parametrize(("sharing", "actors", "backend"), [
-    ("shared", 0, "hf"), pytest.param("isolated", 1, "hf", marks=pytest.mark.slow),
-    pytest.param("isolated", 1, "vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+    ("shared", 0, "hf"), pytest.param("isolated", 1, "vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharing, actors, backend):
     """Fails if the gradient sign, the loss mask or the weight sync to the engines is wrong.
 
@@ -115,7 +124,9 @@ def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharin
 
 
 def test_isolated_policy_changes_only_from_its_own_roles_turns(ray_cluster, tmp_path):
-    cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2")
+    # In-process members: which policy a turn's gradient reaches is the learners' routing, not the actors'.
+    cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2",
+               "rollout.engines_per_role=0", "learner.ranks=0")
     model_path = resolve_model(cfg.model.path)
     system = build_handles(run_layout(cfg), model_path, get_family("digit"))
     # Only generator turns carry reward signal (varying within each group); the aggregator's is constant.

@@ -100,6 +100,7 @@ def _wait_for(path: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # a replacement actor's start: 15-25 s
 def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_cluster, tmp_path, monkeypatch):
     flag = str(tmp_path / "stalled")
     system = _system(tmp_path, monkeypatch, _stall_once(flag))
@@ -125,6 +126,7 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
         system.shutdown()
 
 
+@pytest.mark.slow  # a replacement actor's start: 15-25 s
 def test_hung_engine_trips_its_stall_deadline_and_is_named_after_one_replacement(ray_cluster, tmp_path,
                                                                                 monkeypatch):
     system = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2")

@@ -96,15 +96,18 @@ def test_stop_and_resume_equals_an_uninterrupted_run(ray_cluster, tmp_path, k):
 
 @pytest.mark.slow
 def test_resume_through_ray_actors_and_sigterm(tmp_path):
-    """The CLI as `ray job stop` meets it: SIGTERM mid-run, exit 143, then the same command resumes; learner
-    and engines are Ray actors. The stop lands wherever the run is, so equality is checked against an
+    """The CLI as `ray job stop` meets it: SIGTERM mid-run, exit 143 saying why, then the same command resumes;
+    learner and engines are Ray actors. The stop lands wherever the run is, so equality is checked against an
     uninterrupted run up to the steps both completed."""
     steps = 6
     common = [*SHAPE, f"steps={steps}", "rollout.engines_per_role=1", "learner.ranks=1"]
     cmd = [sys.executable, "-m", "jobs.train", "--config", TINY]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert subprocess.run([*cmd, f"out_dir={whole}", *common], cwd=ROOT, capture_output=True).returncode == 0
-    proc = subprocess.Popen([*cmd, f"out_dir={parts}", *common], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    stderr = tmp_path / "stderr.txt"  # a file, not a pipe: nobody reads it while the run writes
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([*cmd, f"out_dir={parts}", *common], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
     try:
         for line in proc.stdout:
             if line.startswith("step 2/"):
@@ -113,6 +116,7 @@ def test_resume_through_ray_actors_and_sigterm(tmp_path):
         assert proc.wait(timeout=120) == 143
     finally:
         proc.kill()
+    assert "stopped by signal" in stderr.read_text()
     stopped_at = ckpt.read_progress(ckpt.newest(parts / "tiny" / "checkpoints")).step
     assert 2 <= stopped_at < steps
     out = subprocess.run([*cmd, f"out_dir={parts}", *common], cwd=ROOT, capture_output=True, text=True)

@@ -12,9 +12,10 @@ temperature 1, logprobs of the sampled tokens:
 Every engine gets the same cores. Medians over `reps` after one warm-up call. Engines run one at a time.
 Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
 actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
-`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload,
-before) and in place (fast, after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways,
-and the parts of a load inside an in-process vLLM engine, both ways, in one run.
+`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload)
+and in place (fast), the payload packed into one buffer first (before) or shared, each tensor's bytes copied into
+the object store once (after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways, and the
+parts of a load inside an in-process vLLM engine, in one run.
 """
 
 from __future__ import annotations
@@ -96,21 +97,24 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
 
 def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[str, dict]:
     """Full-weight syncs into one engine actor, side by side: into a vLLM engine through vLLM's reload_weights
-    (before) and in place (rollout.vllm_repack, after), packed into one buffer (cluster.packing, what learners
-    send) and as a dict of tensors; and into the HF stand-in (a copy into its parameters, no kernel repacking)."""
+    and in place (rollout.vllm_repack); shared (cluster.packing.share: the tensors' own bytes copied into the
+    object store once, what learners send now), packed into one buffer first (cluster.packing.pack: a copy, then
+    the store's copy, as learners sent before) and as a dict of tensors; and into the HF stand-in (a copy into its
+    parameters, no kernel repacking)."""
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
+    gets = {"shared": _Source.get_shared, "packed": _Source.get_packed, "dict": _Source.get_weights}
     out = {}
-    for backend, sync_path, payloads in (("vllm", "reload", ("packed",)), ("vllm", "fast", ("packed", "dict")),
-                                          ("hf", "fast", ("packed", "dict"))):
+    for backend, sync_path, payloads in (("vllm", "reload", ("shared",)), ("vllm", "fast", ("packed", "shared")),
+                                          ("hf", "fast", ("packed", "shared", "dict"))):
         cfg = _rollout_cfg(args, lora=False, backend=backend, sync_path=sync_path).rollout
         group = EngineGroup(spec, path, cfg, "float32")
         label = f"vllm {sync_path}" if backend == "vllm" else backend
         try:
             for name in payloads:
-                get = _Source.get_packed if name == "packed" else _Source.get_weights
-                out[f"{label}, {name}"] = _sync_seconds(group, get, EngineMember.load_weights, weights, args.reps)
+                out[f"{label}, {name}"] = _sync_seconds(group, gets[name], EngineMember.load_weights, weights,
+                                                        args.reps)
         finally:
             group.shutdown()
     return out
@@ -174,16 +178,15 @@ class _LoraSource:
 
 
 def full_sync_parts(path: str, weights: dict, args: argparse.Namespace, sync_path: str,
-                    views: bool = True) -> dict[str, float]:
-    """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine. `views`: as
-    sent (fused layers' parts stacked as views of the buffer); else the same tensors in a plain dict (each fused
-    layer's parts concatenated, as before)."""
+                    wire: str = "shared") -> dict[str, float]:
+    """Median seconds of the parts of a full-weight load inside an in-process vLLM engine, the payload in the wire
+    format (cluster.packing) `wire`: shared (each tensor its own buffer: fused layers' parts concatenated, as
+    learners send now) or packed (one buffer: fused layers' parts stacked as views of it)."""
     from benchmarks.timing import timed
-    from cluster.packing import pack
+    from cluster.packing import pack, share
     from rollout.vllm_engine import VLLMEngine
 
-    packed: Any = pack(weights)
-    packed = packed if views else dict(packed)
+    packed = share(weights) if wire == "shared" else pack(weights)
     engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi",
                         sync_path=sync_path)
     times: dict[str, list[float]] = {}
@@ -225,7 +228,12 @@ class _Source:
     def get_packed(self):
         from cluster.packing import pack
 
-        return pack(self.payload)  # as Learner.get_packed_weights: one copy into one buffer, on every call
+        return pack(self.payload)  # as Learner.get_packed_weights did: one copy into one buffer, on every call
+
+    def get_shared(self):
+        from cluster.packing import share
+
+        return share(self.payload)  # as Learner.get_packed_weights: the tensors' own bytes, the store's copy only
 
 
 def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
@@ -325,16 +333,21 @@ def _sync_only(args: argparse.Namespace) -> None:
     syncs = {**bench_full_sync(path, weights, args), **bench_lora_delta(path, args)}
     ray.shutdown()
     parts = {"reload": full_sync_parts(path, weights, args, "reload"),
-             "fast, concatenated": full_sync_parts(path, weights, args, "fast", views=False),
-             "fast": full_sync_parts(path, weights, args, "fast")}
+             "fast, packed": full_sync_parts(path, weights, args, "fast", wire="packed"),
+             "fast, shared": full_sync_parts(path, weights, args, "fast")}
     print(f"{args.model}: verified syncs into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
         _print_sync(name, s)
-    before, after = syncs["vllm reload, packed"]["sync_s"], syncs["vllm fast, packed"]["sync_s"]
-    print(f"  vllm full weights, packed: reload / fast = {before / after:.2f}x")
+    from cluster.packing import share
+
+    stored = sum(b.nbytes for b in share(weights).buffers)
+    print(f"  (shared: {stored / 2**20:.1f} MiB cross the object store, a tied weight once; MiB/s counts every "
+          "weight delivered)")
+    reload, packed, shared = (syncs[f"vllm {k}"]["sync_s"] for k in ("reload, shared", "fast, packed", "fast, shared"))
+    print(f"  vllm full weights: reload / fast = {reload / shared:.2f}x, packed / shared = {packed / shared:.2f}x")
     delta = [s["sync_s"] for name, s in syncs.items() if "delta" in name]
     print(f"  vllm LoRA delta: reload / fast = {delta[0] / delta[1]:.2f}x")
-    print("  parts of a packed load into an in-process vLLM engine, s: " + " ".join(f"{p:>18}" for p in parts))
+    print("  parts of a load into an in-process vLLM engine, s:        " + " ".join(f"{p:>18}" for p in parts))
     for name in parts["fast"]:
         print(f"    {name:<56} " + " ".join(f"{parts[p][name]:18.3f}" for p in parts))
 

@@ -47,11 +47,10 @@ class PackedTensors(Mapping[str, Tensor]):
     specs: tuple[TensorSpec, ...]
 
     def __getitem__(self, name: str) -> Tensor:
-        spec = self._index()[name]
-        count = int(np.prod(spec.shape, dtype=np.int64))
-        if count == 0:
-            return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
-        return self._view(spec.buffer, spec.dtype, spec.offset, count).view(spec.shape)
+        return self._tensors()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index()
 
     def __iter__(self) -> Iterator[str]:
         return (s.name for s in self.specs)
@@ -60,7 +59,7 @@ class PackedTensors(Mapping[str, Tensor]):
         return len(self.specs)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"buffers": self.buffers, "specs": self.specs}  # not the name index: rebuilt where it is read
+        return {"buffers": self.buffers, "specs": self.specs}  # not the caches: rebuilt where they are read
 
     def _index(self) -> dict[str, TensorSpec]:
         index = self.__dict__.get("_by_name")
@@ -68,6 +67,21 @@ class PackedTensors(Mapping[str, Tensor]):
             index = {s.name: s for s in self.specs}
             object.__setattr__(self, "_by_name", index)
         return index
+
+    def _tensors(self) -> dict[str, Tensor]:
+        """Every tensor's view, made once: readers (a load, its check, fingerprints, a sketch comparison) look each
+        tensor up several times, and a view costs a frombuffer under a warnings guard."""
+        views = self.__dict__.get("_views")
+        if views is None:
+            views = {s.name: self._tensor(s) for s in self.specs}
+            object.__setattr__(self, "_views", views)
+        return views
+
+    def _tensor(self, spec: TensorSpec) -> Tensor:
+        count = int(np.prod(spec.shape, dtype=np.int64))
+        if count == 0:
+            return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype))
+        return self._view(spec.buffer, spec.dtype, spec.offset, count).view(spec.shape)
 
     def _view(self, buffer: int, dtype: str, offset: int, count: int) -> Tensor:
         with warnings.catch_warnings():  # a view of read-only shared memory: loaders only read it

@@ -14,13 +14,15 @@ that every layer is merged and reloaded, the two ways taking turns sync by sync 
   plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded tensors only
   through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
 The learner's part overlaps the engine's, so the parts add up to more than the sync.
-`--actors`: the after sync's phases as the driver sees them with the source (benchmarks.rollout_throughput's
-stand-in for a LoRA learner) and the engine in Ray actors, as jobs.driver.weight_sync runs them.
+`--actors`: the sync's phases with the source (benchmarks.rollout_throughput's stand-in for a LoRA learner) and
+the engine in Ray actors (benchmarks.sync_phases), two ways taking turns: the adapter and both sides' sketches as
+dicts of tensors pickled one by one (before), and each as one packed buffer (cluster.packing, after).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections import defaultdict
@@ -33,6 +35,7 @@ from cluster.fingerprint import fingerprint
 from cluster.transport import broadcast
 from jobs.config import load_config
 from jobs.driver.handles import build_handles
+from jobs.driver.weight_sync import served_as_merged
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from learners.member import LearnerMember
@@ -101,12 +104,15 @@ def _instrument(learner: Any, engine: Any, times: dict[str, dict[str, list[float
 
 
 def actor_phases(args: argparse.Namespace) -> None:
-    """Median seconds of each phase of cluster.transport.broadcast's adapter-delta sync between actors."""
+    """An adapter-delta sync between actors (the source: benchmarks.rollout_throughput's stand-in for a LoRA learner;
+    one vLLM engine), phase by phase (benchmarks.sync_phases), two ways taking turns sync by sync: the adapter, the
+    learner's sketch and the engine's sketches as dicts of tensors, each pickled apart (before), and each as one
+    packed buffer (cluster.packing, after)."""
     import ray
 
     from benchmarks.rollout_throughput import _LoraSource, _rollout_cfg
+    from benchmarks.sync_phases import StampedEngine, one_sync, print_phases
     from cluster.group import Group
-    from jobs.driver.weight_sync import served_as_merged
     from marl.engine_map import EngineMap
     from rollout.engine import EngineMember
     from rollout.engine_group import EngineGroup
@@ -116,29 +122,30 @@ def actor_phases(args: argparse.Namespace) -> None:
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
     bench = argparse.Namespace(model=args.model, threads=2, kv_cache_gb=1.0, lora_rank=args.rank)
     cfg = _rollout_cfg(bench, lora=True, sync_path=args.sync_path, lora_serving="single")
-    engine = EngineGroup(spec, path, cfg.rollout, "float32")
+    engine = EngineGroup(spec, path, cfg.rollout, "float32", engine_cls=StampedEngine)
     src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
-    phases: dict[str, list[float]] = defaultdict(list)
-    for version in range(1, 2 + args.reps):  # the first: the engine reads its base and sketches every tensor
-        t0 = time.perf_counter()
-        ref = src.submit_to([0], _LoraSource.get_lora_delta).payload(600)
-        t1 = time.perf_counter()
-        pending = engine.group.submit_to([0], EngineMember.load_lora_delta, ref, version)
-        expected = src.submit_to([0], _LoraSource.merged_sketch).result(600)[0]
-        t2 = time.perf_counter()
-        report = pending.result(600)[0]
-        t3 = time.perf_counter()
-        assert served_as_merged(report, expected) is None
-        t4 = time.perf_counter()
-        for name, dt in (("source: adapter out (B moved, payload put)", t1 - t0), ("source: merged_sketch", t2 - t1),
-                         ("engine: load_lora_delta, report back", t3 - t1), ("driver: compare", t4 - t3),
-                         ("whole sync", t4 - t0)):
-            phases[name].append(dt)
+    ways = {"dicts (before)": (_LoraSource.get_lora_delta_dict, _LoraSource.merged_sketch_dict),
+            "packed (after)": (_LoraSource.get_lora_delta, _LoraSource.merged_sketch)}
+    phases: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+    for version in range(1, 3 + 2 * args.reps):  # the first of each way: the engine reads its base, sketches all
+        way = list(ways)[version % 2]
+        get, sketch = ways[way]
+        expect = functools.partial(_source_sketch, src, sketch)
+        phases[way].append(one_sync(src, get, engine.group, EngineMember.load_lora_delta, expect,
+                                    _merged_as_expected, version))
     engine.shutdown()
     src.shutdown()
-    print(f"adapter-delta sync between actors, {args.model} LoRA r{args.rank}, median of {args.reps}:")
-    for name, dts in phases.items():
-        print(f"  {name:44s} {statistics.median(dts[1:]):7.3f} s")
+    print_phases(f"adapter-delta sync between actors, {args.model} LoRA r{args.rank}, {args.sync_path} path, "
+                 f"median of {args.reps} each:", phases)
+
+
+def _source_sketch(src: Any, sketch: Any, ref: Any) -> Any:  # noqa: ARG001 - the source holds what it sent
+    return src.submit_to([0], sketch).result(600)[0]
+
+
+def _merged_as_expected(report: dict, expected: Any) -> None:
+    off = served_as_merged(report, expected)
+    assert off is None, off
 
 
 def main() -> None:

@@ -12,9 +12,10 @@ temperature 1, logprobs of the sampled tokens:
 Every engine gets the same cores. Medians over `reps` after one warm-up call. Engines run one at a time.
 Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
 actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
-`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload,
-before) and in place (fast, after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways,
-and the parts of a load inside an in-process vLLM engine, both ways, in one run.
+`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload)
+and in place (fast), the payload packed into one buffer first (before) or shared, each tensor's bytes copied into
+the object store once (after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways, and the
+parts of a load inside an in-process vLLM engine, in one run.
 """
 
 from __future__ import annotations
@@ -94,26 +95,56 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
         group.shutdown()
 
 
-def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> dict[str, dict]:
+def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> tuple[dict[str, dict], dict]:
     """Full-weight syncs into one engine actor, side by side: into a vLLM engine through vLLM's reload_weights
-    (before) and in place (rollout.vllm_repack, after), packed into one buffer (cluster.packing, what learners
-    send) and as a dict of tensors; and into the HF stand-in (a copy into its parameters, no kernel repacking)."""
+    and in place (rollout.vllm_repack); shared (cluster.packing.share: the tensors' own bytes copied into the
+    object store once, what learners send now), packed into one buffer first (cluster.packing.pack: a copy, then
+    the store's copy, as learners sent before) and as a dict of tensors; and into the HF stand-in (a copy into its
+    parameters, no kernel repacking). Then, on the in-place engine, packed and shared taking turns, phase by phase
+    (benchmarks.sync_phases)."""
+    from benchmarks.sync_phases import StampedEngine
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
-    out = {}
-    for backend, sync_path, payloads in (("vllm", "reload", ("packed",)), ("vllm", "fast", ("packed", "dict")),
-                                          ("hf", "fast", ("packed", "dict"))):
+    gets = {"shared": _Source.get_shared, "packed": _Source.get_packed, "dict": _Source.get_weights}
+    out, phases = {}, {}
+    for backend, sync_path, payloads in (("vllm", "reload", ("shared",)), ("vllm", "fast", ("packed", "shared")),
+                                          ("hf", "fast", ("packed", "shared", "dict"))):
         cfg = _rollout_cfg(args, lora=False, backend=backend, sync_path=sync_path).rollout
-        group = EngineGroup(spec, path, cfg, "float32")
+        stamped = backend == "vllm" and sync_path == "fast"
+        group = EngineGroup(spec, path, cfg, "float32", engine_cls=StampedEngine if stamped else None)
         label = f"vllm {sync_path}" if backend == "vllm" else backend
         try:
             for name in payloads:
-                get = _Source.get_packed if name == "packed" else _Source.get_weights
-                out[f"{label}, {name}"] = _sync_seconds(group, get, EngineMember.load_weights, weights, args.reps)
+                out[f"{label}, {name}"] = _sync_seconds(group, gets[name], EngineMember.load_weights, weights,
+                                                        args.reps)
+            if stamped:
+                phases = _full_sync_phases(group, weights, args.reps)
         finally:
             group.shutdown()
-    return out
+    return out, phases
+
+
+def _full_sync_phases(group: Any, weights: dict, reps: int) -> dict[str, list[dict[str, float]]]:
+    """Packed (before) and shared (after) full-weight syncs taking turns on `group`'s StampedEngine, phases each."""
+    from benchmarks.sync_phases import one_sync
+    from cluster.fingerprint import fingerprint
+    from cluster.group import Group
+
+    src = Group(_Source, 0, "bench:source", per_member_kwargs=[{"payload": weights}])
+    ways = {"packed (before)": _Source.get_packed, "shared (after)": _Source.get_shared}
+    phases: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+    for version in range(1, 3 + 2 * reps):
+        way = list(ways)[version % 2]
+        phases[way].append(one_sync(src, ways[way], group.group, EngineMember.load_weights,
+                                    lambda ref: src.run(0, fingerprint, ref).result(600)[0], _same_fingerprint,
+                                    100 + version))
+    src.shutdown()
+    return phases
+
+
+def _same_fingerprint(report: dict, expected: float) -> None:
+    assert report["fingerprint"] == expected, (report["fingerprint"], expected)
 
 
 def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
@@ -169,30 +200,21 @@ class _LoraSource:
                     p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
         return {**adapter_payload(self.model, "pi"), "names": self.names}
 
-    def merged_sketch(self) -> dict:
-        return self.sketch(self.model)
+    def merged_sketch(self) -> Any:
+        from cluster.packing import pack
 
+        return pack(self.sketch(self.model))  # as Learner.merged_sketch
 
-def full_sync_parts(path: str, weights: dict, args: argparse.Namespace, sync_path: str,
-                    views: bool = True) -> dict[str, float]:
-    """Median seconds of the parts of a packed full-weight load inside an in-process vLLM engine. `views`: as
-    sent (fused layers' parts stacked as views of the buffer); else the same tensors in a plain dict (each fused
-    layer's parts concatenated, as before)."""
-    from benchmarks.timing import timed
-    from cluster.packing import pack
-    from rollout.vllm_engine import VLLMEngine
+    def get_lora_delta_dict(self) -> dict:
+        """`get_lora_delta` as learners sent it before: every adapter tensor pickled apart (the engine then
+        replies with a dict of sketches too)."""
+        from benchmarks.sync_phases import AS_DICT, as_dict
 
-    packed: Any = pack(weights)
-    packed = packed if views else dict(packed)
-    engine = VLLMEngine(path, torch_threads=args.threads, kv_cache_gb=args.kv_cache_gb, policy_id="pi",
-                        sync_path=sync_path)
-    times: dict[str, list[float]] = {}
-    engine._check_served = timed(times, "sketch check", engine._check_served)  # type: ignore[method-assign]
-    engine._reload = timed(times, "load + check", engine._reload)  # type: ignore[method-assign]
-    load = timed(times, "engine load_weights", engine.load_weights)
-    for version in range(args.reps + 1):
-        load(packed, version)
-    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first load pays one-off costs
+        delta = self.get_lora_delta()
+        return {**delta, "tensors": as_dict(delta["tensors"]), AS_DICT: True}
+
+    def merged_sketch_dict(self) -> dict:
+        return self.sketch(self.model)  # a dict of tensors, as learners sent it before
 
 
 def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
@@ -225,7 +247,12 @@ class _Source:
     def get_packed(self):
         from cluster.packing import pack
 
-        return pack(self.payload)  # as Learner.get_packed_weights: one copy into one buffer, on every call
+        return pack(self.payload)  # as Learner.get_packed_weights did: one copy into one buffer, on every call
+
+    def get_shared(self):
+        from cluster.packing import share
+
+        return share(self.payload)  # as Learner.get_packed_weights: the tensors' own bytes, the store's copy only
 
 
 def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
@@ -317,26 +344,29 @@ def main() -> None:
 def _sync_only(args: argparse.Namespace) -> None:
     import ray
 
+    from benchmarks.sync_phases import print_phases
+    from cluster.packing import share
+
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False)
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(args.model)
     weights = AutoModelForCausalLM.from_pretrained(path).state_dict()
-    syncs = {**bench_full_sync(path, weights, args), **bench_lora_delta(path, args)}
+    syncs, phases = bench_full_sync(path, weights, args)
+    syncs.update(bench_lora_delta(path, args))
     ray.shutdown()
-    parts = {"reload": full_sync_parts(path, weights, args, "reload"),
-             "fast, concatenated": full_sync_parts(path, weights, args, "fast", views=False),
-             "fast": full_sync_parts(path, weights, args, "fast")}
     print(f"{args.model}: verified syncs into one engine actor, median of {args.reps} after warm-up")
     for name, s in syncs.items():
         _print_sync(name, s)
-    before, after = syncs["vllm reload, packed"]["sync_s"], syncs["vllm fast, packed"]["sync_s"]
-    print(f"  vllm full weights, packed: reload / fast = {before / after:.2f}x")
+    stored = sum(b.nbytes for b in share(weights).buffers)
+    print(f"  (shared: {stored / 2**20:.1f} MiB cross the object store, a tied weight once; MiB/s counts every "
+          "weight delivered)")
+    reload, packed, shared = (syncs[f"vllm {k}"]["sync_s"] for k in ("reload, shared", "fast, packed", "fast, shared"))
+    print(f"  vllm full weights: reload / fast = {reload / shared:.2f}x, packed / shared = {packed / shared:.2f}x")
     delta = [s["sync_s"] for name, s in syncs.items() if "delta" in name]
     print(f"  vllm LoRA delta: reload / fast = {delta[0] / delta[1]:.2f}x")
-    print("  parts of a packed load into an in-process vLLM engine, s: " + " ".join(f"{p:>18}" for p in parts))
-    for name in parts["fast"]:
-        print(f"    {name:<56} " + " ".join(f"{parts[p][name]:18.3f}" for p in parts))
+    print_phases(f"full weights into the vLLM engine actor (fast path), the two ways taking turns, median of "
+                 f"{args.reps} each:", phases)
 
 
 def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:

@@ -303,7 +303,7 @@ class Learner:
     def get_lora_delta(self) -> dict[str, Any]:
         return self.weights.get_lora_delta()
 
-    def merged_sketch(self) -> dict[str, torch.Tensor]:
+    def merged_sketch(self) -> PackedTensors:
         return self.weights.merged_sketch()
 
     def get_adapter(self) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         ...
 
     def get_packed_weights(self) -> PackedTensors:
-        """`get_weights` in one byte buffer: the object-store sync payload."""
+        """`get_weights` as the wire format's buffers (cluster.packing): the object-store sync payload."""
         ...
 
     def get_adapter(self) -> dict[str, Any]:
@@ -65,7 +65,7 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         """The adapter and the names of the served weights: adapter-only syncs of merged serving."""
         ...
 
-    def merged_sketch(self) -> dict[str, Tensor]:
+    def merged_sketch(self) -> PackedTensors:
         """The probe sketch (cluster.sketch) of the merged weights each engine must serve from the adapter alone."""
         ...
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cluster.nccl import WeightChannel
-from cluster.packing import PackedTensors, pack
+from cluster.packing import PackedTensors, pack, share
 from cluster.sketch import sketch
 from learners.backends import GradientBackend
 from learners.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
@@ -50,9 +50,11 @@ class WeightServer:
         return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
 
     def get_packed_weights(self) -> PackedTensors:
-        """`get_weights` in one byte buffer: what a sync through the object store sends (engines read it
-        zero-copy; a dict would be pickled tensor by tensor and copied on both sides)."""
-        return pack(self.get_weights())
+        """`get_weights` as the wire format's buffers, each host tensor's own bytes (cluster.packing.share): what a
+        sync through the object store sends. Ray copies them into the store once, straight from the served tensors
+        (a pack into one buffer first would copy every byte twice), and engines read them zero-copy; a dict would be
+        pickled tensor by tensor and copied on both sides."""
+        return share(self.get_weights())
 
     def get_lora_delta(self) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
@@ -61,7 +63,7 @@ class WeightServer:
             self.served_names = list(self.get_weights())
         return {**self.get_adapter(), "names": self.served_names}
 
-    def merged_sketch(self) -> dict[str, torch.Tensor]:
+    def merged_sketch(self) -> PackedTensors:
         """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
         into its own base, taken without merging (learners.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
         merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
@@ -69,12 +71,12 @@ class WeightServer:
         snapshot = self.backend.snapshot()
         if snapshot is not None:
             self.merge_rounding = snapshot.merge_rounding
-            return {name: sketch(name, tensor) for name, tensor in snapshot.merged.items()}
+            return pack({name: sketch(name, tensor) for name, tensor in snapshot.merged.items()})
         if DTYPES[self.dtype] != torch.float32:
             self.get_weights()  # sets merge_rounding
         else:
             self.merge_rounding = None
-        return self.sketcher(self.model)
+        return pack(self.sketcher(self.model))  # one buffer back to the driver, not a pickle per sketch
 
     def get_adapter(self) -> dict[str, Any]:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""

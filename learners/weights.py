@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from cluster.packing import pack
 from cluster.sketch import low_rank_sketch, probes, sketch
 from learners.sections import LoraSection
 
@@ -160,10 +161,11 @@ class MergedSketch:
 @torch.no_grad()
 def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
     """What a LoRA-only sync ships: the adapter's tensors under peft's saved names (as in
-    adapter_model.safetensors) and its config as a plain dict (as in adapter_config.json)."""
+    adapter_model.safetensors), packed into one host buffer (cluster.packing: hundreds of small tensors cross Ray
+    as one buffer and a manifest, not one pickle each), and its config as a plain dict (as in adapter_config.json)."""
     from peft import get_peft_model_state_dict
 
-    tensors = {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
+    tensors = pack(get_peft_model_state_dict(model))  # the one copy off the learner's (any device's) tensors
     config = model.peft_config["default"].to_dict()
     # Sets (target_modules) and enums are not JSON; engines write this dict as adapter_config.json.
     config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()}

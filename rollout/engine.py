@@ -86,7 +86,8 @@ class EngineMember(Protocol):
     def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, Any]:
         """Merged serving with adapter-only syncs: merge the adapter payload (rollout.lora) into the base weights
         and serve the result; reports {"version", "bytes", "sketch": {name: served sketch (cluster.sketch)} for
-        every weight `payload["names"]` lists, "sketch_rtol": the serving dtype's tolerance}."""
+        every weight `payload["names"]` lists (packed into one buffer, cluster.packing), "sketch_rtol": the serving
+        dtype's tolerance}."""
         ...
 
     def load_adapter(self, payload: dict[str, Any], version: int) -> dict[str, float]:

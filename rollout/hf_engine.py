@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, L
 from transformers.utils import logging as hf_logging
 
 from cluster.fingerprint import fingerprint
-from cluster.packing import tensor_bytes
+from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL, sketch
 from marl.types import Completion, Message
 from rollout.engine import Sampling
@@ -143,7 +143,7 @@ class HFEngine:
 
         name = payload["policy_id"]
         if name in self.adapter_versions:
-            set_peft_model_state_dict(self.model, payload["tensors"], adapter_name=name)
+            set_peft_model_state_dict(self.model, dict(payload["tensors"]), adapter_name=name)
         else:
             with tempfile.TemporaryDirectory() as folder:
                 write_adapter(folder, payload)
@@ -184,7 +184,7 @@ class HFEngine:
                 own[name].copy_(tensor)
         self.version = version
         return {"version": version, "bytes": adapter_bytes(payload),
-                "sketch": {name: sketch(name, own[name]) for name in payload["names"]},
+                "sketch": pack({name: sketch(name, own[name]) for name in payload["names"]}),
                 "sketch_rtol": SKETCH_RTOL[self.model.dtype]}
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:

@@ -1,8 +1,8 @@
 """LoRA adapters as sync payloads: what a learner ships in multi-LoRA serving and how engines receive it.
 
-A payload is {"policy_id": str, "tensors": {peft saved name: tensor}, "config": adapter_config dict}
-(learners.weights.adapter_payload). Engines write it as a peft adapter folder (what both vLLM and peft
-load) and report the fingerprint of the adapter tensors they serve, under the same names.
+A payload is {"policy_id": str, "tensors": {peft saved name: tensor} packed into one buffer (cluster.packing),
+"config": adapter_config dict} (learners.weights.adapter_payload). Engines write it as a peft adapter folder (what
+both vLLM and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
 """
 
 from __future__ import annotations

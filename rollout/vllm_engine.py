@@ -34,7 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from cluster.fingerprint import fingerprint
-from cluster.packing import tensor_bytes
+from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL
 from marl.types import Completion, Message
 from rollout.engine import Sampling
@@ -227,7 +227,7 @@ class VLLMEngine:
                                                                       self._packed)}, check=False)
             sketches = self._served_sketches({n: tuple(served[n].shape) for n in payload["names"]})
         self.version = version
-        return {"version": version, "bytes": adapter_bytes(payload), "sketch": sketches,
+        return {"version": version, "bytes": adapter_bytes(payload), "sketch": pack(sketches),
                 "sketch_rtol": SKETCH_RTOL[getattr(torch, self.dtype)]}
 
     def _served_sketches(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

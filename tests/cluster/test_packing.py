@@ -1,5 +1,5 @@
-"""PackedTensors: exact round trip for every dtype, zero-copy reads through Ray's object store, and a fingerprint
-equal to the unpacked tensors'."""
+"""PackedTensors, packed (one buffer) and shared (the tensors' own bytes): exact round trip for every dtype, zero-copy
+reads through Ray's object store, and a fingerprint equal to the unpacked tensors'."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import ray
 import torch
 
 from cluster.fingerprint import fingerprint
-from cluster.packing import PackedTensors, pack, tensor_bytes
+from cluster.packing import PackedTensors, pack, share, tensor_bytes
 
 
 def weights() -> dict[str, torch.Tensor]:
@@ -17,9 +17,10 @@ def weights() -> dict[str, torch.Tensor]:
             "e.empty": torch.empty(0, 4), "f.scalar": torch.tensor(3.5)}
 
 
-def test_round_trip_is_exact_for_every_dtype_and_shape():
+@pytest.mark.parametrize("make", [pack, share])
+def test_round_trip_is_exact_for_every_dtype_and_shape(make):
     w = weights()
-    packed = pack(w)
+    packed = make(w)
     assert list(packed) == list(w) and len(packed) == len(w)
     for name, t in w.items():
         got = packed[name]
@@ -31,13 +32,23 @@ def test_round_trip_is_exact_for_every_dtype_and_shape():
 
 def test_a_packed_view_is_not_a_copy_of_the_buffer():
     packed = pack({"x": torch.zeros(4)})
-    packed.buffer[:4] = np.frombuffer(np.float32(1.0).tobytes(), dtype=np.uint8)
+    packed.buffers[0][:4] = np.frombuffer(np.float32(1.0).tobytes(), dtype=np.uint8)
     assert packed["x"][0].item() == 1.0
+
+
+def test_shared_tensors_are_views_of_the_senders_and_an_alias_travels_once():
+    embed, norm = torch.randn(6, 4), torch.randn(4)
+    shared = share({"embed": embed, "head": embed, "norm": norm, "t": embed.T})
+    assert shared["embed"].data_ptr() == embed.data_ptr()  # no copy on the sender
+    assert len(shared.buffers) == 3  # the tied head shares the embedding's buffer; the transpose is its own copy
+    assert shared.nbytes == 3 * 24 * 4 + 16  # every name still counts: what the receiver gets
+    assert torch.equal(shared["t"], embed.T)
+    assert shared.stacked(["embed", "norm"]) is None  # two buffers: never one view
 
 
 @ray.remote(num_cpus=0)
 def _read(packed: PackedTensors) -> tuple[bool, float]:
-    return (not packed.buffer.flags.writeable), fingerprint(packed)
+    return all(not b.flags.writeable for b in packed.buffers), fingerprint(packed)
 
 
 def test_tensors_back_to_back_stack_as_one_view_and_others_do_not():
@@ -53,9 +64,10 @@ def test_tensors_back_to_back_stack_as_one_view_and_others_do_not():
 
 def test_through_the_object_store_the_receiver_reads_shared_memory(ray_cluster):
     w = weights()
-    readonly, fp = ray.get(_read.remote(pack(w)), timeout=60)
-    assert readonly  # a view of the object store, not a private copy
-    assert fp == pytest.approx(fingerprint(w), abs=0)
+    for make in (pack, share):
+        readonly, fp = ray.get(_read.remote(make(w)), timeout=60)
+        assert readonly  # views of the object store, not private copies
+        assert fp == pytest.approx(fingerprint(w), abs=0)
 
 
 def test_tensor_bytes_counts_element_storage_and_is_a_packs_nbytes():

@@ -14,7 +14,7 @@ from cluster import collective
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.nccl import WeightChannel
-from cluster.packing import pack
+from cluster.packing import share
 from cluster.sketch import sketch
 from cluster.transport import SyncError
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
@@ -31,7 +31,7 @@ class Rank0:
         self.joins = 0
 
     def get_packed_weights(self):
-        return pack(WEIGHTS)
+        return share(WEIGHTS)
 
     def get_adapter(self):
         return ADAPTER

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
-from cluster.packing import pack
+from cluster.packing import share
 from cluster.sketch import sketch_mismatch
 from cluster.transport import SyncError, broadcast
 from jobs.models.resolve import resolve_model
@@ -222,8 +222,8 @@ def test_the_fast_path_serves_what_vllms_reload_serves(engine, tiny, monkeypatch
         engine.load_weights(_state(tiny), version=2)  # back to the base, so the fast path has work to do
         monkeypatch.setattr(engine, "sync_path", "fast")
         monkeypatch.setattr(engine.llm, "collective_rpc", _no_rpc)  # the fast path must not reload through vLLM
-        # Packed, as learners send: fused layers are views of the buffer (q, k, v back to back), nothing copied.
-        engine.load_weights(pack({k: v for k, v in other.items() if k != "lm_head.weight"}), version=3)
+        # Shared, as learners send: each tensor its own buffer (fused layers' parts concatenated by the load).
+        engine.load_weights(share({k: v for k, v in other.items() if k != "lm_head.weight"}), version=3)
         assert engine.own_tensors == len(other)  # the head checked through its kernel against the embedding
         fast = engine.generate(REQUESTS, sampling)
         assert [c.response_ids for c in fast] == [c.response_ids for c in reloaded]

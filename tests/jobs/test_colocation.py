@@ -25,7 +25,8 @@ RAY_CPUS = 2  # the shape of tests/jobs/test_resume.py's cluster: one shared `ra
 @pytest.mark.parametrize(("overrides", "message"), [
     ([COLOCATE], "learner.lora_colocate shares one base among LoRA adapters; set model.lora.enabled=true"),
     ([*LORA, COLOCATE, "marl.sharing=shared"], "learner.lora_colocate needs marl.sharing=isolated; got shared"),
-    ([*LORA, COLOCATE, "learner.backend=deepspeed"], "learner.lora_colocate needs learner.backend=torch"),
+    ([*LORA, COLOCATE, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
+     "learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions the shared base"),
     ([*LORA, COLOCATE, "marl.policies.aggregator.model.lora.rank=8"],
      "marl.policies.aggregator.model.lora.rank: learner.lora_colocate policies share the base model"),
     ([*LORA, COLOCATE, "marl.policies.generator.learner.ranks=2"], "marl.policies.generator.learner.ranks: "),
@@ -34,6 +35,11 @@ def test_refusals_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(TINY, overrides)
     assert message in str(e.value)
+
+
+def test_deepspeed_zero2_is_accepted():
+    cfg = load_config(TINY, [*LORA, COLOCATE, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"])
+    assert run_layout(cfg).colocated
 
 
 def test_one_learner_group_is_placed_for_every_policy():

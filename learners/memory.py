@@ -145,11 +145,16 @@ def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, floa
     if setup.zero_stage == 0:
         return 4.0 * (frozen + trainable), 4.0 * trainable, 8.0 * trainable, role_grads
     n = max(setup.ranks, 1)
-    weight_bytes = 2.0 if setup.device == "gpu" else 4.0
-    weights = weight_bytes * (frozen + trainable)
+    weights = weight_bytes(setup) * (frozen + trainable)
     if setup.zero_stage == 3:
         weights = weights / n + 4.0 * s.layer_params()
     return weights, 6.0 * trainable / n, 12.0 * trainable / n, role_grads
+
+
+def weight_bytes(setup: LearnerSetup) -> float:
+    """Bytes per weight a rank holds (model_states): DeepSpeed's bf16 on a GPU, else fp32 (the torch backend's, and
+    DeepSpeed's CPU stand-in)."""
+    return 2.0 if setup.zero_stage and setup.device == "gpu" else 4.0
 
 
 def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
@@ -161,11 +166,16 @@ def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
 
 
 def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
-    """One torch-backend rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py):
-    the frozen base once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest
-    policy's activations and logits (the policies update in turn, one graph alive at a time)."""
+    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py): the frozen base
+    once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest policy's
+    activations and logits (the policies update in turn, one graph alive at a time). Torch backend or DeepSpeed
+    ZeRO-2 (one engine per policy): each part is that policy's separate rank, its gradients and optimizer states
+    partitioned over the ranks as a separate learner's, so the sums add partitions; the base is whole on every
+    rank (ZeRO-3, which would partition it, is refused at load)."""
+    if any(setup.zero_stage == 3 for setup in setups):
+        raise ValueError("colocated LoRA policies hold the base whole: ZeRO-3 cannot hold them")
     parts = [learner_memory(s, setup) for setup in setups]
-    base = 4.0 * s.params()  # the fp32 frozen base that each part's weights count (model_states, zero_stage 0)
+    base = weight_bytes(setups[0]) * s.params()  # the frozen base each part's weights count (model_states)
     return LearnerMemory(weights=base + sum(p.weights - base for p in parts),
                          gradients=sum(p.gradients for p in parts), optimizer=sum(p.optimizer for p in parts),
                          role_grads=sum(p.role_grads for p in parts),

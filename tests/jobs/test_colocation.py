@@ -48,17 +48,27 @@ def test_one_learner_group_is_placed_for_every_policy():
     assert learners == {"tiny:learner:colocated": (2, {"CPU": 0.5, "GPU": 0.0})}
 
 
-def test_the_plan_holds_one_base_and_every_adapter():
+@pytest.mark.parametrize(("backend", "weight_bytes", "optimizer_bytes"), [
+    ((), 4.0, 8.0),  # torch: fp32 base; fp32 Adam m, v per adapter weight on each rank
+    # ZeRO-2 on GPUs over 2 ranks: bf16 base whole on each rank; 12 bytes per adapter weight (fp32 master, m, v)
+    # partitioned over the ranks, as a separate learner's.
+    (("learner.backend=deepspeed", "learner.deepspeed.zero_stage=2", "learner.ranks=2", "learner.rank_num_gpus=1"),
+     2.0, 12.0 / 2),
+], ids=["torch", "deepspeed-zero2"])
+def test_the_plan_holds_one_base_and_every_adapter(backend, weight_bytes, optimizer_bytes):
     """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter states
     summed, the largest policy's activations and logits."""
     def learners(*overrides: str):
-        layout = run_layout(load_config(TINY, [*LORA, *overrides]))
+        layout = run_layout(load_config(TINY, [*LORA, *backend, *overrides]))
         return [m.learner for m in make_plan(layout, memory=0).members if m.learner]
 
-    (col,), parts = learners(COLOCATE), learners()
-    assert len(parts) == 2
-    base = 4.0 * shape_of(resolve_model("builtin:tiny")).params()
+    (col, *other_ranks), parts = learners(COLOCATE), learners()
+    assert len(parts) == 2 * (1 + len(other_ranks)) and all(r == col for r in other_ranks)
+    parts = parts[::1 + len(other_ranks)]  # one rank of each policy
+    shape = shape_of(resolve_model("builtin:tiny"))
+    base = weight_bytes * shape.params()
     assert col.weights == pytest.approx(sum(p.weights for p in parts) - base)
+    assert col.optimizer == pytest.approx(len(parts) * optimizer_bytes * shape.lora_params(4))
     assert col.optimizer == pytest.approx(sum(p.optimizer for p in parts)) and col.optimizer > 0
     assert col.activations == max(p.activations for p in parts)
     assert col.total() < sum(p.total() for p in parts)

@@ -10,7 +10,8 @@ Two devices, two sets of coefficients:
   coefficients are calibrated against peaks measured on this project's CPU learner
   (tests/learners/test_memory_calibration.py, benchmarks/README.md).
 
-Every size is in bytes; `tokens` are the positions of one micro-batch on one rank (rows × padded width).
+Every size is in bytes; `tokens` are the positions of one micro-batch on one rank (rows × padded width, or the
+rows' summed lengths when they run packed: learner.padding_free).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class LearnerSetup:
     logits_chunk: int  # positions per LM-head chunk; 0 = the whole [tokens, V] logits at once
     role_rows: int  # rows of the per-role gradient buffer ([roles × trainable params], fp32); 0 = off
     device: str  # gpu | cpu
+    padding_free: bool = False  # learner.padding_free: a micro-batch's rows packed end to end in one row
+    longest_row: int = 0  # the widest row a micro-batch pads to (algo.max_len); 0: rows of one length, no padding
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,36 @@ def activation_bytes_per_token_layer(s: ModelShape) -> int:
 
 
 def activations(s: ModelShape, setup: LearnerSetup) -> float:
-    """Saved activations of one micro-batch's forward. Checkpointing keeps each layer's input (2h bytes per token,
-    bf16) and recomputes one layer at a time in the backward, so the peak holds one layer's full activations.
-    CPU: fp32 doubles every term."""
+    """Saved activations of one micro-batch's forward, its attention masks included (attention_mask).
+    Checkpointing keeps each layer's input (2h bytes per token, bf16) and recomputes one layer at a time in the
+    backward, so the peak holds one layer's full activations. CPU: fp32 doubles every term."""
     scale = CPU_ACT_SCALE if setup.device == "cpu" else 1.0
     per_layer = activation_bytes_per_token_layer(s) * setup.tokens * scale
+    mask = attention_mask(s, setup)
     if not setup.checkpointing:
-        return s.layers * per_layer
-    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer
+        return s.layers * per_layer + mask
+    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer + mask
+
+
+def mask_entries(setup: LearnerSetup) -> int:
+    """Entries of the attention mask a micro-batch's forward builds (transformers' sdpa path; `tokens` bounds its
+    positions either way: rows × width padded, Σ row lengths packed, learners/micro_batches.py).
+    - padded rows (padding_free off): [rows, 1, T, T], rows·T ≤ tokens. Rows of one length need none (a causal
+      kernel), nor does one row, so the most is two rows or more of the widest T ≤ min(longest_row, tokens/2):
+      tokens · T entries.
+    - packed rows without flash-attention (the CPU): one [1, 1, N, N] block, N = tokens (learners/padding_free.py).
+    - packed rows on a GPU: flash-attention's varlen kernel, no mask (the plan assumes flash_attn on GPU nodes)."""
+    if setup.padding_free:
+        return 0 if setup.device == "gpu" else setup.tokens**2
+    return setup.tokens * min(setup.longest_row, setup.tokens // 2)
+
+
+def attention_mask(s: ModelShape, setup: LearnerSetup) -> float:
+    """Bytes of a micro-batch's attention masks: the boolean one (1 byte an entry) and, per layer, the copy in the
+    compute dtype that sdpa converts it to and saves for the backward (4 bytes fp32 on the CPU, 2 bf16 on a GPU):
+    every layer's, or one (the layer being recomputed) under checkpointing."""
+    copies = 1 if setup.checkpointing else s.layers
+    return mask_entries(setup) * (1.0 + copies * (4.0 if setup.device == "cpu" else 2.0))
 
 
 def logits(s: ModelShape, setup: LearnerSetup) -> float:

@@ -31,8 +31,7 @@ from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, coloca
 from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
-# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and the attention
-# masks (padding_free) move.
+# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and padding_free move.
 FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
             "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
             "learner.rank_num_gpus", "learner.logits_chunk_tokens", "learner.padding_free")
@@ -144,9 +143,7 @@ def _checkpointing(pc: TrainConfig) -> bool:
 
 def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one),
-    which bounds a micro-batch's positions padded (rows × widest) or packed (learner.padding_free: Σ lengths)
-    alike; what packing changes is the attention mask (learners.memory.mask_entries), rows padded to
-    algo.max_len at most."""
+    padded or packed alike; packing changes the attention masks (learners.memory.mask_entries)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(

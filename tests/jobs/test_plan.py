@@ -78,8 +78,8 @@ def test_a_policy_of_its_own_gets_its_own_resolution():
 
 def test_the_plan_follows_padding_free():
     """learner.padding_free reaches the memory model: the same token budget (4 rows x algo.max_len), and padded
-    rows' attention masks (learners.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a boolean
-    byte and a bf16 copy per layer) where packed rows on a GPU have none."""
+    rows' attention masks (learners.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a bf16 copy
+    per layer) where packed rows on a GPU have none."""
     def planned(flag: str):
         cfg = load_config(TINY, [*GPU, "learner.logits_chunk_tokens=1024", f"learner.padding_free={flag}",
                                  "learner.gradient_checkpointing=false"], check_plan=False)
@@ -91,7 +91,7 @@ def test_the_plan_follows_padding_free():
     assert off_setup.tokens == on_setup.tokens == tokens and off_setup.longest_row == width
     assert (off_setup.padding_free, on_setup.padding_free) == (False, True)
     layers = qwen3_shape("0.6b").layers
-    assert off.activations - on.activations == tokens * min(width, tokens // 2) * (1 + layers * 2)
+    assert off.activations - on.activations == tokens * min(width, tokens // 2) * layers * 2
     assert (off.weights, off.logits) == (on.weights, on.logits)
 
 

@@ -52,8 +52,8 @@ def test_activations_at_the_budget_with_and_without_checkpointing():
 
 
 def test_attention_masks_follow_padding_free():
-    """Padded rows: a boolean [rows, 1, T, T] mask (1 byte an entry) and each layer's copy in the compute dtype
-    (2 bytes bf16 on a GPU, 4 fp32 on the CPU), at most tokens · min(longest row, tokens / 2) entries; packed rows:
+    """Padded rows: each layer's copy of a [rows, 1, T, T] mask in the compute dtype (2 bytes bf16 on a GPU, 4 fp32
+    on the CPU), at most tokens · min(longest row, tokens / 2) entries; packed rows:
     one [N, N] block on the CPU, none on a GPU (flash-attention's varlen kernel). Tokens are the same either way."""
     s, n, width = qwen3_shape("0.6b"), 8192, 2048
     padded = dataclasses.replace(GPU, tokens=n, longest_row=width, checkpointing=False)
@@ -62,12 +62,12 @@ def test_attention_masks_follow_padding_free():
         return (learner_memory(s, setup).activations
                 - learner_memory(s, dataclasses.replace(setup, longest_row=0, padding_free=False)).activations)
 
-    assert mask(padded) == n * width * (1 + s.layers * 2)
-    assert mask(dataclasses.replace(padded, checkpointing=True)) == n * width * (1 + 2)  # one layer recomputed
+    assert mask(padded) == n * width * s.layers * 2
+    assert mask(dataclasses.replace(padded, checkpointing=True)) == n * width * 2  # one layer recomputed
     assert mask(dataclasses.replace(padded, padding_free=True)) == 0
     cpu = dataclasses.replace(padded, device="cpu", zero_stage=0)
-    assert mask(cpu) == n * width * (1 + s.layers * 4)
-    assert mask(dataclasses.replace(cpu, padding_free=True)) == n * n * (1 + s.layers * 4)
+    assert mask(cpu) == n * width * s.layers * 4
+    assert mask(dataclasses.replace(cpu, padding_free=True)) == n * n * s.layers * 4
     # One row alone pads nothing: the widest padded micro-batch is two rows of half the budget.
     assert mask_entries(dataclasses.replace(padded, longest_row=n)) == 2 * (n // 2) ** 2
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from jobs.config import ConfigError, load_config
 from jobs.driver.loop import StopRequested
@@ -79,8 +80,18 @@ def _cfg(out: Path, *overrides: str):
                               *overrides])
 
 
+def _saved_weights(out: Path, steps: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Each policy's checkpointed weights at `steps`: the torch backend's files, or DeepSpeed's module states
+    (the adapter alone: frozen parameters are left out)."""
+    folder = out / "tiny" / "checkpoints" / f"step_{steps}" / "policies"
+    if not (next(folder.iterdir()) / "deepspeed").is_dir():
+        return _final_weights(out, steps)
+    return {p.name: torch.load(p / "deepspeed" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+            for p in sorted(folder.iterdir())}
+
+
 def _assert_same(a: Path, b: Path, steps: int) -> None:
-    wa, wb = _final_weights(a, steps), _final_weights(b, steps)
+    wa, wb = _saved_weights(a, steps), _saved_weights(b, steps)
     assert wa.keys() == wb.keys() == {"generator", "aggregator"} and wa["generator"].keys() == wb["generator"].keys()
     for pid in wa:
         assert max((wa[pid][k] - wb[pid][k]).abs().max().item() for k in wa[pid]) < 1e-5, pid
@@ -90,15 +101,28 @@ def _assert_same(a: Path, b: Path, steps: int) -> None:
         assert mb[step] == pytest.approx(ma[step], abs=1e-5), step
 
 
+@pytest.fixture
+def _no_process_group_left():
+    """In-process DeepSpeed learners join a one-rank process group in this process; leave none behind."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.mark.slow
-def test_a_colocated_run_equals_separate_learners_and_resumes_without_the_option(ray_cluster, tmp_path):
+@pytest.mark.parametrize("backend", [(), ("learner.backend=deepspeed", "learner.deepspeed.zero_stage=2")],
+                         ids=["torch", "deepspeed"])
+def test_a_colocated_run_equals_separate_learners_and_resumes_without_the_option(ray_cluster, tmp_path, backend,
+                                                                                 _no_process_group_left):
     """Isolated LoRA voting, 3 steps: separate learners in one go; colocated, stopped after 2 steps (checkpoint
     every step), then resumed with the option off. Same rewards, losses, grad norms and adapters throughout."""
     separate = tmp_path / "separate"
-    train(_cfg(separate, "steps=3"))
+    train(_cfg(separate, "steps=3", *backend))
     colocated = tmp_path / "colocated"
     with pytest.raises(StopRequested):
-        train(_cfg(colocated, "steps=3", COLOCATE), callbacks=(StopAfter(2),))
+        train(_cfg(colocated, "steps=3", COLOCATE, *backend), callbacks=(StopAfter(2),))
     _assert_same(separate, colocated, 2)
-    train(_cfg(colocated, "steps=3"))  # resume=auto from the colocated run's step_2, on separate learners
+    train(_cfg(colocated, "steps=3", *backend))  # resume=auto from the colocated run's step_2, on separate learners
     _assert_same(separate, colocated, 3)

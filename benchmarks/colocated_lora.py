@@ -5,7 +5,8 @@ Each layout and R runs in a fresh subprocess (`--one`), so one layout's allocati
 builds the R policies' in-process learner groups, runs one update of each on the same small batch (so every
 adapter has gradients and AdamW state), and reports the process's peak RSS (VmHWM) and its RSS after imports.
 `python -m benchmarks.colocated_lora` prints the table; run it under the heavy lock (R=3 separate on SmolLM2-135M
-in fp32 peaks near 3 GB).
+in fp32 peaks near 3 GB). `--backend deepspeed`: every learner on DeepSpeed ZeRO-2 (colocated: one engine per
+policy over the shared module), in-process on a one-rank gloo group.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def _rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def measure_one(policies: int, colocate: bool, dtype: str) -> dict[str, float]:
+BACKENDS = {"torch": [], "deepspeed": ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"]}
+
+
+def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch") -> dict[str, float]:
     """In this process: R policies' learner groups in one layout, one update each; RSS in bytes."""
     import torch
 
@@ -42,7 +46,7 @@ def measure_one(policies: int, colocate: bool, dtype: str) -> dict[str, float]:
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"model.path={MODEL}", f"model.dtype={dtype}", "model.lora.enabled=true", "model.lora.rank=64",
         "model.lora.alpha=32", "learner.ranks=0", "learner.torch_threads=1", f"learner.micro_batch_size={ROWS}",
-        "learner.role_grad_diagnostics=false", "learner.policy_move=false"])
+        "learner.role_grad_diagnostics=false", "learner.policy_move=false", *BACKENDS[backend]])
     path = resolve_model(MODEL)
     imported = _rss_kib("VmRSS:")
     specs = [LearnerSpec(policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
@@ -66,8 +70,9 @@ def measure_one(policies: int, colocate: bool, dtype: str) -> dict[str, float]:
             "update_s": update_s}
 
 
-def measure(policies: int, colocate: bool, dtype: str) -> dict[str, float]:
-    args = [sys.executable, "-m", "benchmarks.colocated_lora", "--one", str(policies), "--dtype", dtype]
+def measure(policies: int, colocate: bool, dtype: str, backend: str = "torch") -> dict[str, float]:
+    args = [sys.executable, "-m", "benchmarks.colocated_lora", "--one", str(policies), "--dtype", dtype,
+            "--backend", backend]
     args += ["--colocate"] * colocate
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     out = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env, check=True)
@@ -80,18 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--colocate", action="store_true")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-policies", type=int, default=3)
+    parser.add_argument("--backend", choices=list(BACKENDS), default="torch")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure_one(args.one, args.colocate, args.dtype)))
+        print(json.dumps(measure_one(args.one, args.colocate, args.dtype, args.backend)))
         return 0
-    print(f"{MODEL} {args.dtype}, LoRA r64 all-linear, one update of {ROWS}x{WIDTH} per policy, in-process learners")
+    print(f"{MODEL} {args.dtype}, LoRA r64 all-linear, one update of {ROWS}x{WIDTH} per policy, in-process "
+          f"{args.backend} learners")
     # Peak RSS in MB: the whole process, then above its RSS after imports. Separate learners as Ray actors are R
     # processes, each like R=1's: `R procs` is R x R=1's separate peak above imports (arithmetic, not measured).
     print(f"{'R':>2} {'separate':>9} {'colocated':>10} {'ratio':>6} | above imports: {'separate':>9} "
           f"{'colocated':>10} {'ratio':>6} {'R procs':>8} | update s: {'separate':>9} {'colocated':>10}")
     one = 0.0
     for r in range(1, args.max_policies + 1):
-        sep, col = measure(r, False, args.dtype), measure(r, True, args.dtype)
+        sep, col = measure(r, False, args.dtype, args.backend), measure(r, True, args.dtype, args.backend)
         above = [m["peak"] - m["imported"] for m in (sep, col)]
         one = one or above[0]
         print(f"{r:>2} {sep['peak'] / 1e6:9.0f} {col['peak'] / 1e6:10.0f} {col['peak'] / sep['peak']:6.2f} | "

@@ -75,6 +75,12 @@ class GradientBackend(Protocol):
         """Join the ranks' process group (cluster.collective)."""
         ...
 
+    def build(self) -> None:
+        """Build what reduces and applies the gradients (DeepSpeed: its engine) on the joined process group, or on a
+        one-rank group of this process's own; a no-op once built. A rank builds on `join` or on first use;
+        colocated policies build at once, each with its adapter bound (learners/colocated.py)."""
+        ...
+
     def prepare(self, data: TrainBatch) -> TrainBatch:
         """Ready for an update (the engine built): `data` on `device`."""
         ...

@@ -9,6 +9,26 @@ schedule, gradients, weight payloads and checkpoint files are exactly those of a
 keeps peft's "default" names: a checkpoint reads back under either layout). `ColocatedLearners` is the member one
 Ray actor hosts; it runs each call of a policy with that policy's adapter bound. `PolicyGroup` is one policy's
 view of the shared group: a Group[LearnerMember], so LearnerGroup, the weight sync and checkpoints use it unchanged.
+
+Under `learner.backend=deepspeed` (ZeRO-2) each policy keeps its own engine: `deepspeed.initialize` over the
+shared module, built while that policy's adapter is bound, with that policy's AdamW (so its adapter parameters
+alone). Chosen over one engine with a parameter group per policy, which would step every policy's group on each
+`engine.step()` (DeepSpeed clips by one global norm and allows one schedule) and write one checkpoint for all,
+where each policy's update, schedule and checkpoint must stay a separate learner's. What the engines share is
+harmless at ZeRO-2, read from deepspeed/runtime/engine.py and zero/stage_1_and_2.py:
+- the module is cast and moved by each build, but only the parameters bound then: the base casts once (a
+  parameter already in the target dtype and device is left alone) and each adapter once, by its own engine;
+  every build broadcasts the bound parameters from rank 0 (the base R times, once, at start);
+- ZeRO-2 flattens the policy's optimizer parameters into its buffers (their `.data` become views) and hooks
+  those parameter objects only: another policy's backward fires none of them, and binding swaps Parameter
+  objects into the slots, never their tensors, so every engine's references stay valid;
+- the forward pre/post hooks each engine registers on the module run for every policy's forward; at ZeRO-2 they
+  only start and stop timers (ZeRO-3's parameter gathering is what they would do wrongly, so ZeRO-3 is refused
+  at load, jobs/config/colocation.py);
+- accumulation counters, the gradient partition and the per-backward reduction bucket (released after each
+  backward) are the engine's own; one policy runs on a rank at a time, so one bucket exists at once;
+- a checkpoint is the engine's module state with frozen parameters left out: the bound adapter's, under
+  peft's "default" names, beside that engine's optimizer partition: a separate learner's files.
 """
 
 from __future__ import annotations
@@ -83,12 +103,21 @@ class ColocatedLearners:
         with self.bank.bound(policy_id):
             return getattr(self.learners[policy_id], method)(*args, **kwargs)
 
+    def build(self) -> None:
+        """Every policy's gradient backend built (DeepSpeed: its engine), in policy order on every rank, each with
+        its adapter bound: before any call, so no policy meets a base its engine has not yet moved."""
+        for pid, learner in self.learners.items():
+            with self.bank.bound(pid):
+                learner.backend.build()
+
     # -- collective membership: one process group per rank, shared by the policies --
     def rendezvous_address(self) -> tuple[str, int]:
         return collective.rendezvous_address()
 
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
-        collective.join(backend, host, port, rank, world, timeout_s)
+        """The first policy's backend joins (it picks the transport: DeepSpeed's NCCL on CUDA); the others share
+        the group."""
+        self.call(next(iter(self.learners)), "join", (backend, host, port, rank, world, timeout_s), {})
 
 
 class PolicyGroup(Group[LearnerMember]):
@@ -128,4 +157,5 @@ def colocated_groups(specs: Sequence[LearnerSpec], run_name: str, name: str,
         per_member_kwargs=[{"rank": r} for r in range(max(learner.ranks, 1))], placement=placement,
     )
     init_collective(shared, "gloo", learner.update_timeout_s)
+    shared.submit(ColocatedLearners.build).result(learner.update_timeout_s)
     return {s.policy_id: LearnerGroup(s, run_name, group=PolicyGroup(shared, s.policy_id)) for s in specs}

@@ -11,7 +11,8 @@ backend changes how gradients are reduced and applied:
   outside the engine (it advances per training step or per optimizer step) and travels in the checkpoint's
   client state.
 - The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
-  nccl on GPU); a lone rank makes a one-member group of its own.
+  nccl on GPU); a lone rank makes a one-member group of its own. Colocated LoRA policies (learners/colocated.py)
+  build one engine each over their shared module, their own adapter bound.
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
   divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
   normaliser wants their sum, so each rank's loss is multiplied by the world size.
@@ -91,10 +92,10 @@ class DeepSpeedBackend:
     # -- process group and engine --
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         collective.join("nccl" if torch.cuda.is_available() else backend, host, port, rank, world, timeout_s)
-        self._ensure_engine()
+        self.build()
 
-    def _ensure_engine(self) -> None:
-        """Build the engine on first use (after `join`, or on a one-member group of this rank's own)."""
+    def build(self) -> None:
+        """Build the engine (after `join`, or on a one-member group of this rank's own); a no-op once built."""
         if self.engine is not None:
             return
         if not dist.is_initialized():
@@ -123,7 +124,7 @@ class DeepSpeedBackend:
         return cast(torch.device, self.engine.device)
 
     def prepare(self, data: TrainBatch) -> TrainBatch:
-        self._ensure_engine()
+        self.build()
         return data.to(self.engine.device)
 
     def runner(self, plain: bool) -> torch.nn.Module:
@@ -175,7 +176,7 @@ class DeepSpeedBackend:
     def save_state(self, path: str, step: int) -> None:
         """Collective: the engine writes weights (the adapter alone for LoRA), each rank's optimizer partition
         and the scheduler under `<path>/deepspeed/`; every rank writes its RNG state; all of it fsynced."""
-        self._ensure_engine()
+        self.build()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         client = {"step": step, "scheduler": self.parts.scheduler.state_dict()}
@@ -187,7 +188,7 @@ class DeepSpeedBackend:
         dist.barrier()
 
     def load_state(self, path: str) -> int:
-        self._ensure_engine()
+        self.build()
         folder = Path(path)
         if not (folder / CHECKPOINT_TAG).is_dir():
             raise StateError(f"checkpoint folder missing: {folder / CHECKPOINT_TAG}")

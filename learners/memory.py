@@ -10,7 +10,8 @@ Two devices, two sets of coefficients:
   coefficients are calibrated against peaks measured on this project's CPU learner
   (tests/learners/test_memory_calibration.py, benchmarks/README.md).
 
-Every size is in bytes; `tokens` are the positions of one micro-batch on one rank (rows × padded width).
+Every size is in bytes; `tokens` are the positions of one micro-batch on one rank (rows × padded width, or the
+rows' summed lengths when they run packed: learner.padding_free).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class LearnerSetup:
     logits_chunk: int  # positions per LM-head chunk; 0 = the whole [tokens, V] logits at once
     role_rows: int  # rows of the per-role gradient buffer ([roles × trainable params], fp32); 0 = off
     device: str  # gpu | cpu
+    padding_free: bool = False  # learner.padding_free: a micro-batch's rows packed end to end in one row
+    longest_row: int = 0  # the widest row a micro-batch pads to (algo.max_len); 0: rows of one length, no padding
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,37 @@ def activation_bytes_per_token_layer(s: ModelShape) -> int:
 
 
 def activations(s: ModelShape, setup: LearnerSetup) -> float:
-    """Saved activations of one micro-batch's forward. Checkpointing keeps each layer's input (2h bytes per token,
-    bf16) and recomputes one layer at a time in the backward, so the peak holds one layer's full activations.
-    CPU: fp32 doubles every term."""
+    """Saved activations of one micro-batch's forward, its attention masks included (attention_mask).
+    Checkpointing keeps each layer's input (2h bytes per token, bf16) and recomputes one layer at a time in the
+    backward, so the peak holds one layer's full activations. CPU: fp32 doubles every term."""
     scale = CPU_ACT_SCALE if setup.device == "cpu" else 1.0
     per_layer = activation_bytes_per_token_layer(s) * setup.tokens * scale
+    mask = attention_mask(s, setup)
     if not setup.checkpointing:
-        return s.layers * per_layer
-    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer
+        return s.layers * per_layer + mask
+    return s.layers * 2 * s.hidden * setup.tokens * scale + per_layer + mask
+
+
+def mask_entries(setup: LearnerSetup) -> int:
+    """Entries of the attention mask a micro-batch's forward builds (transformers' sdpa path; `tokens` bounds its
+    positions either way: rows × width padded, Σ row lengths packed, learners/micro_batches.py).
+    - padded rows (padding_free off): [rows, 1, T, T], rows·T ≤ tokens. Rows of one length need none (a causal
+      kernel), nor does one row, so the most is two rows or more of the widest T ≤ min(longest_row, tokens/2):
+      tokens · T entries.
+    - packed rows without flash-attention (the CPU): one [1, 1, N, N] block, N = tokens (learners/padding_free.py).
+    - packed rows on a GPU: flash-attention's varlen kernel, no mask (the plan assumes flash_attn on GPU nodes)."""
+    if setup.padding_free:
+        return 0 if setup.device == "gpu" else setup.tokens**2
+    return setup.tokens * min(setup.longest_row, setup.tokens // 2)
+
+
+def attention_mask(s: ModelShape, setup: LearnerSetup) -> float:
+    """Bytes of a micro-batch's attention masks at the backward's peak: per layer, the copy in the compute dtype
+    that sdpa converts the boolean mask to and saves (4 bytes fp32 on the CPU, 2 bf16 on a GPU; the boolean one is
+    gone by then), every layer's, or under checkpointing one (the layer being recomputed). Measured on CPU
+    (benchmarks/learner_peak.py --layouts): within 6 % without checkpointing; with it, an upper bound."""
+    copies = 1 if setup.checkpointing else s.layers
+    return mask_entries(setup) * copies * (4.0 if setup.device == "cpu" else 2.0)
 
 
 def logits(s: ModelShape, setup: LearnerSetup) -> float:
@@ -145,11 +171,16 @@ def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, floa
     if setup.zero_stage == 0:
         return 4.0 * (frozen + trainable), 4.0 * trainable, 8.0 * trainable, role_grads
     n = max(setup.ranks, 1)
-    weight_bytes = 2.0 if setup.device == "gpu" else 4.0
-    weights = weight_bytes * (frozen + trainable)
+    weights = weight_bytes(setup) * (frozen + trainable)
     if setup.zero_stage == 3:
         weights = weights / n + 4.0 * s.layer_params()
     return weights, 6.0 * trainable / n, 12.0 * trainable / n, role_grads
+
+
+def weight_bytes(setup: LearnerSetup) -> float:
+    """Bytes per weight a rank holds (model_states): DeepSpeed's bf16 on a GPU, else fp32 (the torch backend's, and
+    DeepSpeed's CPU stand-in)."""
+    return 2.0 if setup.zero_stage and setup.device == "gpu" else 4.0
 
 
 def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
@@ -161,11 +192,16 @@ def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
 
 
 def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
-    """One torch-backend rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py):
-    the frozen base once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest
-    policy's activations and logits (the policies update in turn, one graph alive at a time)."""
+    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py): the frozen base
+    once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest policy's
+    activations and logits (the policies update in turn, one graph alive at a time). Torch backend or DeepSpeed
+    ZeRO-2 (one engine per policy): each part is that policy's separate rank, its gradients and optimizer states
+    partitioned over the ranks as a separate learner's, so the sums add partitions; the base is whole on every
+    rank (ZeRO-3, which would partition it, is refused at load)."""
+    if any(setup.zero_stage == 3 for setup in setups):
+        raise ValueError("colocated LoRA policies hold the base whole: ZeRO-3 cannot hold them")
     parts = [learner_memory(s, setup) for setup in setups]
-    base = 4.0 * s.params()  # the fp32 frozen base that each part's weights count (model_states, zero_stage 0)
+    base = weight_bytes(setups[0]) * s.params()  # the frozen base each part's weights count (model_states)
     return LearnerMemory(weights=base + sum(p.weights - base for p in parts),
                          gradients=sum(p.gradients for p in parts), optimizer=sum(p.optimizer for p in parts),
                          role_grads=sum(p.role_grads for p in parts),

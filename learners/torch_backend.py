@@ -35,6 +35,9 @@ class TorchBackend:
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         collective.join(backend, host, port, rank, world, timeout_s)
 
+    def build(self) -> None:
+        pass  # the learner's AdamW is all there is
+
     def prepare(self, data: TrainBatch) -> TrainBatch:
         return data
 

@@ -376,7 +376,8 @@ class LearnerConfig:
     # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
     # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';
     # the policies' updates run in turn on the shared ranks. Needs model.lora.enabled, marl.sharing=isolated and
-    # the torch backend; every policy shares the base and the ranks (jobs/config/policies.py: colocate_problem).
+    # the torch backend or DeepSpeed ZeRO-2 (one engine per policy; ZeRO-3 partitions the shared base); every
+    # policy shares the base and the ranks (jobs/config/colocation.py: colocate_problem).
     lora_colocate: bool = False
 
 

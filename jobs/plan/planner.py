@@ -31,10 +31,10 @@ from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, coloca
 from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
-# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share and packing move.
+# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and padding_free move.
 FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
             "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
-            "learner.rank_num_gpus", "learner.logits_chunk_tokens")
+            "learner.rank_num_gpus", "learner.logits_chunk_tokens", "learner.padding_free")
 # The learner's measured rate on one H200 (benchmarks/README.md, "Learner update on a GPU": Qwen3-0.6B-shaped,
 # bf16, DeepSpeed ZeRO-2): 57.73 TFLOP in 0.998 s with LoRA r64, 86.60 TFLOP in 0.785 s full fine-tuning.
 LEARNER_FLOPS_S = {"lora": 57.73e12 / 0.998, "full": 86.60e12 / 0.785}
@@ -142,7 +142,8 @@ def _checkpointing(pc: TrainConfig) -> bool:
 
 
 def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
-    """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one)."""
+    """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one),
+    padded or packed alike; packing changes the attention masks (learners.memory.mask_entries)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(
@@ -150,7 +151,8 @@ def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSe
         lora_rank=pc.model.lora.rank if pc.model.lora.enabled else 0,
         zero_stage=lr.deepspeed.zero_stage if lr.backend == "deepspeed" else 0, ranks=max(lr.ranks, 1),
         checkpointing=checkpointing, logits_chunk=lr.logits_chunk_tokens,
-        role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu")
+        role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu",
+        padding_free=lr.padding_free, longest_row=pc.algo.max_len)
 
 
 def longest_sequence(cfg: TrainConfig) -> int:

@@ -124,8 +124,11 @@ def _sources() -> list[str]:
         "- Learner memory (learners/memory.py): DeepSpeed's own ZeRO-2/3 model-state estimator; activations "
         "≈ 8h + 6(n_q+n_kv)d + 8I bytes per token and layer in bf16 with flash-attention, with checkpointing 2h per "
         "token and layer plus one layer; the LM head in chunks of `learner.logits_chunk_tokens` at 12 bytes per "
-        "position and vocabulary entry. GPU coefficients are estimates from the formulas, uncalibrated until a GPU "
-        "run measures them; the CPU ones are calibrated (tests/learners/test_memory_calibration.py).",
+        "position and vocabulary entry; the attention masks transformers builds: padded rows "
+        "(`learner.padding_free=false`, these cells) at most tokens × min(algo.max_len, tokens/2) entries, 2 bytes "
+        "per entry and layer kept for backward (one layer's with checkpointing), packed rows none (flash-attention "
+        "varlen, assumed installed on GPU nodes). GPU coefficients are estimates from the formulas, uncalibrated "
+        "until a GPU run measures them; the CPU ones are calibrated (tests/learners/test_memory_calibration.py).",
         "- Engine memory (jobs/plan/rollout_estimate.py): bf16 weights, multi-LoRA slots, a "
         f"{ENGINE_RESERVE / GIB:g} GiB reserve (estimate), the rest KV cache at 2·L·n_kv·d·2 bytes per token; "
         "`KV seqs` is how many sequences of the cell's longest prompt + response it holds at once.",

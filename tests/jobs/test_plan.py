@@ -6,7 +6,7 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from jobs.plan.layout import run_layout
-from jobs.plan.planner import FIT_FRACTION, Member, make_plan, pack
+from jobs.plan.planner import FIT_FRACTION, Member, learner_setup, make_plan, pack
 from jobs.plan.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
 from jobs.train import main
 from learners.memory import GIB
@@ -74,6 +74,25 @@ def test_a_policy_of_its_own_gets_its_own_resolution():
     # A policy whose settings name no learner key gets one holding its resolution.
     cfg = load_config(TINY, [*over[:-1], "marl.policies.generator.model.lora.rank=16"])
     assert cfg.marl.policies.generator.learner.gradient_checkpointing == "false"
+
+
+def test_the_plan_follows_padding_free():
+    """learner.padding_free reaches the memory model: the same token budget (4 rows x algo.max_len), and padded
+    rows' attention masks (learners.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a bf16 copy
+    per layer) where packed rows on a GPU have none."""
+    def planned(flag: str):
+        cfg = load_config(TINY, [*GPU, "learner.logits_chunk_tokens=1024", f"learner.padding_free={flag}",
+                                 "learner.gradient_checkpointing=false"], check_plan=False)
+        rank = next(m.learner for m in make_plan(run_layout(cfg), memory=0).members if m.learner is not None)
+        return learner_setup(cfg, 1, False), rank
+
+    (off_setup, off), (on_setup, on) = planned("false"), planned("true")
+    tokens, width = 4 * 2048, 2048
+    assert off_setup.tokens == on_setup.tokens == tokens and off_setup.longest_row == width
+    assert (off_setup.padding_free, on_setup.padding_free) == (False, True)
+    layers = qwen3_shape("0.6b").layers
+    assert off.activations - on.activations == tokens * min(width, tokens // 2) * layers * 2
+    assert (off.weights, off.logits) == (on.weights, on.logits)
 
 
 def test_members_share_gpus_as_ray_fractions_do():

@@ -1,6 +1,8 @@
 """Colocated LoRA policies (learners/colocated.py): the same batches through R separate LearnerGroups and through
 one colocated group (one base, R adapters) give the same losses, metrics, adapters and served weights, and a
-checkpoint written by either layout restores the other."""
+checkpoint written by either layout restores the other; on the torch backend and on DeepSpeed ZeRO-2 (one engine
+per policy over the shared module, in-process on a one-rank gloo group here; two ranks in
+tests/learners/test_colocated_ranks.py)."""
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from tests.learners.test_learner_group import BASE, ROWS, TIMEOUT, make_batch
 
 POLICIES = ("generator", "evaluator")
 TOL = 1e-5
+DEEPSPEED = ("learner.backend=deepspeed", "learner.deepspeed.zero_stage=2")
+BACKENDS = {"torch": (), "deepspeed": DEEPSPEED}
 
 
 def specs(*overrides: str) -> list[LearnerSpec]:
@@ -48,18 +52,30 @@ def train(groups: dict[str, LearnerGroup], steps: int) -> list[dict[str, float]]
             for s in range(steps)]
 
 
-@pytest.fixture(scope="module")
-def trained():
-    separate = {s.policy_id: LearnerGroup(s, "sep") for s in specs()}
-    colocated = colocated_groups(specs(), "colo", "colo:learner:colocated")
+@pytest.fixture(scope="module", autouse=True)
+def _own_process_group():
+    """In-process DeepSpeed engines join a one-rank process group in this process; leave none behind."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# DeepSpeed's engine builds and imports make its case slow (~30 s on 2 cores): the slow tier's.
+@pytest.fixture(scope="module", params=["torch", pytest.param("deepspeed", marks=pytest.mark.slow)])
+def trained(request):
+    overrides = BACKENDS[request.param]
+    separate = {s.policy_id: LearnerGroup(s, "sep") for s in specs(*overrides)}
+    colocated = colocated_groups(specs(*overrides), "colo", "colo:learner:colocated")
     metrics = (train(separate, 2), train(colocated, 2))
-    yield separate, colocated, metrics
+    yield separate, colocated, metrics, overrides
     for g in [*separate.values(), *colocated.values()]:
         g.shutdown()
 
 
 def test_same_losses_metrics_and_adapters_as_separate_learners(trained):
-    separate, colocated, (sep_metrics, colo_metrics) = trained
+    separate, colocated, (sep_metrics, colo_metrics), _ = trained
     for sep, colo in zip(sep_metrics, colo_metrics, strict=True):
         assert set(sep) == set(colo)
         assert f"loss/{POLICIES[1]}" in sep and sep["optim/steps/generator"] >= 2  # several optimizer steps each
@@ -76,9 +92,10 @@ def test_same_losses_metrics_and_adapters_as_separate_learners(trained):
 
 def test_checkpoints_cross_layouts(trained, tmp_path):
     """A colocated policy's state is a separate learner's layout: it restores a separate group, and back."""
-    separate, colocated, _ = trained
+    separate, colocated, _, overrides = trained
     colocated["evaluator"].save(str(tmp_path / "evaluator"))
-    fresh = LearnerGroup(specs()[1], "fresh")
+    assert (tmp_path / "evaluator" / "deepspeed").is_dir() == bool(overrides)  # the backend's own layout
+    fresh = LearnerGroup(specs(*overrides)[1], "fresh")
     try:
         fresh.load(str(tmp_path / "evaluator"))
         assert max_diff(adapter(fresh), adapter(colocated["evaluator"])) == 0.0

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from jobs.models.shape import qwen3_shape
-from learners.memory import GIB, LearnerSetup, learner_memory
+from learners.memory import GIB, LearnerSetup, learner_memory, mask_entries
 
 # Qwen3 model cards: total and non-embedding parameters (billions).
 PUBLISHED = {"0.6b": (0.6, 0.44), "1.7b": (1.7, 1.4), "4b": (4.0, 3.6)}
@@ -49,6 +49,56 @@ def test_activations_at_the_budget_with_and_without_checkpointing():
     assert off == 51200 * 28 * 40960
     assert on == 2 * 1024 * 28 * 40960 + 51200 * 40960  # each layer's input, plus one layer recomputed
     assert on < off / 10
+
+
+def test_attention_masks_follow_padding_free():
+    """Padded rows: each layer's copy of a [rows, 1, T, T] mask in the compute dtype (2 bytes bf16 on a GPU, 4 fp32
+    on the CPU), at most tokens · min(longest row, tokens / 2) entries; packed rows:
+    one [N, N] block on the CPU, none on a GPU (flash-attention's varlen kernel). Tokens are the same either way."""
+    s, n, width = qwen3_shape("0.6b"), 8192, 2048
+    padded = dataclasses.replace(GPU, tokens=n, longest_row=width, checkpointing=False)
+
+    def mask(setup: LearnerSetup) -> float:  # the activations less those of rows of one length (no mask)
+        return (learner_memory(s, setup).activations
+                - learner_memory(s, dataclasses.replace(setup, longest_row=0, padding_free=False)).activations)
+
+    assert mask(padded) == n * width * s.layers * 2
+    assert mask(dataclasses.replace(padded, checkpointing=True)) == n * width * 2  # one layer recomputed
+    assert mask(dataclasses.replace(padded, padding_free=True)) == 0
+    cpu = dataclasses.replace(padded, device="cpu", zero_stage=0)
+    assert mask(cpu) == n * width * s.layers * 4
+    assert mask(dataclasses.replace(cpu, padding_free=True)) == n * n * s.layers * 4
+    # One row alone pads nothing: the widest padded micro-batch is two rows of half the budget.
+    assert mask_entries(dataclasses.replace(padded, longest_row=n)) == 2 * (n // 2) ** 2
+
+
+def test_the_learner_builds_the_masks_the_model_counts(monkeypatch):
+    """The masks mask_entries counts are those transformers hands sdpa for the learner's rows: [rows, 1, T, T]
+    padded, none for rows of one length, [1, 1, N, N] packed (learners.padding_free.pack)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from jobs.models.resolve import resolve_model
+    from learners.padding_free import pack
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"), attn_implementation="sdpa")
+    sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(*args, attn_mask=None, **kwargs):
+        seen.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(1, 100, (3, 10))
+    attention = torch.ones(3, 10, dtype=torch.bool)
+    model(input_ids=ids, attention_mask=attention, use_cache=False)
+    assert seen[-1] is None
+    attention[1, 7:], attention[2, 4:] = False, False
+    model(input_ids=ids, attention_mask=attention, use_cache=False)
+    assert seen[-1] == (3, 1, 10, 10)
+    packed, positions, _ = pack(ids, attention)
+    model(input_ids=packed, position_ids=positions, use_cache=False)
+    assert seen[-1] == (1, 1, 21, 21)  # N = 10 + 7 + 4
 
 
 def test_logits_chunk_bounds_the_head_whatever_the_budget():

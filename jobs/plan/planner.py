@@ -114,26 +114,27 @@ def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dic
             members += [Member(f"learner:{pid}#{r}", pc.learner.rank_num_gpus, mem.total(), pid, learner=mem)
                         for r in range(max(pc.learner.ranks, 1))]
     if layout.colocated:
-        members += _colocated_members(cfg, configs, policy_map, ckpt, either_way)
+        colocated, either_way[policy_map.policies[0]] = _colocated_members(cfg, configs, policy_map, ckpt)
+        members += colocated
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
     times_ = step_times(layout, members) if on_gpu else {}
     return Plan(memory, members, pack(members), ckpt, either_way, times_)
 
 
 def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], policy_map: PolicyMap,
-                       ckpt: dict[str, bool],
-                       either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]) -> list[Member]:
+                       ckpt: dict[str, bool]) -> tuple[list[Member], tuple[LearnerMemory, LearnerMemory]]:
     """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
-    first policy in the plan's per-policy tables, whose base and ranks every policy shares)."""
+    first policy in the plan's per-policy tables, whose base and ranks every policy shares). Returns the group's
+    members and a rank's memory with checkpointing on and off (the first policy's entry of `Plan.either_way`)."""
     first, shape = policy_map.policies[0], shape_of(cfg.model.path)
 
     def rank(on: bool) -> LearnerMemory:
         return colocated_memory(shape, [learner_setup(pc, len(policy_map.roles_of(pid)), on)
                                         for pid, pc in configs.items()])
-    either_way[first] = (rank(True), rank(False))
     mem = rank(ckpt[first])
-    return [Member(f"learner:colocated#{r}", cfg.learner.rank_num_gpus, mem.total(), first, learner=mem)
-            for r in range(max(cfg.learner.ranks, 1))]
+    members = [Member(f"learner:colocated#{r}", cfg.learner.rank_num_gpus, mem.total(), first, learner=mem)
+               for r in range(max(cfg.learner.ranks, 1))]
+    return members, (rank(True), rank(False))
 
 
 def _checkpointing(pc: TrainConfig) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cluster import collective
 from jobs.config import ConfigError, load_config
 from jobs.driver.loop import StopRequested
 from jobs.models.resolve import resolve_model
@@ -105,10 +106,7 @@ def _assert_same(a: Path, b: Path, steps: int) -> None:
 def _no_process_group_left():
     """In-process DeepSpeed learners join a one-rank process group in this process; leave none behind."""
     yield
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    collective.leave()
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ tests/learners/test_colocated_ranks.py)."""
 import pytest
 import torch
 
+from cluster import collective
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.colocated import colocated_groups
@@ -56,10 +57,7 @@ def train(groups: dict[str, LearnerGroup], steps: int) -> list[dict[str, float]]
 def _own_process_group():
     """In-process DeepSpeed engines join a one-rank process group in this process; leave none behind."""
     yield
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    collective.leave()
 
 
 # DeepSpeed's engine builds and imports make its case slow (~30 s on 2 cores): the slow tier's.

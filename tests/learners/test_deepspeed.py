@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cluster import collective
 from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
@@ -35,10 +36,7 @@ ROWS8 = [*ROWS, ([36, 37], [49, 50, 51], 1.0, "evaluator"), ([38, 39, 52], [53, 
 def _own_process_group():
     """The in-process engines join a one-rank process group in this process; leave none behind for later modules."""
     yield
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    collective.leave()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import socket
-import sys
 from typing import TYPE_CHECKING, Protocol
 
 import torch.distributed as dist
@@ -46,20 +45,6 @@ def join(backend: str, host: str, port: int, rank: int, world_size: int, timeout
         backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-
-
-def leave() -> None:
-    """Destroy this process's process group, if it has one. Where DeepSpeed set up its communication on it, through
-    DeepSpeed, which then also drops the groups it cached of it (a clone of the world group): a later process group
-    in this process (another run's in-process learners) would otherwise meet a DeepSpeed engine asking the
-    destroyed group for its ranks. DeepSpeed is looked up, never imported, here."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    deepspeed_comm = sys.modules.get("deepspeed.comm")
-    if deepspeed_comm is not None and deepspeed_comm.is_initialized():
-        deepspeed_comm.destroy_process_group()
-    else:
-        dist.destroy_process_group()
 
 
 def all_reduce_sum(tensor: Tensor) -> None:

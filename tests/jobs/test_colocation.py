@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster import collective
 from jobs.config import ConfigError, load_config
 from jobs.driver.loop import StopRequested
 from jobs.models.resolve import resolve_model
@@ -17,6 +16,7 @@ from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
 from jobs.train import train
 from tests.jobs.test_resume import SHAPE, StopAfter, _final_weights, _per_step
+from tests.process_group import leave_process_group
 
 TINY = "jobs/configs/tiny.yaml"
 LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.dtype=float32"]
@@ -106,7 +106,7 @@ def _assert_same(a: Path, b: Path, steps: int) -> None:
 def _no_process_group_left():
     """In-process DeepSpeed learners join a one-rank process group in this process; leave none behind."""
     yield
-    collective.leave()
+    leave_process_group()
 
 
 @pytest.mark.slow

@@ -7,13 +7,13 @@ tests/learners/test_colocated_ranks.py)."""
 import pytest
 import torch
 
-from cluster import collective
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerMember, LearnerSpec
 from tests.learners.test_learner_group import BASE, ROWS, TIMEOUT, make_batch
+from tests.process_group import leave_process_group
 
 POLICIES = ("generator", "evaluator")
 TOL = 1e-5
@@ -57,7 +57,7 @@ def train(groups: dict[str, LearnerGroup], steps: int) -> list[dict[str, float]]
 def _own_process_group():
     """In-process DeepSpeed engines join a one-rank process group in this process; leave none behind."""
     yield
-    collective.leave()
+    leave_process_group()
 
 
 # DeepSpeed's engine builds and imports make its case slow (~30 s on 2 cores): the slow tier's.

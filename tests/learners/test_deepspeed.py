@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster import collective
 from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
@@ -23,6 +22,7 @@ from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
 from learners.torch_backend import TorchBackend
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
+from tests.process_group import leave_process_group
 
 WEIGHT_TOL = 1e-5
 # With CUDA, DeepSpeed runs on the GPU while the torch learner stays on the CPU: fp32 on two devices sums in
@@ -36,7 +36,7 @@ ROWS8 = [*ROWS, ([36, 37], [49, 50, 51], 1.0, "evaluator"), ([38, 39, 52], [53, 
 def _own_process_group():
     """The in-process engines join a one-rank process group in this process; leave none behind for later modules."""
     yield
-    collective.leave()
+    leave_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ first mini-batch uses its current log-probs, detached, which are the same) or th
 LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
 learners/schedule.py maps update_call's shared schedule onto the training step). Handing the weights out (sync
 payloads, the NCCL channel, export) is its `weights`, a learners.weight_server.WeightServer; the learner's
-remote methods for them delegate to it.
+remote methods for them delegate to it. Its forward passes (micro-batches, log-probs through the chunked head, the
+reference, the no-grad passes before the first step, idle passes) are its `passes`, a learners.passes.PolicyPasses.
 
 bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
@@ -20,7 +21,6 @@ reductions and the loss in fp32), and the weights rounded to bf16 once per sync,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
@@ -31,12 +31,12 @@ from cluster import collective
 from cluster.packing import PackedTensors
 from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
-from learners.logprob_head import sequence_logprobs
 from learners.member import LearnerSpec
-from learners.micro_batches import micro_batch_rows, padding
+from learners.micro_batches import padding
 from learners.mitigations import uses_kl
 from learners.padding_free import attention_implementation
-from learners.policy_loss import added, diagnostic_terms, policy_loss
+from learners.passes import PolicyPasses
+from learners.policy_loss import added, policy_loss
 from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.role_grads import flat_autograd, role_grad_metrics
@@ -57,12 +57,11 @@ class Learner:
         torch.manual_seed(spec.seed)
         self.policy_id, self.model_path, self.dtype = spec.policy_id, spec.model_path, model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
-        self.temperature = spec.temperature if spec.temperature > 0 else 1.0
         backend = backend_class(learner.backend)
-        self.autocast = torch.bfloat16 if backend.autocast_bf16 and model.dtype == "bfloat16" else None
+        autocast = torch.bfloat16 if backend.autocast_bf16 and model.dtype == "bfloat16" else None
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
-        self.master_dtype = "float32" if self.autocast and not model.lora.enabled else model.dtype
+        self.master_dtype = "float32" if autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
         self.model = _policy_module(spec, self.master_dtype, attention, module)
         self.params, opt = [p for p in self.model.parameters() if p.requires_grad], learner.optim
@@ -78,9 +77,10 @@ class Learner:
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
             scheduler=self.scheduler, reference=self.reference))
+        self.passes = PolicyPasses(self.model, self.reference, self.backend, learner, algo,
+                                   temperature=spec.temperature if spec.temperature > 0 else 1.0, autocast=autocast)
         self.move = PolicyMove(learner.policy_move)
         self.step = 0
-        self.pad_id = 0  # a token id for idle passes; the batch's own once one arrives
         self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
 
     # -- collective membership (delegated to cluster) --
@@ -97,12 +97,12 @@ class Learner:
         per-role gradient metrics (the step uses their sum), and the policy's movement (learners/policy_move.py)."""
         self.model.train()
         data = TrainBatch.from_dict(batch)
-        self.pad_id = data.pad_id
-        data = self._with_old_logprobs(self.backend.prepare(data), plan)
+        self.passes.pad_id = data.pad_id
+        data = self.passes.with_old_logprobs(self.backend.prepare(data), plan)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums = {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0, "padded_positions": 0.0, "positions": 0.0}
         if plan.metric_rows is not None:
-            sums = added(sums, self._skipped_row_metrics(data, plan.metric_rows).items())
+            sums = added(sums, self.passes.skipped_row_metrics(data, plan.metric_rows).items())
         per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
         taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
         self.move.start()
@@ -130,9 +130,9 @@ class Learner:
         the rows of later steps against their old log-probs (learners/policy_move.py)."""
         if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
             rest = sorted({j for rows in plan.steps[1:] for j in rows} - set(plan.steps[taken[0]]))
-            for mb in self._micro_batches(data.select(data.longest_first(rest))) if rest else []:
+            for mb in self.passes.micro_batches(data.select(data.longest_first(rest))) if rest else []:
                 self.move.add(mb)
-        return self.move.measure(self._policy_logprobs, self.backend.matched_passes, self._idle_loss)
+        return self.move.measure(self.passes.policy_logprobs, self.backend.matched_passes, self.passes.idle_loss)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
@@ -160,10 +160,10 @@ class Learner:
 
         def losses() -> Iterator[torch.Tensor]:
             nonlocal total
-            micro = self._micro_batches(data)
+            micro = self.passes.micro_batches(data)
             for i in range(max(self.backend.matched_passes(len(micro)), self.backend.min_backward_passes)):
                 if i >= len(micro):
-                    yield self._idle_loss()
+                    yield self.passes.idle_loss()
                     continue
                 loss, metrics = self._micro_step(micro[i], normalizer)
                 total = added(total, metrics.items())
@@ -182,85 +182,12 @@ class Learner:
         total = dict(sums)
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
-            for mb in self._micro_batches(data.select(rows)) if rows else []:
+            for mb in self.passes.micro_batches(data.select(rows)) if rows else []:
                 loss, metrics = self._micro_step(mb, normalizer, plain=True)
                 total = added(total, metrics.items())
                 out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
         collective.all_reduce_sum(out)
         return out, total
-
-    def _micro_rows(self, lengths: list[int]) -> list[list[int]]:
-        """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
-        tokens (rows × widest row; padding-free: their sum) when set (learners.micro_batches)."""
-        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
-                                packed=self.cfg.padding_free)
-
-    def _micro_batches(self, data: TrainBatch) -> list[TrainBatch]:
-        return [data.select(rows) for rows in self._micro_rows(data.attention_mask.sum(-1).tolist())]
-
-    @torch.no_grad()
-    def _with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
-        """`data` with the behaviour policy's log-probs for the PPO ratio ([B, T], aligned as rollout_logprobs).
-
-        rollout: the engines' own. recompute: one no-grad pass of this learner, before the first optimizer
-        step, over the rows a later step trains (the first step's rows use their current log-probs)."""
-        if self.algo.old_logprobs == "rollout":
-            return dataclasses.replace(data, old_logprobs=data.rollout_logprobs)
-        if len(plan.steps) < 2:
-            return data
-        old = torch.zeros_like(data.rollout_logprobs)
-        for rows, mb in self._passes(data, data.longest_first(sorted({i for r in plan.steps[1:] for i in r}))):
-            old[torch.tensor(rows), 1:mb.input_ids.shape[1]] = self._logprobs(mb)[0]
-        return dataclasses.replace(data, old_logprobs=old)
-
-    def _passes(self, data: TrainBatch, rows: list[int]) -> Iterator[tuple[list[int], TrainBatch]]:
-        """(row positions, micro-batch) of `rows` (longest first) in micro-batches for one pass each, then the idle
-        passes the backend matches across ranks (run here, yielding nothing)."""
-        chunks = [[rows[i] for i in group] for group in self._micro_rows(data.attention_mask[rows].sum(-1).tolist())]
-        for j in range(self.backend.matched_passes(len(chunks))):
-            if j < len(chunks):
-                yield chunks[j], data.select(chunks[j])
-            else:
-                self._idle_loss()
-
-    @torch.no_grad()
-    def _skipped_row_metrics(self, data: TrainBatch, rows: list[int]) -> dict[str, float]:
-        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction counts) of
-        the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
-        per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
-        exactly zero)."""
-        sums: dict[str, float] = {}
-        for _, mb in self._passes(data, data.longest_first(rows)):
-            lp, entropy = self._logprobs(mb, entropy=True)
-            entropy = cast(torch.Tensor, entropy)  # asked for, so present
-            mask = mb.loss_mask[:, 1:]
-            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles),
-                                ("tokens", float(mask.sum()))])
-        return sums
-
-    def _idle_loss(self) -> torch.Tensor:
-        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for. It runs the
-        same head path as a real pass (no loss token: a ZeRO-3 head runs the chunks the other ranks run)."""
-        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.backend.device)
-        ones = torch.ones_like(ids, dtype=torch.bool)
-        return self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
-
-    def _logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
-                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
-        policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
-        positions (learners.logprob_head). Only positions under loss_mask[:, 1:] are meaningful."""
-        runner = self.backend.runner(plain) if model is None else model
-        return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
-                                       mb.attention_mask, mb.loss_mask, entropy=entropy)
-
-    def _sequence_logprobs(self, model: Any, runner: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
-            return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,
-                                     temperature=self.temperature, chunk=self.cfg.logits_chunk_tokens,
-                                     entropy=entropy, padding_free=self.cfg.padding_free,
-                                     agree=self.backend.matched_passes)
 
     def _micro_step(self, mb: TrainBatch, normalizer: float,
                     plain: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
@@ -268,30 +195,17 @@ class Learner:
         padded_positions, positions and policy_loss's). The PPO ratio is taken against `mb.old_logprobs` (the
         behaviour policy), or against the current log-probs, detached, when there are none (the first optimizer
         step of a recomputed plan)."""
-        lp, entropy = self._logprobs(mb, plain, entropy=True)
+        lp, entropy = self.passes.logprobs(mb, plain, entropy=True)
         entropy = cast(torch.Tensor, entropy)  # asked for, so present
         self.move.capture(mb, lp)
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
         algo = self.algo
-        reference = self._reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+        reference = self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
         loss, metrics = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
                                     mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
                                     normalizer=normalizer)
         return loss, {"padded_positions": padded, "positions": positions, **metrics}
-
-    @torch.no_grad()
-    def _policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        """The policy's log-probs [B, T−1], 0 before the response window (as in the loss)."""
-        return self._logprobs(mb)[0]
-
-    @torch.no_grad()
-    def _reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
-        """The reference's log-probs [B, T−1], 0 before the response window (as the policy's)."""
-        if self.reference is None:
-            with self.model.disable_adapter():
-                return self._logprobs(mb, model=self.model)[0]
-        return self._logprobs(mb, model=self.reference)[0]
 
     # -- the weights handed out (learners.weight_server): the remote methods LearnerMember names --
     def get_weights(self) -> dict[str, torch.Tensor]:

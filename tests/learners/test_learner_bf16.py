@@ -57,10 +57,10 @@ def test_bf16_keeps_fp32_master_weights_and_optimizer_state_and_computes_in_bf16
     learner = _learner(model_path, *EMULATED_BF16)
     batch = make_batch(ROWS)
     assert {p.dtype for p in learner.model.parameters()} == {torch.float32}
-    autocast, learner.autocast = learner.autocast, None
-    fp32 = learner._logprobs(batch)[0]
-    learner.autocast = autocast
-    bf16 = learner._logprobs(batch)[0]  # the forward ran under bf16 autocast: its matmuls round
+    autocast, learner.passes.autocast = learner.passes.autocast, None
+    fp32 = learner.passes.logprobs(batch)[0]
+    learner.passes.autocast = autocast
+    bf16 = learner.passes.logprobs(batch)[0]  # the forward ran under bf16 autocast: its matmuls round
     assert not torch.equal(bf16, fp32) and torch.allclose(bf16, fp32, atol=0.05)
     m = update(learner, batch)
     assert torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all()

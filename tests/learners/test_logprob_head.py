@@ -55,7 +55,7 @@ def _learner(*overrides: str) -> Learner:
 
 
 def _grads_and_metrics(learner, batch, temperature):
-    learner.temperature = temperature
+    learner.passes.temperature = temperature
     loss, sums = learner._micro_step(batch, float(batch.loss_mask.sum()))
     grads = torch.autograd.grad(loss, learner.params, allow_unused=True)
     return loss, [torch.zeros_like(p) if g is None else g for p, g in zip(learner.params, grads, strict=True)], sums

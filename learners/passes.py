@@ -1,0 +1,133 @@
+"""PolicyPasses: a learner rank's forward passes over its policy, outside the optimizer-step loop.
+
+It owns how a rank's rows become micro-batches (`learner.micro_batch_size` rows, or a token budget:
+learners.micro_batches), how log-probs and entropy come out of them (the chunked LM head, learners.logprob_head,
+under bf16 autocast when the rank trains mixed precision), the reference's log-probs (a separate frozen copy, or
+the LoRA policy with its adapter disabled), the no-grad passes that run before the first optimizer step (the
+behaviour policy's log-probs for the PPO ratio; the diagnostics of rows no step trains), and the idle passes a
+rank runs when ranks must agree on their number (the backend's `matched_passes`). The Learner (learners/learner.py)
+takes the gradient of what these passes return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+
+from learners.backends import GradientBackend
+from learners.batch import TrainBatch
+from learners.logprob_head import sequence_logprobs
+from learners.micro_batches import micro_batch_rows
+from learners.policy_loss import added, diagnostic_terms
+from learners.ppo_plan import UpdatePlan
+from learners.sections import AlgoSection, LearnerSection
+
+
+@dataclasses.dataclass
+class PolicyPasses:
+    """The forward passes of one rank's policy `model`, run through `backend` (its device, its forward runner,
+    the passes it matches across ranks).
+
+    reference: a frozen copy for the KL term, or None (a LoRA policy's reference is its base, the adapter off).
+    temperature: the rollout's sampling temperature (> 0) the log-probs are scaled by, as the engines sampled.
+    autocast: torch.bfloat16 for mixed precision on the torch backend, else None."""
+
+    model: Any
+    reference: Any
+    backend: GradientBackend
+    cfg: LearnerSection
+    algo: AlgoSection
+    temperature: float
+    autocast: torch.dtype | None
+    pad_id: int = 0  # a token id for idle passes; the batch's own once one arrives
+
+    def micro_rows(self, lengths: list[int]) -> list[list[int]]:
+        """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
+        tokens (rows × widest row; padding-free: their sum) when set (learners.micro_batches)."""
+        return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
+                                packed=self.cfg.padding_free)
+
+    def micro_batches(self, data: TrainBatch) -> list[TrainBatch]:
+        return [data.select(rows) for rows in self.micro_rows(data.attention_mask.sum(-1).tolist())]
+
+    def passes(self, data: TrainBatch, rows: list[int]) -> Iterator[tuple[list[int], TrainBatch]]:
+        """(row positions, micro-batch) of `rows` (longest first) in micro-batches for one pass each, then the idle
+        passes the backend matches across ranks (run here, yielding nothing)."""
+        chunks = [[rows[i] for i in group] for group in self.micro_rows(data.attention_mask[rows].sum(-1).tolist())]
+        for j in range(self.backend.matched_passes(len(chunks))):
+            if j < len(chunks):
+                yield chunks[j], data.select(chunks[j])
+            else:
+                self.idle_loss()
+
+    @torch.no_grad()
+    def with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
+        """`data` with the behaviour policy's log-probs for the PPO ratio ([B, T], aligned as rollout_logprobs).
+
+        rollout: the engines' own. recompute: one no-grad pass of this learner, before the first optimizer
+        step, over the rows a later step trains (the first step's rows use their current log-probs)."""
+        if self.algo.old_logprobs == "rollout":
+            return dataclasses.replace(data, old_logprobs=data.rollout_logprobs)
+        if len(plan.steps) < 2:
+            return data
+        old = torch.zeros_like(data.rollout_logprobs)
+        for rows, mb in self.passes(data, data.longest_first(sorted({i for r in plan.steps[1:] for i in r}))):
+            old[torch.tensor(rows), 1:mb.input_ids.shape[1]] = self.logprobs(mb)[0]
+        return dataclasses.replace(data, old_logprobs=old)
+
+    @torch.no_grad()
+    def skipped_row_metrics(self, data: TrainBatch, rows: list[int]) -> dict[str, float]:
+        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction counts) of
+        the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
+        per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
+        exactly zero)."""
+        sums: dict[str, float] = {}
+        for _, mb in self.passes(data, data.longest_first(rows)):
+            lp, entropy = self.logprobs(mb, entropy=True)
+            entropy = cast(torch.Tensor, entropy)  # asked for, so present
+            mask = mb.loss_mask[:, 1:]
+            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles),
+                                ("tokens", float(mask.sum()))])
+        return sums
+
+    def idle_loss(self) -> torch.Tensor:
+        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for. It runs the
+        same head path as a real pass (no loss token: a ZeRO-3 head runs the chunks the other ranks run)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.backend.device)
+        ones = torch.ones_like(ids, dtype=torch.bool)
+        return self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
+
+    def logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
+                 entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
+        policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
+        positions (learners.logprob_head). `plain`: through the module itself, outside the backend's engine (per-
+        role gradients). Only positions under loss_mask[:, 1:] are meaningful."""
+        runner = self.backend.runner(plain) if model is None else model
+        return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
+                                       mb.attention_mask, mb.loss_mask, entropy=entropy)
+
+    @torch.no_grad()
+    def policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """The policy's log-probs [B, T−1], 0 before the response window (as in the loss)."""
+        return self.logprobs(mb)[0]
+
+    @torch.no_grad()
+    def reference_logprobs(self, mb: TrainBatch) -> torch.Tensor:
+        """The reference's log-probs [B, T−1], 0 before the response window (as the policy's)."""
+        if self.reference is None:
+            with self.model.disable_adapter():
+                return self.logprobs(mb, model=self.model)[0]
+        return self.logprobs(mb, model=self.reference)[0]
+
+    def _sequence_logprobs(self, model: Any, runner: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
+            return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,
+                                     temperature=self.temperature, chunk=self.cfg.logits_chunk_tokens,
+                                     entropy=entropy, padding_free=self.cfg.padding_free,
+                                     agree=self.backend.matched_passes)

@@ -3,7 +3,8 @@
 #   1. the environment: GPU, driver, CUDA torch, vllm, deepspeed, ray (uses a python that already has CUDA torch;
 #      installs the GPU extras into .venv only when none has; says what is missing);
 #   2. the GPU-marked tests (NCCL weight broadcast, vLLM on CUDA) when Ray and vLLM are there, and always the
-#      in-process DeepSpeed learner tests, which then run DeepSpeed on the GPU against the torch learner on CPU;
+#      in-process DeepSpeed learner tests, which then run DeepSpeed on the GPU against the torch learner on CPU
+#      (with Ray, also colocated LoRA policies on DeepSpeed against separate learners);
 #   3. a short training run on a random model with Qwen3-0.6B's shapes (no weights can be fetched offline):
 #      vLLM engines on the GPU, the DeepSpeed learner in bf16, NCCL weight sync; generated tokens/s, update
 #      and sync seconds (needs Ray and vLLM);
@@ -67,6 +68,14 @@ fi
 timeout 600 $PY -m pytest tests/learners/test_deepspeed.py -q -p no:cacheprovider -m "not slow" \
     >"$OUT_DIR/deepspeed_tests.log" 2>&1
 note "deepspeed learner on the GPU vs torch learner on CPU (exit $?): $(tail -1 "$OUT_DIR/deepspeed_tests.log")"
+# Colocated LoRA policies on DeepSpeed ZeRO-2 (one engine per policy over one base) against separate learners,
+# both on the GPU; its learner groups import Ray (cluster/group.py).
+if has ray; then
+    timeout 600 $PY -m pytest tests/learners/test_colocated.py -q -p no:cacheprovider >"$OUT_DIR/colocated_tests.log" 2>&1
+    note "colocated LoRA on DeepSpeed vs separate learners (exit $?): $(tail -1 "$OUT_DIR/colocated_tests.log")"
+else
+    note "colocated LoRA tests: not run (its learner groups need Ray, which this python lacks)"
+fi
 
 # 3. a short training run, Qwen3-0.6B-shaped
 if [ "$FULL_STACK" = 1 ]; then

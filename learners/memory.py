@@ -132,7 +132,8 @@ def mask_entries(setup: LearnerSetup) -> int:
       kernel), nor does one row, so the most is two rows or more of the widest T ≤ min(longest_row, tokens/2):
       tokens · T entries.
     - packed rows without flash-attention (the CPU): one [1, 1, N, N] block, N = tokens (learners/padding_free.py).
-    - packed rows on a GPU: flash-attention's varlen kernel, no mask (the plan assumes flash_attn on GPU nodes)."""
+    - packed rows on a GPU: flash-attention's varlen kernel, no mask (a learner on a GPU without
+      flash_attn refuses packed rows: learners.padding_free.attention_implementation)."""
     if setup.padding_free:
         return 0 if setup.device == "gpu" else setup.tokens**2
     return setup.tokens * min(setup.longest_row, setup.tokens // 2)

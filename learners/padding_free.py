@@ -31,10 +31,24 @@ def packed_index(loss_mask: Tensor, offsets: Tensor) -> Tensor:
     return offsets[rows] + t
 
 
-def attention_implementation(padding_free: bool) -> str | None:
-    """flash-attention 2 where packed rows need it (a GPU with flash_attn installed); None: the model's default."""
+def attention_implementation(padding_free: bool, cuda: bool | None = None,
+                             flash_attn: bool | None = None) -> str | None:
+    """The attention transformers should load the policy with: flash-attention 2 for packed rows on a GPU, None
+    (the model's default) otherwise. `cuda`/`flash_attn`: whether a GPU and the flash_attn package are there
+    (detected when None).
+
+    Packed rows on a GPU without flash_attn raise: the default attention would build an [N, N] mask per layer
+    (N = the token budget: ~3 GiB a layer in bf16 at 40,960 tokens), which the memory plan
+    (learners.memory.mask_entries) does not charge, so the run would fail out of memory far from its cause. On
+    CPU the [N, N] mask is planned."""
     import importlib.util
 
-    if padding_free and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return None
+    if not padding_free:
+        return None
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if not cuda:
+        return None
+    if not (importlib.util.find_spec("flash_attn") is not None if flash_attn is None else flash_attn):
+        raise RuntimeError("learner.padding_free=true on a GPU needs the flash_attn package (flash-attention 2's "
+                           "varlen kernel): install it on the learner nodes, or set learner.padding_free=false")
+    return "flash_attention_2"

@@ -127,7 +127,8 @@ def _sources() -> list[str]:
         "position and vocabulary entry; the attention masks transformers builds: padded rows "
         "(`learner.padding_free=false`, these cells) at most tokens × min(algo.max_len, tokens/2) entries, 2 bytes "
         "per entry and layer kept for backward (one layer's with checkpointing), packed rows none (flash-attention "
-        "varlen, assumed installed on GPU nodes). GPU coefficients are estimates from the formulas, uncalibrated "
+        "varlen: a learner on a GPU without flash_attn refuses packed rows). GPU coefficients are estimates from "
+        "the formulas, uncalibrated "
         "until a GPU run measures them; the CPU ones are calibrated (tests/learners/test_memory_calibration.py).",
         "- Engine memory (jobs/plan/rollout_estimate.py): bf16 weights, multi-LoRA slots, a "
         f"{ENGINE_RESERVE / GIB:g} GiB reserve (estimate), the rest KV cache at 2·L·n_kv·d·2 bytes per token; "
@@ -141,6 +142,8 @@ def _sources() -> list[str]:
         "full fine-tuning, Qwen3-0.6B-shaped, "
         "ZeRO-2) scaled by each model's matmul FLOPs per token (2 per weight per pass: forward and backward, "
         "one more forward with checkpointing and one for the recomputed old log-probs; attention FLOPs left "
-        "out). H100 and H200 share the same bf16 peak. The rate was measured at hidden size 1,024, where matmuls "
+        "out), counted on the tokens trained: padded positions (`learner.padding_free=false`) add their share on "
+        "top, which a run reports as `batch/padding_frac/<policy>`. H100 and H200 share the same bf16 peak. "
+        "The rate was measured at hidden size 1,024, where matmuls "
         "are small; larger models likely run nearer the peak, so the 1.7B and 4B update times lean high.",
     ]

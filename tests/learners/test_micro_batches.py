@@ -95,3 +95,15 @@ def test_padding_free_rows_give_the_padded_update():
     assert m_packed["loss"] == pytest.approx(m_padded["loss"], rel=1e-5, abs=1e-7)
     with pytest.raises(ConfigError, match="padding_free=true needs learner.logits_chunk_tokens"):
         load_config("jobs/configs/tiny.yaml", ["learner.padding_free=true", "learner.logits_chunk_tokens=0"])
+
+
+def test_packed_rows_on_a_gpu_without_flash_attention_are_refused_naming_the_key():
+    """The plan charges no [N, N] mask for packed rows on a GPU (flash-attention's varlen kernel): a GPU node
+    without flash_attn must fail at load, not out of memory mid-update."""
+    from learners.padding_free import attention_implementation
+
+    assert attention_implementation(False, cuda=True, flash_attn=False) is None
+    assert attention_implementation(True, cuda=False, flash_attn=False) is None  # CPU: the [N, N] mask is planned
+    assert attention_implementation(True, cuda=True, flash_attn=True) == "flash_attention_2"
+    with pytest.raises(RuntimeError, match="learner.padding_free"):
+        attention_implementation(True, cuda=True, flash_attn=False)

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import cast
 
-from omegaconf import OmegaConf
-
-from jobs.config.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig
 from jobs.driver.handles import model_paths
 from jobs.driver.run_data import load_run_data
 from jobs.plan.layout import RunLayout, run_layout
@@ -48,8 +45,7 @@ def _prepare(cfg: TrainConfig) -> RunAssets:
     paths = model_paths(layout)  # each policy's own model (marl.policies), else model.path
     data = load_run_data(cfg)
     print(f"[{cfg.run_name}] {data.summary}", flush=True)
-    family = get_family(cfg.data.task, cfg.data.answer_fallback,
-                        cast(dict[str, object], OmegaConf.to_container(as_node(cfg).data.sandbox)))
+    family = get_family(cfg.data.task, cfg.data.answer_fallback, cfg.data.sandbox)
     pads = {path: _pad_id(path) for path in set(paths.values())}
     return RunAssets(layout, paths, family, PromptSampler(data.train, cfg.seed), data.eval,
                      {pid: pads[path] for pid, path in paths.items()}, data.metrics, data.full_eval)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
 from marl.tasks.base import AsyncScoring, Scored, TaskFamily
 from marl.tasks.code import CodeFamily
 from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
+from marl.tasks.sandbox.limits import SandboxSection
 
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {"math": MathFamily, "digit": DigitFamily, "code": CodeFamily}
 
@@ -22,7 +22,7 @@ class TaskName(StrEnum):
     code = "code"
 
 
-def get_family(name: str, answer_fallback: str = "none", sandbox: Mapping[str, Any] | None = None) -> TaskFamily:
+def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxSection | None = None) -> TaskFamily:
     """A fresh TaskFamily for `name`; unknown names raise ValueError listing the known ones.
     `answer_fallback` applies to the math family only, `sandbox` (the `data.sandbox` section: workers and
     limits) to the code family only."""

@@ -26,12 +26,12 @@ import asyncio
 import re
 import textwrap
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from marl.tasks.base import Scored
 from marl.tasks.sandbox import Program, SandboxLimits, SandboxPool, SandboxResult
+from marl.tasks.sandbox.limits import SandboxSection, limits_of
 from marl.types import Task
 
 INSTRUCTION = "Write your solution as one complete Python program in a single ```python code block."
@@ -98,11 +98,9 @@ class CodeFamily:
         self._check_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, sandbox: Mapping[str, Any] | None = None) -> CodeFamily:
-        """From the `data.sandbox` config section (workers plus SandboxLimits fields)."""
-        options = dict(sandbox or {})
-        workers = int(options.pop("workers", 0))
-        return cls(SandboxLimits(**options), workers)
+    def from_config(cls, sandbox: SandboxSection | None = None) -> CodeFamily:
+        """From the `data.sandbox` config section (workers and the limits it sets); None: the defaults."""
+        return cls(limits_of(sandbox), sandbox.workers) if sandbox is not None else cls()
 
     def instruction(self) -> str:
         return INSTRUCTION

@@ -260,8 +260,29 @@ def test_code_metrics_appear_only_with_code_tasks():
 
 
 def test_get_family_builds_the_code_family_from_the_config_section():
-    family = get_family("code", sandbox={"timeout_s": 2.5, "memory_mb": 256, "workers": 3})
+    from jobs.config.schema import SandboxConfig
+
+    family = get_family("code", sandbox=SandboxConfig(timeout_s=2.5, memory_mb=256, site_packages=True, workers=3))
     assert isinstance(family, CodeFamily) and family.instruction() == INSTRUCTION
-    assert (family.pool.limits.timeout_s, family.pool.limits.memory_mb, family.pool.workers) == (2.5, 256, 3)
+    limits = family.pool.limits
+    assert (limits.timeout_s, limits.memory_mb, limits.site_packages, family.pool.workers) == (2.5, 256, True, 3)
     with pytest.raises(ValueError, match="timeout_s"):
-        get_family("code", sandbox={"timeout_s": 0})
+        get_family("code", sandbox=SandboxConfig(timeout_s=0))
+
+
+def test_every_sandbox_config_key_reaches_the_sandbox():
+    """The schema's `data.sandbox` keys are the section the code family reads, and each sets the limit of its
+    name (a key added to the schema but not read would be silently ignored)."""
+    import dataclasses
+    import typing
+
+    from jobs.config.schema import SandboxConfig
+    from marl.tasks.sandbox.limits import SandboxLimits, SandboxSection, limits_of
+
+    keys = {f.name for f in dataclasses.fields(SandboxConfig)}
+    assert keys == set(typing.get_type_hints(SandboxSection))
+    section = SandboxConfig(timeout_s=7.0, timeout_per_test_s=2.0, memory_mb=300, max_output_bytes=999,
+                            file_size_mb=9, max_processes=3, site_packages=True, workers=2)
+    limits = limits_of(section)
+    assert {k: getattr(limits, k) for k in keys - {"workers"}} == {k: getattr(section, k) for k in keys - {"workers"}}
+    assert all(getattr(limits, k) != getattr(SandboxLimits(), k) for k in keys - {"workers"})

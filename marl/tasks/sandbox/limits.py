@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 # ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
 # differed. syntax_error: the candidate does not compile. timeout: wall clock or CPU limit. oom: address-space
@@ -100,6 +100,29 @@ class SandboxLimits:
             "processes": (self.max_processes,) * 2,
             "core_bytes": (0, 0),
         }
+
+
+class SandboxSection(Protocol):
+    """The `data.sandbox` config section as the code family reads it: the limits a run may set, and `workers`
+    (jobs/config/schema.SandboxConfig satisfies it; marl cannot import jobs, so the contract is stated here)."""
+
+    timeout_s: float
+    timeout_per_test_s: float
+    memory_mb: int
+    max_output_bytes: int
+    file_size_mb: int
+    max_processes: int
+    site_packages: bool
+    workers: int
+
+
+def limits_of(section: SandboxSection) -> SandboxLimits:
+    """The SandboxLimits a config section sets; the rest (open files, privileges, interpreter) keep their
+    defaults. Raises ValueError naming a limit out of bounds."""
+    return SandboxLimits(timeout_s=section.timeout_s, timeout_per_test_s=section.timeout_per_test_s,
+                         memory_mb=section.memory_mb, max_output_bytes=section.max_output_bytes,
+                         file_size_mb=section.file_size_mb, max_processes=section.max_processes,
+                         site_packages=section.site_packages)
 
 
 def auto_workers() -> int:

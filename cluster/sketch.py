@@ -16,6 +16,9 @@ from collections.abc import Mapping
 
 import torch
 
+# A nonzero error row escapes one ±1 probe with probability ≤ 1/2, all four with ≤ 1/16. Both sides of the check
+# read every weight once whatever k is (memory-bound): k = 1, 2, 4 took 0.03-0.05 s each for SmolLM2-135M's 0.5 GiB
+# (benchmarks/sketch_probes.py), so fewer probes would weaken the check for nothing.
 SKETCH_PROBES = 4
 # Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 sums in
 # another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model, within this bound on

@@ -171,10 +171,11 @@ def _delta_sync_seconds(group: Any, path: str, cfg: TrainConfig, reps: int) -> d
     from cluster.transport import broadcast
 
     src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
-    outs = [broadcast(src, _LoraSource.get_lora_delta, [group.group], EngineMember.load_lora_delta, v + 1, 600.0,
-                      expect=_LoraSource.merged_sketch, compare=served_as_merged) for v in range(reps + 1)][1:]
+    outs = [_with_load(broadcast(src, _LoraSource.get_lora_delta, [group.group], EngineMember.load_lora_delta, v + 1,
+                                 600.0, expect=_LoraSource.merged_sketch, compare=served_as_merged))
+            for v in range(reps + 1)][1:]
     src.shutdown()
-    return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs)}
+    return _medians(outs)
 
 
 class _LoraSource:
@@ -263,10 +264,20 @@ def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
 
     check = adapter_fingerprint if dst_method is EngineMember.load_adapter else fingerprint
     src = Group(_Source, 0, "bench:source", per_member_kwargs=[{"payload": payload}])
-    outs = [broadcast(src, src_method, [group.group], dst_method, v + 1, 600.0, fingerprint=check)
+    outs = [_with_load(broadcast(src, src_method, [group.group], dst_method, v + 1, 600.0, fingerprint=check))
             for v in range(reps + 1)][1:]  # the first includes one-off costs (e.g. vLLM's LoRA set-up)
     src.shutdown()
-    return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs)}
+    return _medians(outs)
+
+
+def _with_load(out: dict) -> dict:
+    """A sync's result and the box's 1-minute load average right after it (the box is shared: noise shows)."""
+    return {**out, "load": os.getloadavg()[0]}
+
+
+def _medians(outs: list[dict]) -> dict:
+    return {"bytes": outs[0]["bytes"], "sync_s": statistics.median(o["sync_s"] for o in outs),
+            "load": statistics.median(o["load"] for o in outs)}
 
 
 def bench_bare_vllm(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> float:
@@ -384,7 +395,7 @@ def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora:
 
 def _print_sync(name: str, s: dict) -> None:
     print(f"  sync {name:<30} {s['bytes'] / 2**20:9.1f} MiB {s['sync_s']:8.3f} s "
-          f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s")
+          f"{s['bytes'] / 2**20 / s['sync_s']:9.1f} MiB/s   load average {s['load']:4.1f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the load itself. Used by benchmarks.lora_sync --actors (an adapter delta) and be
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -59,9 +60,10 @@ def as_dict(tensors: PackedTensors) -> dict[str, Any]:
 
 def one_sync(src: Any, get: Callable, engines: Any, load: Callable, expect: Callable[[Any], Any],
              check: Callable[[dict, Any], None], version: int) -> dict[str, float]:
-    """One sync, phase by phase (seconds): get(source member) → the payload in the store; load(engine member,
-    payload, version) on member 0 of `engines` (a cluster.Group of StampedEngine); expect(payload as the driver
-    holds it, an object ref) computed in the source while the engine loads; check(report, expected)."""
+    """One sync, phase by phase (seconds), and the box's load average after it: get(source member) → the payload
+    in the store; load(engine member, payload, version) on member 0 of `engines` (a cluster.Group of StampedEngine);
+    expect(payload as the driver holds it, an object ref) computed in the source while the engine loads;
+    check(report, expected)."""
     t0 = time.time()
     ref = src.submit_to([0], get).payload(600)
     src.run(0, _ready, ref).result(600)  # the payload is in the object store
@@ -79,7 +81,8 @@ def one_sync(src: Any, get: Callable, engines: Any, load: Callable, expect: Call
                  ("engine: load call", report["end"] - report["start"]),
                  *((f"  {part}", s) for part, s in report["parts"].items()),
                  ("engine: report back (pickled, fetched)", t3 - report["end"]),
-                 ("driver: check", t4 - t3), ("whole sync", t4 - t0)))
+                 ("driver: check", t4 - t3), ("whole sync", t4 - t0),
+                 ("(load average over 1 min, not s)", os.getloadavg()[0])))
 
 
 def _ready(payload: Any) -> None:

@@ -10,11 +10,15 @@ probes are exact in every float dtype, so the only difference is the kernels' su
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Mapping
 
 import torch
 
+# A nonzero error row escapes one ±1 probe with probability ≤ 1/2, all four with ≤ 1/16. Both sides of the check
+# read every weight once whatever k is (memory-bound): k = 1, 2, 4 took 0.03-0.05 s each for SmolLM2-135M's 0.5 GiB
+# (benchmarks/sketch_probes.py), so fewer probes would weaken the check for nothing.
 SKETCH_PROBES = 4
 # Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 sums in
 # another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model, within this bound on
@@ -23,10 +27,13 @@ SKETCH_PROBES = 4
 SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
+@functools.lru_cache(maxsize=1024)  # a model's tensors (Qwen3-4B: ~400 of cols × k fp32, ≤ 160 KB)
 def probes(name: str, cols: int, k: int = SKETCH_PROBES) -> torch.Tensor:
     """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device). Stored column by
     column (a transposed view): W @ P then takes a matrix-times-vectors kernel, 2.7-3.5x faster on CPU than with
-    row-major probes (median 0.24 -> 0.09 s for SmolLM2-135M's 272 tensors, 2 threads)."""
+    row-major probes (median 0.24 -> 0.09 s for SmolLM2-135M's 272 tensors, 2 threads). Kept per (name, cols, k),
+    since every sync sketches the same tensors (drawing them was ~0.03 s of a full-weight check): the same tensor
+    object is handed to every caller, which must not write into it."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     return torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1).T.contiguous().T
 

@@ -119,7 +119,6 @@ class MergedSketch:
 
     def __init__(self) -> None:
         self._base: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}  # name -> ((data_ptr, _version), sketch)
-        self._kept_probes: dict[str, torch.Tensor] = {}  # name -> probes(name, cols)
 
     @torch.no_grad()
     def __call__(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -134,7 +133,7 @@ class MergedSketch:
                 w0 = module.get_base_layer().weight
                 if isinstance(module, Linear) and not module.fan_in_fan_out and not module.use_dora.get(adapter):
                     a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
-                    out[key] = low_rank_sketch(self._sketch(key, w0), b, a, self._probes(key, a.shape[1]),
+                    out[key] = low_rank_sketch(self._sketch(key, w0), b, a, probes(key, a.shape[1]),
                                                module.scaling[adapter])
                 else:  # other LoRA kinds: this layer merged, as merge_for_serving does
                     out[key] = sketch(key, w0.float() + _lora_delta(module, adapter))
@@ -143,12 +142,6 @@ class MergedSketch:
             if "lora_" not in key and served not in out:
                 out[served] = self._sketch(served, value)
         return out
-
-    def _probes(self, name: str, cols: int) -> torch.Tensor:
-        kept = self._kept_probes.get(name)
-        if kept is None or kept.shape[0] != cols:  # drawing them is most of a layer's low-rank sketch: kept
-            kept = self._kept_probes[name] = probes(name, cols)
-        return kept
 
     def _sketch(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         stamp = (tensor.data_ptr(), tensor._version)  # an in-place write bumps _version, a new tensor the pointer

@@ -38,27 +38,16 @@ def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -
     """{HF name: cluster.sketch.sketch_error of the served tensor against the sent one} for every tensor of
     `weights` read back from `model` (plus the LM head of a tied model sent its embedding only)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head keeps its own name
-    modules = dict(model.named_modules())
-    errors = {}
-    for name, sent in _checked(model, params, weights):
-        served = _served_sketch(model, params, modules, name, tuple(sent.shape))
-        if served is not None:
-            errors[name] = sketch_error(served, sketch(name, sent))
-    return errors
+    checked = dict(_checked(model, params, weights))
+    served = _read(model, params, {name: tuple(sent.shape) for name, sent in checked.items()})
+    return {name: sketch_error(s, sketch(name, checked[name])) for name, s in served.items()}
 
 
 @torch.no_grad()
 def served_sketches(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """{HF name: [rows, k] sketch of the tensor as `model` serves it} for every name of `shapes` (HF shapes) read
     back (the LM head through the logits path): what a sender that holds the expected sketch compares."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    modules = dict(model.named_modules())
-    out = {}
-    for name, shape in shapes.items():
-        served = _served_sketch(model, params, modules, name, shape)
-        if served is not None:
-            out[name] = served
-    return out
+    return _read(model, dict(model.named_parameters(remove_duplicate=False)), shapes)
 
 
 def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> None:
@@ -116,29 +105,50 @@ def part_rows(parts: Sequence[str], config: PretrainedConfig, fused_rows: int) -
     return [fused_rows // len(parts)] * len(parts)
 
 
-def _served_sketch(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
-                   name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """[rows, k] the sketch of tensor `name` (HF shape `shape`) as `model` serves it; None: not read back."""
+def _read(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
+          shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """{name: [rows, k] served sketch} for the names of `shapes` that are read back, in their order. The parts of
+    one linear are read through its kernel in one call (`_kernel_sketches`): each call reads the whole packed
+    weight, so q, k, v (gate, up) read one by one would read their fused module three (two) times."""
+    modules = dict(model.named_modules())
+    out: dict[str, torch.Tensor] = {}
+    kernel_reads: dict[int, tuple[Any, list[tuple[str, int, tuple[int, ...]]]]] = {}
+    for name, shape in shapes.items():
+        served = _served(model, params, modules, name, shape)
+        if isinstance(served, torch.Tensor):
+            out[name] = sketch(name, served)
+        elif served is not None:
+            layer, offset = served
+            kernel_reads.setdefault(id(layer), (layer, []))[1].append((name, offset, shape))
+    for layer, parts in kernel_reads.values():
+        out.update(_kernel_sketches(layer, parts))
+    return {name: out[name] for name in shapes if name in out}
+
+
+def _served(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
+            name: str, shape: tuple[int, ...]) -> torch.Tensor | tuple[Any, int] | None:
+    """Where `model` serves tensor `name` (HF shape `shape`): the served tensor itself, (a layer whose GEMM holds
+    it, its first row there), or None: not read back."""
     if int(torch.Size(shape).numel()) == 0:
         return None
     head = getattr(model, "lm_head", None)
     if name == HEAD and head is not None and hasattr(head, "quant_method"):
-        return _kernel_sketch(head, name, 0, shape)
+        return head, 0
     own = params.get(name)
     if own is not None and tuple(own.shape) == shape:
-        return sketch(name, own)
+        return own
     if own is not None and _padded_vocab(modules.get(name.rsplit(".", 1)[0]), own, shape):
-        return sketch(name, own[:shape[0]])
+        return own[:shape[0]]
     slot = _linear_slot(model, modules, name, shape)
     if slot is None:
         return None
     layer, leaf, offset = slot
     bias = getattr(layer, "bias", None)
     if leaf == "bias" and len(shape) == 1 and bias is not None:
-        return sketch(name, bias[offset:offset + shape[0]])
+        return bias[offset:offset + shape[0]]
     if leaf != "weight" or len(shape) != 2:
         return None
-    return _kernel_sketch(layer, name, offset, shape)
+    return layer, offset
 
 
 def _padded_vocab(module: Any, own: torch.Tensor, shape: tuple[int, ...]) -> bool:
@@ -173,10 +183,13 @@ def _rows_of(layer: torch.nn.Module) -> int | None:
     return getattr(layer, "output_size_per_partition", None) if hasattr(layer, "quant_method") else None
 
 
-def _kernel_sketch(layer: Any, name: str, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """[rows, k] W[offset:offset + rows] @ probes of the weight a vLLM linear (or LM head) multiplies by, through
-    its own GEMM (bias left out): the probes go in as k input rows."""
+def _kernel_sketches(layer: Any, parts: Sequence[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """{name: [rows, k] W[offset:offset + rows] @ probes(name)} for each (name, offset, HF shape) of `parts`, all
+    rows of the weight one vLLM linear (or LM head) multiplies by, through its own GEMM in one call (bias left
+    out): every part's probes go in as k input rows of their own, and each part keeps its rows and columns."""
     weight = layer.weight
-    x = probes(name, shape[1]).T.contiguous().to(weight.device, weight.dtype)  # [k, in], ±1: exact in any dtype
-    out = layer.quant_method.apply(layer, x, bias=None)  # [k, out rows] = P^T @ W^T
-    return out[:, offset:offset + shape[0]].T.float().cpu()
+    x = torch.cat([probes(name, shape[1]).T for name, _, shape in parts])  # [parts × k, in], ±1: exact in any dtype
+    out = layer.quant_method.apply(layer, x.to(weight.device, weight.dtype), bias=None)  # [parts × k, out] = X @ W^T
+    k = x.shape[0] // len(parts)
+    return {name: out[i * k:(i + 1) * k, offset:offset + shape[0]].T.float().cpu()
+            for i, (name, offset, shape) in enumerate(parts)}

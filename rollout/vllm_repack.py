@@ -155,14 +155,15 @@ def _fused(stacked: list[torch.Tensor], names: list[str], sent: Mapping[str, tor
 
 
 def _adjacent(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """[Σ rows, cols] one view of `parts` when they are row blocks of one tensor, back to back in this order (an
-    engine's merge buffers, rollout.lora.BaseWeights); None otherwise."""
-    first, end = parts[0], parts[0].data_ptr()
+    """[Σ rows, cols] one view of `parts` when they are row blocks of one tensor, back to back in this order, laid
+    out alike (an engine's merge buffers, rollout.lora.BaseWeights, column-major there); None otherwise."""
+    first, offset = parts[0], parts[0].storage_offset()
     for part in parts:
-        if (part.dtype != first.dtype or not part.is_contiguous() or part.shape[1:] != first.shape[1:]
-                or part.data_ptr() != end or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+        if (part.dtype != first.dtype or part.stride() != first.stride() or part.shape[1:] != first.shape[1:]
+                or part.storage_offset() != offset
+                or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
             return None
-        end += part.numel() * part.element_size()
+        offset += part.shape[0] * part.stride(0)
     return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset())
 
 

@@ -101,6 +101,18 @@ def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
     assert torch.equal(out, merge_layer(w0, (b @ a) * scale, torch.float32)[0])
 
 
+@pytest.mark.parametrize("column_major", [False, True])
+def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_major):
+    """rollout.vllm_repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
+    (BaseWeights' merge buffers), are one view of it; out of order, with a gap or of another buffer: None."""
+    whole = torch.arange(7 * 3, dtype=torch.float32).view(3, 7).T if column_major else torch.arange(21.).view(7, 3)
+    parts = list(whole.split([4, 1, 2]))
+    view = _adjacent(parts)
+    assert view is not None and view.data_ptr() == whole.data_ptr() and torch.equal(view, whole)
+    assert _adjacent(parts[::-1]) is None and _adjacent([parts[0], parts[2]]) is None
+    assert _adjacent([parts[0], parts[1].clone()]) is None
+
+
 def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_one_view(tmp_path):
     """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one tensor, in
     stacking order: the in-place load takes them as one view (rollout.vllm_repack._adjacent), nothing concatenated."""

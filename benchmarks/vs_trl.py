@@ -68,7 +68,7 @@ def _trl_dataset(a: argparse.Namespace):
     from marl.workflows.common import with_instruction
     from marl.workflows.single_agent import SOLVER_SYSTEM
 
-    family = get_family("math", "last_number", {})
+    family = get_family("math", "last_number")
     # Same sampler and seed as the driver, so both sides see the same prompts in the same order.
     sampler = PromptSampler(load_tasks(DATA, 256, 0, "math"), 0)
     tasks = [t for _ in range(a.warmup + a.steps) for t in sampler.next(a.prompts)]

@@ -43,12 +43,11 @@ def attention_implementation(padding_free: bool, cuda: bool | None = None,
     CPU the [N, N] mask is planned."""
     import importlib.util
 
-    if not padding_free:
+    if not padding_free or not (torch.cuda.is_available() if cuda is None else cuda):
         return None
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if not cuda:
-        return None
-    if not (importlib.util.find_spec("flash_attn") is not None if flash_attn is None else flash_attn):
+    if flash_attn is None:
+        flash_attn = importlib.util.find_spec("flash_attn") is not None
+    if not flash_attn:
         raise RuntimeError("learner.padding_free=true on a GPU needs the flash_attn package (flash-attention 2's "
                            "varlen kernel): install it on the learner nodes, or set learner.padding_free=false")
     return "flash_attention_2"

@@ -107,12 +107,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _CLUSTER.stop()
 
 
+_EXIT_STATUS: list[int] = []  # pytest's exit status, kept for pytest_unconfigure
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _CLUSTER.stop()
     _EXIT_STATUS.append(int(exitstatus))
-
-
-_EXIT_STATUS: list[int] = []
 
 
 @pytest.hookimpl(trylast=True)

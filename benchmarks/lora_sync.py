@@ -42,8 +42,8 @@ from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, adapter_bytes
-from rollout.vllm_engine import _PROCESS_LOCK, _quiet_partial_reload
-from rollout.vllm_readback import whole_modules
+from rollout.vllm.engine import _PROCESS_LOCK, _quiet_partial_reload
+from rollout.vllm.readback import whole_modules
 
 PARTS = {"before": ["learner merged_fingerprint", "engine load_lora_delta", "  merge", "  load + sketch check",
                     "    sketch check"],

@@ -20,7 +20,7 @@ ALLOWED = {
     "jobs": OURS,
 }
 # The only modules allowed to import these (lazily, inside an adapter).
-FENCES = {"vllm": {"rollout/vllm_engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
+FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
 # Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points; benchmarks,
 # tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.

@@ -83,7 +83,7 @@ def test_every_backend_is_built_with_the_kwargs(backend):
 
 @pytest.mark.vllm
 def test_vllm_renders_the_hf_engines_ids(thinking_model):
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(thinking_model, policy_id="pi", chat_template_kwargs=OFF, kv_cache_gb=0.25)
     requests = [MESSAGES, [{"role": "user", "content": "hi"}]]

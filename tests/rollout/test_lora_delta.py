@@ -15,7 +15,7 @@ from jobs.plan.layout import run_layout
 from learners.weights import merge_layer
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, merge_into, stack_of
-from rollout.vllm_repack import _adjacent
+from rollout.vllm.repack import _adjacent
 
 ROLES = ["generator", "aggregator"]
 LORA = ("model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16")
@@ -103,7 +103,7 @@ def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
 
 @pytest.mark.parametrize("column_major", [False, True])
 def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_major):
-    """rollout.vllm_repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
+    """rollout.vllm.repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
     (BaseWeights' merge buffers), are one view of it; out of order, with a gap or of another buffer: None."""
     whole = torch.arange(7 * 3, dtype=torch.float32).view(3, 7).T if column_major else torch.arange(21.).view(7, 3)
     parts = list(whole.split([4, 1, 2]))
@@ -115,7 +115,7 @@ def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_ma
 
 def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_one_view(tmp_path):
     """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one tensor, in
-    stacking order: the in-place load takes them as one view (rollout.vllm_repack._adjacent), nothing concatenated."""
+    stacking order: the in-place load takes them as one view (rollout.vllm.repack._adjacent), nothing concatenated."""
     system = _system(tmp_path)
     try:
         learner = system.learners["generator"].group._members[0]

@@ -18,7 +18,6 @@ Greedy requests get log_softmax of the raw logits, as in the HF engine.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -36,10 +35,10 @@ from transformers import AutoTokenizer
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL
-from marl.types import Completion, Message
+from marl.types import Completion
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
-from rollout.serving import Job, ServingLoop, between_calls
+from rollout.serving import ChatServing, ServingLoop, between_calls
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm.repack import Kernels, load_in_place
 from rollout.vllm.stepper import VLLMStepper
@@ -71,7 +70,7 @@ def _keep_shared_state_alive() -> None:
     core.cleanup_dist_env_and_memory = guarded
 
 
-class VLLMEngine:
+class VLLMEngine(ChatServing):
     """One vLLM `LLM` serving chat requests with per-token logprobs of the sampled tokens."""
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
@@ -121,26 +120,6 @@ class VLLMEngine:
         stepper = VLLMStepper(self.llm.llm_engine, _PROCESS_LOCK, _request_params(self.eos_ids), self._completion,
                               self._lora_request)
         self.loop = ServingLoop(stepper, f"vllm:{policy_id}")
-
-    def encode(self, messages: list[Message]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.chat_kwargs
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
-
-    def generate(self, requests: list[list[Message]], sampling: Sampling,
-                 adapter: str | None = None) -> list[Completion]:
-        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request i
-        is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
-        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
-
-    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
-                             adapter: str | None = None) -> list[Completion]:
-        job = Job([self.encode(m) for m in requests], sampling, adapter)
-        return await asyncio.wrap_future(self.loop.submit(job))
-
-    async def progress(self) -> int:
-        return self.loop.tokens
 
     def _lora_request(self, adapter: str | None) -> Any:
         return self.adapters.get(adapter, (None, 0, ""))[0] if adapter else None

@@ -86,8 +86,13 @@ for name in ("vllm", "deepspeed", "ray", "transformers", "peft", "omegaconf"):
 EOF
 note "stack: $(grep -E '^(torch|vllm|deepspeed|ray|transformers|omegaconf) ' "$LOG" | tr '\n' ';')"
 
-# 2. the published single-GPU baselines, most telling first (jobs/plan/published.py PUBLISHED: 0 = 0.6B full,
+# 2. the published single-GPU baselines: their random models built first (saved under $MARL_CACHE, 4B ~8 GB), so
+# each baseline's limit is its own steps'; then the baselines, most telling first (jobs/plan/published.py PUBLISHED: 0 = 0.6B full,
 # 3 = 4B LoRA 65,536, 2 = 4B LoRA 16,384, 1 = 0.6B LoRA); one process each, so each peak is its own.
+if enough 60 "building the random models"; then
+    step 240 build_models $PY -m benchmarks.published_steps --build --config 0 --config 3
+    note "random Qwen3-0.6B and 4B models (exit $?): $(grep '^BUILT' "$STEPS_DIR/build_models.log" | tr '\n' ' ')"
+fi
 for index in 0 3 2 1; do
     enough 60 "published baseline $index" || continue
     step 200 "published_$index" $PY -m benchmarks.published_steps --config "$index" --steps 1

@@ -105,6 +105,16 @@ def row(index: int, gpu: bool, steps: int) -> dict[str, Any]:
     return out
 
 
+def build(indices: list[int], gpu: bool) -> int:
+    """Build (or find in the cache) each configuration's random model, saying how long each took."""
+    from jobs.models.resolve import resolve_model
+
+    for model in dict.fromkeys(PUBLISHED[i].model() if gpu else TINY_MODEL for i in indices):
+        start = time.perf_counter()
+        print(f"BUILT {model} -> {resolve_model(model)} in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
 def summary(r: dict[str, Any]) -> str:
     """One line of a record for the GPU check's summary."""
     if "error" in r:
@@ -124,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="index into jobs/plan/published.py PUBLISHED (repeatable; default every 1-GPU one)")
     parser.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up")
     parser.add_argument("--cpu-tiny", action="store_true", help="a tiny shape on CPU (no GPU needed)")
+    parser.add_argument("--build", action="store_true", help="only build the configurations' random models")
     args = parser.parse_args(argv)
+    if args.build:
+        return build(args.config or SINGLE_GPU, not args.cpu_tiny)
     for index in args.config or SINGLE_GPU:
         record = row(index, not args.cpu_tiny, args.steps)
         print("PUBLISHED_STEP " + json.dumps(record), flush=True)

@@ -45,3 +45,9 @@ def test_cpu_tiny_measures_a_step_beside_the_plan(capsys):
 
 def test_summary_says_an_error():
     assert summary({"config": "x", "error": "OutOfMemoryError: ..."}) == "x: OutOfMemoryError: ..."
+
+
+def test_build_only_builds_the_models(capsys):
+    assert main(["--cpu-tiny", "--build", "--config", "0", "--config", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("BUILT builtin:qwen3-0.6b-shape?vocab=4096")

@@ -105,9 +105,10 @@ GPU_LOGITS_WHOLE = 16.0  # bytes per position × vocab entry, a window kept whol
 #                          fp32 and bf16 gradients
 GPU_LOGITS_CHUNK = 12.0  # per chunk position × vocab entry: fp32 logits, their exp, their gradient
 GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers of one learner process (estimate)
-# torch's caching allocator keeps freed blocks: a learner's reserved pool over its allocated peak, measured 1.13-1.25
-# on one H200 at 16,384-65,536 tokens per micro-batch (max_memory_reserved / max_memory_allocated;
-# benchmarks/results/2026-12-04-gpu-check-h200.md); the largest, so a plan refuses what the pool would not hold.
+# torch's caching allocator keeps freed blocks: a learner's reserved pool over its allocated peak, measured
+# 1.13-1.25 on one H200 at 16,384-65,536 tokens per micro-batch (max_memory_reserved / max_memory_allocated;
+# benchmarks/results/2026-12-04-gpu-check-h200.md); the largest, so a plan refuses what the pool would not
+# hold.
 GPU_ALLOCATOR_POOL = 1.25
 # CPU, fp32 + sdpa (its CPU flash kernel stores no attention scores): calibrated against this project's CPU
 # learner (benchmarks/learner_peak.py, tests/learners/test_memory_calibration.py; benchmarks/README.md).

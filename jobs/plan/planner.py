@@ -35,10 +35,10 @@ FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the es
 FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
             "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
             "learner.rank_num_gpus", "learner.logits_chunk_tokens", "learner.padding_free")
-# The learner's measured rate (benchmarks/results/2026-12-04-gpu-check-h200.md: this learner on one H200 at prime-rl's
-# four single-GPU baselines, bf16 DeepSpeed ZeRO-2, checkpointing on, 16,384-65,536 tokens per sequence, Qwen3-0.6B
-# and 4B, full and LoRA): 0.253-0.291 of the dense bf16 peak in the baselines' FLOP count (train_flops_per_token),
-# the median of the four. The H100 has the H200's dense bf16 peak.
+# The learner's measured rate (benchmarks/results/2026-12-04-gpu-check-h200.md: this learner on one H200 at
+# prime-rl's four single-GPU baselines, bf16 DeepSpeed ZeRO-2, checkpointing on, 16,384-65,536 tokens per
+# sequence, Qwen3-0.6B and 4B, full and LoRA): 0.253-0.291 of the dense bf16 peak in the baselines' FLOP count
+# (train_flops_per_token), the median of the four. The H100 has the H200's dense bf16 peak.
 LEARNER_MFU = 0.261
 BF16_PEAK_FLOPS = 989e12
 

@@ -54,8 +54,9 @@ PUBLISHED = (
     Published("4B full", "4b", 0, 65536, 8, 30.29, 29.0e3, 0.354, 36.1),
 )
 
-# This learner on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md, one measured step each): PUBLISHED index
-# -> (max_memory_allocated GiB, max_memory_reserved GiB, step seconds). The 8-GPU baselines were not run.
+# This learner on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md, one measured step each):
+# PUBLISHED index -> (max_memory_allocated GiB, max_memory_reserved GiB, step seconds). The 8-GPU baselines
+# were not run.
 MEASURED_H200 = {0: (18.96, 23.68, 13.12), 1: (10.44, 12.37, 13.41), 2: (14.82, 16.77, 5.05), 3: (32.16, 38.96, 37.35)}
 
 

@@ -11,15 +11,16 @@ from jobs.plan.published import MEASURED_H200, MICRO_BATCHES, PUBLISHED, Publish
 from learners.memory import GIB, GPU_ALLOCATOR_POOL
 
 BAND = (0.8, 1.25)
-# prime-rl's precision at the baselines' dates (2026-01/02; trainer config `optimization_dtype` and `reduce_dtype`,
-# both float32 by default): FSDP keeps fp32 parameters (a LoRA run's frozen base too) and fp32 gradients and
-# AdamW states, casting to bf16 only for compute. Against DeepSpeed bf16 (learners/memory.py: 2 bytes per
-# weight, 6 per trainable gradient, 12 optimizer): a frozen weight +2 bytes, a fully trained one 16 against 20.
+# prime-rl's precision at the baselines' dates (2026-01/02; trainer config `optimization_dtype` and
+# `reduce_dtype`, both float32 by default): FSDP keeps fp32 parameters (a LoRA run's frozen base too) and fp32
+# gradients and AdamW states, casting to bf16 only for compute. Against DeepSpeed bf16 (learners/memory.py: 2
+# bytes per weight, 6 per trainable gradient, 12 optimizer): a frozen weight +2 bytes, a fully trained one 16
+# against 20.
 FROZEN_FP32_EXTRA = 2.0
 FULL_FP32_SAVING = 4.0
 
-# (memory ratio, time ratio, why) per PUBLISHED entry, in its order; ratios are planned / published. The planned
-# peak is what the refusal counts: allocated × GPU_ALLOCATOR_POOL + the runtime term.
+# (memory ratio, time ratio, why) per PUBLISHED entry, in its order; ratios are planned / published. The
+# planned peak is what the refusal counts: allocated × GPU_ALLOCATOR_POOL + the runtime term.
 EXPLAINED: tuple[tuple[float, float, str], ...] = (
     (1.32, 1.09, "Memory above the band, on the safe side, and within 1.09 of this learner's own reserved pool "
      "on the H200: this learner holds more than prime-rl's trainer (DeepSpeed bf16 keeps 20 bytes per trained "
@@ -102,9 +103,10 @@ def published_section() -> list[str]:
         "",
         *_intro(),
         "",
-        "| configuration | GPUs | tokens per micro-batch | planned as | planned GiB | published GiB | memory ratio | "
-        "ratio, their precision | planned s/step | published s/step | time ratio | H200 allocated / reserved GiB | "
-        "planned / H200 allocated | H200 s/step | planned tok/s/GPU | published tok/s/GPU | published MFU |",
+        "| configuration | GPUs | tokens per micro-batch | planned as | planned GiB | published GiB | memory "
+        "ratio | ratio, their precision | planned s/step | published s/step | time ratio | H200 allocated / "
+        "reserved GiB | planned / H200 allocated | H200 s/step | planned tok/s/GPU | published tok/s/GPU | "
+        "published MFU |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[_row(i, p, mem, time) for i, (p, mem, time, _) in enumerate(rows)],
         "",
@@ -113,12 +115,12 @@ def published_section() -> list[str]:
         *[f"- Qwen3-{p.size.upper()} {'LoRA r16' if p.lora_rank else 'full'}, {p.tokens:,} tokens, {p.gpus} GPU: "
           f"{why}" for p, _, _, why in rows],
         "",
-        "Before this GPU evidence (no allocator pool; an update rate of 57.7 TFLOP/s with LoRA and 110 TFLOP/s "
-        "full, measured at Qwen3-0.6B's shapes on 512-token rows, over matmul FLOPs without attention) the memory "
-        "ratios were 1.07, 0.91, 0.67, 0.68, 0.75, 1.04, 0.89 and the time ratios 0.47, 0.59, 2.52, 1.71, 1.68, "
-        "2.04, 1.26, in the table's order: the time model was off both ways (attention left out where it is "
-        "71-86 % of the FLOPs; a small-model rate for 4B), and the learner's allocated peaks were right (0.90-1.03 "
-        "of the H200's) while its reserved pool was not counted.",
+        "Before this GPU evidence (no allocator pool; an update rate of 57.7 TFLOP/s with LoRA and 110 "
+        "TFLOP/s full, measured at Qwen3-0.6B's shapes on 512-token rows, over matmul FLOPs without "
+        "attention) the memory ratios were 1.07, 0.91, 0.67, 0.68, 0.75, 1.04, 0.89 and the time ratios "
+        "0.47, 0.59, 2.52, 1.71, 1.68, 2.04, 1.26, in the table's order: the time model was off both ways "
+        "(attention left out where it is 71-86 % of the FLOPs; a small-model rate for 4B), and the learner's "
+        "allocated peaks were right (0.90-1.03 of the H200's) while its reserved pool was not counted.",
         "",
     ]
 
@@ -129,22 +131,23 @@ def _intro() -> list[str]:
         "prime-rl's committed trainer benchmarks (PrimeIntellect-ai/prime-rl `benchmarks/baselines/`, run "
         "2026-01 and 2026-02 on H100 80 GB with flash-attention 3 and activation recomputation; each step "
         f"{MICRO_BATCHES} micro-batches of one sequence per GPU; the 4B rows are Qwen3-4B-Instruct-2507, the "
-        "Qwen3-4B architecture) planned with this planner's own learner terms (jobs/plan/published.py): trainer "
-        "only, no engine share, DeepSpeed bf16, checkpointing on, the paper cells' LM-head chunks, one sequence per "
-        "micro-batch (no padding, no attention mask). FSDP's full sharding over 8 GPUs is planned as ZeRO-3 (the "
-        "stage that shards weights, gradients and optimizer states alike); one GPU as ZeRO-2. Published peak "
-        "memory is torch's `max_memory_reserved` (the allocator's pool, fragmentation included); the planned peak "
-        "is what the refusal counts: the allocated peak times the allocator pool "
+        "Qwen3-4B architecture) planned with this planner's own learner terms (jobs/plan/published.py): "
+        "trainer only, no engine share, DeepSpeed bf16, checkpointing on, the paper cells' LM-head chunks, "
+        "one sequence per micro-batch (no padding, no attention mask). FSDP's full sharding over 8 GPUs is "
+        "planned as ZeRO-3 (the stage that shards weights, gradients and optimizer states alike); one GPU as "
+        "ZeRO-2. Published peak memory is torch's `max_memory_reserved` (the allocator's pool, fragmentation "
+        "included); the planned peak is what the refusal counts: the allocated peak times the allocator pool "
         f"({GPU_ALLOCATOR_POOL:g}) plus the 1.5 GiB runtime term. Beside them, this project's learner at the four "
-        "single-GPU baselines on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md; the H100's dense bf16 "
-        "peak, more memory and bandwidth; one measured step each). Time: the planner's update time of the same "
-        "step (no recomputed old log-probs: the baselines train against the engine's); tok/s per GPU; MFU in "
-        "the baselines' own count (6 FLOPs per weight and token plus causal attention's 6·L·n_q·d·T, at 989 "
+        "single-GPU baselines on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md; the H100's dense "
+        "bf16 peak, more memory and bandwidth; one measured step each). Time: the planner's update time of "
+        "the same step (no recomputed old log-probs: the baselines train against the engine's); tok/s per "
+        "GPU; MFU in the baselines' own count (6 FLOPs per weight and token plus causal attention's "
+        "6·L·n_q·d·T, at 989 "
         f"TFLOP/s: {train_flops_per_token(s, 65536) / 1e9:.1f} GFLOP per token for Qwen3-0.6B at 65,536 tokens), "
         "which the planner's time model now uses at this learner's measured MFU. "
         f"Ratios are planned / published; outside {BAND[0]}–{BAND[1]} in bold. `ratio, their precision`: the "
-        "memory ratio with prime-rl's precision in place of DeepSpeed bf16's (its trainer's `optimization_dtype` "
-        "and `reduce_dtype`, float32 by default at the baselines' dates: fp32 parameters, a LoRA run's frozen base "
-        "too, fp32 gradients and AdamW states, bf16 only in compute): +2 bytes per frozen weight, 16 bytes per "
-        "trained weight against DeepSpeed's 20.",
+        "memory ratio with prime-rl's precision in place of DeepSpeed bf16's (its trainer's "
+        "`optimization_dtype` and `reduce_dtype`, float32 by default at the baselines' dates: fp32 "
+        "parameters, a LoRA run's frozen base too, fp32 gradients and AdamW states, bf16 only in compute): "
+        "+2 bytes per frozen weight, 16 bytes per trained weight against DeepSpeed's 20.",
     ]

@@ -89,8 +89,9 @@ def scaling_markdown(spec: SweepConfig, layouts: list[tuple[RunLayout, int]]) ->
     memory = gpu_memory(layouts[-1][0])
     return "\n".join([
         *_intro(spec, len(rows), len(trials), memory),
-        "| workflow | task | model | sharing | policies | GPUs per trial | peak GiB per GPU | fits | checkpointing | "
-        "KV seqs | rollout s/step | update s/step | step s at caps | h per trial | GPU-h (all seeds) |",
+        "| workflow | task | model | sharing | policies | GPUs per trial | peak GiB per GPU | fits | "
+        "checkpointing | KV seqs | rollout s/step | update s/step | step s at caps | h per trial | GPU-h "
+        "(all seeds) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows, "", *_schedule(trials), *_fills(by_fill), *published_section(), *_sources(), ""])
 
@@ -105,9 +106,9 @@ def _intro(spec: SweepConfig, configs: int, trials: int, memory: float) -> list[
         f"planned for {memory / GIB:g} GiB GPUs (`ray.gpu_memory_gb`), each GPU at most {FIT_FRACTION:.0%} of it; "
         "`peak GiB per GPU` lists every GPU of a trial (engines and learner ranks sharing a GPU add up). "
         f"Times are estimates, not measurements: each turn's prompt and response at {EXPECTED_FILL:.0%} of their "
-        "caps (an assumption: no length distribution of these workloads on Qwen3 has been measured), and, as an "
-        "upper bound, every turn at both caps (`step s at caps`). `KV seqs`: sequences of the cell's longest "
-        "prompt + response the engine's cache holds at once (more run at once at typical lengths).",
+        "caps (an assumption: no length distribution of these workloads on Qwen3 has been measured), and, as "
+        "an upper bound, every turn at both caps (`step s at caps`). `KV seqs`: sequences of the cell's "
+        "longest prompt + response the engine's cache holds at once (more run at once at typical lengths).",
         "",
     ]
 
@@ -139,8 +140,8 @@ def _fills(by_fill: dict[float, list[tuple[float, float]]]) -> list[str]:
             "preemption resume (their cluster config; no GPU-hours are published). The longest trial here, on "
             f"{AUTHORS_GPUS} GPUs at twice this plan's one-GPU rate, is {jobs[0.10]:.0f}, {jobs[EXPECTED_FILL]:.0f} "
             f"and {jobs[0.50]:.0f} back-to-back 24 h jobs at 10 %, {EXPECTED_FILL:.0%} and 50 % of the caps: a "
-            "matrix of such cells is plausible under that setup only at short responses, so the measured response "
-            "lengths of a first run (`rollout/tokens`) are what this page most needs; until then the "
+            "matrix of such cells is plausible under that setup only at short responses, so the measured "
+            "response lengths of a first run (`rollout/tokens`) are what this page most needs; until then the "
             f"{EXPECTED_FILL:.0%} fill is an assumption, not a measurement.", ""]
 
 
@@ -148,23 +149,26 @@ def _sources() -> list[str]:
     return [
         "Where each figure comes from:",
         "",
-        "- Model shapes: Qwen3's published configs (jobs/models/builtin.py `QWEN3_SHAPES`, vocabulary 151,936).",
-        "- Learner memory (learners/memory.py): DeepSpeed's own ZeRO-2/3 model-state estimator; activations "
-        "≈ 8h + 6(n_q+n_kv)d + 8I bytes per token and layer in bf16 with flash-attention, with checkpointing 2h per "
-        "token and layer plus one layer; the LM head in chunks of `learner.logits_chunk_tokens` at 12 bytes per "
-        "position and vocabulary entry; the attention masks transformers builds: padded rows "
-        "(`learner.padding_free=false`, these cells) at most tokens × min(algo.max_len, tokens/2) entries, 2 bytes "
-        "per entry and layer kept for backward (one layer's with checkpointing), packed rows none (flash-attention "
-        "varlen: a learner on a GPU without flash_attn refuses packed rows). On one H200 these GPU terms gave "
-        "0.90-1.03 of the allocated peaks measured at 16,384-65,536 tokens and 0.996 at the paper's 40,960 "
-        "(benchmarks/results/2026-12-04-gpu-check-h200.md); torch's caching allocator reserved 1.13-1.25 times "
+        "- Model shapes: Qwen3's published configs (jobs/models/builtin.py `QWEN3_SHAPES`, vocabulary "
+        "151,936).",
+        "- Learner memory (learners/memory.py): DeepSpeed's own ZeRO-2/3 model-state estimator; activations ≈ "
+        "8h + 6(n_q+n_kv)d + 8I bytes per token and layer in bf16 with flash-attention, with checkpointing 2h "
+        "per token and layer plus one layer; the LM head in chunks of `learner.logits_chunk_tokens` at 12 "
+        "bytes per position and vocabulary entry; the attention masks transformers builds: padded rows "
+        "(`learner.padding_free=false`, these cells) at most tokens × min(algo.max_len, tokens/2) entries, 2 "
+        "bytes per entry and layer kept for backward (one layer's with checkpointing), packed rows none "
+        "(flash-attention varlen: a learner on a GPU without flash_attn refuses packed rows). On one H200 "
+        "these GPU terms gave 0.90-1.03 of the allocated peaks measured at 16,384-65,536 tokens and 0.996 at "
+        "the paper's 40,960 (benchmarks/results/2026-12-04-gpu-check-h200.md); torch's caching allocator "
+        "reserved 1.13-1.25 times "
         f"the allocated peak there, so each learner's peak counts a pool of {GPU_ALLOCATOR_POOL:g} times its "
         "allocated terms (the refusal margin, learners.memory.GPU_ALLOCATOR_POOL). The CPU coefficients are "
         "calibrated (tests/learners/test_memory_calibration.py).",
         "- Engine memory (jobs/plan/rollout_estimate.py): bf16 weights, multi-LoRA slots, a "
         f"{ENGINE_RESERVE / GIB:g} GiB reserve (estimate), the rest KV cache at 2·L·n_kv·d·2 bytes per token; "
         "`KV seqs` is how many sequences of the cell's longest prompt + response it holds at once.",
-        "- Rollout time: a roofline on the NVIDIA H100 SXM datasheet (3.35 TB/s HBM3, 989 TFLOP/s dense bf16) at an "
+        "- Rollout time: a roofline on the NVIDIA H100 SXM datasheet (3.35 TB/s HBM3, 989 TFLOP/s dense bf16) "
+        "at an "
         f"assumed {DECODE_BANDWIDTH_EFFICIENCY:.0%} of the bandwidth for decode and {MATMUL_EFFICIENCY:.0%} of the "
         f"matmul rate for prefill, at most {VLLM_MAX_NUM_SEQS} sequences per engine (vLLM's H100 default), "
         "bounded below by one episode's turns one after another.",
@@ -172,8 +176,9 @@ def _sources() -> list[str]:
         f"(benchmarks/results/2026-12-04-gpu-check-h200.md: MFU 0.253-0.291, the median {LEARNER_MFU} taken), "
         "over each trained token's FLOPs as those baselines count them (6 per weight plus causal attention's "
         "6·L·n_q·d·T in a row of T tokens, T each turn's prompt + response at the fill), with checkpointing; "
-        "a recomputed old log-prob pass adds a forward (a third of full fine-tuning's passes, a quarter of LoRA's "
-        "with checkpointing), counted on the tokens trained: padded positions (`learner.padding_free=false`) add "
-        "their share on top, which a run reports as `batch/padding_frac/<policy>`. H100 and H200 share the dense "
-        "bf16 peak; the H200's higher bandwidth matters little to these compute-bound steps.",
+        "a recomputed old log-prob pass adds a forward (a third of full fine-tuning's passes, a quarter of "
+        "LoRA's with checkpointing), counted on the tokens trained: padded positions "
+        "(`learner.padding_free=false`) add their share on top, which a run reports as "
+        "`batch/padding_frac/<policy>`. H100 and H200 share the dense bf16 peak; the H200's higher bandwidth "
+        "matters little to these compute-bound steps.",
     ]

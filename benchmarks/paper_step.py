@@ -37,7 +37,7 @@ def estimate(model: str, tokens: int, gpu: bool, checkpointing: bool) -> dict[st
     setup = LearnerSetup(tokens=tokens, lora_rank=64, zero_stage=2 if gpu else 0, ranks=1,
                          checkpointing=checkpointing, logits_chunk=1024, role_rows=0, device="gpu" if gpu else "cpu")
     m = learner_memory(shape_of(model), setup)
-    return {"estimate_gib": (m.total() - m.runtime) / GIB, "estimate_rise_gib": (m.total() - m.weights) / GIB}
+    return {"estimate_gib": m.allocated() / GIB, "estimate_rise_gib": (m.allocated() - m.weights) / GIB}
 
 
 def _rss_kib(field: str) -> int:

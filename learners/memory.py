@@ -4,8 +4,10 @@ shape and the learner's settings. Pure arithmetic (no torch), read by the planne
 Two devices, two sets of coefficients:
 - `gpu`: DeepSpeed in bf16 with flash-attention (padding-free), the paper's setting. Model states follow
   DeepSpeed's own `estimate_zero2/3_model_states_mem_needs`; activations and logits are estimates from the
-  formulas (Korthikanti et al. 2022 without the attention-score term flash-attention removes), uncalibrated until
-  a GPU run measures them.
+  formulas (Korthikanti et al. 2022 without the attention-score term flash-attention removes), not fitted: checked
+  on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md) at 0.90-1.03 of the allocated peaks measured at
+  16,384-65,536 tokens and 0.996 at the paper's 40,960, with torch's caching allocator reserving up to 1.25 times
+  the allocated peak (GPU_ALLOCATOR_POOL, counted in the peak).
 - `cpu`: the torch backend in fp32 with eager/sdpa attention (the CPU stand-in). Its activation and logits
   coefficients are calibrated against peaks measured on this project's CPU learner
   (tests/learners/test_memory_calibration.py, benchmarks/README.md).
@@ -16,7 +18,7 @@ rows' summed lengths when they run packed: learner.padding_free).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 GIB = 1024**3
 
@@ -86,17 +88,28 @@ class LearnerMemory:
     activations: float
     logits: float
     runtime: float
+    pool: float = 0.0  # the caching allocator's reserve over the allocated peak (GPU_ALLOCATOR_POOL)
 
     def total(self) -> float:
         return sum(getattr(self, f.name) for f in fields(self))
 
+    def allocated(self) -> float:
+        """What torch's allocator hands out at the peak (torch.cuda.max_memory_allocated's counterpart)."""
+        return self.total() - self.runtime - self.pool
 
-# GPU, bf16 + flash-attention: estimates from the formulas (docs/scaling.md states them), uncalibrated.
+
+# GPU, bf16 + flash-attention: estimates from the formulas (docs/scaling.md states them), not fitted; within
+# 0.90-1.03 of this learner's allocated peaks on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md).
 GPU_ACT_PER_TOKEN_LAYER = (8, 6, 8)  # bytes ≈ 8h + 6(n_q + n_kv)d + 8I per token and layer
 GPU_LOGITS_WHOLE = 16.0  # bytes per position × vocab entry, a window kept whole: bf16 logits, fp32 copy, log-softmax,
 #                          fp32 and bf16 gradients
 GPU_LOGITS_CHUNK = 12.0  # per chunk position × vocab entry: fp32 logits, their exp, their gradient
-GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers, allocator slack of one learner process (estimate)
+GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers of one learner process (estimate)
+# torch's caching allocator keeps freed blocks: a learner's reserved pool over its allocated peak, measured
+# 1.13-1.25 on one H200 at 16,384-65,536 tokens per micro-batch (max_memory_reserved / max_memory_allocated;
+# benchmarks/results/2026-12-04-gpu-check-h200.md); the largest, so a plan refuses what the pool would not
+# hold.
+GPU_ALLOCATOR_POOL = 1.25
 # CPU, fp32 + sdpa (its CPU flash kernel stores no attention scores): calibrated against this project's CPU
 # learner (benchmarks/learner_peak.py, tests/learners/test_memory_calibration.py; benchmarks/README.md).
 CPU_ACT_SCALE = 2.0  # fp32 stores every activation at twice bf16's bytes
@@ -187,9 +200,16 @@ def weight_bytes(setup: LearnerSetup) -> float:
 def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
     """One rank's peak during a micro-batch's forward and backward, term by term."""
     weights, grads, optim, role_grads = model_states(s, setup)
-    return LearnerMemory(weights=weights, gradients=grads, optimizer=optim, role_grads=role_grads,
-                         activations=activations(s, setup), logits=logits(s, setup),
-                         runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME)
+    return with_pool(LearnerMemory(weights=weights, gradients=grads, optimizer=optim, role_grads=role_grads,
+                                   activations=activations(s, setup), logits=logits(s, setup),
+                                   runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME), setup.device)
+
+
+def with_pool(m: LearnerMemory, device: str) -> LearnerMemory:
+    """`m` with its allocator pool: GPU_ALLOCATOR_POOL - 1 of its allocated peak on a GPU; none on the CPU, whose
+    calibration measured the process's resident peak, pool included."""
+    allocated = m.total() - m.runtime - m.pool
+    return replace(m, pool=(GPU_ALLOCATOR_POOL - 1.0) * allocated if device == "gpu" else 0.0)
 
 
 def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
@@ -203,8 +223,8 @@ def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory
         raise ValueError("colocated LoRA policies hold the base whole: ZeRO-3 cannot hold them")
     parts = [learner_memory(s, setup) for setup in setups]
     base = weight_bytes(setups[0]) * s.params()  # the frozen base each part's weights count (model_states)
-    return LearnerMemory(weights=base + sum(p.weights - base for p in parts),
+    return with_pool(LearnerMemory(weights=base + sum(p.weights - base for p in parts),
                          gradients=sum(p.gradients for p in parts), optimizer=sum(p.optimizer for p in parts),
                          role_grads=sum(p.role_grads for p in parts),
                          activations=max(p.activations for p in parts), logits=max(p.logits for p in parts),
-                         runtime=max(p.runtime for p in parts))
+                         runtime=max(p.runtime for p in parts)), setups[0].device)

@@ -35,9 +35,12 @@ FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the es
 FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
             "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
             "learner.rank_num_gpus", "learner.logits_chunk_tokens", "learner.padding_free")
-# The learner's measured rate on one H200 (benchmarks/README.md, "Learner update on a GPU": Qwen3-0.6B-shaped,
-# bf16, DeepSpeed ZeRO-2): 57.73 TFLOP in 0.998 s with LoRA r64, 86.60 TFLOP in 0.785 s full fine-tuning.
-LEARNER_FLOPS_S = {"lora": 57.73e12 / 0.998, "full": 86.60e12 / 0.785}
+# The learner's measured rate (benchmarks/results/2026-12-04-gpu-check-h200.md: this learner on one H200 at
+# prime-rl's four single-GPU baselines, bf16 DeepSpeed ZeRO-2, checkpointing on, 16,384-65,536 tokens per
+# sequence, Qwen3-0.6B and 4B, full and LoRA): 0.253-0.291 of the dense bf16 peak in the baselines' FLOP count
+# (train_flops_per_token), the median of the four. The H100 has the H200's dense bf16 peak.
+LEARNER_MFU = 0.261
+BF16_PEAK_FLOPS = 989e12
 
 
 class PlanError(ValueError):
@@ -218,6 +221,11 @@ def step_times(layout: RunLayout, members: list[Member]) -> dict[str, float]:
             **{f"{k}_at_caps": v for k, v in _step_times(layout, members, 1.0).items() if "/" not in k}}
 
 
+def step_seconds_at(layout: RunLayout, members: list[Member], fill: float) -> float:
+    """One step's estimated seconds with each turn's prompt and response at `fill` of their caps."""
+    return _step_times(layout, members, fill)["step_s"]
+
+
 def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[str, float]:
     """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
     each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
@@ -233,25 +241,36 @@ def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[s
     for pid, pc in layout.configs.items():
         rows = work.episodes * sum(per_role.get(role, 1) for role in policy_map.roles_of(pid))
         tokens = rows * (work.prompt_tokens + work.response_tokens)
-        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens)
+        sequence = work.prompt_tokens + work.response_tokens
+        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens, sequence)
     out["update_s"] = max(v for k, v in out.items() if k.startswith("update_s/"))
     out["step_s"] = out["rollout_s"] + out["update_s"]
     return out
 
 
-def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float) -> float:
-    """One step's update of `tokens` trained tokens on the policy's ranks: forward + backward FLOPs (4× the forward
-    for LoRA's frozen base, 6× for full fine-tuning; one more forward with checkpointing, one for the recomputed
-    old log-probs) at the measured rate of its kind."""
-    return learner_seconds(shape, tokens, pc.model.lora.enabled, _checkpointing(pc),
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: float) -> float:
+    """One step's update of `tokens` trained tokens in rows of `sequence` tokens on the policy's ranks."""
+    return learner_seconds(shape, tokens, sequence, pc.model.lora.enabled, _checkpointing(pc),
                            pc.algo.old_logprobs == "recompute", pc.learner.ranks)
 
 
-def learner_seconds(shape: ModelShape, tokens: float, lora: bool, checkpointing: bool, recompute: bool,
-                    ranks: int) -> float:
-    """Seconds of `tokens` trained tokens' forward and backward passes on `ranks` ranks (update_seconds's terms)."""
-    passes = (2 if lora else 3) + checkpointing * 1.0 + recompute * 1.0
-    return passes * tokens * shape.flops_per_token() / (LEARNER_FLOPS_S["lora" if lora else "full"] * max(ranks, 1))
+def train_flops_per_token(shape: ModelShape, sequence: float) -> float:
+    """A trained token's FLOPs as the measured rate counts them (prime-rl's MFU count): 6 per weight (forward and
+    backward, the LM head included) plus causal attention's 6·L·n_q·d·T in a row of T tokens (QKᵀ and AV, forward
+    and backward, half of T² causal)."""
+    return 3.0 * shape.flops_per_token() + 6.0 * shape.layers * shape.heads * shape.head_dim * sequence
+
+
+def learner_seconds(shape: ModelShape, tokens: float, sequence: float, lora: bool, checkpointing: bool,
+                    recompute: bool, ranks: int) -> float:
+    """Seconds of `tokens` trained tokens (rows of `sequence` tokens) on `ranks` ranks at LEARNER_MFU, measured with
+    checkpointing and no recomputed old log-probs; other settings scale by their passes (a LoRA backward skips the
+    weight gradients: forward + backward 2 forwards' work, full fine-tuning 3; checkpointing and the recomputed
+    old log-probs one forward each)."""
+    base = 2.0 if lora else 3.0
+    passes = (base + checkpointing * 1.0 + recompute * 1.0) / (base + 1.0)
+    flops = tokens * train_flops_per_token(shape, sequence) * passes
+    return flops / (LEARNER_MFU * BF16_PEAK_FLOPS * max(ranks, 1))
 
 
 def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:

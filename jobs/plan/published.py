@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.models.shape import shape_of
-from jobs.plan.planner import learner_seconds
-from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, learner_memory
+from jobs.plan.planner import BF16_PEAK_FLOPS, learner_seconds, train_flops_per_token
+from learners.memory import GIB, LearnerMemory, LearnerSetup, learner_memory
 
-H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM (and of an H200: the same compute die)
 LOGITS_CHUNK = 1024  # the paper cells' learner.logits_chunk_tokens (jobs/configs/sweeps/paper_base.yaml)
 MICRO_BATCHES = 2  # per step and GPU, as in every baseline
 
@@ -55,6 +54,11 @@ PUBLISHED = (
     Published("4B full", "4b", 0, 65536, 8, 30.29, 29.0e3, 0.354, 36.1),
 )
 
+# This learner on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md, one measured step each):
+# PUBLISHED index -> (max_memory_allocated GiB, max_memory_reserved GiB, step seconds). The 8-GPU baselines
+# were not run.
+MEASURED_H200 = {0: (18.96, 23.68, 13.12), 1: (10.44, 12.37, 13.41), 2: (14.82, 16.77, 5.05), 3: (32.16, 38.96, 37.35)}
+
 
 def setup(p: Published) -> LearnerSetup:
     """The planner's learner rank for a baseline: one sequence per micro-batch (longest_row 0: no padding)."""
@@ -70,19 +74,12 @@ def step_seconds(p: Published) -> float:
     """The planner's update time of one step: MICRO_BATCHES micro-batches per rank, no recomputed old log-probs
     (the baselines train against the engine's)."""
     tokens = MICRO_BATCHES * p.tokens * p.gpus
-    return learner_seconds(shape_of(p.model()), tokens, p.lora_rank > 0, True, False, p.gpus)
-
-
-def flops_per_token(s: ModelShape, tokens: int) -> float:
-    """The FLOPs per trained token the baselines' MFU counts (it reproduces their MFU from their tok/s within a
-    few %): 6 per weight (forward and backward, the LM head included) plus causal attention's, 6·L·n_q·d·T for a
-    sequence of T tokens (QKᵀ and AV, 2 FLOPs each per multiply-add, forward and backward, half of T² causal)."""
-    return 3.0 * s.flops_per_token() + 6.0 * s.layers * s.heads * s.head_dim * tokens
+    return learner_seconds(shape_of(p.model()), tokens, p.tokens, p.lora_rank > 0, True, False, p.gpus)
 
 
 def mfu(p: Published, tok_s: float) -> float:
     """The MFU of `tok_s` (all GPUs together) on the baseline's work, at an H100's dense bf16 peak."""
-    return tok_s * flops_per_token(shape_of(p.model()), p.tokens) / (H100_BF16_FLOPS * p.gpus)
+    return tok_s * train_flops_per_token(shape_of(p.model()), p.tokens) / (BF16_PEAK_FLOPS * p.gpus)
 
 
 def estimate(p: Published) -> dict[str, float]:
@@ -91,5 +88,5 @@ def estimate(p: Published) -> dict[str, float]:
     m = memory(p)
     step = step_seconds(p)
     tok_s = MICRO_BATCHES * p.tokens * p.gpus / step
-    return {"peak_gib": m.total() / GIB, "allocated_gib": (m.total() - m.runtime) / GIB, "step_s": step,
+    return {"peak_gib": m.total() / GIB, "allocated_gib": m.allocated() / GIB, "step_s": step,
             "tok_s": tok_s, "mfu": mfu(p, tok_s)}

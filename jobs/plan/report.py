@@ -27,7 +27,7 @@ def describe_member(m: Member, plan: Plan) -> str:
     return (f"{m.name} ({where}) {gib(m.peak)} = weights {gib(lm.weights)} + gradients {gib(lm.gradients)} + "
             f"optimizer {gib(lm.optimizer)} + role grads {gib(lm.role_grads)} + activations {gib(lm.activations)} "
             f"(checkpointing {'on' if ckpt else 'off'}; on {gib(on)}, off {gib(off)}) + logits {gib(lm.logits)} + "
-            f"runtime {gib(lm.runtime)}")
+            f"runtime {gib(lm.runtime)} + allocator pool {gib(lm.pool)}")
 
 
 def format_plan(cfg: TrainConfig, plan: Plan) -> str:

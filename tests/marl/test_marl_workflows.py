@@ -266,20 +266,24 @@ def test_eval_opt_paper_prompts_on_code_use_code_personas():
 
 
 def test_eval_opt_paper_shares_one_conversation_over_three_rounds():
-    from marl.workflows.eval_opt import PAPER_MATH as P
+    from marl.prompts import load_prompt_set
 
+    w = load_prompt_set("paper").wording("eval_opt", "math")
+    g, e = w.role("generator"), w.role("evaluator")
+    review, rereview = e.fill("review", problem="", answer=""), e.fill("rereview", answer="")
+    revise = g.fill("revise", feedback="")
     verdicts = ["Recheck. \\boxed{Incorrect}", "No. \\boxed{Incorrect}", "\\boxed{Correct}"]
     client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{40}", "\\boxed{42}"], "evaluator": verdicts})
     ep = run("eval_opt", client, WorkflowOptions(prompts="paper", max_rounds=3))
     problem = f"{TASK.prompt}\n\n{MATH.instruction()}"
-    revise = f"{P.revise}\n\n{MATH.instruction()}"
-    shared = [("user", problem), ("assistant", "\\boxed{41}"), ("user", P.review),
+    revise = f"{revise}\n\n{MATH.instruction()}"
+    shared = [("user", problem), ("assistant", "\\boxed{41}"), ("user", review),
               ("assistant", "Recheck. \\boxed{Incorrect}"), ("user", revise), ("assistant", "\\boxed{40}"),
-              ("user", P.rereview), ("assistant", "No. \\boxed{Incorrect}"), ("user", revise),
-              ("assistant", "\\boxed{42}"), ("user", P.rereview)]
+              ("user", rereview), ("assistant", "No. \\boxed{Incorrect}"), ("user", revise),
+              ("assistant", "\\boxed{42}"), ("user", rereview)]
     # Turn k reads the system prompt of its role, then the first 2k + 1 messages of the one conversation.
     for k, turn in enumerate(ep.turns):
-        assert turn.messages[0] == {"role": "system", "content": P.generator if k % 2 == 0 else P.evaluator}
+        assert turn.messages[0] == {"role": "system", "content": g.system if k % 2 == 0 else e.system}
         assert [(m["role"], m["content"]) for m in turn.messages[1:]] == shared[: 2 * k + 1], k
     assert [(t.role, t.round) for t in ep.turns] == [(r, i) for i in range(3) for r in ("generator", "evaluator")]
     assert ep.final_answer == "42" and ep.reward == 1.0 and ep.parse_failures == {}
@@ -339,5 +343,7 @@ def test_prompt_sets_are_a_config_choice():
 
     assert load_config("jobs/configs/tiny.yaml").marl.prompts == "default"
     assert load_config("jobs/configs/sweeps/paper_base.yaml").marl.prompts == "paper"
-    with pytest.raises(ConfigError, match=r"marl\.prompts must be one of default, paper"):
+    assert load_config("jobs/configs/tiny.yaml", ["marl.prompts=fewshot"]).marl.prompts == "fewshot"
+    with pytest.raises(ConfigError, match=r"marl\.prompts=fancy: no such file, and not a built-in prompt set "
+                                          r"\(default, paper, fewshot\)"):
         load_config("jobs/configs/tiny.yaml", ["marl.prompts=fancy"])

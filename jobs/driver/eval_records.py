@@ -44,9 +44,16 @@ def read_eval(run_dir: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def _plan(episode: Episode) -> str:
+    fmt = episode.score_info.get("plan_format")
+    return f"plan_format/{fmt}" if fmt else ""
+
+
 def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> dict[str, float]:
     """eval/accuracy (pass@1: the mean reward, NaN without tasks), eval/episodes, eval/parse_failures/<role>
-    (turns of that role the workflow could not parse, summed over the episodes), eval/turns/<role> and
+    (turns of that role the workflow could not parse, summed over the episodes), eval/failures/<reason> (episodes
+    the workflow ended early: too_many_strategies, unparsable_plan), eval/plan_format/<format> (orch_workers: how
+    its parser read each plan, strategy | numbered | lines | none), eval/turns/<role> and
     eval/response_len/<role> (mean response tokens), and with `family` the aggregator's choice accuracy
     (eval/choice/*, marl.episode_metrics.choice_metrics)."""
     out = {"eval/accuracy": sum(e.reward for e in episodes) / len(episodes) if episodes else float("nan"),
@@ -55,6 +62,9 @@ def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> d
     for e in episodes:
         for role, count in e.parse_failures.items():
             out[f"eval/parse_failures/{role}"] = out.get(f"eval/parse_failures/{role}", 0.0) + count
+        for key in (f"failures/{e.failure}" if e.failure else "", _plan(e)):
+            if key:
+                out[f"eval/{key}"] = out.get(f"eval/{key}", 0.0) + 1
         for t in e.turns:
             lengths.setdefault(t.role, []).append(len(t.completion.response_ids))
     for role, n in lengths.items():

@@ -73,7 +73,8 @@ class RunState:
 
 
 # The base evaluation's figures logged with step 0 as eval/before/*, beside eval/accuracy_before.
-BASE_KEYS = ("eval/parse_failures/", "eval/turns/", "eval/response_len/", "eval/choice/")
+BASE_KEYS = ("eval/parse_failures/", "eval/turns/", "eval/response_len/", "eval/choice/", "eval/failures/",
+             "eval/plan_format/")
 
 
 def evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:

@@ -60,6 +60,7 @@ async def run(
     plan = await ask(client, "orchestrator", "orchestrator", 0, plan_msgs)
     episode.turns.append(plan)
     strategies, read_as = parse_plan(plan.text)
+    episode.score_info["plan_format"] = read_as  # strategy | numbered | lines | none: how the parser read it
     if read_as != "strategy":
         episode.note_parse_failure("orchestrator")
     if not strategies:

@@ -56,3 +56,15 @@ def test_the_aggregators_choice_accuracy_counts_episodes_with_a_right_candidate(
     assert none_right["eval/choice/available/aggregator"] == 0.0
     assert math.isnan(none_right["eval/choice/accuracy/aggregator"])
     assert not any(k.startswith("eval/choice/") for k in eval_metrics([episode("e", 1.0)], MathFamily()))
+
+
+def test_episode_failures_and_plan_formats_are_counted():
+    plans = [Episode(task=Task("a", "1+1", "2"), sample_index=0, workflow="orch_workers", failure=failure,
+                     score_info={"plan_format": fmt} if fmt else {})
+             for failure, fmt in ((None, "strategy"), (None, "numbered"), ("too_many_strategies", "lines"),
+                                  ("unparsable_plan", "none"), (None, None))]
+    m = eval_metrics(plans)
+    assert {k: v for k, v in m.items() if k.startswith(("eval/failures/", "eval/plan_format/"))} == {
+        "eval/failures/too_many_strategies": 1.0, "eval/failures/unparsable_plan": 1.0,
+        "eval/plan_format/strategy": 1.0, "eval/plan_format/numbered": 1.0, "eval/plan_format/lines": 1.0,
+        "eval/plan_format/none": 1.0}

@@ -147,6 +147,7 @@ def test_orch_workers_two_strategies():
     assert "6*(5+2)" in ep.turns[2].messages[-1]["content"]
     assert "Solution 2" in ep.turns[3].messages[-1]["content"]
     assert ep.final_answer == "42" and ep.reward == 1.0 and ep.failure is None
+    assert ep.score_info["plan_format"] == "strategy"  # how the parser read the plan (the gate's criterion)
 
 
 def test_orch_workers_too_many_strategies():
@@ -161,6 +162,7 @@ def test_orch_workers_blank_plan_is_unparsable():
     ep = run("orch_workers", ScriptedClient({"orchestrator": "  \n\n \t\n"}))
     assert ep.failure == "unparsable_plan" and ep.reward == 0.0
     assert ep.parse_failures == {"orchestrator": 1} and len(ep.turns) == 1
+    assert ep.score_info["plan_format"] == "none"
 
 
 def _orch(plan: str, max_strategies: int = 3):

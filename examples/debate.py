@@ -3,10 +3,10 @@
 A workflow written outside the project, against `marl` alone: train it with
     python -m jobs.train --config jobs/configs/tiny.yaml marl.workflow=examples/debate.py marl.max_rounds=1
 A workflow module has ROLES, agents(opts) and an async run(task, client, family, opts, sample_index) that
-returns an Episode; every model call goes through `client` (one Turn per call, routed by its role).
-Its wording is data: PROMPT_SPEC names the templates each role fills, and the text comes from the prompt set
-`marl.prompts` names when that set has a `debate` section (marl.prompts=my_prompts.yaml), else from debate.yaml
-beside this file (PROMPT_FILE). Either is checked against PROMPT_SPEC at config load.
+returns an Episode; every model call goes through `client` (one Turn per call, routed by its role). Its
+wording is data: PROMPT_SPEC names the templates each role fills, and the text comes from the prompt set
+`marl.prompts` names when that set has a `debate` section (marl.prompts=my_prompts.yaml), else from
+debate.yaml beside this file (PROMPT_FILE). Either is checked against PROMPT_SPEC at config load.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
     "debater": {"user": ("problem",), "revise": ("other",)},
     "judge": {"user": ("problem", "answers"), "answer": ("i", "text")},
 }
-PROMPT_FILE = str(Path(__file__).with_suffix(".yaml"))  # the wording when marl.prompts names no `debate` section
+# The wording when the set marl.prompts names has no `debate` section.
+PROMPT_FILE = str(Path(__file__).with_suffix(".yaml"))
 
 
 def agents(opts: WorkflowOptions) -> list[str]:

@@ -1,10 +1,11 @@
-"""The side-by-side comparison of a sweep's runs: `python -m jobs.compare RUN_DIR|SWEEP_DIR [...] --out DIR`, and
-what a sweep with `compare: true` prints at its end (jobs/configs/compare_sharing.yaml).
+"""The side-by-side comparison of a sweep's runs: `python -m jobs.compare RUN_DIR|SWEEP_DIR [...] --out DIR`,
+and what a sweep with `compare: true` prints at its end (jobs/configs/compare_sharing.yaml).
 
 For every run: its held-out accuracy at each evaluation, and for its coordinating role (voting's aggregator,
-eval_opt's evaluator, orch_workers' orchestrator) the parse rate (its turns the workflow could parse) and, for the
-aggregator, the choice accuracy (of the episodes in which at least one generator was right, those where it chose a
-right one) at base and at the final evaluation. Then the report of jobs.report (plots, index.html) is written.
+eval_opt's evaluator, orch_workers' orchestrator) the parse rate (its turns the workflow could parse) and, for
+the aggregator, the choice accuracy (of the episodes in which at least one generator was right, those where it
+chose a right one) at base and at the final evaluation. Then the report of jobs.report (plots, index.html) is
+written.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _choice(row: dict[str, Any], role: str, prefix: str = "eval/") -> str:
 
 
 def role_lines(run: RunRecord) -> list[str]:
-    """The coordinating role's parse rate, and the aggregator's choice accuracy, at base -> final evaluation."""
+    """The coordinating role's parse rate, and the aggregator's choice accuracy, at base -> final
+    evaluation."""
     empty: dict[str, Any] = {}
     base = next((r for r in run.rows if "eval/before/episodes" in r), empty)
     final = next((r for r in reversed(run.rows) if "eval/episodes" in r and "time/step_s" not in r), empty)
@@ -47,10 +49,11 @@ def role_lines(run: RunRecord) -> list[str]:
     for role in COORDINATING:
         if f"eval/before/turns/{role}" not in base:
             continue
-        line = (f"  {run.sharing:<9} {role}: parses {_fmt(parse_rate(base, role, 'eval/before/'))} at base -> "
-                f"{_fmt(parse_rate(final, role))} after training")
+        before, after = _fmt(parse_rate(base, role, "eval/before/")), _fmt(parse_rate(final, role))
+        line = f"  {run.sharing:<9} {role}: parses {before} at base -> {after} after training"
         if f"eval/before/choice/accuracy/{role}" in base:
-            line += f"; chooses a right answer {_choice(base, role, 'eval/before/')} -> {_choice(final, role)}"
+            chose = f"{_choice(base, role, 'eval/before/')} -> {_choice(final, role)}"
+            line += f"; chooses a right answer {chose}"
         lines.append(line)
     return lines
 
@@ -72,7 +75,8 @@ def compare(paths: list[Path], out: Path) -> str:
     """The comparison of every run at or under `paths`, and the report written to `out`."""
     runs = [load_run(p) for p in find_runs(paths)]
     if not runs:
-        raise FileNotFoundError(f"no run dirs (folders with metrics.jsonl) at or under {', '.join(map(str, paths))}")
+        where = ", ".join(map(str, paths))
+        raise FileNotFoundError(f"no run dirs (folders with metrics.jsonl) at or under {where}")
     index = report(paths, out)
     return f"{comparison(runs)}\nreport with plots: {index}"
 

@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     unfinished = _summary(results, spec)
     root = Path(spec.storage_path).resolve() / spec.name
-    print(f"sweep {spec.name}: {len(results)} trials, {results.num_errors} failed, {unfinished} unfinished; {root}")
+    print(f"sweep {spec.name}: {len(results)} trials, {results.num_errors} failed, {unfinished} unfinished; "
+          f"{root}")
     if spec.compare:
         print(compare([Path(setup_of(spec).out_dir)], root / "report"))
     return 4 if results.num_errors else 130 if unfinished else 0

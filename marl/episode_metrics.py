@@ -59,9 +59,10 @@ def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
 
 def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
     """voting's aggregator as a chooser: `choice/available/aggregator`, the episodes in which at least one
-    generator's answer scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer (the
-    episode's reward) scores 1 (NaN without any). Only for families scored inline (math): scoring every candidate
-    of a code task would run the sandbox K more times. {} when no episode has an aggregator over generators."""
+    generator's answer scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer
+    (the episode's reward) scores 1 (NaN without any). Only for families scored inline (math): scoring every
+    candidate of a code task would run the sandbox K more times. {} when no episode has an aggregator over
+    generators."""
     if isinstance(family, AsyncScoring):
         return {}
     available = right = 0

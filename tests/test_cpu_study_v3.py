@@ -24,7 +24,8 @@ def test_parsed_turns_per_role():
            "eval/before/plan_format/strategy": 34, "eval/before/plan_format/numbered": 20,
            "eval/before/plan_format/lines": 10}
     assert parsed_turns(row, "aggregator") == (60, 64)
-    assert parsed_turns(row, "orchestrator") == (54, 64)  # a numbered list is a parse, as the workflow reads it
+    # a numbered list is a parse, as the workflow reads it
+    assert parsed_turns(row, "orchestrator") == (54, 64)
     assert parsed_turns({}, "evaluator") == (0, 0)
 
 

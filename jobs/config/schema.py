@@ -172,10 +172,11 @@ class MarlConfig:
     max_rounds: int = positive(3)
     max_strategies: int = positive(3)
     # Wording of the workflows' prompts: a built-in prompt set, default (this project's) | paper (as in arXiv
-    # 2605.24202: an eval_opt evaluator that never reveals the answer, revisions by a different method, code personas
-    # for data.task=code) | fewshot (paper's, with two worked examples of the output format for each coordinating
-    # role), or the path to a prompt-set file (YAML as marl/prompts/default.yaml, or the paper's released
-    # prompt.json), checked at config load against the workflows and roles it names (docs/workflows.md).
+    # 2605.24202: an eval_opt evaluator that never reveals the answer, revisions by a different method, code
+    # personas for data.task=code) | fewshot (paper's, with two worked examples of the output format for each
+    # coordinating role), or the path to a prompt-set file (YAML as marl/prompts/default.yaml, or the paper's
+    # released prompt.json), checked at config load against the workflows and roles it names
+    # (docs/workflows.md).
     prompts: str = "default"
     # Per-role reward shaping: role -> a function path (`pkg.module.function` or `path/file.py:function`) called
     # as hook(episode, turn) -> float, that role's turn reward in place of the episode's outcome (marl/rewards.py;

@@ -51,9 +51,9 @@ def _plan(episode: Episode) -> str:
 
 def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> dict[str, float]:
     """eval/accuracy (pass@1: the mean reward, NaN without tasks), eval/episodes, eval/parse_failures/<role>
-    (turns of that role the workflow could not parse, summed over the episodes), eval/failures/<reason> (episodes
-    the workflow ended early: too_many_strategies, unparsable_plan), eval/plan_format/<format> (orch_workers: how
-    its parser read each plan, strategy | numbered | lines | none), eval/turns/<role> and
+    (turns of that role the workflow could not parse, summed over the episodes), eval/failures/<reason>
+    (episodes the workflow ended early: too_many_strategies, unparsable_plan), eval/plan_format/<format>
+    (orch_workers: how its parser read each plan, strategy | numbered | lines | none), eval/turns/<role> and
     eval/response_len/<role> (mean response tokens), and with `family` the aggregator's choice accuracy
     (eval/choice/*, marl.episode_metrics.choice_metrics)."""
     out = {"eval/accuracy": sum(e.reward for e in episodes) / len(episodes) if episodes else float("nan"),

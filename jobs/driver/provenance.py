@@ -1,11 +1,11 @@
-"""The code a run ran: the git commit of this repository and whether its tracked files had uncommitted changes;
-and the wording it sent: the prompt set `marl.prompts` named and a hash of its resolved content.
+"""The code a run ran: the git commit of this repository and whether its tracked files had uncommitted
+changes; and the wording it sent: the prompt set `marl.prompts` named and a hash of its resolved content.
 
 Recorded in the run dir's config.yaml (as comment lines, so the file still loads as a config) and in the first
-metrics row each start of the run writes (`code/commit`, `code/dirty`, `prompts/set`, `prompts/hash`; a resumed
-run records the code it resumed with).
-Where this package is not a git repository's root (an installed package, a `ray job submit` working dir
-copied without .git) or git is missing or fails, both read "unknown": recording never stops a run.
+metrics row each start of the run writes (`code/commit`, `code/dirty`, `prompts/set`, `prompts/hash`; a
+resumed run records the code it resumed with). Where this package is not a git repository's root (an installed
+package, a `ray job submit` working dir copied without .git) or git is missing or fails, both read "unknown":
+recording never stops a run.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def code_version(root: Path = ROOT) -> dict[str, str | bool]:
 
 
 def prompt_version(spec: str) -> dict[str, str | bool]:
-    """{"prompts/set": `marl.prompts` as given, "prompts/hash": the resolved set's digest (marl.prompts.digest)}:
-    a user's file edited between two runs keeps its name and changes its hash."""
+    """{"prompts/set": `marl.prompts` as given, "prompts/hash": the resolved set's digest
+    (marl.prompts.digest)}: a user's file edited between two runs keeps its name and changes its hash."""
     return {"prompts/set": spec, "prompts/hash": load_prompt_set(spec).digest}
 
 

@@ -1,11 +1,11 @@
 """Prompt sets as data (the `marl.prompts` config key): the wording every workflow sends, read from a file.
 
 A prompt set is a YAML file (the built-in ones beside this module: default.yaml, paper.yaml, fewshot.yaml;
-default.yaml's header gives the layout) holding, per workflow, per task kind (math, code, or `any`) and per role,
-the system message, the user templates (Python format strings over the placeholders the workflow names) and
-optional worked examples, sent as prior user/assistant turns. `marl.prompts` takes a built-in name or a path to
-a user's file; a `.json` file in the layout of the paper's released prompt files is imported on the fly
-(marl/prompts/authors.py). The structure is checked here, the workflows and roles a set names in
+default.yaml's header gives the layout) holding, per workflow, per task kind (math, code, or `any`) and per
+role, the system message, the user templates (Python format strings over the placeholders the workflow names)
+and optional worked examples, sent as prior user/assistant turns. `marl.prompts` takes a built-in name or a
+path to a user's file; a `.json` file in the layout of the paper's released prompt files is imported on the
+fly (marl/prompts/authors.py). The structure is checked here, the workflows and roles a set names in
 marl.workflows.prompt_check.
 """
 
@@ -45,8 +45,8 @@ def _load(spec: str, path: Path, mtime_ns: int) -> PromptSet:
 
 
 def digest(workflows: dict[str, dict[str, WorkflowWording]]) -> str:
-    """16 hex digits of the SHA-256 of the resolved wording (canonical JSON): equal for equal wording, whatever
-    the file's layout, comments or anchors."""
+    """16 hex digits of the SHA-256 of the resolved wording (canonical JSON): equal for equal wording,
+    whatever the file's layout, comments or anchors."""
     resolved = {w: {k: {**dataclasses.asdict(v), "key": None} for k, v in kinds.items()}
                 for w, kinds in workflows.items()}
     return hashlib.sha256(json.dumps(resolved, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]

@@ -1,20 +1,20 @@
 """The importer for the prompt files the paper's authors released (`examples/math_reasoning/prompt.json` and
 `examples/deepcoder/prompt.json` of their repository), so a user who has them can run their exact wording:
-    marl.prompts=path/to/prompt.json                          (imported on the fly), or
-    python -m marl.prompts.authors prompt.json [code.json] -o my_prompts.yaml   (a prompt-set file to read or edit)
+    marl.prompts=path/to/prompt.json                                   (imported on the fly), or
+    python -m marl.prompts.authors prompt.json [code.json] -o my.yaml  (a prompt-set file to read, edit)
 
 Their layout: sections by workflow (`voting_prompts`, `evaluator_optimizer_prompts`,
-`orchestrator_workers_prompts`, `single_agent_prompts`; prefixed `deepcoder_` in the code file), each mapping a
-prompt name to {"template": a Python format string, "required_variables": [...], "description": ...}. Every
-prompt is one user message (no system message); the answer-format instruction is part of the text, so the imported
-set does not append the family's. A template with no required variables is used as written (their code does not
-format it), so its braces are escaped here. Sections this project has no workflow for (the v2 and 3-agent
-variants) are left out. Mapping, per workflow:
+`orchestrator_workers_prompts`, `single_agent_prompts`; prefixed `deepcoder_` in the code file), each mapping
+a prompt name to {"template": a Python format string, "required_variables": [...], "description": ...}. Every
+prompt is one user message (no system message); the answer-format instruction is part of the text, so the
+imported set does not append the family's. A template with no required variables is used as written (their
+code does not format it), so its braces are escaped here. Sections this project has no workflow for (the v2
+and 3-agent variants) are left out. Mapping, per workflow:
 - single_agent: `generator_initial` of `single_agent_prompts`; the math file has none, where `voting_prompts`'
   generator (the same wording) is used.
 - voting: `generator`, `aggregator` ({solutions}: the responses, each under "--- Solution i ---").
-- eval_opt, with the shared conversation their workflow keeps: `generator_initial`, `evaluator_critique` (every
-  review), `generator_refinement`.
+- eval_opt, with the shared conversation their workflow keeps: `generator_initial`, `evaluator_critique`
+  (every review), `generator_refinement`.
 - orch_workers: `orchestrator_propose` ({max_subtasks} is marl.max_strategies), `worker_full_solve`,
   `orchestrator_compare` (the synthesizer; {solutions} as voting's, each with its strategy).
 """
@@ -68,8 +68,8 @@ def import_authors_prompts(data: dict[str, Any], where: str) -> dict[str, Any]:
         entry[name] = text
     if not workflows:
         known = ", ".join(sorted({s for s, _ in MAPPING.values()}))
-        raise PromptSetError(f"{where}: holds none of the paper's prompt sections ({known}, optionally prefixed "
-                             "deepcoder_)")
+        raise PromptSetError(f"{where}: holds none of the paper's prompt sections ({known}, optionally "
+                             "prefixed deepcoder_)")
     if "eval_opt" in workflows:
         workflows["eval_opt"]["settings"] = {"history": "shared"}  # their workflow shares one conversation
     return {"append_instruction": False, "workflows": _as_any(workflows, kind)}
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     sets = [import_authors_prompts(json.loads(Path(f).read_text()), f) for f in a.files]
     result = merge(*sets) if len(sets) == 2 else sets[0]
-    Path(a.out).write_text(yaml.dump(result, Dumper=_BlockDumper, sort_keys=False, allow_unicode=True, width=120))
+    text = yaml.dump(result, Dumper=_BlockDumper, sort_keys=False, allow_unicode=True, width=110)
+    Path(a.out).write_text(text)
     print(f"wrote {a.out}: marl.prompts={a.out}")
 
 

@@ -8,7 +8,8 @@ from marl.types import Message
 
 
 class PromptSetError(ValueError):
-    """A prompt set that cannot be used: the message names the file, the workflow and role, and the problem."""
+    """A prompt set that cannot be used: the message names the file, the workflow and role, and the
+    problem."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class WorkflowWording:
 
 @dataclass(frozen=True)
 class PromptSet:
-    """A resolved prompt set: workflow -> kind (math, code) -> wording. `digest` identifies its resolved content."""
+    """A resolved prompt set: workflow -> kind (math, code) -> wording; `digest` identifies its resolved
+    content."""
 
     name: str  # as `marl.prompts` gave it
     path: str  # the file read

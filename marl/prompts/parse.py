@@ -17,7 +17,8 @@ _KIND_KEYS = (*KINDS, "any")
 
 
 def read_file(path: Path) -> dict[str, Any]:
-    """The file's mapping: YAML, or a `.json` prompt file in the layout of the paper's released ones (imported)."""
+    """The file's mapping: YAML, or a `.json` prompt file in the layout of the paper's released ones
+    (imported)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -25,7 +26,8 @@ def read_file(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
-        raise PromptSetError(f"{path}: is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise PromptSetError(f"{path}: is not valid {kind}: {e}") from None
     if path.suffix == ".json" and isinstance(raw, dict) and "workflows" not in raw:
         from marl.prompts.authors import import_authors_prompts
 
@@ -81,13 +83,14 @@ def _role(entry: Any, where: str) -> RoleWording:
         if not isinstance(text, str):
             raise PromptSetError(f"{where}.{name}: a template must be text, got {type(text).__name__}")
         placeholders(text, f"{where}.{name}")
-    return RoleWording(system=system, templates=templates, examples=_examples(entry.get("examples", []), where))
+    examples = _examples(entry.get("examples", []), where)
+    return RoleWording(system=system, templates=templates, examples=examples)
 
 
 def _examples(items: Any, where: str) -> tuple[tuple[str, str], ...]:
     ok = isinstance(items, list) and all(
-        isinstance(i, dict) and set(i) == {"user", "assistant"} and all(isinstance(v, str) for v in i.values())
-        for i in items)
+        isinstance(i, dict) and set(i) == {"user", "assistant"}
+        and all(isinstance(v, str) for v in i.values()) for i in items)
     if not ok:
         raise PromptSetError(f"{where}.examples: must be a list of {{user: text, assistant: text}} turns")
     return tuple((i["user"], i["assistant"]) for i in items)
@@ -99,7 +102,8 @@ def placeholders(template: str, where: str) -> set[str]:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as e:
-        raise PromptSetError(f"{where}: does not format ({e}; write a literal brace doubled: {{{{ }}}})") from None
+        hint = "write a literal brace doubled: {{ }}"
+        raise PromptSetError(f"{where}: does not format ({e}; {hint})") from None
     bad = [f for f in fields if not f.isidentifier()]
     if bad:
         raise PromptSetError(f"{where}: placeholders must be plain names, got {{{bad[0]}}}")

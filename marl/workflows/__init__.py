@@ -110,15 +110,16 @@ def slot_roles(name: str) -> tuple[str, ...]:
 
 
 def check_prompts(spec: str, workflow: str) -> None:
-    """The prompt set `spec` (marl.prompts) checked against every built-in workflow it names and against the run's
-    `workflow`: a user workflow with a PROMPT_SPEC needs wording in the set, or in its own PROMPT_FILE when the set
-    does not name it. Raises ValueError starting with `marl.prompts=<spec>` and naming the file, workflow.kind.role
-    and the problem."""
+    """The prompt set `spec` (marl.prompts) checked against every built-in workflow it names and against the
+    run's `workflow`: a user workflow with a PROMPT_SPEC needs wording in the set, or in its own PROMPT_FILE
+    when the set does not name it. Raises ValueError starting with `marl.prompts=<spec>` and naming the file,
+    workflow.kind.role and the problem."""
     try:
         prompt_set = load_prompt_set(spec)
         module = get_workflow(workflow)
         name = getattr(module, "NAME", workflow)
-        specs: dict[str, PromptSpec] = {n: w.PROMPT_SPEC for n, w in WORKFLOWS.items()}  # type: ignore[attr-defined]
+        specs: dict[str, PromptSpec] = {
+            n: w.PROMPT_SPEC for n, w in WORKFLOWS.items()}  # type: ignore[attr-defined]
         prompt_spec: PromptSpec | None = getattr(module, "PROMPT_SPEC", None)
         if prompt_spec is not None:
             specs[name] = prompt_spec
@@ -134,5 +135,5 @@ def check_prompts(spec: str, workflow: str) -> None:
         raise ValueError(f"marl.prompts={spec}: {e}") from None
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "check_prompts", "check_wording",
-           "get_workflow", "roles_of", "slot_roles", "workflow_problem"]
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "check_prompts",
+           "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_problem"]

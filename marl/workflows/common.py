@@ -16,10 +16,10 @@ from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
 from marl.types import Episode, Message, PolicyClient, Turn
 
-# The built-in prompt sets (marl/prompts/*.yaml); `marl.prompts` also takes a path to a user's file. default: this
-# project's own wording; paper: the wording of "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv
-# 2605.24202), where it differs: eval_opt's wording and shared history, and code wordings on code tasks; fewshot:
-# paper's, with two worked examples of the output format for each coordinating role.
+# The built-in prompt sets (marl/prompts/*.yaml); `marl.prompts` also takes a path to a user's file. default:
+# this project's own wording; paper: the wording of "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv
+# 2605.24202), where it differs: eval_opt's wording and shared history, and code wordings on code tasks;
+# fewshot: paper's, with two worked examples of the output format for each coordinating role.
 PROMPT_SETS: tuple[str, ...] = BUILTIN_SETS
 
 
@@ -47,9 +47,11 @@ class WorkflowOptions:
             raise ValueError(f"marl.prompts={self.prompts}: {e}") from None
 
 
-def wording(opts: WorkflowOptions, workflow: str, family: TaskFamily, own_file: str | None = None) -> WorkflowWording:
-    """The wording of `workflow` for the family's kind in the set `marl.prompts` names; a workflow the set does not
-    name reads its own prompt file `own_file` (a user workflow's default wording), if it has one."""
+def wording(
+    opts: WorkflowOptions, workflow: str, family: TaskFamily, own_file: str | None = None
+) -> WorkflowWording:
+    """The wording of `workflow` for the family's kind in the set `marl.prompts` names; a workflow the set
+    does not name reads its own prompt file `own_file` (a user workflow's default wording), if it has one."""
     prompt_set = load_prompt_set(opts.prompts)
     if own_file is not None and workflow not in prompt_set.workflows:
         prompt_set = load_prompt_set(own_file)

@@ -1,18 +1,18 @@
 """eval_opt: a `generator` answers, an `evaluator` judges; the generator revises until judged correct.
 
-Round r (0..R-1) is one generator turn then one evaluator turn, both with `round = r`. The loop
-stops after the first \\boxed{Correct} verdict, or after R rounds. The evaluator also judges the last
-answer, so every generator answer is evaluated and both roles have one turn per round. A verdict that
-is neither Correct nor Incorrect counts as a parse failure of 'evaluator' and is treated as Incorrect
-(its text still reaches the generator as feedback). Both agents keep a multi-turn chat history.
-The final answer is extracted from the last generator turn. The wording comes from the prompt set `marl.prompts`
-names (marl/prompts/; PROMPT_SPEC below): `default`, or `paper`, which has its own personas for code tasks.
+Round r (0..R-1) is one generator turn then one evaluator turn, both with `round = r`. The loop stops after
+the first \\boxed{Correct} verdict, or after R rounds. The evaluator also judges the last answer, so every
+generator answer is evaluated and both roles have one turn per round. A verdict that is neither Correct nor
+Incorrect counts as a parse failure of 'evaluator' and is treated as Incorrect (its text still reaches the
+generator as feedback). Both agents keep a multi-turn chat history. The final answer is extracted from the
+last generator turn. The wording comes from the prompt set `marl.prompts` names (marl/prompts/; PROMPT_SPEC
+below): `default`, or `paper`, which has its own personas for code tasks.
 
 The context is the set's `history` setting. separate (default's): two chats; the evaluator's user turn quotes
-the problem and the answer, and the generator's next user turn quotes the feedback. shared (paper's): one shared
-conversation, as the paper's workflow shares its history: the problem (user), each answer (assistant), the review
-request (user), each verdict (assistant) and the revision request (user); each role reads all of it after its own
-system prompt (and worked examples, if the set gives any).
+the problem and the answer, and the generator's next user turn quotes the feedback. shared (paper's): one
+shared conversation, as the paper's workflow shares its history: the problem (user), each answer (assistant),
+the review request (user), each verdict (assistant) and the revision request (user); each role reads all of it
+after its own system prompt (and worked examples, if the set gives any).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ ROLES: tuple[str, ...] = ("generator", "evaluator")
 
 
 # The wording each prompt set gives: role -> template -> the placeholders it may use (see voting.PROMPT_SPEC).
-# Under history: shared the review and revision requests stand alone (the answers and verdicts are in the shared
-# conversation); under history: separate the evaluator's reviews quote the answer and the revision quotes the
-# feedback.
+# Under history: shared the review and revision requests stand alone (the answers and verdicts are in the
+# shared conversation); under history: separate the evaluator's reviews quote the answer and the revision
+# quotes the feedback.
 PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
     "generator": {"user": ("problem",), "revise": ("feedback",)},
     "evaluator": {"review": ("problem", "answer"), "rereview": ("answer",)},

@@ -1,14 +1,14 @@
 """orch_workers: an `orchestrator` plans, one `worker` per strategy solves, a `synthesizer` answers.
 
-The orchestrator is asked for 'STRATEGY k: ...' lines; a plan without them is read as a numbered list,
-else one strategy per non-empty line (common.parse_plan), each fallback recorded as one parse failure of
-'orchestrator'. More than `max_strategies` ends the episode with failure 'too_many_strategies'; a blank
-plan ends it with 'unparsable_plan' (also a parse failure); either way no worker runs and the reward is 0.
-Otherwise workers run in parallel, each solving the whole problem with its strategy, and the final answer
-is extracted from the synthesizer's text. The wording comes from the prompt set `marl.prompts` names
+The orchestrator is asked for 'STRATEGY k: ...' lines; a plan without them is read as a numbered list, else
+one strategy per non-empty line (common.parse_plan), each fallback recorded as one parse failure of
+'orchestrator'. More than `max_strategies` ends the episode with failure 'too_many_strategies'; a blank plan
+ends it with 'unparsable_plan' (also a parse failure); either way no worker runs and the reward is 0.
+Otherwise workers run in parallel, each solving the whole problem with its strategy, and the final answer is
+extracted from the synthesizer's text. The wording comes from the prompt set `marl.prompts` names
 (marl/prompts/; PROMPT_SPEC below): under `paper` the synthesizer judges the solutions, agreement among them a
-sign of confidence, and on code tasks the workers are competitive programmers answering in a code block and the
-synthesizer writes one complete runnable program.
+sign of confidence, and on code tasks the workers are competitive programmers answering in a code block and
+the synthesizer writes one complete runnable program.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ async def run(
     episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
     w = wording(opts, NAME, family)
     orch, worker, synth = (w.role(r) for r in ROLES)
-    plan_msgs = [*orch.opening(), user(orch.fill("user", problem=task.prompt, max_strategies=opts.max_strategies))]
+    ask_plan = orch.fill("user", problem=task.prompt, max_strategies=opts.max_strategies)
+    plan_msgs = [*orch.opening(), user(ask_plan)]
     plan = await ask(client, "orchestrator", "orchestrator", 0, plan_msgs)
     episode.turns.append(plan)
     strategies, read_as = parse_plan(plan.text)

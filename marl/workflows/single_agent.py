@@ -9,7 +9,8 @@ from marl.workflows.common import WorkflowOptions, ask, asking, set_final_answer
 NAME = "single_agent"
 ROLES: tuple[str, ...] = ("solver",)
 
-PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {"solver": {"user": ("problem",)}}  # see voting.PROMPT_SPEC
+# The wording each prompt set gives: role -> template -> the placeholders it may use (see voting.PROMPT_SPEC).
+PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {"solver": {"user": ("problem",)}}
 
 
 def agents(opts: WorkflowOptions) -> list[str]:
@@ -22,7 +23,8 @@ async def run(
     episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
     w = wording(opts, NAME, family)
     solver = w.role("solver")
-    messages = [*solver.opening(), user(asking(w, solver.fill("user", problem=task.prompt), family.instruction()))]
+    question = asking(w, solver.fill("user", problem=task.prompt), family.instruction())
+    messages = [*solver.opening(), user(question)]
     turn = await ask(client, "solver", "solver", 0, messages)
     episode.turns.append(turn)
     set_final_answer(episode, family, turn)

@@ -1,11 +1,11 @@
 """voting: K `generator`s answer the identical prompt in parallel; an `aggregator` picks one.
 
-The aggregator sees the problem and the K responses numbered 1..K and must answer \\boxed{i}.
-Fallbacks, each recorded as one parse failure of 'aggregator': the first standalone number in
-1..K in its text, else response 1. The final answer is extracted from the chosen response.
-The wording comes from the prompt set `marl.prompts` names (marl/prompts/; PROMPT_SPEC below): under `paper` the
-responses are "--- Solution i ---" blocks, and on code tasks the generators are competitive programmers and the
-aggregator picks the solution most likely to pass all tests.
+The aggregator sees the problem and the K responses numbered 1..K and must answer \\boxed{i}. Fallbacks, each
+recorded as one parse failure of 'aggregator': the first standalone number in 1..K in its text, else response
+1. The final answer is extracted from the chosen response. The wording comes from the prompt set
+`marl.prompts` names (marl/prompts/; PROMPT_SPEC below): under `paper` the responses are "--- Solution i ---"
+blocks, and on code tasks the generators are competitive programmers and the aggregator picks the solution
+most likely to pass all tests.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ ROLES: tuple[str, ...] = ("generator", "aggregator")
 SLOT_ROLES: tuple[str, ...] = ("generator",)
 
 
-# The wording each prompt set gives: role -> template -> the placeholders it may use (marl.workflows.prompt_check).
+# The wording each prompt set gives: role -> template -> the placeholders it may use
+# (marl.workflows.prompt_check checks a set against it).
 PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
     "generator": {"user": ("problem",)},
-    # responses: the K responses, each rendered by `response` and separated by blank lines; choices: "\boxed{1},
-    # \boxed{2} or \boxed{3}" for K = 3
+    # responses: the K responses, each rendered by `response` and separated by blank lines; choices:
+    # "\boxed{1}, \boxed{2} or \boxed{3}" for K = 3
     "aggregator": {"user": ("problem", "responses", "k", "choices"), "response": ("i", "text")},
 }
 
@@ -51,7 +52,8 @@ def _aggregate_prompt(task: Task, responses: list[str], w: RoleWording) -> str:
 
 
 def choices(k: int) -> str:
-    """The K answers the aggregator may give, as a sentence lists them: '\\boxed{1}, \\boxed{2} or \\boxed{3}'."""
+    """The K answers the aggregator may give, as a sentence lists them:
+    '\\boxed{1}, \\boxed{2} or \\boxed{3}'."""
     boxed = [f"\\boxed{{{i}}}" for i in range(1, k + 1)]
     return f"{', '.join(boxed[:-1])} or {boxed[-1]}" if k > 1 else boxed[0]
 

@@ -2,11 +2,11 @@
 (jobs/configs/sweeps/cpu_study_v3_gate.yaml), the coordinating role's parse rate at base with its 95 % Wilson
 interval, the episodes the workflow ended early, and whether the rate reaches the gate's 50 %.
 
-The rate is over the role's turns in the base evaluation (eval/before/turns/<role>: eval-opt's evaluator answers
-once per round). Voting's aggregator and eval-opt's evaluator count a turn as parsed when the workflow parsed it
-(no eval/before/parse_failures/<role>); the orchestrator's plan counts when the workflow's own parser read it as
-'STRATEGY k:' lines or a numbered list (eval/before/plan_format/strategy and /numbered), as the workflow accepts
-both; a plan read line by line, or blank, does not.
+The rate is over the role's turns in the base evaluation (eval/before/turns/<role>: eval-opt's evaluator
+answers once per round). Voting's aggregator and eval-opt's evaluator count a turn as parsed when the workflow
+parsed it (no eval/before/parse_failures/<role>); the orchestrator's plan counts when the workflow's own
+parser read it as 'STRATEGY k:' lines or a numbered list (eval/before/plan_format/strategy and /numbered), as
+the workflow accepts both; a plan read line by line, or blank, does not.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def gate_rows(paths: list[Path]) -> list[list[str]]:
                           if record.workflow == "orch_workers")
         passes = "–" if rate != rate else "yes" if rate >= GATE_RATE else "no"
         counted = f"{parsed} / {turns}" if turns else "not recorded"
-        rows.append([record.workflow, role, _cap(path, role), counted, _fmt(rate), interval, ended or "–", passes])
+        rows.append([record.workflow, role, _cap(path, role), counted, _fmt(rate), interval, ended or "–",
+                     passes])
     return sorted(rows, key=lambda r: (r[0], int(r[2]) if r[2].isdigit() else 0))
 
 
@@ -80,7 +81,8 @@ def gate_table(paths: list[Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2_v3.gate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2_v3.gate",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="gate run dirs, or the sweep folder holding them")
     args = parser.parse_args(argv)
     print(gate_table(args.paths), end="")

@@ -1,8 +1,8 @@
-"""The headline comparison a newcomer runs (`python -m jobs.sweep --config jobs/configs/compare_sharing.yaml`):
-the quickstart's model and task as a voting workflow under the `fewshot` prompt set, Shared and Isolated as a
-two-trial sweep, ending with both held-out curves, the aggregator's parse rate and choice accuracy per arm, and the
-report's location. The slow test asserts only what such a run can guarantee: both arms train, the aggregator
-parses at least half its base turns, and the comparison prints."""
+"""The headline comparison a newcomer runs (`python -m jobs.sweep --config
+jobs/configs/compare_sharing.yaml`): the quickstart's model and task as a voting workflow under the `fewshot`
+prompt set, Shared and Isolated as a two-trial sweep, ending with both held-out curves, the aggregator's parse
+rate and choice accuracy per arm, and the report's location. The slow test asserts only what such a run can
+guarantee: both arms train, the aggregator parses at least half its base turns, and the comparison prints."""
 
 from __future__ import annotations
 
@@ -28,13 +28,15 @@ def test_the_compare_sweep_is_the_quickstart_as_voting_shared_and_isolated():
     assert [c["marl.sharing"] for c in cells] == ["shared", "isolated"] and spec.compare
     quick = load_config(spec.base)
     cfg = load_config(spec.base, [*spec.overrides, "marl.sharing=shared"])
-    assert (cfg.model.path, cfg.data.train, cfg.data.eval) == (quick.model.path, quick.data.train, quick.data.eval)
+    same = (cfg.model.path, cfg.data.train, cfg.data.eval)
+    assert same == (quick.model.path, quick.data.train, quick.data.eval)
     assert (cfg.marl.workflow, cfg.marl.prompts, spec.max_concurrent_trials) == ("voting", "fewshot", 1)
 
 
 def _write_run(path: Path, sharing: str, rows: list[dict]) -> None:
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(f"run_name: {path.name}\nmarl:\n  workflow: voting\n  sharing: {sharing}\n")
+    config = f"run_name: {path.name}\nmarl:\n  workflow: voting\n  sharing: {sharing}\n"
+    (path / "config.yaml").write_text(config)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -48,16 +50,16 @@ def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_p
     text = comparison([load_run(tmp_path / "a")])
     assert parse_rate(base, "aggregator", "eval/before/") == 0.75 and parse_rate(final, "aggregator") == 1.0
     assert "a · voting · shared   0: 0.250  2: 0.500" in text
-    assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; chooses a right answer 0.50 (of 2) "
-            "-> 0.67 (of 3)") in text
+    assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; chooses a right answer "
+            "0.50 (of 2) -> 0.67 (of 3)") in text
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(45 * 60)  # two trained voting runs in a subprocess, on 2 cores
 def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    done = subprocess.run([".venv/bin/python", "-m", "jobs.sweep", "--config", COMPARE, f"storage_path={tmp_path}"],
-                          capture_output=True, text=True, timeout=40 * 60, check=False, env=env)
+    command = [".venv/bin/python", "-m", "jobs.sweep", "--config", COMPARE, f"storage_path={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=40 * 60, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = sorted((tmp_path / "compare_sharing" / "runs").iterdir())
     steps = load_sweep(COMPARE).overrides
@@ -66,7 +68,8 @@ def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     for run in runs:
         rows = read_metrics(run)
         assert sum("time/step_s" in r for r in rows) == trained  # the arm trained every step
-        assert parse_rate(rows[0], "aggregator", "eval/before/") >= 0.5, run  # fewshot: the aggregator does its job
+        # fewshot: the aggregator does its job at base
+        assert parse_rate(rows[0], "aggregator", "eval/before/") >= 0.5, run
         assert rows[0]["prompts/set"] == "fewshot"
     out = done.stdout
     assert "held-out accuracy by training steps done:" in out

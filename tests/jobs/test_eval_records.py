@@ -34,9 +34,11 @@ def test_eval_metrics_by_hand():
 
 
 def voting_episode(task_id: str, answers: list[str], chosen: int, choice_text: str) -> Episode:
-    """A scored voting episode on '2 + 3' whose generators answered `answers` and whose aggregator chose `chosen`."""
+    """A scored voting episode on '2 + 3' whose generators answered `answers` and whose aggregator chose
+    `chosen`."""
     task = Task(task_id, "2 + 3", "5")
-    turns = [Turn("generator", f"generator{n - 1}", 0, [], Completion(f"\\boxed{{{a}}}", [1], [1] * n, [0.0] * n))
+    turns = [Turn("generator", f"generator{n - 1}", 0, [],
+                  Completion(f"\\boxed{{{a}}}", [1], [1] * n, [0.0] * n))
              for n, a in enumerate(answers, start=1)]
     turns.append(Turn("aggregator", "aggregator", 0, [], Completion(choice_text, [1], [1] * 4, [0.0] * 4)))
     reward = float(answers[chosen - 1] == "5")

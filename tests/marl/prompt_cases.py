@@ -1,8 +1,8 @@
-"""Every message each built-in workflow sends, under each built-in prompt set and task kind, from scripted runs
-that reach every branch of the workflows' wording (eval_opt's first review, later reviews and revisions; voting's
-numbered responses; orch_workers' plan, workers and synthesis). `data/prompt_messages.json` holds these messages
-as the workflows wrote them before the wordings moved into prompt files; test_marl_prompt_sets.py holds every
-later version byte-identical to it.
+"""Every message each built-in workflow sends, under each built-in prompt set and task kind, from scripted
+runs that reach every branch of the workflows' wording (eval_opt's first review, later reviews and revisions;
+voting's numbered responses; orch_workers' plan, workers and synthesis). `data/prompt_messages.json` holds
+these messages as the workflows wrote them before the wordings moved into prompt files;
+test_marl_prompt_sets.py holds every later version byte-identical to it.
 
 Regenerate (only when a wording is meant to change): python -m tests.marl.prompt_cases --write
 """
@@ -47,7 +47,8 @@ def turns_of(workflow: str, prompts: str, family: TaskFamily) -> list[dict[str, 
     client = ScriptedClient(REPLIES[workflow])
     opts = WorkflowOptions(prompts=prompts)
     episode = asyncio.run(get_workflow(workflow).run(TASK, client, family, opts, 0))
-    return [{"role": t.role, "agent": t.agent, "round": t.round, "messages": t.messages} for t in episode.turns]
+    return [{"role": t.role, "agent": t.agent, "round": t.round, "messages": t.messages}
+            for t in episode.turns]
 
 
 def all_messages(sets: tuple[str, ...] = SETS) -> dict[str, list[dict[str, Any]]]:

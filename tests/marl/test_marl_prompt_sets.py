@@ -35,7 +35,8 @@ def _run(workflow: str, prompts: str, replies: dict, family=None, **opts):
 
     task = Task(task_id="t0", prompt="What is 6 * 7?", answer="42")
     options = WorkflowOptions(prompts=prompts, **opts)
-    return asyncio.run(get_workflow(workflow).run(task, ScriptedClient(replies), family or MathFamily(), options, 0))
+    client = ScriptedClient(replies)
+    return asyncio.run(get_workflow(workflow).run(task, client, family or MathFamily(), options, 0))
 
 
 def test_fewshot_gives_each_coordinating_role_two_worked_examples_with_varied_answers():
@@ -71,7 +72,7 @@ def test_worked_examples_are_prior_turns_and_the_aggregator_is_asked_for_its_cho
 def test_eval_opt_fewshot_examples_precede_the_shared_conversation():
     ep = _run("eval_opt", "fewshot", {"generator": "\\boxed{42}", "evaluator": "\\boxed{Correct}"})
     ev = ep.turns[1].messages
-    assert [m["role"] for m in ev] == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in ev] == ["system", *["user", "assistant"] * 3, "user"]
     assert ev[5]["content"].startswith("What is 6 * 7?") and ev[6]["content"] == "\\boxed{42}"
 
 
@@ -92,14 +93,17 @@ VOTING_OK = """workflows:
 def test_a_users_file_is_a_prompt_set(tmp_path):
     path = _write(tmp_path, VOTING_OK)
     check_prompts(path, "voting")
-    ep = _run("voting", path, {"generator0": "a", "generator1": "b", "generator2": "c", "aggregator": "\\boxed{1}"})
-    assert ep.turns[3].messages == [{"role": "system", "content": "Pick one."}, {
-        "role": "user", "content": "What is 6 * 7? #1: a\n\n#2: b\n\n#3: c \\boxed{1}, \\boxed{2} or \\boxed{3}"}]
+    ep = _run("voting", path, {"generator0": "a", "generator1": "b", "generator2": "c",
+                               "aggregator": "\\boxed{1}"})
+    asked = "What is 6 * 7? #1: a\n\n#2: b\n\n#3: c \\boxed{1}, \\boxed{2} or \\boxed{3}"
+    assert ep.turns[3].messages == [{"role": "system", "content": "Pick one."},
+                                    {"role": "user", "content": asked}]
     assert load_prompt_set(path).digest != load_prompt_set("default").digest
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
-    (("      generator: {system: Solve it., user: \"{problem}\"}\n", ""), r"voting\.any: missing role 'generator'"),
+    (("      generator: {system: Solve it., user: \"{problem}\"}\n", ""),
+     r"voting\.any: missing role 'generator'"),
     (("{problem} {responses}", "{problem} {answer}"), r"voting\.any\.aggregator\.user: unknown placeholder "
                                                         r"\{answer\}"),
     (("#{i}: {text}", "#{i: {text}"), r"voting\.any\.aggregator\.response: does not format"),
@@ -114,7 +118,8 @@ def test_a_bad_file_is_a_config_error_naming_file_role_and_problem(tmp_path, edi
     from jobs.config import ConfigError, load_config
 
     path = _write(tmp_path, VOTING_OK.replace(*edit))
-    with pytest.raises(ConfigError, match=rf"config: marl\.prompts={re.escape(path)}: {re.escape(path)}: {problem}"):
+    where = re.escape(path)
+    with pytest.raises(ConfigError, match=rf"config: marl\.prompts={where}: {where}: {problem}"):
         load_config("jobs/configs/tiny.yaml", [f"marl.prompts={path}", "marl.workflow=voting"])
 
 
@@ -132,12 +137,14 @@ def test_the_authors_prompt_files_are_imported(tmp_path):
         check_prompts(fixture, workflow)
     gens = {f"generator{i}": f"g{i}" for i in range(3)}
     vote = _run("voting", fixture, {**gens, "aggregator": "\\boxed{2}"})
-    assert vote.turns[0].messages == [{"role": "user", "content": "FIXTURE voting generator. Box the answer as "
-                                       "\\boxed{}.\n\nProblem: What is 6 * 7?"}]  # no system, no second instruction
-    assert vote.turns[3].messages[0]["content"] == ("FIXTURE aggregator.\n\nProblem: What is 6 * 7?\n\nSolutions:\n\n"
-                                                    "--- Solution 1 ---\ng0\n\n--- Solution 2 ---\ng1\n\n"
-                                                    "--- Solution 3 ---\ng2\n\nAnswer \\boxed{N}.")
-    evo = _run("eval_opt", fixture, {"generator": ["x", "y"], "evaluator": ["\\boxed{Incorrect}", "\\boxed{Correct}"]})
+    # no system message, and no second answer instruction: theirs is in the text
+    asked = "FIXTURE voting generator. Box the answer as \\boxed{}.\n\nProblem: What is 6 * 7?"
+    assert vote.turns[0].messages == [{"role": "user", "content": asked}]
+    assert vote.turns[3].messages[0]["content"] == (
+        "FIXTURE aggregator.\n\nProblem: What is 6 * 7?\n\nSolutions:\n\n--- Solution 1 ---\ng0\n\n"
+        "--- Solution 2 ---\ng1\n\n--- Solution 3 ---\ng2\n\nAnswer \\boxed{N}.")
+    verdicts = ["\\boxed{Incorrect}", "\\boxed{Correct}"]
+    evo = _run("eval_opt", fixture, {"generator": ["x", "y"], "evaluator": verdicts})
     assert [m["content"] for m in evo.turns[3].messages][-3:] == [
         "FIXTURE refinement, answer in \\boxed{}.", "y",
         "FIXTURE review of the solution above: \\boxed{Correct} or \\boxed{Incorrect}."]  # shared history

@@ -118,8 +118,8 @@ def check_prompts(spec: str, workflow: str) -> None:
         prompt_set = load_prompt_set(spec)
         module = get_workflow(workflow)
         name = getattr(module, "NAME", workflow)
-        specs: dict[str, PromptSpec] = {
-            n: w.PROMPT_SPEC for n, w in WORKFLOWS.items()}  # type: ignore[attr-defined]
+        builtin = (single_agent, eval_opt, voting, orch_workers)
+        specs: dict[str, PromptSpec] = {m.NAME: m.PROMPT_SPEC for m in builtin}
         prompt_spec: PromptSpec | None = getattr(module, "PROMPT_SPEC", None)
         if prompt_spec is not None:
             specs[name] = prompt_spec

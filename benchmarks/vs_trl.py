@@ -62,17 +62,18 @@ def run_ours(a: argparse.Namespace, extra: tuple[str, ...] = (), keep: tuple[str
 def _trl_dataset(a: argparse.Namespace):
     from datasets import Dataset
 
+    from marl.prompts import load_prompt_set
     from marl.tasks import get_family
     from marl.tasks.data import load_tasks
     from marl.tasks.sampler import PromptSampler
     from marl.workflows.common import with_instruction
-    from marl.workflows.single_agent import SOLVER_SYSTEM
 
     family = get_family("math", "last_number")
     # Same sampler and seed as the driver, so both sides see the same prompts in the same order.
     sampler = PromptSampler(load_tasks(DATA, 256, 0, "math"), 0)
     tasks = [t for _ in range(a.warmup + a.steps) for t in sampler.next(a.prompts)]
-    rows = [{"prompt": [{"role": "system", "content": SOLVER_SYSTEM},
+    solver_system = load_prompt_set("default").wording("single_agent", "math").role("solver").system
+    rows = [{"prompt": [{"role": "system", "content": solver_system},
                         {"role": "user", "content": with_instruction(t.prompt, family.instruction())}],
              "answer": t.answer} for t in tasks]
     return Dataset.from_list(rows), family, {t.answer: t for t in tasks}

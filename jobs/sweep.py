@@ -25,6 +25,7 @@ from ray import tune
 from ray.tune import PlacementGroupFactory
 
 from cluster.connect import ConnectError, connect
+from jobs.compare import compare
 from jobs.config import load_config
 from jobs.config.schema import TrainConfig
 from jobs.config.sweep_spec import (
@@ -219,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     unfinished = _summary(results, spec)
+    root = Path(spec.storage_path).resolve() / spec.name
     print(f"sweep {spec.name}: {len(results)} trials, {results.num_errors} failed, {unfinished} unfinished; "
-          f"{Path(spec.storage_path).resolve() / spec.name}")
+          f"{root}")
+    if spec.compare:
+        print(compare([Path(setup_of(spec).out_dir)], root / "report"))
     return 4 if results.num_errors else 130 if unfinished else 0
 
 

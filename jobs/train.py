@@ -27,7 +27,7 @@ from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets, prepare
 from jobs.driver.loop import RunState, StepCallback, StopRequested, attempt
-from jobs.driver.provenance import code_version, config_header
+from jobs.driver.provenance import code_version, config_header, prompt_version
 from jobs.driver.run_checkpoints import Progress
 from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
@@ -56,7 +56,7 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     quiet_logs(cfg.tracking.verbose)
     run_dir = Path(cfg.out_dir) / cfg.run_name
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
-    version = code_version()
+    version = {**code_version(), **prompt_version(cfg.marl.prompts)}
     (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
     assets, resume = prepare(cfg), _initial_resume(cfg, run_dir)
     log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from marl.tasks.base import AsyncScoring, TaskFamily
 from marl.types import Episode
 
 
@@ -54,3 +55,25 @@ def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
         for role in roles:
             out[f"code/{name}/{role}"] = float(sum(r in counted and who == role for r, who in reasons))
     return out
+
+
+def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
+    """voting's aggregator as a chooser: `choice/available/aggregator`, the episodes in which at least one
+    generator's answer scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer
+    (the episode's reward) scores 1 (NaN without any). Only for families scored inline (math): scoring every
+    candidate of a code task would run the sandbox K more times. {} when no episode has an aggregator over
+    generators."""
+    if isinstance(family, AsyncScoring):
+        return {}
+    available = right = 0
+    for ep in episodes:
+        candidates = [t for t in ep.turns if t.role == "generator"]
+        if not candidates or not any(t.role == "aggregator" for t in ep.turns):
+            continue
+        if any(family.score(ep.task, family.extract_answer(t.text)) == 1.0 for t in candidates):
+            available += 1
+            right += ep.reward == 1.0
+    if not available and not any(t.role == "aggregator" for ep in episodes for t in ep.turns):
+        return {}
+    return {"choice/available/aggregator": float(available),
+            "choice/accuracy/aggregator": right / available if available else float("nan")}

@@ -25,7 +25,7 @@ from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
 from marl.tasks.rows import FILE_SUFFIXES
-from marl.workflows import get_workflow, roles_of
+from marl.workflows import check_prompts, get_workflow, roles_of
 
 
 class ConfigError(ValueError):
@@ -172,9 +172,11 @@ def _check_policies(cfg: TrainConfig) -> None:
 
 
 def _check_workflow(cfg: TrainConfig) -> None:
-    """A built-in name, or the user's module (imported and checked against the Workflow protocol now)."""
+    """A built-in name, or the user's module (imported and checked against the Workflow protocol now), and the
+    prompt set (read and checked against the workflows and roles it names now)."""
     try:
         get_workflow(cfg.marl.workflow)
+        check_prompts(cfg.marl.prompts, cfg.marl.workflow)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None
 

@@ -19,7 +19,6 @@ from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
 from marl.tasks import TaskName
 from marl.tasks.math import AnswerFallback
-from marl.workflows import PromptSet
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
 from rollout.sections import VllmSyncPath
@@ -172,9 +171,13 @@ class MarlConfig:
     num_generators: int = positive(3)
     max_rounds: int = positive(3)
     max_strategies: int = positive(3)
-    # Wording of the workflows' prompts: default (this project's) | paper (as in arXiv 2605.24202: an eval_opt
-    # evaluator that never reveals the answer, revisions by a different method, code personas for data.task=code).
-    prompts: PromptSet = PromptSet.default
+    # Wording of the workflows' prompts: a built-in prompt set, default (this project's) | paper (as in arXiv
+    # 2605.24202: an eval_opt evaluator that never reveals the answer, revisions by a different method, code
+    # personas for data.task=code) | fewshot (paper's, with two worked examples of the output format for each
+    # coordinating role), or the path to a prompt-set file (YAML as marl/prompts/default.yaml, or the paper's
+    # released prompt.json), checked at config load against the workflows and roles it names
+    # (docs/workflows.md).
+    prompts: str = "default"
     # Per-role reward shaping: role -> a function path (`pkg.module.function` or `path/file.py:function`) called
     # as hook(episode, turn) -> float, that role's turn reward in place of the episode's outcome (marl/rewards.py;
     # examples/format_penalty.py). Imported and checked at config load. {} = the outcome on every turn.

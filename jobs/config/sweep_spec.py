@@ -83,6 +83,10 @@ class SweepConfig:
     max_concurrent_trials: int = 0  # 0: as many as the cluster holds
     max_failures: int = 0  # restarts of a failed trial (it resumes from its newest checkpoint)
     driver_cpus: float = 1.0  # the trial's own driver bundle (bundle 0 of its placement group)
+    # At the end, print the trials side by side (held-out curves, coordinating roles' parse rate and choice
+    # accuracy at base and after training: jobs/compare.py) and write the report to
+    # <storage_path>/<name>/report.
+    compare: bool = False
     ray: SweepRayConfig = field(default_factory=SweepRayConfig)
 
 

@@ -22,7 +22,7 @@ class InputError(ValueError):
 
 @dataclass
 class RunAssets:
-    layout: RunLayout  # built once per run: placement, the system and the metrics all read this one
+    layout: RunLayout  # built once per run: placement, the handles and the metrics all read this one
     model_paths: dict[str, str]  # policy -> its model folder (marl.policies may give a policy its own model)
     family: TaskFamily
     sampler: PromptSampler

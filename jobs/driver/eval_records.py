@@ -11,6 +11,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from marl.episode_metrics import choice_metrics
+from marl.tasks.base import TaskFamily
 from marl.types import Episode
 
 FILE = "eval_tasks.csv"
@@ -42,12 +44,32 @@ def read_eval(run_dir: Path) -> dict[int, dict[str, float]]:
     return out
 
 
-def eval_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """eval/accuracy (pass@1: the mean reward, NaN without tasks), eval/episodes and eval/parse_failures/<role>
-    (turns of that role the workflow could not parse, summed over the episodes)."""
+def _plan(episode: Episode) -> str:
+    fmt = episode.score_info.get("plan_format")
+    return f"plan_format/{fmt}" if fmt else ""
+
+
+def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> dict[str, float]:
+    """eval/accuracy (pass@1: the mean reward, NaN without tasks), eval/episodes, eval/parse_failures/<role>
+    (turns of that role the workflow could not parse, summed over the episodes), eval/failures/<reason>
+    (episodes the workflow ended early: too_many_strategies, unparsable_plan), eval/plan_format/<format>
+    (orch_workers: how its parser read each plan, strategy | numbered | lines | none), eval/turns/<role> and
+    eval/response_len/<role> (mean response tokens), and with `family` the aggregator's choice accuracy
+    (eval/choice/*, marl.episode_metrics.choice_metrics)."""
     out = {"eval/accuracy": sum(e.reward for e in episodes) / len(episodes) if episodes else float("nan"),
            "eval/episodes": float(len(episodes))}
+    lengths: dict[str, list[int]] = {}
     for e in episodes:
         for role, count in e.parse_failures.items():
             out[f"eval/parse_failures/{role}"] = out.get(f"eval/parse_failures/{role}", 0.0) + count
+        for key in (f"failures/{e.failure}" if e.failure else "", _plan(e)):
+            if key:
+                out[f"eval/{key}"] = out.get(f"eval/{key}", 0.0) + 1
+        for t in e.turns:
+            lengths.setdefault(t.role, []).append(len(t.completion.response_ids))
+    for role, n in lengths.items():
+        out[f"eval/turns/{role}"] = float(len(n))
+        out[f"eval/response_len/{role}"] = sum(n) / len(n)
+    if family is not None:
+        out.update({f"eval/{k}": v for k, v in choice_metrics(episodes, family).items()})
     return out

@@ -72,6 +72,11 @@ class RunState:
         self.learners_ahead = True
 
 
+# The base evaluation's figures logged with step 0 as eval/before/*, beside eval/accuracy_before.
+BASE_KEYS = ("eval/parse_failures/", "eval/turns/", "eval/response_len/", "eval/choice/", "eval/failures/",
+             "eval/plan_format/")
+
+
 def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
     """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
@@ -89,7 +94,7 @@ def timed_evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task], run
     t0 = time.perf_counter()
     episodes = evaluate(handles, cfg, tasks)
     append_eval(run_dir, steps_done, episodes)
-    return {**eval_metrics(episodes), "time/eval_s": time.perf_counter() - t0}
+    return {**eval_metrics(episodes, handles.collector.family), "time/eval_s": time.perf_counter() - t0}
 
 
 def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
@@ -147,7 +152,7 @@ def _fresh_start(run: RunState, handles: RunHandles) -> None:
     base = timed_evaluate(handles, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
     acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
     run.base_parse = {k.replace("eval/", "eval/before/", 1): v for k, v in base.items()
-                      if k.startswith("eval/parse_failures/") or k == "eval/episodes"}
+                      if k.startswith(BASE_KEYS) or k == "eval/episodes"}
     run.cliff.update(0, acc)
     run.progress = dataclasses.replace(run.progress, acc_before=acc, cliff=run.cliff.state(),
                                        best_accuracy=acc if not math.isnan(acc) else -math.inf)

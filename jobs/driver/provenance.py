@@ -1,15 +1,19 @@
-"""The code a run ran: the git commit of this repository and whether its tracked files had uncommitted changes.
+"""The code a run ran: the git commit of this repository and whether its tracked files had uncommitted
+changes; and the wording it sent: the prompt set `marl.prompts` named and a hash of its resolved content.
 
 Recorded in the run dir's config.yaml (as comment lines, so the file still loads as a config) and in the first
-metrics row each start of the run writes (`code/commit`, `code/dirty`; a resumed run records the code it resumed
-with). Where this package is not a git repository's root (an installed package, a `ray job submit` working dir
-copied without .git) or git is missing or fails, both read "unknown": recording never stops a run.
+metrics row each start of the run writes (`code/commit`, `code/dirty`, `prompts/set`, `prompts/hash`; a
+resumed run records the code it resumed with). Where this package is not a git repository's root (an installed
+package, a `ray job submit` working dir copied without .git) or git is missing or fails, both read "unknown":
+recording never stops a run.
 """
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+from marl.prompts import load_prompt_set
 
 UNKNOWN = "unknown"
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding jobs/, marl/, learners/ ...
@@ -37,8 +41,12 @@ def code_version(root: Path = ROOT) -> dict[str, str | bool]:
     return {"code/commit": sha, "code/dirty": UNKNOWN if status is None else bool(status)}
 
 
+def prompt_version(spec: str) -> dict[str, str | bool]:
+    """{"prompts/set": `marl.prompts` as given, "prompts/hash": the resolved set's digest
+    (marl.prompts.digest)}: a user's file edited between two runs keeps its name and changes its hash."""
+    return {"prompts/set": spec, "prompts/hash": load_prompt_set(spec).digest}
+
+
 def config_header(version: dict[str, str | bool]) -> str:
-    """YAML comment lines to put before a run's saved config."""
-    dirty = version["code/dirty"]
-    return (f"# code/commit: {version['code/commit']}\n"
-            f"# code/dirty: {str(dirty).lower() if isinstance(dirty, bool) else dirty}\n")
+    """YAML comment lines to put before a run's saved config, one per entry of `version`."""
+    return "".join(f"# {key}: {str(v).lower() if isinstance(v, bool) else v}\n" for key, v in version.items())

@@ -15,10 +15,12 @@ from types import ModuleType
 from typing import Protocol
 
 from marl.plugins import PluginError, is_file_spec, load_module
+from marl.prompts import PromptSetError, load_prompt_set
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import eval_opt, orch_workers, single_agent, voting
-from marl.workflows.common import PROMPT_SETS, PromptSet, WorkflowOptions
+from marl.workflows.common import PROMPT_SETS, WorkflowOptions
+from marl.workflows.prompt_check import PromptSpec, check_set, check_wording
 
 
 class Workflow(Protocol):
@@ -107,5 +109,31 @@ def slot_roles(name: str) -> tuple[str, ...]:
     return tuple(getattr(get_workflow(name), "SLOT_ROLES", ()))
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "PromptSet", "Workflow", "WorkflowOptions", "agent_role", "get_workflow",
-           "roles_of", "slot_roles", "workflow_problem"]
+def check_prompts(spec: str, workflow: str) -> None:
+    """The prompt set `spec` (marl.prompts) checked against every built-in workflow it names and against the
+    run's `workflow`: a user workflow with a PROMPT_SPEC needs wording in the set, or in its own PROMPT_FILE
+    when the set does not name it. Raises ValueError starting with `marl.prompts=<spec>` and naming the file,
+    workflow.kind.role and the problem."""
+    try:
+        prompt_set = load_prompt_set(spec)
+        module = get_workflow(workflow)
+        name = getattr(module, "NAME", workflow)
+        builtin = (single_agent, eval_opt, voting, orch_workers)
+        specs: dict[str, PromptSpec] = {m.NAME: m.PROMPT_SPEC for m in builtin}
+        prompt_spec: PromptSpec | None = getattr(module, "PROMPT_SPEC", None)
+        if prompt_spec is not None:
+            specs[name] = prompt_spec
+        check_set(prompt_set, specs)
+        if prompt_spec is not None and name not in prompt_set.workflows:
+            own = getattr(module, "PROMPT_FILE", None)
+            if own is None:
+                prompt_set.wording(name, "math")  # raises: the set has no wording for the run's workflow
+            own_set = load_prompt_set(str(own))
+            own_set.wording(name, "math")  # raises when the workflow's own file does not name it either
+            check_set(own_set, {name: prompt_spec})
+    except PromptSetError as e:
+        raise ValueError(f"marl.prompts={spec}: {e}") from None
+
+
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "check_prompts",
+           "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_problem"]

@@ -10,23 +10,17 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
+from marl.prompts import BUILTIN_SETS, PromptSetError, WorkflowWording, load_prompt_set
 from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
 from marl.types import Episode, Message, PolicyClient, Turn
 
-# The prompt sets (the `marl.prompts` config key). default: this project's own wording; paper: the wording of
-# "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202), where it differs: eval_opt's wording and
-# shared history, and code wordings for every workflow on code tasks.
-PROMPT_SETS: tuple[str, ...] = ("default", "paper")
-
-
-class PromptSet(StrEnum):
-    """`marl.prompts`: the names of PROMPT_SETS (the config schema's type for the key)."""
-
-    default = "default"
-    paper = "paper"
+# The built-in prompt sets (marl/prompts/*.yaml); `marl.prompts` also takes a path to a user's file. default:
+# this project's own wording; paper: the wording of "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv
+# 2605.24202), where it differs: eval_opt's wording and shared history, and code wordings on code tasks;
+# fewshot: paper's, with two worked examples of the output format for each coordinating role.
+PROMPT_SETS: tuple[str, ...] = BUILTIN_SETS
 
 
 def prompt_kind(family: TaskFamily) -> str:
@@ -41,14 +35,27 @@ class WorkflowOptions:
     num_generators: int = 3  # voting: K parallel generators
     max_rounds: int = 3  # eval_opt: at most R generator turns
     max_strategies: int = 3  # orch_workers: more strategies than this ends the episode
-    prompts: str = "default"  # one of PROMPT_SETS
+    prompts: str = "default"  # one of PROMPT_SETS, or a prompt-set file
 
     def __post_init__(self) -> None:
         for name in ("num_generators", "max_rounds", "max_strategies"):
             if getattr(self, name) < 1:
                 raise ValueError(f"marl.{name} must be >= 1, got {getattr(self, name)}")
-        if self.prompts not in PROMPT_SETS:
-            raise ValueError(f"marl.prompts must be one of {PROMPT_SETS}, got {self.prompts!r}")
+        try:
+            load_prompt_set(self.prompts)
+        except PromptSetError as e:
+            raise ValueError(f"marl.prompts={self.prompts}: {e}") from None
+
+
+def wording(
+    opts: WorkflowOptions, workflow: str, family: TaskFamily, own_file: str | None = None
+) -> WorkflowWording:
+    """The wording of `workflow` for the family's kind in the set `marl.prompts` names; a workflow the set
+    does not name reads its own prompt file `own_file` (a user workflow's default wording), if it has one."""
+    prompt_set = load_prompt_set(opts.prompts)
+    if own_file is not None and workflow not in prompt_set.workflows:
+        prompt_set = load_prompt_set(own_file)
+    return prompt_set.wording(workflow, prompt_kind(family))
 
 
 def system(content: str) -> Message:
@@ -66,6 +73,11 @@ def assistant(content: str) -> Message:
 def with_instruction(text: str, instruction: str) -> str:
     """Append the family's answer-format instruction, if it has one."""
     return f"{text}\n\n{instruction}" if instruction else text
+
+
+def asking(w: WorkflowWording, text: str, instruction: str) -> str:
+    """A message that asks for an answer: the family's instruction appended, unless the set writes its own."""
+    return with_instruction(text, instruction) if w.append_instruction else text
 
 
 async def ask(client: PolicyClient, role: str, agent: str, round_: int, messages: list[Message]) -> Turn:

@@ -90,14 +90,13 @@ def test_choices_are_the_enums_beside_their_registries():
     from marl.engine_map import ENGINE_SCOPES, EngineScope
     from marl.tasks import FAMILIES, TaskName
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
-    from marl.workflows import PROMPT_SETS, PromptSet
     from rollout.clients import ROLLOUT_MODES, RolloutModeName
     from rollout.engine import ENGINE_BACKENDS, EngineBackendName
 
     for enum, registry in ((AdvantageEstimator, ADVANTAGE_ESTIMATORS), (LossAggregation, LOSS_AGGREGATIONS),
                            (KlEstimator, KL_ESTIMATORS), (LearnerBackendName, BACKENDS),
                            (EngineBackendName, ENGINE_BACKENDS), (RolloutModeName, ROLLOUT_MODES),
-                           (PromptSet, PROMPT_SETS), (PlacementStrategy, STRATEGIES), (Schedule, SCHEDULES),
+                           (PlacementStrategy, STRATEGIES), (Schedule, SCHEDULES),
                            (EngineScope, ENGINE_SCOPES), (TaskName, FAMILIES), (AnswerFallback, ANSWER_FALLBACKS)):
         assert [m.value for m in enum] == list(registry), enum
     with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from jobs.driver.eval_records import append_eval, eval_metrics, read_eval
-from marl.types import Episode, Task
+from marl.tasks import MathFamily
+from marl.types import Completion, Episode, Task, Turn
 
 
 def episode(task_id: str, reward: float, **failures: int) -> Episode:
@@ -30,3 +31,42 @@ def test_eval_metrics_by_hand():
     assert m == {"eval/accuracy": 1 / 3, "eval/episodes": 3.0, "eval/parse_failures/aggregator": 2.0,
                  "eval/parse_failures/generator": 2.0}
     assert math.isnan(eval_metrics([])["eval/accuracy"])
+
+
+def voting_episode(task_id: str, answers: list[str], chosen: int, choice_text: str) -> Episode:
+    """A scored voting episode on '2 + 3' whose generators answered `answers` and whose aggregator chose
+    `chosen`."""
+    task = Task(task_id, "2 + 3", "5")
+    turns = [Turn("generator", f"generator{n - 1}", 0, [],
+                  Completion(f"\\boxed{{{a}}}", [1], [1] * n, [0.0] * n))
+             for n, a in enumerate(answers, start=1)]
+    turns.append(Turn("aggregator", "aggregator", 0, [], Completion(choice_text, [1], [1] * 4, [0.0] * 4)))
+    reward = float(answers[chosen - 1] == "5")
+    return Episode(task=task, sample_index=0, workflow="voting", turns=turns, reward=reward)
+
+
+def test_the_aggregators_choice_accuracy_counts_episodes_with_a_right_candidate():
+    episodes = [voting_episode("a", ["4", "5", "6"], 2, "\\boxed{2}"),  # a right candidate, chosen
+                voting_episode("b", ["5", "4", "6"], 3, "\\boxed{3}"),  # a right candidate, missed
+                voting_episode("c", ["4", "5", "5"], 3, "\\boxed{3}"),  # two right candidates, one chosen
+                voting_episode("d", ["4", "6", "7"], 1, "\\boxed{1}")]  # none right: not counted
+    m = eval_metrics(episodes, MathFamily())
+    assert m["eval/choice/available/aggregator"] == 3.0 and m["eval/choice/accuracy/aggregator"] == 2 / 3
+    assert m["eval/turns/generator"] == 12.0 and m["eval/response_len/generator"] == 2.0  # lengths 1, 2, 3
+    assert m["eval/response_len/aggregator"] == 4.0
+    none_right = eval_metrics([episodes[3]], MathFamily())
+    assert none_right["eval/choice/available/aggregator"] == 0.0
+    assert math.isnan(none_right["eval/choice/accuracy/aggregator"])
+    assert not any(k.startswith("eval/choice/") for k in eval_metrics([episode("e", 1.0)], MathFamily()))
+
+
+def test_episode_failures_and_plan_formats_are_counted():
+    plans = [Episode(task=Task("a", "1+1", "2"), sample_index=0, workflow="orch_workers", failure=failure,
+                     score_info={"plan_format": fmt} if fmt else {})
+             for failure, fmt in ((None, "strategy"), (None, "numbered"), ("too_many_strategies", "lines"),
+                                  ("unparsable_plan", "none"), (None, None))]
+    m = eval_metrics(plans)
+    assert {k: v for k, v in m.items() if k.startswith(("eval/failures/", "eval/plan_format/"))} == {
+        "eval/failures/too_many_strategies": 1.0, "eval/failures/unparsable_plan": 1.0,
+        "eval/plan_format/strategy": 1.0, "eval/plan_format/numbered": 1.0, "eval/plan_format/lines": 1.0,
+        "eval/plan_format/none": 1.0}

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from jobs.config import load_config, to_yaml
-from jobs.driver.provenance import ROOT, code_version, config_header
+from jobs.driver.provenance import ROOT, code_version, config_header, prompt_version
 from jobs.telemetry.tracking import RunLog, read_metrics
 
 
@@ -56,3 +56,21 @@ def test_saved_config_still_loads_and_first_row_carries_the_version(tmp_path):
     log.log(1, {"reward/mean": 0.75})
     first, second = read_metrics(tmp_path)
     assert first["code/commit"] == "abc123" and first["code/dirty"] is True and "code/commit" not in second
+
+
+def test_the_prompt_set_and_its_hash_are_recorded(tmp_path):
+    cfg = load_config("jobs/configs/tiny.yaml", [f"out_dir={tmp_path}", "marl.prompts=fewshot"])
+    version = {"code/commit": "abc123", "code/dirty": False, **prompt_version(cfg.marl.prompts)}
+    assert version["prompts/set"] == "fewshot" and len(str(version["prompts/hash"])) == 16
+    assert prompt_version("paper")["prompts/hash"] != version["prompts/hash"]
+    (tmp_path / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
+    header = (tmp_path / "config.yaml").read_text().splitlines()[:4]
+    assert header == ["# code/commit: abc123", "# code/dirty: false", "# prompts/set: fewshot",
+                      f"# prompts/hash: {version['prompts/hash']}"]
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+    log = RunLog(tmp_path, tensorboard=False, first_row=version)
+    log.log(0, {"reward/mean": 0.5})
+    log.log(1, {"reward/mean": 0.75})
+    first, second = read_metrics(tmp_path)
+    assert first["prompts/set"] == "fewshot" and first["prompts/hash"] == version["prompts/hash"]
+    assert "prompts/set" not in second

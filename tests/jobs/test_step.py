@@ -53,7 +53,7 @@ def _cfg(tmp_path, *overrides: str):
         "rollout.samples_per_prompt=4", "steps=3", *overrides])
 
 
-def _system(cfg) -> SimpleNamespace:
+def _handles(cfg) -> SimpleNamespace:
     engine_map = EngineMap.build(PolicyMap.isolated(ROLES), cfg.run_name)
     engines = {spec.roles[0]: EngineGroup(spec, "unused", cfg.rollout, "float32",
                                               engine_cls=cast(type[EngineMember], SeedRecorder))
@@ -64,8 +64,8 @@ def _system(cfg) -> SimpleNamespace:
 
 def test_no_two_requests_share_a_seed_within_or_across_consecutive_steps(tmp_path):
     cfg = _cfg(tmp_path)
-    system = _system(cfg)
-    source = RolloutSource(system, cfg, PromptSampler(digit_tasks(16, 0), cfg.seed))
+    handles = _handles(cfg)
+    source = RolloutSource(handles, cfg, PromptSampler(digit_tasks(16, 0), cfg.seed))
     SeedRecorder.seeds = []
     per_step = []
     try:
@@ -74,7 +74,7 @@ def test_no_two_requests_share_a_seed_within_or_across_consecutive_steps(tmp_pat
             per_step.append(list(SeedRecorder.seeds))
             SeedRecorder.seeds.clear()
     finally:
-        for group in system.engines.values():
+        for group in handles.engines.values():
             group.shutdown()
     # 4 prompts x 4 samples x 3 rounds x 2 roles, each turn a streamed call of its own.
     assert [len(s) for s in per_step] == [96] * 3

@@ -147,6 +147,7 @@ def test_orch_workers_two_strategies():
     assert "6*(5+2)" in ep.turns[2].messages[-1]["content"]
     assert "Solution 2" in ep.turns[3].messages[-1]["content"]
     assert ep.final_answer == "42" and ep.reward == 1.0 and ep.failure is None
+    assert ep.score_info["plan_format"] == "strategy"  # how the parser read the plan (the gate's criterion)
 
 
 def test_orch_workers_too_many_strategies():
@@ -161,6 +162,7 @@ def test_orch_workers_blank_plan_is_unparsable():
     ep = run("orch_workers", ScriptedClient({"orchestrator": "  \n\n \t\n"}))
     assert ep.failure == "unparsable_plan" and ep.reward == 0.0
     assert ep.parse_failures == {"orchestrator": 1} and len(ep.turns) == 1
+    assert ep.score_info["plan_format"] == "none"
 
 
 def _orch(plan: str, max_strategies: int = 3):
@@ -266,20 +268,24 @@ def test_eval_opt_paper_prompts_on_code_use_code_personas():
 
 
 def test_eval_opt_paper_shares_one_conversation_over_three_rounds():
-    from marl.workflows.eval_opt import PAPER_MATH as P
+    from marl.prompts import load_prompt_set
 
+    w = load_prompt_set("paper").wording("eval_opt", "math")
+    g, e = w.role("generator"), w.role("evaluator")
+    review, rereview = e.fill("review", problem="", answer=""), e.fill("rereview", answer="")
+    revise = g.fill("revise", feedback="")
     verdicts = ["Recheck. \\boxed{Incorrect}", "No. \\boxed{Incorrect}", "\\boxed{Correct}"]
     client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{40}", "\\boxed{42}"], "evaluator": verdicts})
     ep = run("eval_opt", client, WorkflowOptions(prompts="paper", max_rounds=3))
     problem = f"{TASK.prompt}\n\n{MATH.instruction()}"
-    revise = f"{P.revise}\n\n{MATH.instruction()}"
-    shared = [("user", problem), ("assistant", "\\boxed{41}"), ("user", P.review),
+    revise = f"{revise}\n\n{MATH.instruction()}"
+    shared = [("user", problem), ("assistant", "\\boxed{41}"), ("user", review),
               ("assistant", "Recheck. \\boxed{Incorrect}"), ("user", revise), ("assistant", "\\boxed{40}"),
-              ("user", P.rereview), ("assistant", "No. \\boxed{Incorrect}"), ("user", revise),
-              ("assistant", "\\boxed{42}"), ("user", P.rereview)]
+              ("user", rereview), ("assistant", "No. \\boxed{Incorrect}"), ("user", revise),
+              ("assistant", "\\boxed{42}"), ("user", rereview)]
     # Turn k reads the system prompt of its role, then the first 2k + 1 messages of the one conversation.
     for k, turn in enumerate(ep.turns):
-        assert turn.messages[0] == {"role": "system", "content": P.generator if k % 2 == 0 else P.evaluator}
+        assert turn.messages[0] == {"role": "system", "content": g.system if k % 2 == 0 else e.system}
         assert [(m["role"], m["content"]) for m in turn.messages[1:]] == shared[: 2 * k + 1], k
     assert [(t.role, t.round) for t in ep.turns] == [(r, i) for i in range(3) for r in ("generator", "evaluator")]
     assert ep.final_answer == "42" and ep.reward == 1.0 and ep.parse_failures == {}
@@ -339,5 +345,7 @@ def test_prompt_sets_are_a_config_choice():
 
     assert load_config("jobs/configs/tiny.yaml").marl.prompts == "default"
     assert load_config("jobs/configs/sweeps/paper_base.yaml").marl.prompts == "paper"
-    with pytest.raises(ConfigError, match=r"marl\.prompts must be one of default, paper"):
+    assert load_config("jobs/configs/tiny.yaml", ["marl.prompts=fewshot"]).marl.prompts == "fewshot"
+    with pytest.raises(ConfigError, match=r"marl\.prompts=fancy: no such file, and not a built-in prompt set "
+                                          r"\(default, paper, fewshot\)"):
         load_config("jobs/configs/tiny.yaml", ["marl.prompts=fancy"])

@@ -1,0 +1,78 @@
+"""The headline comparison a newcomer runs (`python -m jobs.sweep --config
+jobs/configs/compare_sharing.yaml`): the quickstart's model and task as a voting workflow under the `fewshot`
+prompt set, Shared and Isolated as a two-trial sweep, ending with both held-out curves, the aggregator's parse
+rate and choice accuracy per arm, and the report's location. The slow test asserts only what such a run can
+guarantee: both arms train, the aggregator parses at least half its base turns, and the comparison prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobs.compare import comparison, parse_rate
+from jobs.config import load_config
+from jobs.config.sweep_spec import load_sweep, validate
+from jobs.report import load_run
+from jobs.telemetry.tracking import read_metrics
+
+COMPARE = "jobs/configs/compare_sharing.yaml"
+
+
+def test_the_compare_sweep_is_the_quickstart_as_voting_shared_and_isolated():
+    spec = load_sweep(COMPARE)
+    cells = validate(spec)  # every cell's train config loads
+    assert [c["marl.sharing"] for c in cells] == ["shared", "isolated"] and spec.compare
+    quick = load_config(spec.base)
+    cfg = load_config(spec.base, [*spec.overrides, "marl.sharing=shared"])
+    same = (cfg.model.path, cfg.data.train, cfg.data.eval)
+    assert same == (quick.model.path, quick.data.train, quick.data.eval)
+    assert (cfg.marl.workflow, cfg.marl.prompts, spec.max_concurrent_trials) == ("voting", "fewshot", 1)
+
+
+def _write_run(path: Path, sharing: str, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    config = f"run_name: {path.name}\nmarl:\n  workflow: voting\n  sharing: {sharing}\n"
+    (path / "config.yaml").write_text(config)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_path):
+    base = {"step": 0, "time/step_s": 1.0, "eval/accuracy_before": 0.25, "eval/before/episodes": 4.0,
+            "eval/before/turns/aggregator": 4.0, "eval/before/parse_failures/aggregator": 1.0,
+            "eval/before/choice/accuracy/aggregator": 0.5, "eval/before/choice/available/aggregator": 2.0}
+    final = {"step": 2, "eval/accuracy": 0.5, "eval/episodes": 4.0, "eval/turns/aggregator": 4.0,
+             "eval/choice/accuracy/aggregator": 2 / 3, "eval/choice/available/aggregator": 3.0}
+    _write_run(tmp_path / "a", "shared", [base, {"step": 1, "time/step_s": 1.0}, final])
+    text = comparison([load_run(tmp_path / "a")])
+    assert parse_rate(base, "aggregator", "eval/before/") == 0.75 and parse_rate(final, "aggregator") == 1.0
+    assert "a · voting · shared   0: 0.250  2: 0.500" in text
+    assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; chooses a right answer "
+            "0.50 (of 2) -> 0.67 (of 3)") in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(45 * 60)  # two trained voting runs in a subprocess, on 2 cores
+def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    command = [".venv/bin/python", "-m", "jobs.sweep", "--config", COMPARE, f"storage_path={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=40 * 60, check=False, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = sorted((tmp_path / "compare_sharing" / "runs").iterdir())
+    steps = load_sweep(COMPARE).overrides
+    trained = int(next(o for o in steps if o.startswith("steps=")).split("=")[1])
+    assert len(runs) == 2
+    for run in runs:
+        rows = read_metrics(run)
+        assert sum("time/step_s" in r for r in rows) == trained  # the arm trained every step
+        # fewshot: the aggregator does its job at base
+        assert parse_rate(rows[0], "aggregator", "eval/before/") >= 0.5, run
+        assert rows[0]["prompts/set"] == "fewshot"
+    out = done.stdout
+    assert "held-out accuracy by training steps done:" in out
+    assert "voting · shared" in out and "voting · isolated" in out
+    assert out.count("aggregator: parses") == 2 and "chooses a right answer" in out
+    assert (tmp_path / "compare_sharing" / "report" / "index.html").is_file() and "report with plots:" in out

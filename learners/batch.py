@@ -41,6 +41,9 @@ class TrainBatch:
     # [B, T] float or None: the behaviour policy's logprobs for the PPO ratio, aligned as rollout_logprobs; set
     # by a learner for its optimizer steps (learners/learner.py), never by build_batches.
     old_logprobs: Tensor | None = None
+    # [B] float or None: a row's weight in the policy movement's sample (learners/diagnostic_sample.py), 0 =
+    # not measured; set by a learner from its plan, never by build_batches. None = every row at weight 1.
+    move_weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
@@ -50,7 +53,9 @@ class TrainBatch:
             got = tuple(getattr(self, name).shape)
             if got != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {got}, want {shape}")
-        for name in ("advantages", "rewards", "roles", "agents"):
+        for name in ("advantages", "rewards", "roles", "agents", "move_weights"):
+            if getattr(self, name) is None:
+                continue
             if len(getattr(self, name)) != shape[0]:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} rows, want {shape[0]}")
 
@@ -77,6 +82,7 @@ class TrainBatch:
             agents=[self.agents[i] for i in rows],
             pad_id=self.pad_id,
             old_logprobs=self.old_logprobs[idx, :width] if self.old_logprobs is not None else None,
+            move_weights=self.move_weights[idx] if self.move_weights is not None else None,
         )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
@@ -134,6 +140,7 @@ class TrainBatch:
             agents=[a for b in batches for a in b.agents],
             pad_id=batches[0].pad_id,
             old_logprobs=cat("old_logprobs", 0.0) if batches[0].old_logprobs is not None else None,
+            move_weights=_cat_optional([b.move_weights for b in batches]),
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
@@ -147,6 +154,12 @@ class TrainBatch:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainBatch:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # absent pad_id → 0
+
+
+def _cat_optional(parts: list[Tensor | None]) -> Tensor | None:
+    """The parts end to end, or None unless every part is a tensor."""
+    present = [p for p in parts if p is not None]
+    return torch.cat(present) if len(present) == len(parts) else None
 
 
 def empty_batch(policy_id: str, pad_id: int = 0) -> TrainBatch:

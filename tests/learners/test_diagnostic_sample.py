@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from jobs.config import ConfigError, load_config
 from learners.diagnostic_sample import role_quotas, sample_diagnostics, sample_size, stratified_sample
 from learners.ppo_plan import UpdatePlan
 from tests.learners.test_learner_group import make_batch, make_group, weights
@@ -17,6 +18,12 @@ def test_sample_size_reads_all_zero_and_counts():
     assert sample_size("all") is None and sample_size("0") == 0 and sample_size("8") == 8
     with pytest.raises(ValueError, match="learner.diagnostics.sample_rows"):
         sample_size("some")
+
+
+@pytest.mark.parametrize("value", ["-1", "some"])
+def test_a_bad_sample_rows_is_refused_at_config_load_naming_the_key(value):
+    with pytest.raises(ConfigError, match=r"learner\.diagnostics\.sample_rows must be a whole number >= 0"):
+        load_config("jobs/configs/tiny.yaml", [f"learner.diagnostics.sample_rows={value}"])
 
 
 def test_role_quotas_give_every_role_a_row_then_share_the_rest():

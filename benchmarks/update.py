@@ -26,9 +26,11 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.flop_rate import forward_flops, gemm_peak, step_flops, step_shapes, top_ops
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
+from learners.diagnostic_sample import sample_diagnostics, sample_size
 from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
@@ -86,11 +88,16 @@ def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
 
 
 def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], object]:
+    """One training step of the project's Learner over `batch` (one optimizer step over every row), its
+    diagnostics' sample drawn as LearnerGroup draws it (`learner.diagnostics.sample_rows`)."""
     learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
                                   algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
     payload, norm = batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
     roles = sorted(set(batch.roles)) if role_grads else None
-    plan = UpdatePlan.whole(len(batch), norm, roles)  # one optimizer step over every row
+    plan = UpdatePlan.whole(len(batch), norm, roles)
+    size = sample_size(cfg.learner.diagnostics.sample_rows)
+    (plan,) = sample_diagnostics(batch.roles, batch.loss_mask[:, 1:].sum(-1), [list(range(len(batch)))],
+                                 [plan], size, (1, 2), recompute=cfg.algo.old_logprobs == "recompute").plans
     return lambda: learner.update(payload, plan)
 
 
@@ -149,6 +156,9 @@ def main() -> None:
     steps = {name: synchronized(build()) for name, build in variants.items()}
     results = median_step_s(steps, args.warmup, args.steps)
     report(results, args, vocab, flop_bound_s(path, args, max(rate, matmul_flops_per_s(args.dtype))))
+    if "torch backend + role grads" in steps:  # the project's default CPU learner
+        name = "torch backend + role grads"
+        flop_report(path, args, base, results[name][0], steps[name])
 
 
 def matmul_flops_per_s(dtype: str = "float32", reps: int = 20) -> float:
@@ -199,6 +209,27 @@ def report(results: dict[str, tuple[float, float]], args, vocab: int, bound: tup
     pairs = [(n.removesuffix(" + role grads"), n) for n in names if n.endswith(" + role grads")]
     on_off = ", ".join(f"{off} {results[on][i] / results[off][i]:.2f}x" for off, on in pairs)
     print(f"summary ({kind}): {vs_plain}; role grads on/off: {on_off}")
+
+
+def flop_report(path: str, args, cfg, wall: float, step: Callable[[], object]) -> None:
+    """The step's achieved FLOP rate against fp32 torch.mm on the step's own GEMMs, and the largest gap."""
+    shapes = step_shapes(load_policy_model(path, "float32", cfg.model.lora))
+    tokens, loss_tokens = args.rows * args.seq, args.rows * (args.seq - args.prompt)
+    train = step_flops(shapes, tokens, loss_tokens, args.seq, args.full)
+    size = sample_size(cfg.learner.diagnostics.sample_rows)
+    moved = args.rows if size is None else min(args.rows, size)  # the movement's sampled rows
+    extra = forward_flops(shapes, moved * args.seq, moved * (args.seq - args.prompt), args.seq)
+    peak = gemm_peak(shapes, args.micro * args.seq, cfg.learner.logits_chunk_tokens)
+    achieved = (train + extra) / wall
+    print(f"\nFLOPs of the torch backend + role grads step: {train / 1e12:.3f} T fwd+bwd "
+          f"({'6' if args.full else '4'}·N·tokens, N = {shapes.params / 1e6:.1f} M linear weights "
+          f"with the head; "
+          f"head on loss tokens, recomputed in backward; attention) + {extra / 1e12:.3f} T extra "
+          f"(the policy movement's forward over {moved} sampled rows)")
+    print(f"achieved {achieved / 1e9:.1f} GFLOP/s in {wall:.2f} s; fp32 torch.mm on the step's GEMMs "
+          f"({args.micro * args.seq} rows) {peak / 1e9:.1f} GFLOP/s; ratio {achieved / peak:.2f}")
+    shares = top_ops(step)
+    print("largest self-CPU shares of one profiled step: " + ", ".join(f"{k} {s:.0%}" for k, s in shares))
 
 
 if __name__ == "__main__":

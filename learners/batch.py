@@ -41,6 +41,9 @@ class TrainBatch:
     # [B, T] float or None: the behaviour policy's logprobs for the PPO ratio, aligned as rollout_logprobs; set
     # by a learner for its optimizer steps (learners/learner.py), never by build_batches.
     old_logprobs: Tensor | None = None
+    # [B] float or None: a row's weight in the policy movement's sample (learners/diagnostic_sample.py), 0 =
+    # not measured; set by a learner from its plan, never by build_batches. None = every row at weight 1.
+    move_weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
@@ -50,7 +53,9 @@ class TrainBatch:
             got = tuple(getattr(self, name).shape)
             if got != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {got}, want {shape}")
-        for name in ("advantages", "rewards", "roles", "agents"):
+        for name in ("advantages", "rewards", "roles", "agents", "move_weights"):
+            if getattr(self, name) is None:
+                continue
             if len(getattr(self, name)) != shape[0]:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} rows, want {shape[0]}")
 
@@ -77,6 +82,7 @@ class TrainBatch:
             agents=[self.agents[i] for i in rows],
             pad_id=self.pad_id,
             old_logprobs=self.old_logprobs[idx, :width] if self.old_logprobs is not None else None,
+            move_weights=self.move_weights[idx] if self.move_weights is not None else None,
         )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
@@ -110,6 +116,33 @@ class TrainBatch:
         chunks = [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
         return chunks + [self.select([]) for _ in range(min_count - len(chunks))]
 
+    @staticmethod
+    def concat(batches: list[TrainBatch]) -> TrainBatch:
+        """Rows of all batches in order, right-padded to the widest."""
+        if not batches or len({(b.policy_id, b.pad_id, b.old_logprobs is None) for b in batches}) != 1:
+            got = [(b.policy_id, b.pad_id) for b in batches]
+            raise ValueError(f"concat needs ≥ 1 batch of one (policy_id, pad_id), got {got}")
+        width = max(b.input_ids.shape[1] for b in batches)
+
+        def cat(name: str, pad: float | bool | int) -> Tensor:
+            parts = [getattr(b, name) for b in batches]
+            return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in parts])
+
+        return TrainBatch(
+            policy_id=batches[0].policy_id,
+            input_ids=cat("input_ids", batches[0].pad_id),
+            attention_mask=cat("attention_mask", False),
+            loss_mask=cat("loss_mask", False),
+            rollout_logprobs=cat("rollout_logprobs", 0.0),
+            advantages=torch.cat([b.advantages for b in batches]),
+            rewards=torch.cat([b.rewards for b in batches]),
+            roles=[r for b in batches for r in b.roles],
+            agents=[a for b in batches for a in b.agents],
+            pad_id=batches[0].pad_id,
+            old_logprobs=cat("old_logprobs", 0.0) if batches[0].old_logprobs is not None else None,
+            move_weights=_cat_optional([b.move_weights for b in batches]),
+        )
+
     def to(self, device: torch.device | str) -> TrainBatch:
         moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
         return TrainBatch(**moved)
@@ -121,6 +154,12 @@ class TrainBatch:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainBatch:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # absent pad_id → 0
+
+
+def _cat_optional(parts: list[Tensor | None]) -> Tensor | None:
+    """The parts end to end, or None unless every part is a tensor."""
+    present = [p for p in parts if p is not None]
+    return torch.cat(present) if len(present) == len(parts) else None
 
 
 def empty_batch(policy_id: str, pad_id: int = 0) -> TrainBatch:

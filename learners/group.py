@@ -17,10 +17,11 @@ from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env
 from learners.batch import TrainBatch
+from learners.diagnostic_sample import SampledRows, sample_diagnostics, sample_size
 from learners.empty_steps import empty_steps
 from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
-from learners.ppo_plan import effective_mini_batch_size, plan_update
+from learners.ppo_plan import UpdatePlan, effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
 from marl.names import group_name
 from marl.seeds import derive_seed
@@ -29,11 +30,16 @@ from marl.seeds import derive_seed
 class UpdateResult:
     """An update in flight; `result()` waits (with the group's deadline) and returns its metrics."""
 
-    def __init__(self, pending: Pending[dict[str, float]], policy_id: str, timeout: float, extra: dict[str, float]):
+    def __init__(self, pending: Pending[dict[str, float]], policy_id: str, timeout: float,
+                 extra: dict[str, float], unmeasured: dict[str, float] | None = None):
+        """`unmeasured`: metric sums no rank holds (the tokens of skipped rows the diagnostics' sample left
+        out), added to the ranks' before the means are taken."""
         self._pending, self.policy_id, self._timeout, self._extra = pending, policy_id, timeout, extra
+        self._unmeasured = unmeasured or {}
 
     def result(self) -> dict[str, float]:
-        return {**merge_rank_metrics(self._pending.result(self._timeout), self.policy_id), **self._extra}
+        per_rank = self._pending.result(self._timeout)
+        return {**merge_rank_metrics([*per_rank, self._unmeasured], self.policy_id), **self._extra}
 
 
 class LearnerGroup:
@@ -52,6 +58,8 @@ class LearnerGroup:
         # With a KL term a zero-advantage row still has a gradient: no step is empty.
         self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.timeout = learner.update_timeout_s
+        self.sample_rows = sample_size(learner.diagnostics.sample_rows)
+        self.policy_move = learner.policy_move
         threads = learner.torch_threads
         if group is not None:
             self.group: Group[LearnerMember] = group
@@ -85,9 +93,23 @@ class LearnerGroup:
         if self.skip_empty:  # decided here, from the whole batch, so that every rank skips the same steps
             skip = tuple(empty_steps(batch.advantages != 0, rows, [p.steps for p in plans]))
             plans = [dataclasses.replace(p, skip=skip) for p in plans]
+        sample = self._sample(batch, tokens, rows, plans, step)
+        extra[f"update/diag_rows/{self.policy_id}"] = sample.counts["diag"]
+        if self.policy_move and self.sample_rows != 0:
+            extra[f"update/policy_move_rows/{self.policy_id}"] = sample.counts["move"]
         shards = [Call(LearnerMember.update, batch.select(r).to_dict(), plan)
-                  for r, plan in zip(rows, plans, strict=True)]
-        return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra)
+                  for r, plan in zip(sample.rows, sample.plans, strict=True)]
+        return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra,
+                            sample.unmeasured)
+
+    def _sample(self, batch: TrainBatch, tokens: torch.Tensor, rows: list[list[int]],
+                plans: list[UpdatePlan], step: int) -> SampledRows:
+        """The rows the no-grad diagnostics measure this step (learners/diagnostic_sample.py), drawn here from
+        the whole batch with seeds of (run seed, policy, step): every rank agrees, a rerun draws the same."""
+        seeds = (derive_seed(self.seed, "diagnostics", self.policy_id, step, "skipped"),
+                 derive_seed(self.seed, "diagnostics", self.policy_id, step, "move"))
+        return sample_diagnostics(batch.roles, tokens, rows, plans, self.sample_rows, seeds,
+                                  recompute=self.algo.old_logprobs == "recompute")
 
     def _mitigation_weights(self, batch: TrainBatch, tokens: torch.Tensor) -> torch.Tensor:
         weights = torch.ones(len(batch))

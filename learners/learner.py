@@ -31,6 +31,7 @@ from cluster import collective
 from cluster.packing import PackedTensors
 from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
+from learners.diagnostic_sample import sample_size
 from learners.member import LearnerSpec
 from learners.micro_batches import padding
 from learners.mitigations import uses_kl
@@ -79,7 +80,7 @@ class Learner:
             scheduler=self.scheduler, reference=self.reference))
         self.passes = PolicyPasses(self.model, self.reference, self.backend, learner, algo,
                                    temperature=spec.temperature if spec.temperature > 0 else 1.0, autocast=autocast)
-        self.move = PolicyMove(learner.policy_move)
+        self.move = PolicyMove(learner.policy_move and sample_size(learner.diagnostics.sample_rows) != 0)
         self.step = 0
         self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
 
@@ -99,10 +100,14 @@ class Learner:
         data = TrainBatch.from_dict(batch)
         self.passes.pad_id = data.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(data), plan)
+        if plan.move_weights is not None:  # the policy movement's sample (learners/diagnostic_sample.py)
+            weights = torch.tensor(plan.move_weights, device=data.advantages.device)
+            data = dataclasses.replace(data, move_weights=weights)
         # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
         sums = {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0, "padded_positions": 0.0, "positions": 0.0}
         if plan.metric_rows is not None:
-            sums = added(sums, self.passes.skipped_row_metrics(data, plan.metric_rows).items())
+            skipped = self.passes.skipped_row_metrics(data, plan.metric_rows, plan.metric_weights)
+            sums = added(sums, skipped.items())
         per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
         taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
         self.move.start()
@@ -132,7 +137,8 @@ class Learner:
             rest = sorted({j for rows in plan.steps[1:] for j in rows} - set(plan.steps[taken[0]]))
             for mb in self.passes.micro_batches(data.select(data.longest_first(rest))) if rest else []:
                 self.move.add(mb)
-        return self.move.measure(self.passes.policy_logprobs, self.backend.matched_passes, self.passes.idle_loss)
+        return self.move.measure(self.passes.policy_logprobs, self.backend.matched_passes,
+                                 self.passes.idle_loss, self.passes.micro_batches)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:

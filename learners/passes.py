@@ -80,17 +80,21 @@ class PolicyPasses:
         return dataclasses.replace(data, old_logprobs=old)
 
     @torch.no_grad()
-    def skipped_row_metrics(self, data: TrainBatch, rows: list[int]) -> dict[str, float]:
-        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction counts) of
-        the rows that train in no step, a zero advantage's, from one no-grad pass before the first step: the
-        per-role entropy and engine gap then cover every row, as if they had trained (their loss and gradient are
-        exactly zero)."""
+    def skipped_row_metrics(self, data: TrainBatch, rows: list[int],
+                            weights: tuple[float, ...] | None = None) -> dict[str, float]:
+        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction
+        counts) of the rows that train in no step, a zero advantage's, from one no-grad pass before the first
+        step: the per-role entropy and engine gap then cover every row, as if they had trained (their loss and
+        gradient are exactly zero). `weights[j]`: rows[j]'s weight when they are a sample
+        (learners/diagnostic_sample.py)."""
         sums: dict[str, float] = {}
-        for _, mb in self.passes(data, data.longest_first(rows)):
+        weight_of = dict(zip(rows, weights, strict=True)) if weights is not None else None
+        for chunk, mb in self.passes(data, data.longest_first(rows)):
             lp, entropy = self.logprobs(mb, entropy=True)
             entropy = cast(torch.Tensor, entropy)  # asked for, so present
             mask = mb.loss_mask[:, 1:]
-            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles),
+            w = torch.tensor([weight_of[i] for i in chunk]) if weight_of is not None else None
+            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles, w),
                                 ("tokens", float(mask.sum()))])
         return sums
 

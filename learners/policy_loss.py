@@ -71,13 +71,18 @@ def policy_loss(
 
 
 def diagnostic_terms(logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor, mask: Tensor,
-                     roles: list[str]) -> list[tuple[str, float]]:
+                     roles: list[str], weights: Tensor | None = None) -> list[tuple[str, float]]:
     """The per-role diagnostics of B rows, as terms of entropy_sum/<role>, logprob_diff_sum/<role>
     (|learner − engine| log-prob) and tokens/<role>, over the loss tokens.
 
-    logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that train
-    report them through `policy_loss`; rows skipped for a zero advantage through the learner's metrics-only pass."""
+    logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that
+    train report them through `policy_loss`; rows skipped for a zero advantage through the learner's
+    metrics-only pass. weights [B] or None: a sampled row's weight (learners/diagnostic_sample.py) on its
+    entropy and gap sums (never on its tokens)."""
     diff = (logprobs - rollout_logprobs).abs()
+    if weights is not None:
+        w = weights.to(diff).unsqueeze(-1)
+        entropy, diff = entropy * w, diff * w
     return [*per_role_terms("entropy_sum", entropy, mask, roles),
             *per_role_terms("logprob_diff_sum", diff, mask, roles),
             *per_role_terms("tokens", torch.ones_like(diff), mask, roles)]

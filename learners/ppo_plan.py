@@ -27,14 +27,16 @@ from marl.seeds import derive_seed
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """One rank's share of a training step: `steps[i]` are the row indices (into the rank's shard) of optimizer
-    step i, in order; `normalizers[i]` its global loss normaliser; `roles` (the policy's roles, identical on
-    every rank) asks for per-role gradient diagnostics. `epochs` tells the learner whether a row trains again
-    after the weights moved (then its old log-probs must be kept from before the first step). `metric_rows`:
-    the rows (indices into the shard) that train in no step, a zero advantage's, measured by a no-grad pass for
-    the per-role diagnostics only; None on every rank when no rank has such rows (no pass at all). `skip[i]`:
-    optimizer step i carries no gradient on any rank and is not taken (learners/empty_steps.py); empty = take
-    every step."""
+    """One rank's share of a training step: `steps[i]` are the row indices (into the rank's shard) of
+    optimizer step i, in order; `normalizers[i]` its global loss normaliser; `roles` (the policy's roles,
+    identical on every rank) asks for per-role gradient diagnostics. `epochs` tells the learner whether a row
+    trains again after the weights moved (then its old log-probs must be kept from before the first step).
+    `metric_rows`: the rows (indices into the shard) that train in no step, a zero advantage's, measured by a
+    no-grad pass for the per-role diagnostics only; None on every rank when no rank has such rows (no pass at
+    all). `skip[i]`: optimizer step i carries no gradient on any rank and is not taken
+    (learners/empty_steps.py); empty = take every step. `metric_weights[j]`: metric row j's weight in the
+    diagnostics' sums, `move_weights[i]`: row i's in the policy movement's (0: not measured), both from the
+    diagnostics' sample (learners/diagnostic_sample.py); None = every row at weight 1."""
 
     steps: list[list[int]]
     normalizers: list[float]
@@ -42,6 +44,8 @@ class UpdatePlan:
     epochs: int = 1
     metric_rows: list[int] | None = None
     skip: tuple[bool, ...] = ()
+    metric_weights: tuple[float, ...] | None = None
+    move_weights: tuple[float, ...] | None = None
 
     @staticmethod
     def whole(rows: int, normalizer: float, roles: list[str] | None = None) -> UpdatePlan:

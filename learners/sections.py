@@ -63,6 +63,10 @@ class DeepSpeedSection(Protocol):
     offload_param: bool
 
 
+class DiagnosticsSection(Protocol):
+    sample_rows: str
+
+
 class LearnerSection(Protocol):
     backend: LearnerBackendName
     ranks: int
@@ -85,6 +89,9 @@ class LearnerSection(Protocol):
 
     @property
     def deepspeed(self) -> DeepSpeedSection: ...
+
+    @property
+    def diagnostics(self) -> DiagnosticsSection: ...
 
 
 class AlgoSection(Protocol):

@@ -22,9 +22,13 @@ class FieldRule:
     choices: tuple[str, ...] = ()  # () = any value of the field's type
     above: float | None = None  # the value must be > this
     min: float | None = None  # the value must be >= this
+    count_or: tuple[str, ...] = ()  # the value must be a whole number >= 0 or one of these words (`count_or`)
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value` for this key (a message naming the key), or None."""
+        if self.count_or and not (str(value) in self.count_or or str(value).isdigit()):
+            words = ", ".join(self.count_or)
+            return f"{self.key} must be a whole number >= 0 or one of {words}; got {_plain(value)!r}"
         # A `true`/`false` override of a str key arrives as "True"/"False" (OmegaConf parses it as a bool).
         if self.choices and value not in self.choices and not (
                 isinstance(value, str) and value.lower() in self.choices):
@@ -38,6 +42,8 @@ class FieldRule:
     def labels(self) -> list[str]:
         """The rule as the config reference lists it."""
         found = ["one of " + ", ".join(f"`{c}`" for c in self.choices)] if self.choices else []
+        words = ", ".join(f"`{c}`" for c in self.count_or)
+        found += [f"a whole number >= 0 or {words}"] if self.count_or else []
         found += [f"> {self.above:g}"] if self.above is not None else []
         return found + ([f">= {self.min:g}"] if self.min is not None else [])
 
@@ -65,9 +71,9 @@ def field_rules(cls: type = TrainConfig, prefix: str = "") -> Iterator[FieldRule
 
 def _rule(key: str, enum: type[Enum] | None, meta: Mapping[str, Any]) -> FieldRule | None:
     choices = tuple(str(m.value) for m in enum) if enum else tuple(meta.get("choices", ()))
-    if not (choices or "above" in meta or "min" in meta):
+    if not (choices or "above" in meta or "min" in meta or "count_or" in meta):
         return None
-    return FieldRule(key, choices, meta.get("above"), meta.get("min"))
+    return FieldRule(key, choices, meta.get("above"), meta.get("min"), tuple(meta.get("count_or", ())))
 
 
 @functools.cache

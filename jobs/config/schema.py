@@ -52,6 +52,11 @@ def one_of(default: str, choices: Collection[str]) -> str:
     return field(default=default, metadata={"choices": tuple(choices)})
 
 
+def count_or(default: str, words: Collection[str]) -> str:
+    """A str field holding a whole number >= 0 or one of `words` (e.g. a row count or `all`)."""
+    return field(default=default, metadata={"count_or": tuple(words)})
+
+
 class CliffAction(StrEnum):
     warn = "warn"
     stop = "stop"
@@ -338,6 +343,19 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    # The update's no-grad diagnostics: the per-role entropy and engine gap of rows skipped for a zero
+    # advantage (one forward over them) and update/policy_move (one forward over the trained rows once the
+    # weights moved) each measure a seeded sample of at most this many rows per policy and step, stratified
+    # per role (every role gets at least one row), weighted so that their means stay unbiased estimates of
+    # the all-rows value (learners/diagnostic_sample.py); update/diag_rows/<policy> and
+    # update/policy_move_rows/<policy> count the rows measured. `all` = every row (each forward over all of
+    # them); 0 = off (no such forward: entropy and engine gap cover the trained rows only, no policy
+    # movement). They never change the weights.
+    sample_rows: str = count_or("8", ("all",))
+
+
+@dataclass
 class LearnerConfig:
     backend: LearnerBackendName = LearnerBackendName.torch  # torch | deepspeed
     ranks: int = non_negative(0)  # data-parallel ranks per policy; 0 = one in-process learner
@@ -375,6 +393,7 @@ class LearnerConfig:
     # update/policy_move/<policy>: mean |Δ log-prob| per response token of a step's rows, after the update against
     # before it (learners/policy_move.py): one extra no-grad forward over the step's rows.
     policy_move: bool = True
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     # Isolated LoRA policies colocated on one base (learners/colocated.py): one learner group holds the base model
     # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
     # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';

@@ -108,7 +108,7 @@ def test_in_process_group_steps_on_an_empty_batch():
     assert first == {"loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": pytest.approx(5e-4), "clip_frac/p": 0.0,
                      "batch/dropped_zero_adv/p": 0.0, "last/grad/norm/p": 0.0, "last/lr/p": pytest.approx(5e-4),
                      "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0, "update/skipped_steps/p": 0.0,
-                     "update/policy_move/p": 0.0}
+                     "update/policy_move/p": 0.0, "update/diag_rows/p": 0.0, "update/policy_move_rows/p": 0.0}
     assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
 
@@ -150,7 +150,8 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
             "grad/dominance/p", "grad/cos/evaluator__generator", "grad/mass_share/generator",
             "grad/mass_share/evaluator", "grad/mass/generator", "grad/mass/evaluator",
             "clip_frac/role/generator", "clip_frac/role/evaluator",
-            "optim/steps/p", "update/skipped_steps/p", "update/policy_move/p"} | LAST == set(m)
+            "optim/steps/p", "update/skipped_steps/p", "update/policy_move/p", "update/diag_rows/p",
+            "update/policy_move_rows/p"} | LAST == set(m)
 
 
 def test_two_ranks_with_one_row(one_and_two_ranks):
@@ -194,3 +195,13 @@ def test_zero_advantage_rows_are_kept_when_a_kl_term_needs_them():
     group = make_group("algo.kl_coef=0.1")
     assert group.update(make_batch(ROWS))["batch/dropped_zero_adv/p"] == 0.0
     assert not group.drop_zero_advantage
+
+
+def test_two_ranks_draw_the_one_rank_sample(one_and_two_ranks):
+    # The diagnostics' sample is drawn from the whole batch, before it is scattered: two ranks measure the
+    # rows one learner measures (8 of 9 skipped rows at the default budget, weighted; the 5 trained rows'
+    # movement).
+    skipped = [([50 + i, 51], [60 + i, 61, 62][: 1 + i % 3], 0.0, "generator" if i % 2 else "evaluator")
+               for i in range(9)]
+    m = assert_same_update(*one_and_two_ranks, make_batch([*skipped[:5], *ROWS, *skipped[5:]]))
+    assert m["update/diag_rows/p"] == 5.0 + 8.0 and m["update/policy_move_rows/p"] == 5.0

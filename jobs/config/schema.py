@@ -12,7 +12,9 @@ from omegaconf import MISSING, DictConfig
 
 from learners.advantages import AdvantageEstimator
 from learners.backends import LearnerBackendName
+from learners.balance import MinibatchOrder
 from learners.losses import KlEstimator, LossAggregation
+from learners.ppo_plan import LossNormalizer, MinibatchChunks
 from learners.schedule import Schedule, ScheduleUnit
 from learners.sections import Dtype, OldLogprobs
 from marl.engine_map import EngineScope, LoraServing
@@ -290,6 +292,24 @@ class AlgoConfig:
     # false: verl's in-order split (dp_actor.update_policy: data.split(ppo_mini_batch_size), no shuffle), the rows
     # in the order the batch holds them (episodes in order, turns in order); the chunk sizes are the same.
     minibatch_shuffle: bool = True
+    # The rows' order before the per-policy split. given: the episodes' (episodes in order, turns in order).
+    # verl_balanced: verl's _balance_batch over the whole step's batch (trainer.balance_batch, the paper's stack):
+    # rows partitioned over minibatch_ranks ranks by workload 24576·L + L² (Karmarkar–Karp), each part sorted
+    # light-heavy-light, parts in rank order (learners/balance.py); with the in-order split (minibatch_shuffle
+    # false, required) mini-batches are length-stratified, and which roles share an optimizer step changes.
+    minibatch_order: MinibatchOrder = MinibatchOrder.given
+    # The data-parallel ranks W the rows are balanced over and cut into mini-batches as (each a contiguous shard
+    # split on its own, mini-batch k the union of their chunk k), whatever the learner's own ranks: the paper's
+    # stack ran W = 2 (2 GPUs). 0 = learner.ranks.
+    minibatch_ranks: int = non_negative(0)
+    # even: ceil(B / M) mini-batches of even size. fixed: verl's data.split, per rank chunks of M / W rows and a
+    # remainder (M a multiple of W), so a batch that is not a multiple of M ends with a partial mini-batch.
+    minibatch_chunks: MinibatchChunks = MinibatchChunks.even
+    # actual: a mini-batch's loss divided by its own rows (seq_mean_token_mean) or tokens. nominal: by M rows,
+    # as verl scales each micro-batch's loss by rows / ppo_mini_batch_size, so a partial mini-batch is
+    # down-weighted (needs loss_agg=seq_mean_token_mean and ppo_mini_batch_size > 0). Equal when B is a multiple
+    # of M.
+    loss_normalizer: LossNormalizer = LossNormalizer.actual
     # Skip an optimizer step (and an optimizer-step schedule's advance; a per-training-step schedule advances as
     # always) whose mini-batch has no row with a non-zero advantage on any rank, and no KL term: its gradient is
     # zero, yet AdamW would still move the weights on its momentum. Counted in update/skipped_steps/<policy>.

@@ -233,6 +233,9 @@ def _check_verl_update_details(cfg: TrainConfig) -> None:
     if not cfg.algo.log_ratio_clamp >= 0:
         raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
     _check_verl_minibatches(cfg.algo, cfg.algo.minibatch_ranks or max(cfg.learner.ranks, 1))
+    if cfg.algo.singleton_advantage == "reward" and cfg.algo.advantage != "grpo":
+        raise ConfigError(f"config: algo.singleton_advantage=reward is verl's GRPO rule; algo.advantage="
+                          f"{cfg.algo.advantage} has no baseline for a one-member group")
 
 
 def _check_verl_minibatches(algo: AlgoConfig, ranks: int) -> None:

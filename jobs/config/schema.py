@@ -10,7 +10,7 @@ from typing import Any, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig
 
-from learners.advantages import AdvantageEstimator
+from learners.advantages import AdvantageEstimator, SingletonAdvantage
 from learners.backends import LearnerBackendName
 from learners.balance import MinibatchOrder
 from learners.losses import KlEstimator, LossAggregation
@@ -251,6 +251,10 @@ class AlgoConfig:
     # group per voting generator slot, one pooled `worker` group, one per eval_opt role across rounds).
     group_by: list[str] = field(default_factory=lambda: ["task", "agent"])
     norm_std: bool = True
+    # A GRPO group of one member (an orch_workers group left with one worker, a prompt with one sample): zero = no
+    # advantage (nothing to compare with); reward = verl's GRPO, which takes its mean as 0 and its std as 1, so
+    # A = r / (1 + 1e-6) (A = r without norm_std). grpo only.
+    singleton_advantage: SingletonAdvantage = SingletonAdvantage.zero
     clip_low: float = non_negative(0.2)
     clip_high: float = non_negative(0.28)
     loss_agg: LossAggregation = LossAggregation.token_mean  # token_mean | seq_mean_token_mean

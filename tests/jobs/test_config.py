@@ -160,6 +160,8 @@ def test_cli_config_error_exits_2_with_message(capsys):
     ("algo.minibatch_chunks=fixed algo.ppo_mini_batch_size=5 algo.minibatch_ranks=2", "algo.minibatch_chunks"),
     ("algo.loss_normalizer=nominal", "algo.loss_normalizer"),  # tiny.yaml: token_mean, no mini-batch size
     ("algo.loss_normalizer=nominal algo.loss_agg=seq_mean_token_mean", "algo.loss_normalizer"),
+    ("algo.singleton_advantage=reward algo.advantage=rloo", "algo.singleton_advantage"),
+    ("algo.singleton_advantage=one", "algo.singleton_advantage"),
 ])
 def test_verl_update_details_are_checked(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -179,6 +181,8 @@ def test_verl_update_details_load():
     assert (cfg.algo.minibatch_order, cfg.algo.minibatch_ranks, cfg.algo.minibatch_chunks,
             cfg.algo.loss_normalizer) == ("verl_balanced", 2, "fixed", "nominal")
     assert load_config(TINY).algo.minibatch_order == "given"  # today's order unless asked
+    assert load_config(TINY, ["algo.singleton_advantage=reward"]).algo.singleton_advantage == "reward"
+    assert load_config(TINY).algo.singleton_advantage == "zero"
 
 
 def test_every_bound_a_schema_field_carries_is_checked():

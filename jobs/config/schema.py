@@ -21,6 +21,7 @@ from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
 from marl.tasks import TaskName
 from marl.tasks.math import AnswerFallback
+from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows import PromptSet
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
@@ -124,6 +125,14 @@ class SandboxConfig:
     file_size_mb: int = positive(64)  # largest file the program may write (RLIMIT_FSIZE)
     max_processes: int = positive(4)  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
     site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
+    # The LiveCodeBench harness's prelude before each answer (marl/tasks/sandbox/prelude.py): star-imports of
+    # string, re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools, functools,
+    # operator, io, sys, json (and builtins, typing), the modules by name, and sys.setrecursionlimit(50000).
+    prelude: bool = False
+    # How a stdin/stdout case's output is compared: lines = as right-stripped lines; lines_decimal =
+    # LiveCodeBench's, lines stripped at both ends and a differing line still equal when its tokens are equal as
+    # Decimals ("0.50" = "0.5").
+    output_match: OutputMatch = OutputMatch.lines
     # Executions at once (each a thread driving one child process); 0 = one per CPU the scoring process may use.
     workers: int = 0
 

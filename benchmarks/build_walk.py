@@ -75,9 +75,9 @@ def hook(frame, event, arg):
         walks["reader"].append(m)
 
 sys.setprofile(hook)
-system = build(*args)
+handles = build(*args)
 sys.setprofile(None)
-system.shutdown()
+handles.shutdown()
 print(json.dumps(walks))
 '''
 

@@ -42,8 +42,8 @@ from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, adapter_bytes
-from rollout.vllm_engine import _PROCESS_LOCK, _quiet_partial_reload
-from rollout.vllm_readback import whole_modules
+from rollout.vllm.engine import _PROCESS_LOCK, _quiet_partial_reload
+from rollout.vllm.readback import whole_modules
 
 PARTS = {"before": ["learner merged_fingerprint", "engine load_lora_delta", "  merge", "  load + sketch check",
                     "    sketch check"],
@@ -163,22 +163,22 @@ def main() -> None:
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
         f"rollout.vllm_sync_path={args.sync_path}", "marl.sharing=shared"])
-    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
+    handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
     try:
-        (learners,), (engines,) = system.learners.values(), system.engines.values()
+        (learners,), (engines,) = handles.learners.values(), handles.engines.values()
         learner, engine = learners.group._members[0], engines.group._members[0]
         times: dict[str, dict[str, list[float]]] = {"before": defaultdict(list), "after": defaultdict(list)}
         mode = ["after"]
         _instrument(learner, engine, times, mode)
         _move_adapter(learner.model, 0)
-        system.sync(1)  # warm-up: the engine reads its base weights, vLLM sets up its reload
+        handles.sync(1)  # warm-up: the engine reads its base weights, vLLM sets up its reload
         total: dict[str, list[float]] = {"before": [], "after": []}
         for version in range(2, 2 + 2 * args.reps):
             mode[0] = "before" if version % 2 else "after"
             _move_adapter(learner.model, version)
             t0 = time.perf_counter()
             if mode[0] == "after":
-                out = system.sync(version)
+                out = handles.sync(version)
                 assert out["sync/verified"] == 1.0
             else:
                 load: Any = Before.load_lora_delta_before  # set on the in-process engine (`_instrument`)
@@ -189,7 +189,7 @@ def main() -> None:
             total[mode[0]].append(time.perf_counter() - t0)
         _print(args, times, total)
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def _print(args: argparse.Namespace, times: dict[str, dict[str, list[float]]], total: dict[str, list[float]]) -> None:

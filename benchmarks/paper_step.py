@@ -45,36 +45,49 @@ def _rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
+def make_learner(model: str, settings: list[str]):
+    """A Learner of policy `p` on `model` with tiny.yaml's settings under `settings` (key=value overrides)."""
+    from jobs.config import load_config
+    from jobs.models.resolve import resolve_model
+    from learners.learner import Learner
+    from learners.member import LearnerSpec
+
+    cfg = load_config("jobs/configs/tiny.yaml", settings)
+    return Learner(LearnerSpec(policy_id="p", model_path=resolve_model(model), model=cfg.model,
+                               learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+
+
+def random_batch(model: str, rows: int, width: int):
+    """(batch dict, UpdatePlan) of `rows` random rows of `width` ids, every position attended, the loss on the
+    last four fifths (a fifth prompt, the rest response: as the paper's math caps, 20,480 / 5,120)."""
+    import torch
+
+    from learners.batch import TrainBatch
+    from learners.losses import local_normalizer
+    from learners.ppo_plan import UpdatePlan
+
+    ids = torch.randint(0, shape_of(model).vocab, (rows, width), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    mask[:, width // 5:] = True
+    batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
+                       rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
+                       rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
+    return batch.to_dict(), UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
+
+
 def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> dict[str, float]:
     """Build the learner, run one update on random ids; the measured peak and seconds."""
     import torch
 
-    from jobs.config import load_config
-    from jobs.models.resolve import resolve_model
-    from learners.batch import TrainBatch
-    from learners.learner import Learner
-    from learners.losses import local_normalizer
-    from learners.member import LearnerSpec
-    from learners.ppo_plan import UpdatePlan
-
-    cfg = load_config("jobs/configs/tiny.yaml", overrides(model, tokens, rows, gpu, checkpointing))
-    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model(model), model=cfg.model,
-                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
-    width = tokens // rows
-    ids = torch.randint(0, shape_of(model).vocab, (rows, width), generator=torch.Generator().manual_seed(0))
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, width // 5:] = True  # a fifth prompt, the rest response (as the paper's math caps: 20,480 / 5,120)
-    batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
-                       rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
-                       rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
-    plan = UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
+    learner = make_learner(model, overrides(model, tokens, rows, gpu, checkpointing))
+    batch, plan = random_batch(model, rows, tokens // rows)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     else:
         with open("/proc/self/clear_refs", "w") as f:  # VmHWM back to the current RSS
             f.write("5")
     before, start = _rss_kib("VmRSS:"), time.perf_counter()
-    metrics = learner.update(batch.to_dict(), plan)
+    metrics = learner.update(batch, plan)
     if gpu:
         torch.cuda.synchronize()
     out = {"step_s": time.perf_counter() - start, "loss": metrics["loss"], "tokens": float(tokens)}

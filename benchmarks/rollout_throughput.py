@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 # The bare engine runs in this process, and OpenMP reads its wait policy once, when torch loads it: the
-# settings the engine actors get (rollout.vllm_support.engine_env) must be in place before torch is imported.
+# settings the engine actors get (rollout.vllm.support.engine_env) must be in place before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -41,7 +41,7 @@ from jobs.models.resolve import resolve_model
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
 from rollout.engine import EngineMember, Sampling
-from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
+from rollout.vllm.support import cpu_bind, default_cache_root, engine_env
 
 
 def _requests(prompts: int, n: int) -> list[list[dict]]:
@@ -97,7 +97,7 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
 
 def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> tuple[dict[str, dict], dict]:
     """Full-weight syncs into one engine actor, side by side: into a vLLM engine through vLLM's reload_weights
-    and in place (rollout.vllm_repack); shared (cluster.packing.share: the tensors' own bytes copied into the
+    and in place (rollout.vllm.repack); shared (cluster.packing.share: the tensors' own bytes copied into the
     object store once, what learners send now), packed into one buffer first (cluster.packing.pack: a copy, then
     the store's copy, as learners sent before) and as a dict of tensors; and into the HF stand-in (a copy into its
     parameters, no kernel repacking). Then, on the in-place engine, packed and shared taking turns, phase by phase

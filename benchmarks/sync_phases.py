@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.timing import timed
 from cluster.packing import PackedTensors
 from rollout.lora import BaseWeights
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm.engine import VLLMEngine
 
 AS_DICT = "bench_reply_as_dict"  # a payload key: the engine replies with its sketches as a dict of tensors (before)
 

@@ -90,20 +90,6 @@ class Pending(Generic[R_co]):
             return self._group._get_local(self._items, self._indices, self._method, timeout)
         return self._group._get(self._items, self._indices, self._method, timeout)
 
-    async def aresult(self, timeout: float) -> list[R_co]:
-        """`result` from asyncio code: awaits the members in order, all within one deadline."""
-        deadline = time.monotonic() + timeout
-        name, out = self._group.name, []
-        for i, item in zip(self._indices, self._items, strict=True):
-            future = asyncio.wrap_future(item if self._group.local else item.future())
-            try:
-                out.append(await asyncio.wait_for(future, max(deadline - time.monotonic(), 0.0)))
-            except asyncio.TimeoutError:
-                raise GroupTimeout(f"{name}:{i}.{self._method} missed its {timeout:g}s deadline") from None
-            except Exception as e:  # an in-process member's own exception, or Ray's wrapper of a remote one
-                raise _failed(f"{name}:{i}.{self._method}", e) from e
-        return out
-
     @property
     def indices(self) -> list[int]:
         return list(self._indices)

@@ -22,31 +22,11 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-# Ray refuses a bundle whose amounts are all zero, yet a member that asks for nothing still needs a bundle
-# of its own to be scheduled into: it gets this token CPU share.
-TOKEN_CPU = 0.01
+from cluster.bundles import STRATEGIES, Demand, Layout, layout
 
 
 class PlacementError(RuntimeError):
     """The cluster cannot hold the placement group (or the current one does not match the layout)."""
-
-
-@dataclass(frozen=True)
-class Demand:
-    """`n` members of the group `name`, each needing `resources`."""
-
-    name: str
-    n: int
-    resources: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Bundles in placement-group order; `indices[name]` is the bundle index of each member of `name`."""
-
-    bundles: list[dict[str, float]]
-    indices: dict[str, list[int]]
 
 
 @dataclass(frozen=True)
@@ -70,24 +50,6 @@ class GroupPlacement:
         return PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                 placement_group_bundle_index=self.indices[member],
                                                 placement_group_capture_child_tasks=False)
-
-
-def bundle(resources: Mapping[str, float]) -> dict[str, float]:
-    """One member's bundle: zero amounts dropped (Ray rejects them), a token CPU share if nothing is left."""
-    out = {k: float(v) for k, v in resources.items() if v > 0}
-    return out or {"CPU": TOKEN_CPU}
-
-
-def layout(demands: Sequence[Demand], head: Mapping[str, float] | None = None) -> Layout:
-    """Bundles for every member of every demand, in order, after an optional `head` bundle (bundle 0)."""
-    bundles = [bundle(head)] if head is not None else []
-    indices: dict[str, list[int]] = {}
-    for d in demands:
-        if d.name in indices:
-            raise ValueError(f"placement: two groups named {d.name!r}")
-        indices[d.name] = list(range(len(bundles), len(bundles) + d.n))
-        bundles += [bundle(d.resources) for _ in range(d.n)]
-    return Layout(bundles, indices)
 
 
 def alive_nodes() -> dict[str, str]:

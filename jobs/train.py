@@ -37,7 +37,7 @@ from marl.cliff import CliffTracker
 def quiet_logs(verbose: bool) -> None:
     """Unless `verbose`, the console shows the run's own lines: vLLM at ERROR (its start-up emits ~20 advisory
     WARNING lines per engine), torch's C++ warnings at ERROR, no FutureWarnings. Read by every engine at import
-    (forwarded to engine actors by rollout/vllm_support.engine_env); the user's own settings win."""
+    (forwarded to engine actors by rollout.vllm.support.engine_env); the user's own settings win."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
     if not torch.cuda.is_available():  # DeepSpeed (imported by HF saving code) otherwise warns it found no GPU;
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # actors of the embedded cluster inherit the driver's env

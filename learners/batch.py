@@ -111,32 +111,6 @@ class TrainBatch:
         chunks = [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
         return chunks + [self.select([]) for _ in range(min_count - len(chunks))]
 
-    @staticmethod
-    def concat(batches: list[TrainBatch]) -> TrainBatch:
-        """Rows of all batches in order, right-padded to the widest."""
-        if not batches or len({(b.policy_id, b.pad_id, b.old_logprobs is None) for b in batches}) != 1:
-            got = [(b.policy_id, b.pad_id) for b in batches]
-            raise ValueError(f"concat needs ≥ 1 batch of one (policy_id, pad_id), got {got}")
-        width = max(b.input_ids.shape[1] for b in batches)
-
-        def cat(name: str, pad: float | bool | int) -> Tensor:
-            parts = [getattr(b, name) for b in batches]
-            return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in parts])
-
-        return TrainBatch(
-            policy_id=batches[0].policy_id,
-            input_ids=cat("input_ids", batches[0].pad_id),
-            attention_mask=cat("attention_mask", False),
-            loss_mask=cat("loss_mask", False),
-            rollout_logprobs=cat("rollout_logprobs", 0.0),
-            advantages=torch.cat([b.advantages for b in batches]),
-            rewards=torch.cat([b.rewards for b in batches]),
-            roles=[r for b in batches for r in b.roles],
-            agents=[a for b in batches for a in b.agents],
-            pad_id=batches[0].pad_id,
-            old_logprobs=cat("old_logprobs", 0.0) if batches[0].old_logprobs is not None else None,
-        )
-
     def to(self, device: torch.device | str) -> TrainBatch:
         moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
         return TrainBatch(**moved)

@@ -38,15 +38,10 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Full weights under the base model's HF names; LoRA deltas are added without mutating the model."""
-    return merge_for_serving(model)[0]
-
-
-@torch.no_grad()
 def merge_for_serving(model: torch.nn.Module,
                       dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], float | None]:
-    """(merged_state_dict, merge_rounding) in the dtype the engines serve: `dtype`, or each weight's own when None
+    """(full weights under the base model's HF names, LoRA deltas added without mutating the model;
+    merge_rounding) in the dtype the engines serve: `dtype`, or each weight's own when None
     (a learner that holds model.dtype itself). Every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded
     once to it; merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without
     LoRA. Fp32 master weights served in bf16 are rounded once, here."""

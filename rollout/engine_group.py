@@ -46,7 +46,7 @@ def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
     """Environment of engine actor `slot`: vLLM reads its settings at import, before any method runs."""
     if rollout.backend != "vllm":
         return {}
-    from rollout.vllm_support import cpu_bind, default_cache_root, engine_env
+    from rollout.vllm.support import cpu_bind, default_cache_root, engine_env
 
     threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads)
     return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
@@ -59,7 +59,7 @@ def _engine_class(backend: str) -> type[EngineMember]:
 
         return HFEngine
     if backend == "vllm":
-        from rollout.vllm_engine import VLLMEngine
+        from rollout.vllm.engine import VLLMEngine
 
         return VLLMEngine
     raise ValueError(f"rollout.backend: unknown engine backend {backend!r}")

@@ -9,7 +9,6 @@ draws do not depend on what it was batched with, nor on another engine's thread 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
@@ -22,16 +21,16 @@ from transformers.utils import logging as hf_logging
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL, sketch
-from marl.types import Completion, Message
+from marl.types import Completion
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
-from rollout.serving import Job, ServingLoop, between_calls
+from rollout.serving import ChatServing, Job, ServingLoop, between_calls
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class HFEngine:
+class HFEngine(ChatServing):
     """Batched left-padded `generate` with per-token logprobs of the sampled tokens."""
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0,
@@ -51,25 +50,6 @@ class HFEngine:
         self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
         self._queue: list[Job] = []  # admitted calls, served first come first served
         self.loop = ServingLoop(self, f"hf:{policy_id}")
-
-    def encode(self, messages: list[Message]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.chat_kwargs
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
-
-    def generate(self, requests: list[list[Message]], sampling: Sampling,
-                 adapter: str | None = None) -> list[Completion]:
-        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded)."""
-        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
-
-    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
-                             adapter: str | None = None) -> list[Completion]:
-        job = Job([self.encode(m) for m in requests], sampling, adapter)
-        return await asyncio.wrap_future(self.loop.submit(job))
-
-    async def progress(self) -> int:
-        return self.loop.tokens
 
     # The serving loop's Stepper (rollout.serving), on the loop's thread.
     def admit(self, jobs: list[Job]) -> None:

@@ -13,6 +13,7 @@ then does the load start, so no request is ever served by two weight versions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import threading
@@ -22,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from marl.types import Completion
+from marl.types import Completion, Message
 from rollout.engine import Sampling
 
 P = ParamSpec("P")
@@ -51,6 +52,36 @@ class Stepper(Protocol):
     def fail(self, error: BaseException) -> None:
         """Fail every admitted call with `error` (the step raised) and forget them."""
         ...
+
+
+class ChatServing:
+    """The chat front both engines share: messages -> token ids through the model's chat template, then a `Job` on
+    the engine's serving loop. An engine sets `tokenizer`, `chat_kwargs` (extra chat-template arguments, e.g.
+    thinking off) and `loop` in its constructor."""
+
+    tokenizer: Any
+    chat_kwargs: dict[str, Any]
+    loop: ServingLoop
+
+    def encode(self, messages: list[Message]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.chat_kwargs
+        )
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    def generate(self, requests: list[list[Message]], sampling: Sampling,
+                 adapter: str | None = None) -> list[Completion]:
+        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request i
+        is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
+        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
+
+    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
+                             adapter: str | None = None) -> list[Completion]:
+        job = Job([self.encode(m) for m in requests], sampling, adapter)
+        return await asyncio.wrap_future(self.loop.submit(job))
+
+    async def progress(self) -> int:
+        return self.loop.tokens
 
 
 class ServingLoop:

@@ -20,7 +20,7 @@ ALLOWED = {
     "jobs": OURS,
 }
 # The only modules allowed to import these (lazily, inside an adapter).
-FENCES = {"vllm": {"rollout/vllm_engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
+FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
 # Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points; benchmarks,
 # tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.
@@ -246,3 +246,22 @@ def test_every_module_imports_first_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-c", FIRST_IMPORT, *modules], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# A GPU machine that measures the learner (benchmarks/gpu_check.sh) may have torch and DeepSpeed but no Ray or
+# vLLM: the learner, its DeepSpeed backend, the config and the planner must import there.
+WITHOUT_RAY = """
+import importlib, sys
+for blocked in ("ray", "vllm"):
+    sys.modules[blocked] = None  # any import of them now fails
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+"""
+
+
+def test_the_learner_config_and_planner_import_without_ray_or_vllm():
+    modules = ["jobs.config", "jobs.models.resolve", "jobs.plan.planner", "learners.learner",
+               "learners.deepspeed_backend"]
+    done = subprocess.run([sys.executable, "-c", WITHOUT_RAY, *modules], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -79,7 +79,7 @@ class WandbMode(StrEnum):
 
 
 class PlacementStrategy(StrEnum):
-    """Ray's placement-group strategies (cluster.placement.STRATEGIES)."""
+    """Ray's placement-group strategies (cluster.bundles.STRATEGIES)."""
 
     PACK = "PACK"
     SPREAD = "SPREAD"

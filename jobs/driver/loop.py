@@ -1,4 +1,4 @@
-"""One attempt of the driver loop on one built system: start (fresh or from a checkpoint), the steps, the
+"""One attempt of the driver loop on one set of built handles: start (fresh or from a checkpoint), the steps, the
 cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
 One step = train_step (jobs/driver/step.py: collect → score → assign → advantages → update every policy, one
@@ -72,79 +72,79 @@ class RunState:
         self.learners_ahead = True
 
 
-def evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
+def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
     """The workflow's episodes on the held-out tasks, one sample each at the eval temperature (pass@1)."""
     if not tasks:
         return []
     s = cfg.rollout.sampling
     sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"),
                         role_caps=role_caps(cfg.rollout))
-    return system.collector.collect(tasks, 1, sampling).episodes
+    return handles.collector.collect(tasks, 1, sampling).episodes
 
 
-def timed_evaluate(system: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
+def timed_evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
     """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
     per-task results go to the run dir's eval_tasks.csv."""
     t0 = time.perf_counter()
-    episodes = evaluate(system, cfg, tasks)
+    episodes = evaluate(handles, cfg, tasks)
     append_eval(run_dir, steps_done, episodes)
     return {**eval_metrics(episodes), "time/eval_s": time.perf_counter() - t0}
 
 
 def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
-    """Build the system, start from `resume` (or fresh), train to the end; the system is released on any
+    """Build the handles, start from `resume` (or fresh), train to the end; the handles are released on any
     exit. A stop at a step boundary commits a checkpoint first."""
     cfg = run.cfg
-    system = build_handles(run.assets.layout, run.assets.model_paths, run.assets.family)
+    handles = build_handles(run.assets.layout, run.assets.model_paths, run.assets.family)
     try:
         # A new source holds no episodes: an attempt starts from a checkpoint, never from an earlier one's.
         display = run.log.display.episodes if run.log.display is not None else None
-        source = RolloutSource(system, cfg, run.assets.sampler, on_episode=display)
+        source = RolloutSource(handles, cfg, run.assets.sampler, on_episode=display)
         if resume:
-            _restore(run, system, resume)
+            _restore(run, handles, resume)
         else:
-            _fresh_start(run, system)
+            _fresh_start(run, handles)
         while run.progress.step < cfg.steps:
-            if _step(run, system, source):
+            if _step(run, handles, source):
                 break
-        final = timed_evaluate(system, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
+        final = timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
         acc_after = final["eval/accuracy"]
         final.update(final_cliff_guard(cfg, run.cliff, run.progress.step, acc_after))
-        for pid, learner in system.learners.items():
+        for pid, learner in handles.learners.items():
             learner.export(str(run.run_dir / "export" / pid))
         if run.assets.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
-            final.update(_evaluate_whole_split(run, system, acc_after))
+            final.update(_evaluate_whole_split(run, handles, acc_after))
         run.log.log(cfg.steps, final)
     except StopRequested:
-        _checkpoint_on_stop(run, system)
+        _checkpoint_on_stop(run, handles)
         raise
     except GroupError:
-        run.lost = system.placement.lost_members() if system.placement is not None else []
+        run.lost = handles.placement.lost_members() if handles.placement is not None else []
         raise
     finally:
-        system.shutdown()
+        handles.shutdown()
     return {"eval/accuracy_before": run.progress.acc_before, "eval/accuracy_after": acc_after,
             "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics(),
             **{k: v for k, v in final.items() if k.startswith("eval/full/")}}
 
 
-def _evaluate_whole_split(run: RunState, system: RunHandles, final_accuracy: float) -> dict[str, float]:
+def _evaluate_whole_split(run: RunState, handles: RunHandles, final_accuracy: float) -> dict[str, float]:
     """The final weights, then the peak checkpoint's, on every held-out task (jobs/driver/full_eval.py)."""
     def restore(folder: Path) -> None:
-        _load_learners(system, folder)
-        system.sync(version=run.progress.weight_version + 1)
+        _load_learners(handles, folder)
+        handles.sync(version=run.progress.weight_version + 1)
 
     def accuracy(tasks: list[Task]) -> float:
-        return eval_metrics(evaluate(system, run.cfg, tasks))["eval/accuracy"]
+        return eval_metrics(evaluate(handles, run.cfg, tasks))["eval/accuracy"]
 
     return full_evaluation(run.assets.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
 
 
-def _fresh_start(run: RunState, system: RunHandles) -> None:
+def _fresh_start(run: RunState, handles: RunHandles) -> None:
     run.assets.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
     ckpt.truncate_metrics(run.log.path, 0)
-    base = timed_evaluate(system, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
+    base = timed_evaluate(handles, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
     acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
     run.base_parse = {k.replace("eval/", "eval/before/", 1): v for k, v in base.items()
                       if k.startswith("eval/parse_failures/") or k == "eval/episodes"}
@@ -156,24 +156,24 @@ def _fresh_start(run: RunState, system: RunHandles) -> None:
           f"held-out accuracy {acc:.3f}", flush=True)
 
 
-def _restore(run: RunState, system: RunHandles, folder: Path) -> None:
+def _restore(run: RunState, handles: RunHandles, folder: Path) -> None:
     """Learner state into every rank, driver state, then the engines re-synced to the restored version."""
     try:
         progress = ckpt.read_progress(folder)
-        _load_learners(system, folder)
+        _load_learners(handles, folder)
         run.assets.sampler.load_state(progress.sampler)
     except (ckpt.CheckpointError, ValueError) as e:
         raise InputError(f"checkpoint {folder} cannot be restored: {e}") from e
     run.cliff.load_state(progress.cliff)
-    system.sync(version=progress.weight_version)
+    handles.sync(version=progress.weight_version)
     dropped = ckpt.truncate_metrics(run.log.path, progress.step)
     run.progress = progress
     print(f"[{run.cfg.run_name}] resumed from {folder} at step {progress.step} (weight version "
           f"{progress.weight_version}; {dropped} metric lines of later steps dropped)", flush=True)
 
 
-def _load_learners(system: RunHandles, folder: Path) -> None:
-    for pid, learner in system.learners.items():
+def _load_learners(handles: RunHandles, folder: Path) -> None:
+    for pid, learner in handles.learners.items():
         state = folder / "policies" / pid
         if not state.is_dir():
             raise ckpt.CheckpointError(f"it has no state for policy {pid!r} (another sharing or workflow?)")
@@ -185,15 +185,15 @@ def _load_learners(system: RunHandles, folder: Path) -> None:
             raise ckpt.CheckpointError(str(e)) from e
 
 
-def _step(run: RunState, system: RunHandles, source: RolloutSource) -> bool:
+def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
     """One training step with its eval, log, checkpoint and callbacks; True when the cliff guard stops."""
     cfg, step = run.cfg, run.progress.step
     version = run.progress.weight_version + 1
-    metrics = train_step(system, cfg, source, step, run.assets.pad_ids, run.run_dir, version,
+    metrics = train_step(handles, cfg, source, step, run.assets.pad_ids, run.run_dir, version,
                          before_update=run.mark_learners_ahead)
     accuracy, stop, flagged = None, False, False
     if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-        metrics.update(timed_evaluate(system, cfg, run.assets.eval_tasks, run.run_dir, step + 1))
+        metrics.update(timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, step + 1))
         accuracy = metrics["eval/accuracy"]
         stop, guard = cliff_guard(cfg, run.cliff, step + 1, accuracy)
         metrics.update(guard)
@@ -204,7 +204,7 @@ def _step(run: RunState, system: RunHandles, source: RolloutSource) -> bool:
     run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
                                        sampler=source.sampler_state, cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
-        metrics.update(_rollback(run, system, source))
+        metrics.update(_rollback(run, handles, source))
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
         metrics.update({**run.assets.data_metrics, "eval/accuracy_before": run.progress.acc_before})
         if run.base_eval_s is not None:
@@ -212,7 +212,7 @@ def _step(run: RunState, system: RunHandles, source: RolloutSource) -> bool:
     run.learners_ahead = False
     run.log.log(step, metrics)
     every = cfg.checkpoint.every
-    folder = _save(run, system) if every and run.progress.step % every == 0 else None
+    folder = _save(run, handles) if every and run.progress.step % every == 0 else None
     for cb in run.callbacks:
         cb.on_step(step, metrics, folder)
     run.log.progress(step, metrics)
@@ -241,7 +241,7 @@ def final_cliff_guard(cfg: TrainConfig, cliff: CliffTracker, steps_done: int, ac
     return cliff_guard(cfg, cliff, steps_done, accuracy)[1]
 
 
-def _rollback(run: RunState, system: RunHandles, source: RolloutSource) -> dict[str, float]:
+def _rollback(run: RunState, handles: RunHandles, source: RolloutSource) -> dict[str, float]:
     """Restore the most accurate checkpoint's learner state (weights, optimizer, schedule, RNG) and serve it;
     returns the rollback's metrics (none when there is no checkpoint to roll back to).
 
@@ -252,10 +252,10 @@ def _rollback(run: RunState, system: RunHandles, source: RolloutSource) -> dict[
     if target is None:
         print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
         return {}
-    _load_learners(system, target)
+    _load_learners(handles, target)
     source.rewind(run.progress.sampler)  # episodes prefetched by the weights rolled back are dropped
     version = run.progress.weight_version + 1
-    system.sync(version=version)
+    handles.sync(version=version)
     run.cliff.below = 0
     run.progress = dataclasses.replace(run.progress, weight_version=version, cliff=run.cliff.state(),
                                        eval_accuracy=None, rollbacks=run.progress.rollbacks + 1)
@@ -264,15 +264,15 @@ def _rollback(run: RunState, system: RunHandles, source: RolloutSource) -> dict[
             "cliff/rollbacks": float(run.progress.rollbacks), "cliff/evals_below": 0.0}
 
 
-def _save(run: RunState, system: RunHandles) -> Path:
+def _save(run: RunState, handles: RunHandles) -> Path:
     t0 = time.perf_counter()
-    folder = ckpt.write(run.root, run.progress, system.learners, to_yaml(run.cfg))
+    folder = ckpt.write(run.root, run.progress, handles.learners, to_yaml(run.cfg))
     ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
     print(f"[{run.cfg.run_name}] checkpoint {folder} committed in {time.perf_counter() - t0:.1f}s", flush=True)
     return folder
 
 
-def _checkpoint_on_stop(run: RunState, system: RunHandles) -> None:
+def _checkpoint_on_stop(run: RunState, handles: RunHandles) -> None:
     """On a graceful stop, commit the last completed step (unless the learners are already past it)."""
     if not run.cfg.checkpoint.every or run.progress.step == 0:
         return
@@ -281,6 +281,6 @@ def _checkpoint_on_stop(run: RunState, system: RunHandles) -> None:
               "so the last committed checkpoint stands", flush=True)
         return
     try:
-        _save(run, system)
+        _save(run, handles)
     except Exception as e:  # noqa: BLE001 - the stop proceeds; the previous checkpoint is intact
         print(f"[{run.cfg.run_name}] no checkpoint on stop: {e}", flush=True)

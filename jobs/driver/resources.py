@@ -6,7 +6,8 @@ a Tune trial adds one bundle in front for its driver.
 
 from __future__ import annotations
 
-from cluster.placement import PlacementError, RunPlacement, bundle, layout, place
+from cluster.bundles import bundle, layout
+from cluster.placement import PlacementError, RunPlacement, place
 from jobs.plan.layout import RunLayout
 
 # The config keys a placement failure points the user to.

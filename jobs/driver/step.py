@@ -82,10 +82,10 @@ class RolloutSource:
     last taken step's prompts were drawn: what that step's checkpoint records, so prefetched episodes are never
     saved and a resumed run draws their prompts again."""
 
-    def __init__(self, system: RunHandles, cfg: TrainConfig, sampler: PromptSampler,
+    def __init__(self, handles: RunHandles, cfg: TrainConfig, sampler: PromptSampler,
                  on_episode: Callable[[int, int], None] | None = None):
         """`on_episode(done, total)` follows a synchronous collection (progress display)."""
-        self.system, self.cfg, self.sampler, self.on_episode = system, cfg, sampler, on_episode
+        self.handles, self.cfg, self.sampler, self.on_episode = handles, cfg, sampler, on_episode
         self.prefetching = bool(cfg.rollout.one_step_off_policy)
         self.sampler_state = sampler.state()
         self._prefetched: StepRollout | None = None
@@ -98,7 +98,7 @@ class RolloutSource:
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
         t0 = time.perf_counter()
-        episodes, timings = self.system.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
+        episodes, timings = self.handles.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
                                                           self.sampling(step), on_episode)
         return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
 
@@ -129,7 +129,7 @@ class RolloutSource:
         self.sampler.load_state(sampler_state)
 
 
-def train_step(system: RunHandles, cfg: TrainConfig, source: RolloutSource, step: int, pad_id: int | Mapping[str, int],
+def train_step(handles: RunHandles, cfg: TrainConfig, source: RolloutSource, step: int, pad_id: int | Mapping[str, int],
                run_dir: Path, version: int | None = None, before_update: Callable[[], None] | None = None) -> dict:
     """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
     policy, or policy -> pad id (policies on different base models). `before_update` runs once the batches
@@ -139,28 +139,29 @@ def train_step(system: RunHandles, cfg: TrainConfig, source: RolloutSource, step
     with timer.phase("store"):
         write_episodes(rollout.episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
     with timer.phase("advantage"):
-        batches, batch_stats = step_batches(system, cfg, rollout.episodes, step, pad_id)
+        batches, batch_stats = step_batches(handles, cfg, rollout.episodes, step, pad_id)
         if before_update is not None:
             before_update()
     with timer.phase("update"):
-        concurrent = run_concurrently(cfg.learner, len(system.learners))
-        updated, prefetch_s = update_all(system.learners, batches, step, pad_id, concurrent, source.during_update(step))
+        concurrent = run_concurrently(cfg.learner, len(handles.learners))
+        updated, prefetch_s = update_all(handles.learners, batches, step, pad_id, concurrent,
+                                         source.during_update(step))
     timer.add("prefetch", prefetch_s)
     version = step + 1 if version is None else version
-    synced = system.sync(version=version)
-    shares = step_role_shares(updated, system.policy_map.roles)
-    return {**rollout_metrics(rollout, system.policy_map.roles, version), **updated, **shares, **synced,
+    synced = handles.sync(version=version)
+    shares = step_role_shares(updated, handles.policy_map.roles)
+    return {**rollout_metrics(rollout, handles.policy_map.roles, version), **updated, **shares, **synced,
             **{k: float(v) for k, v in batch_stats.items()}, **timer.metrics()}
 
 
-def step_batches(system: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
+def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
                  pad_id: int | Mapping[str, int]) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length caps
     before any update trains on the rest."""
     keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
     advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std,
                                                           singleton=cfg.algo.singleton_advantage)
-    batches, batch_stats = build_batches(episodes, system.policy_map, advantages, pad_id, cfg.algo.max_len,
+    batches, batch_stats = build_batches(episodes, handles.policy_map, advantages, pad_id, cfg.algo.max_len,
                                          cfg.rollout.max_prompt_tokens or None, balance_ranks=balance_ranks(cfg))
     check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)
     return batches, batch_stats

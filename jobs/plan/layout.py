@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cluster.placement import Demand
+from cluster.bundles import Demand
 from jobs.config.colocation import colocated, colocated_name
 from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig

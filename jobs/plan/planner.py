@@ -243,10 +243,15 @@ def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float) -> float:
     """One step's update of `tokens` trained tokens on the policy's ranks: forward + backward FLOPs (4× the forward
     for LoRA's frozen base, 6× for full fine-tuning; one more forward with checkpointing, one for the recomputed
     old log-probs) at the measured rate of its kind."""
-    lora = pc.model.lora.enabled
-    passes = (2 if lora else 3) + _checkpointing(pc) * 1.0 + (pc.algo.old_logprobs == "recompute")
-    flops = passes * tokens * shape.flops_per_token()
-    return flops / (LEARNER_FLOPS_S["lora" if lora else "full"] * max(pc.learner.ranks, 1))
+    return learner_seconds(shape, tokens, pc.model.lora.enabled, _checkpointing(pc),
+                           pc.algo.old_logprobs == "recompute", pc.learner.ranks)
+
+
+def learner_seconds(shape: ModelShape, tokens: float, lora: bool, checkpointing: bool, recompute: bool,
+                    ranks: int) -> float:
+    """Seconds of `tokens` trained tokens' forward and backward passes on `ranks` ranks (update_seconds's terms)."""
+    passes = (2 if lora else 3) + checkpointing * 1.0 + recompute * 1.0
+    return passes * tokens * shape.flops_per_token() / (LEARNER_FLOPS_S["lora" if lora else "full"] * max(ranks, 1))
 
 
 def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:

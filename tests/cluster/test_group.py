@@ -115,29 +115,11 @@ def test_calls_on_one_member_run_in_submission_order(group):
     assert group.submit_to([0], Counter.history).result(30)[0][before:] == list(range(6))
 
 
-def test_aresult_from_asyncio(group):
-    async def one(i):
-        return (await group.submit_to([i], Counter.add, 7).aresult(30))[0]
-
-    async def main():
-        return await asyncio.gather(*(one(i) for i in range(group.size)))
-
-    assert _run(main()) == [107] * group.size
-
-
 def test_call_deadline_names_member_and_method(hanging):
     index = hanging.size - 1
     t0 = time.monotonic()
     with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
         hanging.submit_to([index], Counter.hang, HANG_S).result(DEADLINE_S)
-    assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
-
-
-def test_aresult_deadline_names_member_and_method(hanging):
-    index = hanging.size - 1
-    t0 = time.monotonic()
-    with pytest.raises(GroupTimeout, match=rf"^{hanging.name}:{index}\.hang missed"):
-        _run(hanging.submit_to([index], Counter.hang, HANG_S).aresult(DEADLINE_S))
     assert time.monotonic() - t0 < HANG_S - 1.0, "the deadline was not enforced"
 
 
@@ -151,7 +133,7 @@ def test_failing_member_raises_group_error_naming_it(group):
         group.submit_to([index], Counter.boom, "sync").result(30)
     assert not isinstance(info.value, GroupTimeout)
     with pytest.raises(GroupError, match=rf"(?s)^{group.name}:{index}\.boom failed.*boom: async") as info:
-        _run(group.submit_to([index], Counter.boom, "async").aresult(30))
+        group.submit_to([index], Counter.boom, "async").result(30)
     assert not isinstance(info.value, GroupTimeout)
     # The member survives its method's exception.
     assert group.submit_to([index], Counter.add, 1).result(30) == [101]
@@ -178,13 +160,6 @@ def test_run_executes_a_function_inside_the_member_after_its_queued_calls(group)
     assert ran.result(30) == [member_pid]
     assert slow.result(30) == ["woke"]
     assert (member_pid == os.getpid()) == group.local
-
-
-def test_aresult_awaits_every_member_and_names_a_failing_one(group):
-    assert _run(group.submit(Counter.add, 2).aresult(30)) == [102] * group.size
-    with pytest.raises(GroupError, match=rf"(?s)^{group.name}:0\.boom failed.*boom: all") as info:
-        _run(group.submit(Counter.boom, "all").aresult(30))
-    assert not isinstance(info.value, GroupTimeout)
 
 
 def test_submit_each_takes_one_method(group):

@@ -11,8 +11,9 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cluster.bundles import TOKEN_CPU, Demand, layout
 from cluster.group import Group, GroupError
-from cluster.placement import TOKEN_CPU, Demand, GroupPlacement, PlacementError, layout, place
+from cluster.placement import GroupPlacement, PlacementError, place
 
 SLOTS = {"slot0": 1, "slot1": 1, "slot2": 1}  # one unit each: a bundle holding slotK can only be bundle K
 RAY_RESOURCES = SLOTS  # the `ray_cluster` fixture's cluster has them (tests/conftest.py)

@@ -54,8 +54,8 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
 def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster):
     cfg = load_config(TINY, ["run_name=placed", "marl.workflow=single_agent", "rollout.engine_num_cpus=0.25",
                              "learner.rank_num_cpus=0.75", "ray.placement_strategy=STRICT_PACK"])
-    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
-    pg = system.placement.pg
+    handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    pg = handles.placement.pg
     try:
         assert pg.bundle_specs == [{"CPU": 0.25}, {"CPU": 0.75}]  # the solver's engine, then its learner rank
         # Ray accounts bundle i as CPU_group_<i>_<id>: once the run's actors are up they hold all of both.
@@ -68,7 +68,7 @@ def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster)
             time.sleep(0.2)
         assert [ray.available_resources().get(k, 0.0) for k in keys] == [0.0, 0.0]
     finally:
-        system.shutdown()
+        handles.shutdown()
     assert placement_group_table(pg)["state"] == "REMOVED"
     end = time.monotonic() + 60  # ray.kill is asynchronous
     while [n for n in ray.util.list_named_actors() if n.startswith("placed:")] and time.monotonic() < end:

@@ -49,10 +49,10 @@ def _node_of(actor) -> str:
     return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
 
 
-def _nodes(system: RunHandles) -> tuple[list[str], list[str]]:
-    engines = {id(g): g for g in system.engines.values()}.values()
+def _nodes(handles: RunHandles) -> tuple[list[str], list[str]]:
+    engines = {id(g): g for g in handles.engines.values()}.values()
     return ([_node_of(m) for g in engines for m in g.group._members],
-            [_node_of(m) for lg in system.learners.values() for m in lg.group._members])
+            [_node_of(m) for lg in handles.learners.values() for m in lg.group._members])
 
 
 def _build(*overrides: str) -> RunHandles:
@@ -61,24 +61,24 @@ def _build(*overrides: str) -> RunHandles:
 
 
 def test_labelled_bundles_put_engines_and_learners_on_their_nodes(two_nodes):
-    system = _build("run_name=labels", "marl.workflow=voting", "marl.sharing=isolated",
+    handles = _build("run_name=labels", "marl.workflow=voting", "marl.sharing=isolated",
                     "rollout.engine_resources={inference: 1}", "learner.rank_resources={training: 1}")
-    pg = system.placement.pg
+    pg = handles.placement.pg
     try:
-        engines, learners = _nodes(system)
+        engines, learners = _nodes(handles)
         assert engines == [two_nodes["inference"]] * 2  # generator, aggregator
         assert learners == [two_nodes["training"]] * 2  # one rank per policy
     finally:
-        system.shutdown()
+        handles.shutdown()
     assert placement_group_table(pg)["state"] == "REMOVED"
 
 
 def test_strict_spread_puts_each_member_on_its_own_node(two_nodes):
-    system = _build("run_name=spread", "marl.workflow=single_agent", "ray.placement_strategy=STRICT_SPREAD")
+    handles = _build("run_name=spread", "marl.workflow=single_agent", "ray.placement_strategy=STRICT_SPREAD")
     try:
-        engines, learners = _nodes(system)
+        engines, learners = _nodes(handles)
         assert len(engines) == len(learners) == 1 and engines[0] != learners[0]
-        assert set(placement_group_table(system.placement.pg)["bundles_to_node_id"].values()) == set(
+        assert set(placement_group_table(handles.placement.pg)["bundles_to_node_id"].values()) == set(
             two_nodes.values())
     finally:
-        system.shutdown()
+        handles.shutdown()

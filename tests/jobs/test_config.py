@@ -81,7 +81,7 @@ def test_a_removed_key_names_its_replacement():
 def test_choices_are_the_enums_beside_their_registries():
     """A registry's names are the values of the Enum beside it, the schema's type for its key (a variant is
     registered in both); a bad value names the key and the choices, a good one reads back as its string."""
-    from cluster.placement import STRATEGIES
+    from cluster.bundles import STRATEGIES
     from jobs.config.schema import PlacementStrategy
     from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
     from learners.backends import BACKENDS, LearnerBackendName

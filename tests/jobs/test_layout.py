@@ -41,13 +41,13 @@ def test_a_run_builds_its_layout_once(tmp_path, counted):
                              "rollout.engines_per_role=0", "learner.ranks=0", "data.eval_size=2"])
     counted.clear()  # what loading resolved (its plan's layout of the config being loaded) is not the run's
     assets = prepare(cfg)
-    system = build_handles(assets.layout, assets.model_paths, assets.family)
+    handles = build_handles(assets.layout, assets.model_paths, assets.family)
     try:
         assert counted == {"layout": 1, "engine_map": 1, "policy_config": 2}  # voting, isolated: two policies
-        assert system.policy_map is assets.layout.policy_map
-        assert set(system.learners) == set(assets.layout.configs) == {"generator", "aggregator"}
+        assert handles.policy_map is assets.layout.policy_map
+        assert set(handles.learners) == set(assets.layout.configs) == {"generator", "aggregator"}
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_the_layout_holds_each_policys_config_and_every_groups_demand():

@@ -135,14 +135,14 @@ def test_custom_map_two_roles_share_a_model_a_third_has_its_own(tmp_path):
                "marl.policy_map.orchestrator=lead", "marl.policy_map.synthesizer=lead", "marl.policy_map.worker=crew",
                "marl.policies.crew.model.path=builtin:tiny-wide", "rollout.engine_scope=policy",
                "rollout.engines_per_role=0", "learner.ranks=0")
-    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
-        assert system.engine_groups("crew") == [system.engines["worker"]]
-        assert system.engines["orchestrator"] is system.engines["synthesizer"] is not system.engines["worker"]
-        episodes = system.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)).episodes
-        assert system.sync(version=1)["sync/verified"] == 2  # each policy's weights, to its own group only
+        assert handles.engine_groups("crew") == [handles.engines["worker"]]
+        assert handles.engines["orchestrator"] is handles.engines["synthesizer"] is not handles.engines["worker"]
+        episodes = handles.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)).episodes
+        assert handles.sync(version=1)["sync/verified"] == 2  # each policy's weights, to its own group only
     finally:
-        system.shutdown()
+        handles.shutdown()
     turns = [{**dataclasses.asdict(t.completion), "messages": t.messages, "role": t.role}
              for e in episodes for t in e.turns]
     assert {t["role"] for t in turns} == {"orchestrator", "worker", "synthesizer"}

@@ -45,13 +45,13 @@ def test_format_penalty_shapes_its_role_in_a_step(tmp_path):
     cfg = load_config(TINY, [f"out_dir={tmp_path}", "marl.sharing=shared", "rollout.engines_per_role=0",
                              "learner.ranks=0", "rollout.prompts_per_step=2",
                              f"marl.reward_shaping.generator={PENALTY}"])
-    system = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
+    handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
         (tmp_path / "rollouts").mkdir()
-        source = RolloutSource(system, cfg, PromptSampler(digit_tasks(8, 0)[:2], 0))
-        train_step(system, cfg, source, 0, pad_id=0, run_dir=tmp_path)
+        source = RolloutSource(handles, cfg, PromptSampler(digit_tasks(8, 0)[:2], 0))
+        train_step(handles, cfg, source, 0, pad_id=0, run_dir=tmp_path)
     finally:
-        system.shutdown()
+        handles.shutdown()
     rows = pq.read_table(tmp_path / "rollouts" / "step_000000.parquet").to_pylist()
     generators = [r for r in rows if r["role"] == "generator"]
     assert len(generators) == 2 * 4 * 3 and any(last_boxed(r["response"]) is None for r in generators)

@@ -153,7 +153,7 @@ def test_read_metrics_round_trip(tmp_path):
 @pytest.mark.parametrize("verbose", [False, True])
 def test_quiet_logs_sets_engine_log_levels_unless_verbose_and_user_settings_win(monkeypatch, verbose):
     from jobs.train import quiet_logs
-    from rollout.vllm_support import engine_env
+    from rollout.vllm.support import engine_env
 
     for key in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS", "DS_ACCELERATOR"):
         monkeypatch.setenv(key, "")  # recorded, so whatever quiet_logs sets is undone after the test

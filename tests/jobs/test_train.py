@@ -128,23 +128,23 @@ def test_isolated_policy_changes_only_from_its_own_roles_turns(ray_cluster, tmp_
     cfg = _cfg(tmp_path, "marl.workflow=voting", "marl.sharing=isolated", "ray.num_cpus=2",
                "rollout.engines_per_role=0", "learner.ranks=0")
     model_path = resolve_model(cfg.model.path)
-    system = build_handles(run_layout(cfg), model_path, get_family("digit"))
+    handles = build_handles(run_layout(cfg), model_path, get_family("digit"))
     # Only generator turns carry reward signal (varying within each group); the aggregator's is constant.
-    system.collector.shaping = {"aggregator": lambda episode, turn: 0.0,
+    handles.collector.shaping = {"aggregator": lambda episode, turn: 0.0,
                                 "generator": lambda episode, turn: float(turn.completion.response_ids[0] % 2)}
-    before = {pid: _weights(system, pid) for pid in system.policy_map.policies}
+    before = {pid: _weights(handles, pid) for pid in handles.policy_map.policies}
     (tmp_path / "tiny" / "rollouts").mkdir(parents=True)
     tasks = _load_digit_tasks()[:4]
-    train_step(system, cfg, RolloutSource(system, cfg, PromptSampler(tasks, 0)), 0, pad_id=0,
+    train_step(handles, cfg, RolloutSource(handles, cfg, PromptSampler(tasks, 0)), 0, pad_id=0,
                run_dir=tmp_path / "tiny")
-    after = {pid: _weights(system, pid) for pid in system.policy_map.policies}
+    after = {pid: _weights(handles, pid) for pid in handles.policy_map.policies}
     assert all(torch.equal(before["aggregator"][k], after["aggregator"][k]) for k in before["aggregator"])
     assert any(not torch.equal(before["generator"][k], after["generator"][k]) for k in before["generator"])
-    system.shutdown()
+    handles.shutdown()
 
 
-def _weights(system, pid):
-    weights = system.learners[pid].group.submit_to([0], LearnerMember.get_weights).result(60)[0]
+def _weights(handles, pid):
+    weights = handles.learners[pid].group.submit_to([0], LearnerMember.get_weights).result(60)[0]
     return {k: v.clone() for k, v in weights.items()}
 
 

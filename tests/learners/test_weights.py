@@ -13,7 +13,6 @@ from learners.weights import (
     load_policy_model,
     merge_for_serving,
     merge_layer,
-    merged_state_dict,
     update_lost,
 )
 
@@ -41,7 +40,7 @@ def test_is_lora(model_path, lora_model):
     assert not is_lora(plain)
 
 
-def test_merged_state_dict_equals_hand_merged_layer(model_path, lora_model):
+def test_merge_for_serving_equals_hand_merged_layer(model_path, lora_model):
     base = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
     layer = lora_model.get_base_model().model.layers[1].mlp.down_proj
     with torch.no_grad():  # lora_B starts at 0 (no delta); give it values so the merge is visible
@@ -49,7 +48,7 @@ def test_merged_state_dict_equals_hand_merged_layer(model_path, lora_model):
     a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # [r, in], [out, r]
     assert a.shape[0] == b.shape[1] == 4
 
-    merged = merged_state_dict(lora_model)
+    merged = merge_for_serving(lora_model)[0]
 
     key = "model.layers.1.mlp.down_proj.weight"
     expected = base[key] + (b @ a) * (8 / 4)
@@ -61,9 +60,9 @@ def test_merged_state_dict_equals_hand_merged_layer(model_path, lora_model):
     assert torch.equal(layer.get_base_layer().weight, base[key])  # the model itself is not mutated
 
 
-def test_merged_state_dict_of_plain_model_is_its_state_dict(model_path):
+def test_merge_for_serving_of_plain_model_is_its_state_dict(model_path):
     plain = AutoModelForCausalLM.from_pretrained(model_path)
-    merged = merged_state_dict(plain)
+    merged = merge_for_serving(plain)[0]
     state = plain.state_dict()
     assert set(merged) == set(state)
     assert all(torch.equal(merged[k], state[k]) for k in state)

@@ -61,17 +61,17 @@ def test_the_systems_engines_render_with_the_configs_kwargs(tmp_path, thinking_m
         f"out_dir={tmp_path}", f"model.path={thinking_model}", "marl.workflow=single_agent", "rollout.backend=hf",
         "rollout.engines_per_role=0", "learner.ranks=0", "rollout.torch_threads=1",
         "model.chat_template_kwargs.enable_thinking=false", "marl.sharing=shared"])
-    system = build_handles(run_layout(cfg), thinking_model, get_family("digit"))
+    handles = build_handles(run_layout(cfg), thinking_model, get_family("digit"))
     try:
         greedy = Sampling(temperature=0.0, max_new_tokens=2)
-        out = asyncio.run(system.engines["solver"].generate([MESSAGES], greedy, role="solver"))
+        out = asyncio.run(handles.engines["solver"].generate([MESSAGES], greedy, role="solver"))
         assert out[0].prompt_ids == _render(thinking_model, **OFF) != _render(thinking_model)
         task = Task(task_id="t", prompt="Write the digit 3.", answer="3")
-        episode = system.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[0]
+        episode = handles.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[0]
         prompt = AutoTokenizer.from_pretrained(thinking_model).decode(episode.turns[0].completion.prompt_ids)
         assert prompt.endswith("assistant\n<think>\n\n</think>\n\n")
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
@@ -83,7 +83,7 @@ def test_every_backend_is_built_with_the_kwargs(backend):
 
 @pytest.mark.vllm
 def test_vllm_renders_the_hf_engines_ids(thinking_model):
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(thinking_model, policy_id="pi", chat_template_kwargs=OFF, kv_cache_gb=0.25)
     requests = [MESSAGES, [{"role": "user", "content": "hi"}]]

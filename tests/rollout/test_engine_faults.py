@@ -103,18 +103,18 @@ def _wait_for(path: str, timeout: float) -> None:
 @pytest.mark.slow  # a replacement actor's start: 15-25 s
 def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_cluster, tmp_path, monkeypatch):
     flag = str(tmp_path / "stalled")
-    system = _system(tmp_path, monkeypatch, _stall_once(flag))
+    handles = _system(tmp_path, monkeypatch, _stall_once(flag))
     try:
-        learner = system.learners["shared"].group._members[0]
+        learner = handles.learners["shared"].group._members[0]
         with torch.no_grad():
             learner.model.model.norm.weight.mul_(-1.0)  # weights the engine's start-up copy does not have
-        assert system.sync(3)["sync/verified"] == 1.0
+        assert handles.sync(3)["sync/verified"] == 1.0
         with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(system.collector.collect, TASKS, SAMPLES, SAMPLING)
+            running = pool.submit(handles.collector.collect, TASKS, SAMPLES, SAMPLING)
             _wait_for(flag, 120.0)  # the engine is inside generate now
             ray.kill(ray.get_actor(f"{RUN}:engine:solver:0"))
             episodes = running.result(timeout=300).episodes
-        group = system.engines["solver"]
+        group = handles.engines["solver"]
         assert group.replacements == 1
         assert len(episodes) == len(TASKS) * SAMPLES
         assert sorted((e.task.task_id, e.sample_index) for e in episodes) == sorted(
@@ -123,34 +123,34 @@ def test_killed_engine_is_replaced_caught_up_and_its_chunk_retried_once(ray_clus
         assert group.versions() == [3]
         assert ray.get_actor(f"{RUN}:engine:solver:0") is not None  # the replacement holds the name
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 @pytest.mark.slow  # a replacement actor's start: 15-25 s
 def test_hung_engine_trips_its_stall_deadline_and_is_named_after_one_replacement(ray_cluster, tmp_path,
                                                                                 monkeypatch):
-    system = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2")
+    handles = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2")
     try:
         with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s "
                                                r"\(rollout\.stall_timeout_s\) \(serving role 'solver'\) after "
                                                r"replacing the engine$"):
-            system.collector.collect(TASKS[:1], 1, SAMPLING)
-        assert system.engines["solver"].replacements == 1
+            handles.collector.collect(TASKS[:1], 1, SAMPLING)
+        assert handles.engines["solver"].replacements == 1
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_without_replacement_a_hung_engine_fails_at_its_first_stall(ray_cluster, tmp_path, monkeypatch):
-    system = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2",
+    handles = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2",
                      "rollout.replace_dead_engines=false")
     try:
         t0 = time.monotonic()
         with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s"):
-            system.collector.collect(TASKS[:1], 1, SAMPLING)
+            handles.collector.collect(TASKS[:1], 1, SAMPLING)
         assert time.monotonic() - t0 < 30  # the deadline, not the 600 s hang (slack for a loaded machine)
-        assert system.engines["solver"].replacements == 0
+        assert handles.engines["solver"].replacements == 0
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 @pytest.mark.slow
@@ -158,28 +158,28 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
                                                                               monkeypatch):
     stall_s, margin_s = 2.0, 3.0  # margin: polling (1/8 of the deadline) and a loaded machine
     flag = str(tmp_path / "stopped")
-    system = _system(tmp_path, monkeypatch, _stops_once(flag, tokens=10), f"rollout.stall_timeout_s={stall_s}")
-    group = system.engines["solver"]
+    handles = _system(tmp_path, monkeypatch, _stops_once(flag, tokens=10), f"rollout.stall_timeout_s={stall_s}")
+    group = handles.engines["solver"]
     replaced_at: list[float] = []
     replace_now = group._replace_now
     monkeypatch.setattr(group, "_replace_now", lambda i: (replaced_at.append(time.time()), replace_now(i)))
     try:
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
+        episodes = handles.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert len(episodes) == 1 and group.replacements == 1
         waited = replaced_at[0] - float(open(flag).read())
         assert stall_s <= waited <= stall_s + margin_s
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 @pytest.mark.slow
 def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_cluster, tmp_path, monkeypatch):
     stall_s = 1.5
-    system = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
+    handles = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
     try:
         t0 = time.monotonic()
-        episodes = system.collector.collect(TASKS[:1], 1, SAMPLING).episodes
+        episodes = handles.collector.collect(TASKS[:1], 1, SAMPLING).episodes
         assert time.monotonic() - t0 > 2 * stall_s  # a 4 s call, twice the deadline, never flat for 1.5 s
-        assert len(episodes) == 1 and system.engines["solver"].replacements == 0
+        assert len(episodes) == 1 and handles.engines["solver"].replacements == 0
     finally:
-        system.shutdown()
+        handles.shutdown()

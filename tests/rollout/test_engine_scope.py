@@ -32,70 +32,70 @@ def _roles_served(episodes) -> set[str]:
 
 
 def test_policy_scope_with_a_shared_policy_is_one_group_for_every_role_synced_once(tmp_path):
-    system = _system(tmp_path, "shared", "rollout.engine_scope=policy")
+    handles = _system(tmp_path, "shared", "rollout.engine_scope=policy")
     try:
-        groups = system.engine_groups()
+        groups = handles.engine_groups()
         assert len(groups) == 1 and groups[0].group.name == "tiny:engine:shared"
-        assert system.engines["generator"] is system.engines["aggregator"] is groups[0]
+        assert handles.engines["generator"] is handles.engines["aggregator"] is groups[0]
         assert groups[0].policy_of == {"generator": "shared", "aggregator": "shared"}
-        out = system.sync(1)
+        out = handles.sync(1)
         assert out["sync/verified"] == 1.0  # one engine, one broadcast: not one per role
         assert groups[0].versions() == [1]
-        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
+        episodes = handles.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         assert {t.completion.version for e in episodes for t in e.turns} == {1}
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_role_scope_keeps_a_group_per_role(tmp_path):
-    system = _system(tmp_path, "shared")
+    handles = _system(tmp_path, "shared")
     try:
-        assert [g.group.name for g in system.engine_groups()] == ["tiny:engine:generator", "tiny:engine:aggregator"]
-        assert system.sync(1)["sync/verified"] == 2.0
+        assert [g.group.name for g in handles.engine_groups()] == ["tiny:engine:generator", "tiny:engine:aggregator"]
+        assert handles.sync(1)["sync/verified"] == 2.0
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapter(tmp_path):
-    system = _system(tmp_path, "isolated", "model.lora.enabled=true", "model.lora.rank=8",
+    handles = _system(tmp_path, "isolated", "model.lora.enabled=true", "model.lora.rank=8",
                      "rollout.lora_serving=multi")
     try:
-        (group,) = system.engine_groups()
+        (group,) = handles.engine_groups()
         assert group.group.name == "tiny:engine:lora" and group.multi_lora
-        out = system.sync(2)
+        out = handles.sync(2)
         assert out["sync/verified"] == 2.0  # one adapter per policy into the one engine
         adapter_bytes = out["sync/bytes"]
         full = sum(t.numel() * t.element_size()
-                   for t in system.learners["generator"].group._members[0].get_weights().values())
+                   for t in handles.learners["generator"].group._members[0].get_weights().values())
         assert adapter_bytes < full / 2  # adapters only, never the base weights
-        episodes = system.collector.collect(TASKS, 2, SAMPLING).episodes
+        episodes = handles.collector.collect(TASKS, 2, SAMPLING).episodes
         assert _roles_served(episodes) == set(ROLES)
         served = {(t.role, t.completion.policy_id, t.completion.version) for e in episodes for t in e.turns}
         assert served == {("generator", "generator", 2), ("aggregator", "aggregator", 2)}
         assert not [k for k in out if k.startswith("sync/merge_rounding")]  # nothing is merged
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_merged_lora_serving_in_bf16_reports_the_update_lost_to_rounding(tmp_path):
-    system = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16",
+    handles = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16",
                      "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/config/precision.py)
     try:
-        assert system.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
-        learner = system.learners["shared"].group._members[0]
+        assert handles.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
+        learner = handles.learners["shared"].group._members[0]
         with torch.no_grad():  # an update far below bf16's resolution of the base weights
             for module in learner.model.modules():
                 if hasattr(module, "lora_B"):
                     module.lora_B["default"].weight.fill_(1e-6)
-        assert system.sync(2)["sync/merge_rounding/shared"] > 0.95
+        assert handles.sync(2)["sync/merge_rounding/shared"] > 0.95
         with torch.no_grad():  # a large one arrives (up to bf16's rounding of the merged weights)
             for module in learner.model.modules():
                 if hasattr(module, "lora_B"):
                     module.lora_B["default"].weight.normal_(0.0, 1.0)
-        assert system.sync(3)["sync/merge_rounding/shared"] < 0.01
+        assert handles.sync(3)["sync/merge_rounding/shared"] < 0.01
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_multi_lora_needs_lora_enabled(tmp_path):

@@ -15,7 +15,7 @@ from jobs.plan.layout import run_layout
 from learners.weights import merge_layer
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, merge_into, stack_of
-from rollout.vllm_repack import _adjacent
+from rollout.vllm.repack import _adjacent
 
 ROLES = ["generator", "aggregator"]
 LORA = ("model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16")
@@ -40,13 +40,13 @@ def _move_adapter(learner, seed: int, only: str | None = None) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype):
     emulated = "model.allow_emulated_bf16=true"  # bf16 numerics on any CPU (jobs/config/precision.py)
-    system = _system(tmp_path, f"model.dtype={dtype}", emulated)
+    handles = _system(tmp_path, f"model.dtype={dtype}", emulated)
     full = _system(tmp_path / "full", f"model.dtype={dtype}", emulated, "sync.lora_delta=false")
     try:
-        learner = system.learners["generator"].group._members[0]
-        engine = system.engines["generator"].group._members[0]
+        learner = handles.learners["generator"].group._members[0]
+        engine = handles.engines["generator"].group._members[0]
         _move_adapter(learner, 0)
-        out = system.sync(1)
+        out = handles.sync(1)
         assert out["sync/verified"] == 2.0
         merged = learner.get_weights()
         served = engine.model.state_dict()
@@ -55,28 +55,28 @@ def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype
         full_bytes = full.sync(1)["sync/bytes"]
         assert out["sync/bytes"] < full_bytes / 2  # adapters, not the merged model (tiny: rank 8 is a large share)
     finally:
-        system.shutdown()
+        handles.shutdown()
         full.shutdown()
 
 
 def test_an_engine_with_other_base_weights_is_caught(tmp_path):
-    system = _system(tmp_path)
+    handles = _system(tmp_path)
     try:
-        learner = system.learners["aggregator"].group._members[0]
-        engine = system.engines["aggregator"].group._members[0]
-        system.sync(1)
+        learner = handles.learners["aggregator"].group._members[0]
+        engine = handles.engines["aggregator"].group._members[0]
+        handles.sync(1)
         _move_adapter(learner, 1)
         engine._base.base["model.layers.0.self_attn.q_proj.weight"] += 1.0  # its copy of the base went bad
         with pytest.raises(SyncError, match="aggregator"):
-            system.sync(2)
+            handles.sync(2)
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
-    system = _system(tmp_path)
+    handles = _system(tmp_path)
     try:
-        learner = system.learners["generator"].group._members[0]
+        learner = handles.learners["generator"].group._members[0]
         _move_adapter(learner, 2)
         base = BaseWeights(learner.model_path, torch.float32)
         payload = learner.get_lora_delta()
@@ -86,7 +86,7 @@ def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
         again = base.merged_layers(learner.get_lora_delta(), changed_only=True)
         assert list(again) == ["model.layers.0.self_attn.q_proj.weight"]
     finally:
-        system.shutdown()
+        handles.shutdown()
 
 
 @pytest.mark.parametrize("scale", [2.0, 0.5, 1.7, 16 / 12])
@@ -103,7 +103,7 @@ def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
 
 @pytest.mark.parametrize("column_major", [False, True])
 def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_major):
-    """rollout.vllm_repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
+    """rollout.vllm.repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
     (BaseWeights' merge buffers), are one view of it; out of order, with a gap or of another buffer: None."""
     whole = torch.arange(7 * 3, dtype=torch.float32).view(3, 7).T if column_major else torch.arange(21.).view(7, 3)
     parts = list(whole.split([4, 1, 2]))
@@ -115,10 +115,10 @@ def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_ma
 
 def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_one_view(tmp_path):
     """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one tensor, in
-    stacking order: the in-place load takes them as one view (rollout.vllm_repack._adjacent), nothing concatenated."""
-    system = _system(tmp_path)
+    stacking order: the in-place load takes them as one view (rollout.vllm.repack._adjacent), nothing concatenated."""
+    handles = _system(tmp_path)
     try:
-        learner = system.learners["generator"].group._members[0]
+        learner = handles.learners["generator"].group._members[0]
         _move_adapter(learner, 4)
         stacks = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
         base = BaseWeights(learner.model_path, torch.float32, stacks)
@@ -131,4 +131,4 @@ def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_
         assert _adjacent([merged[n] for n in reversed(names)]) is None  # not in stacking order: concatenated
         assert stack_of("model.layers.1.mlp.down_proj.weight", stacks) == ["model.layers.1.mlp.down_proj.weight"]
     finally:
-        system.shutdown()
+        handles.shutdown()

@@ -48,7 +48,7 @@ def adapters(tiny) -> dict[str, dict]:
 
 
 def _vllm(tiny: str):
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.vllm.engine import VLLMEngine
 
     return VLLMEngine(tiny, kv_cache_gb=0.25, max_loras=2, max_lora_rank=RANK)
 
@@ -106,7 +106,7 @@ def _served(engine, policy_id: str, payload: dict) -> float:
 
         held = get_peft_model_state_dict(engine.model, adapter_name=policy_id)
         return fingerprint({k: held[k] for k in payload["tensors"]})
-    from rollout.vllm_support import adapter_fingerprint_served
+    from rollout.vllm.support import adapter_fingerprint_served
 
     lora_id = engine.adapters[policy_id][0].lora_int_id
     return engine.llm.collective_rpc(functools.partial(adapter_fingerprint_served, lora_id=lora_id,
@@ -122,7 +122,7 @@ def test_reported_fingerprint_is_read_back_from_the_served_adapter(engine, adapt
 
 
 def test_adapter_ranks_round_up_to_one_vllm_sizes_for():
-    from rollout.vllm_engine import _lora_kwargs
+    from rollout.vllm.engine import _lora_kwargs
 
     assert _lora_kwargs(0, 64) == {}
     assert _lora_kwargs(2, 4)["max_lora_rank"] == 8 and _lora_kwargs(2, 64)["max_lora_rank"] == 64

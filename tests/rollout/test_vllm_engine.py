@@ -31,9 +31,9 @@ from jobs.models.resolve import resolve_model
 from learners.weights import MergedSketch, adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
-from rollout.vllm_engine import VLLMEngine, vllm_kernels
-from rollout.vllm_repack import Kernels, load_in_place
-from rollout.vllm_support import cpu_bind
+from rollout.vllm.engine import VLLMEngine, vllm_kernels
+from rollout.vllm.repack import Kernels, load_in_place
+from rollout.vllm.support import cpu_bind
 from tests.learners.test_engine_logprobs import DIFF_TOL, TEMPERATURE, learner_gap
 from tests.learners.test_engine_logprobs import REQUESTS as LEARNER_REQUESTS
 
@@ -195,14 +195,14 @@ def _patch_load(monkeypatch, engine: VLLMEngine, after) -> None:
             engine.llm.apply_model(after)
         return out
 
-    monkeypatch.setattr("rollout.vllm_engine.load_in_place", fast)
+    monkeypatch.setattr("rollout.vllm.engine.load_in_place", fast)
     monkeypatch.setattr(engine.llm, "collective_rpc", reload)
 
 
 @pytest.mark.parametrize("path", ["fast", "reload"])
 def test_a_load_that_did_not_land_is_an_error_of_the_engine(engine, tiny, monkeypatch, path):
     monkeypatch.setattr(engine, "sync_path", path)
-    monkeypatch.setattr("rollout.vllm_engine.load_in_place", lambda model, weights, kernels: True)
+    monkeypatch.setattr("rollout.vllm.engine.load_in_place", lambda model, weights, kernels: True)
     rpc = engine.llm.collective_rpc
     monkeypatch.setattr(engine.llm, "collective_rpc",
                         lambda method, *a, **kw: None if method == "reload_weights" else rpc(method, *a, **kw))
@@ -279,12 +279,12 @@ def test_a_skipped_layer_and_a_stale_tied_head_are_caught(engine, tiny, monkeypa
     stale_head = Kernels(lambda layer, remove_weight: real.rebuild(layer, remove_weight) if remove_weight else None,
                          real.linear_method, real.embedding_method)
     try:
-        monkeypatch.setattr("rollout.vllm_engine.load_in_place", skipping)
+        monkeypatch.setattr("rollout.vllm.engine.load_in_place", skipping)
         with pytest.raises(RuntimeError, match=r"1 of 21 tensors .*: model\.layers\.0\.mlp\.down_proj\.weight"):
             engine.load_weights(_other_state(tiny), version=8)
         monkeypatch.undo()
         engine.load_weights(_state(tiny), version=0)  # every kernel, the head's too, on the base model again
-        monkeypatch.setattr("rollout.vllm_engine.vllm_kernels", lambda: stale_head)
+        monkeypatch.setattr("rollout.vllm.engine.vllm_kernels", lambda: stale_head)
         with pytest.raises(RuntimeError, match=r"1 of 21 tensors .*: lm_head\.weight \("):
             engine.load_weights(_other_state(tiny), version=8)
     finally:

@@ -1,4 +1,4 @@
-"""rollout.vllm_readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back into HF
+"""rollout.vllm.readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back into HF
 names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, a tied LM head read
 through its own kernel, and a changed served tensor showing in its sketch error under its HF name (the real
 engine: tests/rollout/test_vllm_engine.py)."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rollout.vllm_readback import part_rows, served_errors
+from rollout.vllm.readback import part_rows, served_errors
 
 CONFIG = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=24)
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}

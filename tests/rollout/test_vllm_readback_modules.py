@@ -1,8 +1,8 @@
-"""Which tensors a partial vLLM reload must carry (rollout.vllm_readback.whole_modules): pure, no vLLM."""
+"""Which tensors a partial vLLM reload must carry (rollout.vllm.readback.whole_modules): pure, no vLLM."""
 
 from __future__ import annotations
 
-from rollout.vllm_readback import vllm_module, whole_modules
+from rollout.vllm.readback import vllm_module, whole_modules
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 ATTN = "model.layers.3.self_attn"

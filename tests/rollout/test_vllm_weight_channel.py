@@ -13,7 +13,7 @@ from cluster.group import Group, MemberOptions
 from cluster.nccl import broadcast_nccl, form_channel
 from jobs.models.resolve import resolve_model
 from rollout.engine import EngineMember, Sampling
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm.engine import VLLMEngine
 from tests.cluster.test_nccl import Sender
 
 pytestmark = pytest.mark.vllm

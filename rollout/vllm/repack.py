@@ -24,14 +24,14 @@ from typing import Any
 import torch
 
 from cluster.packing import PackedTensors
-from rollout.vllm_readback import part_rows, vllm_module
+from rollout.vllm.readback import part_rows, vllm_module
 
 Plan = dict[str, list[str]]  # vLLM module -> the HF names loading into it
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """The vLLM pieces this path uses, handed in by the adapter (rollout.vllm_engine, the one module importing
+    """The vLLM pieces this path uses, handed in by the adapter (rollout.vllm.engine, the one module importing
     vllm): vLLM's `dispatch_cpu_unquantized_gemm(layer, remove_weight)` and its unquantized method classes."""
 
     rebuild: Callable[..., None]

@@ -5,7 +5,7 @@ asyncio without multiprocessing is not currently supported", vllm 0.32 core_clie
 and ~1.5 GB more per engine than the in-process core (notes/vllm_cpu.md). The in-process `LLMEngine` that `LLM`
 wraps does the same continuous batching through `add_request` and `step`: requests join the running batch at
 the next step and leave it when they finish. The serving loop's thread drives those steps; no vllm import here
-(the adapter, rollout.vllm_engine, builds the sampling parameters and the completions).
+(the adapter, rollout.vllm.engine, builds the sampling parameters and the completions).
 """
 
 from __future__ import annotations

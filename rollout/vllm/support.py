@@ -1,6 +1,6 @@
 """Helpers of the vLLM adapter that need no vllm import: the environment vLLM reads at import, CPU binding,
 memory settings, and the functions that run inside vLLM's worker (through `collective_rpc` / `apply_model`)
-to check what the engine serves (the adapters; full weights: rollout/vllm_readback.py)."""
+to check what the engine serves (the adapters; full weights: rollout/vllm/readback.py)."""
 
 from __future__ import annotations
 

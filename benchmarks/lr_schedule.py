@@ -3,14 +3,16 @@ isolated orch_workers run (three policies; the worker policy holds three paralle
 mini-batches of one agent's rows it takes three optimizer steps per training step).
 
     .venv/bin/python -m benchmarks.lr_schedule [--steps 60] [--warmup 5] [--every 3] [--clamp] [--no-start-zero]
-        [--real]
+        [--schedule cosine|constant] [--real]
 
 The schedule is verl's (the paper's stack) unless asked otherwise: warmup from lr 0 (`warmup_start_zero`) and
-the unclamped cosine (`cosine_clamp=false`). Each row prints, per unit and policy, the lr of that step's update
-call as the run logs it (`lr/<policy>`: the mean over the call's optimizer steps). The expected values come from
-learners.schedule and the PPO plan's optimizer-step counts (learners.ppo_plan); `--real` also runs the three
-policies' learners in-process on builtin:tiny (a tiny update per call on synthetic rows, no rollout), reads the
-`lr/<policy>` they log, and prints the largest gap to the expected values.
+the unclamped cosine (`cosine_clamp=false`); `--schedule constant` is what verl 0.6.1 built for the paper's
+runs (paper_base.yaml), where the units differ only in how fast each policy warms up. Each row prints, per
+unit and policy, the lr of that step's update call as the run logs it (`lr/<policy>`: the mean over the call's
+optimizer steps). The expected values come from learners.schedule and the PPO plan's optimizer-step counts
+(learners.ppo_plan); `--real` also runs the three policies' learners in-process on builtin:tiny (a tiny update
+per call on synthetic rows, no rollout), reads the `lr/<policy>` they log, and prints the largest gap to the
+expected values.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ EPISODES = 4  # per training step; the PPO mini-batch is one agent's rows, as th
 def config(unit: str, args: argparse.Namespace) -> Any:
     return load_config("jobs/configs/tiny.yaml", [
         "marl.workflow=orch_workers", "marl.sharing=isolated", f"steps={args.steps}", "learner.ranks=0",
-        f"learner.optim.warmup_steps={args.warmup}", "learner.optim.schedule=cosine",
+        f"learner.optim.warmup_steps={args.warmup}", f"learner.optim.schedule={args.schedule}",
         f"learner.optim.schedule_unit={unit}", f"learner.optim.warmup_start_zero={str(args.start_zero).lower()}",
         f"learner.optim.cosine_clamp={str(args.clamp).lower()}", f"algo.ppo_mini_batch_size={EPISODES}",
         "learner.role_grad_diagnostics=false", "model.dtype=float32", "model.lora.enabled=false"])
@@ -119,13 +121,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--every", type=int, default=3, help="print every n-th step")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
     p.add_argument("--clamp", action="store_true", help="this project's clamped cosine instead of verl's")
     p.add_argument("--no-start-zero", dest="start_zero", action="store_false")
     p.add_argument("--real", action="store_true", help="also run the learners on builtin:tiny and compare")
     args = p.parse_args()
     cfgs = {unit: config(unit, args) for unit in UNITS}
     curves = {unit: expected_lrs(cfg) for unit, cfg in cfgs.items()}
-    print(f"orch_workers, isolated: {args.steps} steps, warmup {args.warmup}, start_zero={args.start_zero}, "
+    print(f"orch_workers, isolated: {args.steps} steps, warmup {args.warmup}, {args.schedule}, "
+          f"start_zero={args.start_zero}, "
           f"cosine_clamp={args.clamp}; optimizer steps per call: "
           + ", ".join(f"{pid} {num_mini_batches(n * EPISODES, EPISODES)}" for pid, n in AGENTS.items()))
     print_table(curves, args.every)

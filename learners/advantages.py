@@ -86,26 +86,42 @@ def _group_stats(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
     return counts[dense], sums[dense], std[dense]
 
 
-def grpo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
+class SingletonAdvantage(StrEnum):
+    """`algo.singleton_advantage`: a one-member GRPO group's advantage: 0 (no row to compare with), or verl's
+    reward (its GRPO takes a singleton's mean as 0 and std as 1)."""
+
+    zero = "zero"
+    reward = "reward"
+
+
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = True, eps: float = 1e-6,
+                    singleton: str = "zero") -> Tensor:
     """GRPO: A_i = (r_i − mean_g) / (std_g + eps) if norm_std else r_i − mean_g.
 
     rewards [N] float, group_ids [N] long (any values; equal id = same group) → advantages [N] float32.
-    std_g is the unbiased (n − 1) group std. Singleton groups get advantage 0; a group whose
-    rewards are all equal gets 0 too (0 / eps), never NaN.
+    std_g is the unbiased (n − 1) group std. Singleton groups get advantage 0, or with `singleton="reward"`
+    verl's mean 0 and std 1: r_i / (1 + eps) if norm_std else r_i. A group whose rewards are all equal gets 0
+    (0 / eps), never NaN.
     """
     counts, sums, std = _group_stats(rewards, group_ids)
-    adv = rewards.to(torch.float32) - sums / counts
+    r = rewards.to(torch.float32)
+    adv = r - sums / counts
     if norm_std:
         adv = adv / (std + eps)
-    return torch.where(counts > 1, adv, torch.zeros_like(adv))
+    alone = r / (1 + eps) if norm_std else r
+    return torch.where(counts > 1, adv, alone if singleton == "reward" else torch.zeros_like(adv))
 
 
-def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, eps: float = 1e-6) -> Tensor:
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, eps: float = 1e-6,
+                    singleton: str = "zero") -> Tensor:
     """RLOO: A_i = r_i − mean of the other members of i's group; optionally / (std_g + eps).
 
-    rewards [N] float, group_ids [N] long → advantages [N] float32. Singleton groups get 0.
-    Equals n / (n − 1) · (r_i − mean_g), i.e. GRPO's centring rescaled per group size.
+    rewards [N] float, group_ids [N] long → advantages [N] float32. Singleton groups get 0 (leave-one-out has
+    no other member; `singleton` must be "zero"). Equals n / (n − 1) · (r_i − mean_g), i.e. GRPO's centring
+    rescaled per group size.
     """
+    if singleton != "zero":
+        raise ValueError(f"rloo has no baseline for a one-member group; singleton must be 'zero', got {singleton!r}")
     counts, sums, std = _group_stats(rewards, group_ids)
     r = rewards.to(torch.float32)
     adv = r - (sums - r) / (counts - 1).clamp(min=1)
@@ -114,7 +130,7 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, 
     return torch.where(counts > 1, adv, torch.zeros_like(adv))
 
 
-# Selected by name from config (validated at load): fn(rewards, group_ids, norm_std, eps) -> [N].
+# Selected by name from config (validated at load): fn(rewards, group_ids, norm_std, eps, singleton) -> [N].
 class AdvantageEstimator(StrEnum):
     """`algo.advantage`: the names of ADVANTAGE_ESTIMATORS (the config schema's type for the key)."""
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from learners.balance import balanced_order
 from marl.policy_map import PolicyMap
 from marl.types import Episode, Turn
 
@@ -247,6 +248,7 @@ def build_batches(
     pad_id: int | Mapping[str, int],
     max_len: int | None = None,
     max_prompt_len: int | None = None,
+    balance_ranks: int = 0,
 ) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
@@ -260,13 +262,15 @@ def build_batches(
     is absent. stats (flat, stable keys, for the driver to log; every key also per role as
     `<key>/<role>` for each of policy_map.roles): 'batch/rows', 'batch/dropped_empty',
     'batch/dropped_truncated' (lost to the length caps), 'batch/truncated' (rows kept with part of
-    their response cut). Raises ValueError on a length mismatch or an empty prompt.
+    their response cut). `balance_ranks` > 0: the kept rows of every policy together take verl's balanced order
+    over that many ranks (learners/balance.py) before they are split per policy. Raises ValueError on a length
+    mismatch or an empty prompt.
     """
     turns = [t for ep in episodes for t in ep.turns]
     if tuple(advantages.shape) != (len(turns),):
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}, want ({len(turns)},)")
     stats = dict.fromkeys([*STAT_KEYS, *(f"{k}/{r}" for k in STAT_KEYS for r in policy_map.roles)], 0)
-    per_policy: dict[str, list[_Row]] = {p: [] for p in policy_map.policies}
+    kept: list[_Row] = []
     for turn, adv in zip(turns, advantages.tolist(), strict=True):
         row = _row(turn, adv, max_len, max_prompt_len)
         if not turn.completion.response_ids:
@@ -275,10 +279,15 @@ def build_batches(
             counted = ["batch/dropped_truncated"]
         else:
             counted = ["batch/rows", *(["batch/truncated"] if row.truncated else [])]
-            per_policy[policy_map[turn.role]].append(row)
+            kept.append(row)
         for key in counted:
             stats[key] += 1
             stats[f"{key}/{turn.role}"] = stats.get(f"{key}/{turn.role}", 0) + 1
+    if balance_ranks:
+        kept = [kept[i] for i in balanced_order([len(r.tokens) for r in kept], balance_ranks)]
+    per_policy: dict[str, list[_Row]] = {p: [] for p in policy_map.policies}
+    for row in kept:
+        per_policy[policy_map[row.turn.role]].append(row)
     pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(per_policy, pad_id)
     return {p: _stack_rows(p, rows, pads[p]) for p, rows in per_policy.items() if rows}, stats
 

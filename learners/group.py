@@ -21,7 +21,7 @@ from learners.diagnostic_sample import SampledRows, sample_diagnostics, sample_s
 from learners.empty_steps import empty_steps
 from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
-from learners.ppo_plan import UpdatePlan, effective_mini_batch_size, plan_update
+from learners.ppo_plan import Cut, UpdatePlan, effective_mini_batch_size, plan_update
 from learners.role_grads import advantage_mass
 from marl.names import group_name
 from marl.seeds import derive_seed
@@ -87,9 +87,11 @@ class LearnerGroup:
         keep = batch.advantages != 0 if self.drop_zero_advantage else torch.ones(len(batch), dtype=torch.bool)
         extra[f"batch/dropped_zero_adv/{self.policy_id}"] = float((~keep).sum())
         roles = sorted(set(batch.roles)) if self.diagnostics else None
+        cut = Cut(self.algo.minibatch_ranks, self.algo.minibatch_chunks == "fixed",
+                  self.algo.loss_normalizer == "nominal")
         rows, plans = plan_update(batch.loss_mask[:, 1:], keep, self.group.size, mini, self.algo.ppo_epochs,
                                   self.algo_agg, derive_seed(self.seed, "ppo", step), roles,
-                                  shuffle=self.algo.minibatch_shuffle)
+                                  shuffle=self.algo.minibatch_shuffle, cut=cut)
         if self.skip_empty:  # decided here, from the whole batch, so that every rank skips the same steps
             skip = tuple(empty_steps(batch.advantages != 0, rows, [p.steps for p in plans]))
             plans = [dataclasses.replace(p, skip=skip) for p in plans]

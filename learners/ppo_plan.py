@@ -8,9 +8,14 @@ mini-batch holds about M rows in all (verl's semantics: the mini-batch size is d
 rank splits its local data). One training step therefore takes K × epochs optimizer steps. M = 0 means one
 mini-batch of every row: one optimizer step per epoch, rows in their given order.
 
+verl's cutting is a Cut away: the rows cut as verl's W ranks would cut them whatever the learner's own ranks
+(`algo.minibatch_ranks`), chunks of M / W rows per rank and a remainder instead of even ones
+(`algo.minibatch_chunks=fixed`), and the nominal normaliser (`algo.loss_normalizer=nominal`).
+
 Each optimizer step's loss normaliser is that mini-batch's global token (or row) count, counted before
-zero-advantage rows are dropped, so dropping them never changes an update. A dropped row still reaches its
-rank for one no-grad pass that measures its diagnostics (`UpdatePlan.metric_rows`), so they cover every row.
+zero-advantage rows are dropped, so dropping them never changes an update; or, nominal, M rows whatever it
+holds. A dropped row still reaches its rank for one no-grad pass that measures its diagnostics
+(`UpdatePlan.metric_rows`), so they cover every row.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 
 from torch import Tensor
 
@@ -82,31 +88,70 @@ def split_even(rows: list[int], parts: int) -> list[list[int]]:
     return out
 
 
-def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int, shuffle: bool = True) -> list[list[list[int]]]:
+def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int, shuffle: bool = True, size: int = 0
+                ) -> list[list[list[int]]]:
     """[epoch][k] → this rank's local row indices of optimizer step k. Rows are shuffled per epoch with
     `seed` (derived per rank and epoch) unless there is one chunk, whose order does not matter, or `shuffle` is
-    off: then every epoch cuts the rows in their order (verl's data.split)."""
+    off: then every epoch cuts the rows in their order (verl's data.split). `size` > 0: chunks of `size` rows and
+    a remainder (verl's), padded with empty chunks up to `parts`; 0: `parts` even chunks."""
     out = []
     for epoch in range(epochs):
         order = list(range(shard_rows))
         if parts > 1 and shuffle:
             random.Random(derive_seed(seed, "epoch", epoch)).shuffle(order)
-        out.append(split_even(order, parts))
+        chunks = [order[i:i + size] for i in range(0, shard_rows, size)] if size else split_even(order, parts)
+        out.append(chunks + [[] for _ in range(parts - len(chunks))])
     return out
 
 
-def step_normalizers(loss_mask: Tensor, shards: list[range], chunks: list[list[list[list[int]]]], agg: str
-                     ) -> list[float]:
-    """Global normaliser of each optimizer step (epochs × K, flattened): the sum over ranks of their chunk's
-    count under aggregation `agg`. loss_mask [B, T] (already aligned: position t predicts token t);
-    shards[r] the rank's global rows; chunks[r][epoch][k] its local indices."""
-    out = []
-    epochs, parts = len(chunks[0]), len(chunks[0][0])
-    for epoch in range(epochs):
-        for k in range(parts):
-            rows = [shards[r][i] for r in range(len(shards)) for i in chunks[r][epoch][k]]
-            out.append(local_normalizer(loss_mask[rows], agg) if rows else 0.0)
-    return out
+class MinibatchChunks(StrEnum):
+    """`algo.minibatch_chunks`: ⌈B / M⌉ chunks of even size, or verl's chunks of M rows and a remainder."""
+
+    even = "even"
+    fixed = "fixed"
+
+
+class LossNormalizer(StrEnum):
+    """`algo.loss_normalizer`: a mini-batch's loss divided by its actual rows (or tokens), or by the nominal M rows
+    whatever it holds (verl's: each micro-batch scaled by rows / ppo_mini_batch_size)."""
+
+    actual = "actual"
+    nominal = "nominal"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a policy's rows are cut into mini-batches besides their size M. `ranks`: the data-parallel ranks the
+    rows are cut as, each a contiguous shard split on its own and mini-batch k the union of their chunk k (0: the
+    learner's own ranks; verl's W when it differs). `fixed`: per shard, chunks of M / ranks rows and a remainder
+    instead of ⌈B / M⌉ even chunks. `nominal`: every mini-batch normalised by M rows (seq_mean_token_mean only),
+    so a partial one is down-weighted."""
+
+    ranks: int = 0
+    fixed: bool = False
+    nominal: bool = False
+
+
+def global_steps(rows: int, world: int, mini_batch_size: int, epochs: int, seed: int, shuffle: bool, cut: Cut
+                 ) -> list[list[int]]:
+    """The global rows of every optimizer step (epochs × K, flattened), each the union in rank order of the
+    `cut.ranks or world` shards' chunk k (see rank_chunks)."""
+    ranks = cut.ranks or world
+    shards = contiguous_shards(rows, ranks)
+    # verl divides M over its ranks exactly (checked at config load); an effective M (parallel_agent_norm) may not.
+    size = max(1, mini_batch_size // ranks) if cut.fixed and mini_batch_size > 0 else 0
+    parts = max([1, *(math.ceil(len(s) / size) for s in shards)]) if size else num_mini_batches(rows, mini_batch_size)
+    chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r), shuffle, size)
+              for r, s in enumerate(shards)]
+    return [[shards[r][i] for r in range(ranks) for i in chunks[r][e][k]] for e in range(epochs) for k in range(parts)]
+
+
+def step_normalizers(loss_mask: Tensor, steps: list[list[int]], agg: str, nominal: float = 0.0) -> list[float]:
+    """Global normaliser of each optimizer step: its rows' count under aggregation `agg` (loss_mask [B, T],
+    already aligned: position t predicts token t), or `nominal` rows (> 0) whatever the step holds."""
+    if nominal and agg != "seq_mean_token_mean":
+        raise ValueError(f"a nominal normaliser counts rows: it needs seq_mean_token_mean, not {agg}")
+    return [float(nominal) if nominal else local_normalizer(loss_mask[rows], agg) if rows else 0.0 for rows in steps]
 
 
 def contiguous_shards(rows: int, world: int) -> list[range]:
@@ -117,27 +162,27 @@ def contiguous_shards(rows: int, world: int) -> list[range]:
 
 
 def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: int, epochs: int, agg: str,
-                seed: int, roles: list[str] | None, shuffle: bool = True) -> tuple[list[list[int]], list[UpdatePlan]]:
+                seed: int, roles: list[str] | None, shuffle: bool = True, cut: Cut = Cut()
+                ) -> tuple[list[list[int]], list[UpdatePlan]]:
     """Every rank's rows and plan for one training step.
 
     loss_mask [B, T] aligned loss mask; keep [B] bool, rows that train (False: a zero-advantage row, counted in
-    its mini-batch's normaliser, never in a step, measured by the metrics-only pass). `shuffle`: see rank_chunks.
-    Returns (rows[r]: the global rows rank r receives, its training rows in order, then its dropped ones;
-    plans[r]: its optimizer steps and metric rows as indices into rows[r])."""
-    shards = contiguous_shards(loss_mask.shape[0], world)
-    parts = num_mini_batches(loss_mask.shape[0], mini_batch_size)
-    chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r), shuffle) for r, s in enumerate(shards)]
-    normalizers = step_normalizers(loss_mask, shards, chunks, agg)
+    its mini-batch's normaliser, never in a step, measured by the metrics-only pass). `shuffle`: see rank_chunks;
+    `cut`: see Cut. Returns (rows[r]: the global rows rank r receives, its contiguous shard's training rows in
+    order, then its dropped ones; plans[r]: its optimizer steps and metric rows as indices into rows[r])."""
+    steps = global_steps(loss_mask.shape[0], world, mini_batch_size, epochs, seed, shuffle, cut)
+    nominal = mini_batch_size if cut.nominal and mini_batch_size > 0 else 0
+    normalizers = step_normalizers(loss_mask, steps, agg, nominal)
     any_dropped = not bool(keep.all())
     rows_out, plans = [], []
-    for r, shard in enumerate(shards):
-        kept = [i for i in range(len(shard)) if bool(keep[shard[i]])]
-        dropped = [i for i in range(len(shard)) if not bool(keep[shard[i]])]
-        local = {i: j for j, i in enumerate(kept)}
-        steps = [[local[i] for i in chunk if i in local] for per_epoch in chunks[r] for chunk in per_epoch]
-        rows_out.append([shard[i] for i in kept + dropped])
+    for shard in contiguous_shards(loss_mask.shape[0], world):
+        kept = [g for g in shard if bool(keep[g])]
+        dropped = [g for g in shard if not bool(keep[g])]
+        local = {g: j for j, g in enumerate(kept)}
+        rows_out.append(kept + dropped)
         metric_rows = list(range(len(kept), len(kept) + len(dropped))) if any_dropped else None
-        plans.append(UpdatePlan(steps, normalizers, roles, epochs, metric_rows))
+        plans.append(UpdatePlan([[local[g] for g in step if g in local] for step in steps], normalizers, roles,
+                                epochs, metric_rows))
     return rows_out, plans
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from learners.advantages import AdvantageEstimator
 from learners.backends import LearnerBackendName
 from learners.losses import KlEstimator, LossAggregation
+from learners.ppo_plan import LossNormalizer, MinibatchChunks
 from learners.schedule import Schedule, ScheduleUnit
 
 
@@ -116,4 +117,7 @@ class AlgoSection(Protocol):
     dual_clip_c: float
     log_ratio_clamp: float
     minibatch_shuffle: bool
+    minibatch_ranks: int
+    minibatch_chunks: MinibatchChunks
+    loss_normalizer: LossNormalizer
     skip_empty_optimizer_steps: bool

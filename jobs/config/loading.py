@@ -20,7 +20,7 @@ from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import check_fields, choice_problem
 from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.config.precision import dtype_problem
-from jobs.config.schema import RolloutConfig, TrainConfig, as_node
+from jobs.config.schema import AlgoConfig, RolloutConfig, TrainConfig, as_node
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
@@ -234,6 +234,26 @@ def _check_verl_update_details(cfg: TrainConfig) -> None:
         raise ConfigError(f"config: algo.dual_clip_c must be 0 (off) or > 1; got {c!r}")
     if not cfg.algo.log_ratio_clamp >= 0:
         raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
+    _check_verl_minibatches(cfg.algo, cfg.algo.minibatch_ranks or max(cfg.learner.ranks, 1))
+    if cfg.algo.singleton_advantage == "reward" and cfg.algo.advantage != "grpo":
+        raise ConfigError(f"config: algo.singleton_advantage=reward is verl's GRPO rule; algo.advantage="
+                          f"{cfg.algo.advantage} has no baseline for a one-member group")
+
+
+def _check_verl_minibatches(algo: AlgoConfig, ranks: int) -> None:
+    """verl's balanced order needs its in-order split; its fixed chunks split M over the ranks; its nominal
+    normaliser counts rows of a mini-batch that has a size."""
+    if algo.minibatch_order == "verl_balanced" and algo.minibatch_shuffle:
+        raise ConfigError("config: algo.minibatch_order=verl_balanced orders the rows for verl's in-order split; "
+                          "set algo.minibatch_shuffle=false")
+    if algo.minibatch_chunks == "fixed" and algo.ppo_mini_batch_size % ranks:
+        raise ConfigError(f"config: algo.minibatch_chunks=fixed cuts algo.ppo_mini_batch_size="
+                          f"{algo.ppo_mini_batch_size} rows over {ranks} ranks (algo.minibatch_ranks, else "
+                          f"learner.ranks): it must be a multiple of them")
+    rows_only = algo.loss_agg == "seq_mean_token_mean"
+    if algo.loss_normalizer == "nominal" and (algo.ppo_mini_batch_size == 0 or not rows_only):
+        raise ConfigError("config: algo.loss_normalizer=nominal divides by algo.ppo_mini_batch_size rows: it needs "
+                          "algo.ppo_mini_batch_size > 0 and algo.loss_agg=seq_mean_token_mean")
 
 
 def _check_data_fidelity(cfg: TrainConfig) -> None:

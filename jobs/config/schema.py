@@ -10,15 +10,18 @@ from typing import Any, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig
 
-from learners.advantages import AdvantageEstimator
+from learners.advantages import AdvantageEstimator, SingletonAdvantage
 from learners.backends import LearnerBackendName
+from learners.balance import MinibatchOrder
 from learners.losses import KlEstimator, LossAggregation
+from learners.ppo_plan import LossNormalizer, MinibatchChunks
 from learners.schedule import Schedule, ScheduleUnit
 from learners.sections import Dtype, OldLogprobs
 from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
 from marl.tasks import TaskName
 from marl.tasks.math import AnswerFallback
+from marl.tasks.sandbox.limits import OutputMatch
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
 from rollout.sections import VllmSyncPath
@@ -126,6 +129,14 @@ class SandboxConfig:
     file_size_mb: int = positive(64)  # largest file the program may write (RLIMIT_FSIZE)
     max_processes: int = positive(4)  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
     site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
+    # The LiveCodeBench harness's prelude before each answer (marl/tasks/sandbox/prelude.py): star-imports of
+    # string, re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools, functools,
+    # operator, io, sys, json (and builtins, typing), the modules by name, and sys.setrecursionlimit(50000).
+    prelude: bool = False
+    # How a stdin/stdout case's output is compared: lines = as right-stripped lines; lines_decimal =
+    # LiveCodeBench's, lines stripped at both ends and a differing line still equal when its tokens are equal as
+    # Decimals ("0.50" = "0.5").
+    output_match: OutputMatch = OutputMatch.lines
     # Executions at once (each a thread driving one child process); 0 = one per CPU the scoring process may use.
     workers: int = 0
 
@@ -257,6 +268,10 @@ class AlgoConfig:
     # group per voting generator slot, one pooled `worker` group, one per eval_opt role across rounds).
     group_by: list[str] = field(default_factory=lambda: ["task", "agent"])
     norm_std: bool = True
+    # A GRPO group of one member (an orch_workers group left with one worker, a prompt with one sample): zero = no
+    # advantage (nothing to compare with); reward = verl's GRPO, which takes its mean as 0 and its std as 1, so
+    # A = r / (1 + 1e-6) (A = r without norm_std). grpo only.
+    singleton_advantage: SingletonAdvantage = SingletonAdvantage.zero
     clip_low: float = non_negative(0.2)
     clip_high: float = non_negative(0.28)
     loss_agg: LossAggregation = LossAggregation.token_mean  # token_mean | seq_mean_token_mean
@@ -298,6 +313,24 @@ class AlgoConfig:
     # false: verl's in-order split (dp_actor.update_policy: data.split(ppo_mini_batch_size), no shuffle), the rows
     # in the order the batch holds them (episodes in order, turns in order); the chunk sizes are the same.
     minibatch_shuffle: bool = True
+    # The rows' order before the per-policy split. given: the episodes' (episodes in order, turns in order).
+    # verl_balanced: verl's _balance_batch over the whole step's batch (trainer.balance_batch, the paper's stack):
+    # rows partitioned over minibatch_ranks ranks by workload 24576·L + L² (Karmarkar–Karp), each part sorted
+    # light-heavy-light, parts in rank order (learners/balance.py); with the in-order split (minibatch_shuffle
+    # false, required) mini-batches are length-stratified, and which roles share an optimizer step changes.
+    minibatch_order: MinibatchOrder = MinibatchOrder.given
+    # The data-parallel ranks W the rows are balanced over and cut into mini-batches as (each a contiguous shard
+    # split on its own, mini-batch k the union of their chunk k), whatever the learner's own ranks: the paper's
+    # stack ran W = 2 (2 GPUs). 0 = learner.ranks.
+    minibatch_ranks: int = non_negative(0)
+    # even: ceil(B / M) mini-batches of even size. fixed: verl's data.split, per rank chunks of M / W rows and a
+    # remainder (M a multiple of W), so a batch that is not a multiple of M ends with a partial mini-batch.
+    minibatch_chunks: MinibatchChunks = MinibatchChunks.even
+    # actual: a mini-batch's loss divided by its own rows (seq_mean_token_mean) or tokens. nominal: by M rows,
+    # as verl scales each micro-batch's loss by rows / ppo_mini_batch_size, so a partial mini-batch is
+    # down-weighted (needs loss_agg=seq_mean_token_mean and ppo_mini_batch_size > 0). Equal when B is a multiple
+    # of M.
+    loss_normalizer: LossNormalizer = LossNormalizer.actual
     # Skip an optimizer step (and an optimizer-step schedule's advance; a per-training-step schedule advances as
     # always) whose mini-batch has no row with a non-zero advantage on any rank, and no KL term: its gradient is
     # zero, yet AdamW would still move the weights on its momentum. Counted in update/skipped_steps/<policy>.

@@ -159,11 +159,20 @@ def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode],
     """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length caps
     before any update trains on the rest."""
     keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
-    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std)
+    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std,
+                                                          singleton=cfg.algo.singleton_advantage)
     batches, batch_stats = build_batches(episodes, handles.policy_map, advantages, pad_id, cfg.algo.max_len,
-                                         cfg.rollout.max_prompt_tokens or None)
+                                         cfg.rollout.max_prompt_tokens or None, balance_ranks=balance_ranks(cfg))
     check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)
     return batches, batch_stats
+
+
+def balance_ranks(cfg: TrainConfig) -> int:
+    """The ranks verl's balanced order partitions the step's rows over (algo.minibatch_ranks, else the learners'
+    own), or 0 when the rows keep the episodes' order."""
+    if cfg.algo.minibatch_order != "verl_balanced":
+        return 0
+    return cfg.algo.minibatch_ranks or max(cfg.learner.ranks, 1)
 
 
 def rollout_metrics(rollout: StepRollout, roles: list[str], version: int) -> dict[str, float]:

@@ -153,10 +153,18 @@ def test_cli_config_error_exits_2_with_message(capsys):
     ("algo.dual_clip_c=-3", "algo.dual_clip_c"),
     ("algo.log_ratio_clamp=-20", "algo.log_ratio_clamp"),
     ("learner.optim.cosine_clamp=maybe", "learner.optim.cosine_clamp"),
+    ("algo.minibatch_order=verl_balanced", "algo.minibatch_shuffle=false"),  # balanced for the in-order split
+    ("algo.minibatch_order=sorted", "algo.minibatch_order"),
+    ("algo.minibatch_ranks=-1", "algo.minibatch_ranks"),
+    ("algo.minibatch_chunks=fixed algo.ppo_mini_batch_size=5 algo.minibatch_ranks=2", "algo.minibatch_chunks"),
+    ("algo.loss_normalizer=nominal", "algo.loss_normalizer"),  # tiny.yaml: token_mean, no mini-batch size
+    ("algo.loss_normalizer=nominal algo.loss_agg=seq_mean_token_mean", "algo.loss_normalizer"),
+    ("algo.singleton_advantage=reward algo.advantage=rloo", "algo.singleton_advantage"),
+    ("algo.singleton_advantage=one", "algo.singleton_advantage"),
 ])
 def test_verl_update_details_are_checked(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_config(TINY, [override])
+        load_config(TINY, override.split())
 
 
 def test_verl_update_details_load():
@@ -166,6 +174,14 @@ def test_verl_update_details_load():
     assert (cfg.algo.dual_clip_c, cfg.algo.log_ratio_clamp, cfg.algo.minibatch_shuffle) == (3.0, 20.0, False)
     assert (cfg.learner.optim.warmup_start_zero, cfg.learner.optim.cosine_clamp) == (True, False)
     assert cfg.learner.optim.schedule_unit == "update_call"
+    cfg = load_config(TINY, ["algo.minibatch_order=verl_balanced", "algo.minibatch_shuffle=false",
+                             "algo.minibatch_ranks=2", "algo.minibatch_chunks=fixed", "algo.ppo_mini_batch_size=8",
+                             "algo.loss_normalizer=nominal", "algo.loss_agg=seq_mean_token_mean"])
+    assert (cfg.algo.minibatch_order, cfg.algo.minibatch_ranks, cfg.algo.minibatch_chunks,
+            cfg.algo.loss_normalizer) == ("verl_balanced", 2, "fixed", "nominal")
+    assert load_config(TINY).algo.minibatch_order == "given"  # today's order unless asked
+    assert load_config(TINY, ["algo.singleton_advantage=reward"]).algo.singleton_advantage == "reward"
+    assert load_config(TINY).algo.singleton_advantage == "zero"
 
 
 def test_every_bound_a_schema_field_carries_is_checked():

@@ -57,6 +57,41 @@ def test_grpo_singleton_group_and_constant_group_get_zero():
     assert not torch.isnan(adv).any()
 
 
+def test_grpo_singleton_group_gets_its_reward_as_verl():
+    # verl's GRPO: a one-member group's mean is 0 and its std 1, so A = (r - 0) / (1 + eps), or r - 0 without std.
+    rewards, ids = torch.tensor([3.0, 1.0, 2.0, 5.0, 5.0]), torch.tensor([0, 1, 1, 2, 2])
+    adv = grpo_advantages(rewards, ids, norm_std=True, singleton="reward")
+    assert torch.allclose(adv, torch.tensor([3.0 / (1 + 1e-6), -1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0]),
+                          atol=1e-5)
+    assert adv[0].item() == pytest.approx(3.0 / (1 + 1e-6), rel=1e-7)
+    plain = grpo_advantages(rewards, ids, norm_std=False, singleton="reward")
+    assert torch.equal(plain, torch.tensor([3.0, -0.5, 0.5, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="rloo"):
+        rloo_advantages(rewards, ids, singleton="reward")
+
+
+def verl_grpo(rewards: list[float], ids: list[int], eps: float = 1e-6) -> list[float]:
+    """verl 0.6.1's compute_grpo_outcome_advantage as its description reads: per group its scores' mean and
+    (unbiased) std, a group of one taking mean 0 and std 1; every score becomes (score - mean) / (std + eps)."""
+    groups: dict[int, list[float]] = {}
+    for r, g in zip(rewards, ids, strict=True):
+        groups.setdefault(g, []).append(r)
+    stats = {}
+    for g, xs in groups.items():
+        mean = sum(xs) / len(xs)
+        stats[g] = (0.0, 1.0) if len(xs) == 1 else (mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)))
+    return [(r - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, ids, strict=True)]
+
+
+def test_grpo_with_singletons_as_verl_matches_its_description():
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 12, (40,), generator=gen)  # some groups of one, some of several
+    rewards = torch.randint(0, 2, (40,), generator=gen).float()
+    got = grpo_advantages(rewards, ids, norm_std=True, singleton="reward")
+    assert torch.allclose(got, torch.tensor(verl_grpo(rewards.tolist(), ids.tolist())), atol=1e-5)
+    assert (torch.bincount(ids) == 1).any()  # the draw holds a singleton
+
+
 def test_grpo_accepts_arbitrary_id_values_and_empty_input():
     adv = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 4.0]), torch.tensor([7, 3, 7, 3]), norm_std=False)
     assert torch.equal(adv, torch.tensor([0.5, -2.0, -0.5, 2.0]))

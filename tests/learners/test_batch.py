@@ -258,3 +258,23 @@ def test_longest_first_orders_rows_by_length_and_cuts_padding():
 
     assert padded_cells(b) == 22
     assert padded_cells(b.select(b.longest_first())) == 18
+
+
+def test_balanced_order_reorders_the_whole_batch_before_the_policy_split():
+    # Turns of lengths (prompt + response) 5, 2, 4, 3 as generator, aggregator, generator, aggregator. verl's order
+    # over 2 ranks: states {w3}{w2} (spread 24581) and {w5}{w4} (24585, first): {w5}+{w2} = 172061 > {w4}+{w3} =
+    # 172057, so rank 0 holds rows 0, 1 (light first: 1, 0), rank 1 rows 2, 3 (3, 2): [1, 0, 3, 2].
+    def turn(role, n):
+        return _turn(role, [1], [2] * (n - 1), [-0.1] * (n - 1), 0.0)
+
+    episodes = [Episode(Task("t", "q", "a"), 0, "voting", [turn("generator", 5), turn("aggregator", 2),
+                                                           turn("generator", 4), turn("aggregator", 3)])]
+    adv = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    shared = PolicyMap.shared(["generator", "aggregator"])
+    (batch,) = build_batches(episodes, shared, adv, PAD, balance_ranks=2)[0].values()
+    given = build_batches(episodes, shared, adv, PAD)[0]["shared"]
+    assert given.advantages.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert batch.attention_mask.sum(-1).tolist() == [2, 5, 3, 4]
+    assert batch.advantages.tolist() == [2.0, 1.0, 4.0, 3.0] and batch.roles == ["aggregator", "generator"] * 2
+    isolated = build_batches(episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PAD, balance_ranks=2)[0]
+    assert isolated["generator"].advantages.tolist() == [1.0, 3.0]  # each policy keeps the global order's rows

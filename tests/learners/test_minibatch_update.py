@@ -142,3 +142,22 @@ def test_update_call_schedule_of_the_second_of_three_policies():
     lrs = [learner.update(batch.to_dict(), plan_of(batch, [[0, 1], [2, 3, 4, 5]]))["lr"] for _ in range(2)]
     assert lrs == pytest.approx([1e-3 / 4, 1e-3])  # both optimizer steps of a call share its position
     assert learner.scheduler.last_epoch == 2  # one tick per update call
+
+
+def test_verl_fixed_chunks_and_nominal_normaliser_reach_the_update():
+    # 6 rows, M = 4, in order: verl's chunks [0..3] and [4, 5], each loss over 4 nominal rows (seq_mean_token_mean).
+    # No gradient clipping: a clipped step would hide the normaliser's scale.
+    verl = ["algo.ppo_mini_batch_size=4", "algo.minibatch_shuffle=false", "algo.loss_agg=seq_mean_token_mean",
+            "learner.optim.grad_clip=0.0", "algo.minibatch_chunks=fixed", "algo.loss_normalizer=nominal"]
+    batch = make_batch(ROWS)
+    group = make_group(*verl)
+    m = group.update(batch)
+    cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *verl])
+    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
+                                  learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0))
+    learner.update(batch.to_dict(), UpdatePlan([[0, 1, 2, 3], [4, 5]], [4.0, 4.0], sorted(set(batch.roles))))
+    assert m["optim/steps/p"] == 2.0
+    assert max_abs_diff(weights(group), {k: v for k, v in learner.model.state_dict().items()}) < 1e-6
+    actual = make_group(*verl[:-1])  # the same chunks, the second one's loss over its own 2 rows
+    actual.update(batch)
+    assert max_abs_diff(weights(actual), weights(group)) > 1e-6

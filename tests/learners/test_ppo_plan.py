@@ -4,7 +4,9 @@ counted before zero-advantage rows are dropped, seeded shuffles, and the paralle
 import pytest
 import torch
 
+from learners.losses import LOSS_AGGREGATIONS
 from learners.ppo_plan import (
+    Cut,
     UpdatePlan,
     contiguous_shards,
     effective_mini_batch_size,
@@ -127,3 +129,26 @@ def test_every_kept_row_trains_exactly_once_per_epoch(world):
             assert sorted(i for s in per_epoch for i in s) == list(range(trained))
         assert all(not keep[r[i]] for i in plan.metric_rows or [])
     assert sorted(g for r in rows for g in r) == list(range(20))
+
+
+def test_fixed_chunks_and_nominal_normaliser_by_hand():
+    # 7 rows, M = 3, in order: even chunks 3 / 2 / 2; verl's fixed chunks 3 / 3 / 1. seq_mean_token_mean's actual
+    # normaliser is each mini-batch's rows; the nominal one is M = 3 for all, the last one (1 row) down-weighted.
+    args = (mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 1, "seq_mean_token_mean", 0, None)
+    _, (even,) = plan_update(*args, shuffle=False)
+    _, (fixed,) = plan_update(*args, shuffle=False, cut=Cut(fixed=True))
+    _, (nominal,) = plan_update(*args, shuffle=False, cut=Cut(fixed=True, nominal=True))
+    assert even.steps == [[0, 1, 2], [3, 4], [5, 6]] and even.normalizers == [3.0, 2.0, 2.0]
+    assert fixed.steps == [[0, 1, 2], [3, 4, 5], [6]] and fixed.normalizers == [3.0, 3.0, 1.0]
+    assert nominal.steps == fixed.steps and nominal.normalizers == [3.0, 3.0, 3.0]
+    with pytest.raises(ValueError, match="seq_mean_token_mean"):
+        plan_update(mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 1, "token_mean", 0, None,
+                    cut=Cut(nominal=True))
+
+
+def test_nominal_normaliser_is_verls_rows_over_mini_batch_scale():
+    # A partial mini-batch of 2 rows, M = 3. Per-token losses [1, 3] and [2, 0]: token means 2 and 1.
+    # verl: the micro-batch's seq-mean-token-mean (1.5) scaled by rows / M (2 / 3) = 1.0; here Σ token means / M.
+    loss, mask = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.ones(2, 2, dtype=torch.bool)
+    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 3.0).item() == pytest.approx(1.5 * 2 / 3)
+    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 2.0).item() == pytest.approx(1.5)  # actual

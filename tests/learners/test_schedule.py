@@ -85,3 +85,23 @@ def test_update_call_runs_three_policies_schedules_three_times_faster():
     assert lambdas[1](328) == pytest.approx(1.0)  # position 985 = 15 + 2·485: back at the full lr at step 328
     step = SimpleNamespace(**{**vars(optim), "schedule_unit": "step"})
     assert lr_lambda(step, 500, 3, 2)(4) == pytest.approx(4 / 15)  # step: the policy's position plays no part
+
+
+def verl_constant(s: int, warmup: int) -> float:
+    """verl 0.6.1's get_constant_schedule_with_warmup lambda, written out: s / warmup, then 1."""
+    return s / max(1.0, warmup) if s < warmup else 1.0
+
+
+def test_paper_schedule_is_verls_constant_after_warmup_and_update_call_only_warms_faster():
+    # The paper's scheduler as verl 0.6.1 built it: lr 0 at step 0, k / 15 at step k, the full lr from step 15 on.
+    got = [lr_factor(k, 15, 500, "constant", start_zero=True, clamp=False) for k in range(600)]
+    assert got == pytest.approx([verl_constant(k, 15) for k in range(600)])
+    assert got[7] == pytest.approx(7 / 15) and got[15] == 1.0 and got[499] == 1.0
+    # update_call with 3 isolated policies: positions 3t + p, so the full lr from training step 5 (15 / 3) on,
+    # and nothing changes after the warmup (no decay to run through faster).
+    optim = SimpleNamespace(schedule_unit="update_call", warmup_steps=15, schedule="constant", min_lr_ratio=0.0,
+                            warmup_start_zero=True, cosine_clamp=False)
+    lambdas = [lr_lambda(optim, 500, 3, p) for p in range(3)]
+    assert [f(1) for f in lambdas] == pytest.approx([3 / 15, 4 / 15, 5 / 15])
+    assert [f(4) for f in lambdas] == pytest.approx([12 / 15, 13 / 15, 14 / 15])
+    assert all(f(t) == 1.0 for f in lambdas for t in range(5, 500))

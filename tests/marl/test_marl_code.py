@@ -277,12 +277,13 @@ def test_every_sandbox_config_key_reaches_the_sandbox():
     import typing
 
     from jobs.config.schema import SandboxConfig
-    from marl.tasks.sandbox.limits import SandboxLimits, SandboxSection, limits_of
+    from marl.tasks.sandbox.limits import OutputMatch, SandboxLimits, SandboxSection, limits_of
 
     keys = {f.name for f in dataclasses.fields(SandboxConfig)}
     assert keys == set(typing.get_type_hints(SandboxSection))
     section = SandboxConfig(timeout_s=7.0, timeout_per_test_s=2.0, memory_mb=300, max_output_bytes=999,
-                            file_size_mb=9, max_processes=3, site_packages=True, workers=2)
+                            file_size_mb=9, max_processes=3, site_packages=True, prelude=True,
+                            output_match=OutputMatch.lines_decimal, workers=2)
     limits = limits_of(section)
     assert {k: getattr(limits, k) for k in keys - {"workers"}} == {k: getattr(section, k) for k in keys - {"workers"}}
     assert all(getattr(limits, k) != getattr(SandboxLimits(), k) for k in keys - {"workers"})

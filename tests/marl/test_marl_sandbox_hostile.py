@@ -1,6 +1,8 @@
 """Hostile programs in the code sandbox: each is contained with reward 0 and its reason recorded, and
 leaves no process (zombies included), file or temp dir behind (the autouse fixture). Every attempt to fake a
-pass runs next to a benign control that passes the same tests, so a broken harness cannot hide."""
+pass runs next to a benign control that passes the same tests, so a broken harness cannot hide. Every test runs
+twice: under the sandbox's defaults, and under the paper's grader settings (paper_base.yaml's per-test limit,
+prelude, output comparison and site-packages) on top of the limits the test sets."""
 
 from __future__ import annotations
 
@@ -16,13 +18,27 @@ from sandbox_leftovers import functional, machine_unharmed  # noqa: F401 - machi
 
 from marl.tasks.sandbox import Program, SandboxLimits, run
 
-FAST = SandboxLimits(timeout_s=3.0)
+GRADER_KEYS = ("timeout_per_test_s", "prelude", "output_match", "site_packages")
+
+
+def paper_section() -> dict:
+    """paper_base.yaml's data.sandbox section."""
+    import yaml
+
+    return yaml.safe_load(Path("jobs/configs/sweeps/paper_base.yaml").read_text())["data"]["sandbox"]
+
+
+@pytest.fixture(params=["defaults", "paper"])
+def limits(request):
+    """SandboxLimits(**kw), under the paper's grader settings where the test does not set them itself."""
+    grader = {k: v for k, v in paper_section().items() if k in GRADER_KEYS} if request.param == "paper" else {}
+    return lambda **kw: SandboxLimits(**{**grader, **kw})
 
 
 @pytest.mark.parametrize("code", ["while True:\n    pass\n", "def f():\n    while True:\n        pass\n",
                                   "import time\ndef f():\n    time.sleep(60)\n"])
-def test_infinite_loops_time_out(code):
-    result = run(functional(code), SandboxLimits(timeout_s=1.0))
+def test_infinite_loops_time_out(code, limits):
+    result = run(functional(code), limits(timeout_s=1.0))
     assert result.reason == "timeout" and not result.passed
     assert result.wall_s < 5
 
@@ -31,9 +47,9 @@ def test_infinite_loops_time_out(code):
     "os.fork()", "os.system('sleep 60')", "subprocess.Popen(['sleep', '60'])", "os.execv('/bin/sleep', ['60'])",
     "multiprocessing.Process(target=time.sleep, args=(60,)).start()", "pty.fork()",
 ])
-def test_process_creation_is_refused(create):
+def test_process_creation_is_refused(create, limits):
     code = f"import multiprocessing, os, pty, subprocess, time\ndef f():\n    {create}\n    return 1\n"
-    result = run(functional(code), FAST)
+    result = run(functional(code), limits(timeout_s=3.0))
     assert result.reason == "failed" and "process creation is disabled" in result.detail
 
 
@@ -56,34 +72,34 @@ BYPASSING_FORK_BOMB = (
 )
 
 
-def test_fork_bomb_is_bounded_by_the_kernel_when_the_harness_is_bypassed():
+def test_fork_bomb_is_bounded_by_the_kernel_when_the_harness_is_bypassed(limits):
     # RLIMIT_NPROC on the sandbox's own uid stops it after max_processes - 1 children.
     code = BYPASSING_FORK_BOMB.format(then="raise AssertionError(f'forked {children}, then errno {e.errno}')")
-    result = run(functional(code), SandboxLimits(timeout_s=3.0, max_processes=4))
+    result = run(functional(code), limits(timeout_s=3.0, max_processes=4))
     assert result.reason == "failed" and "forked 3, then errno 11" in result.detail  # EAGAIN
 
 
-def test_forked_children_of_a_hanging_program_are_killed_and_reaped():
+def test_forked_children_of_a_hanging_program_are_killed_and_reaped(limits):
     code = BYPASSING_FORK_BOMB.format(then="while True:\n                pass")
-    result = run(functional(code), SandboxLimits(timeout_s=1.0, max_processes=4))
+    result = run(functional(code), limits(timeout_s=1.0, max_processes=4))
     assert result.reason == "timeout"  # and the fixture finds no process (zombies included) left
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(50 * 2**30)\n",
                                   "def f():\n    hog = []\n    while True:\n        hog.append(bytearray(2**24))\n"])
-def test_memory_bombs_hit_the_address_space_limit(code):
-    result = run(functional(code), SandboxLimits(timeout_s=5.0, memory_mb=512))
+def test_memory_bombs_hit_the_address_space_limit(code, limits):
+    result = run(functional(code), limits(timeout_s=5.0, memory_mb=512))
     assert result.reason == "oom" and not result.passed
 
 
-def test_a_10_gb_file_stops_at_the_file_size_limit():
+def test_a_10_gb_file_stops_at_the_file_size_limit(limits):
     code = ("def f():\n    with open('big', 'wb') as out:\n        for _ in range(10 * 1024):\n"
             "            out.write(bytes(2**20))\n    return 1\n")
-    result = run(functional(code), SandboxLimits(timeout_s=5.0, file_size_mb=8))
+    result = run(functional(code), limits(timeout_s=5.0, file_size_mb=8))
     assert result.reason == "failed" and "File too large" in result.detail
 
 
-def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed(tmp_path):
+def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed(tmp_path, limits):
     private = tmp_path / "canary.txt"  # under pytest's 0700 dir
     private.write_text("keep")
     with tempfile.TemporaryDirectory(dir="/tmp") as shared:  # world-traversable, root-owned
@@ -104,7 +120,7 @@ def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed
             "            errors.append(e.errno)\n"
             "    assert False, errors\n"
         )
-        result = run(functional(code), FAST)
+        result = run(functional(code), limits(timeout_s=3.0))
         assert public.read_text() == "keep" and stat.S_IMODE(public.stat().st_mode) == 0o644
     assert private.read_text() == "keep"
     assert result.reason == "failed" and "[13, 13, 1, 13]" in result.detail  # EACCES, EACCES, EPERM, EACCES
@@ -116,8 +132,8 @@ def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed
     functional("import sys\nwhile True:\n    sys.stderr.write('y' * 10**5)\n"),
     Program(code="for _ in range(10**4):\n    print('x' * 10**5)\n", style="stdio", inputs=("",), outputs=("",)),
 ])
-def test_printing_a_gigabyte_hits_the_output_cap(program):
-    result = run(program, SandboxLimits(timeout_s=5.0, max_output_bytes=2**20))
+def test_printing_a_gigabyte_hits_the_output_cap(program, limits):
+    result = run(program, limits(timeout_s=5.0, max_output_bytes=2**20))
     assert result.reason == "output_limit" and not result.passed
     assert len(result.stdout) + len(result.stderr) <= 2 * 64 * 1024  # only the head is kept
 
@@ -129,8 +145,8 @@ def test_printing_a_gigabyte_hits_the_output_cap(program):
     ("import os\ndef f():\n    os._exit(0)\n", "crash"),
     ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "oom"),  # indistinguishable from the OOM killer
 ])
-def test_exiting_early_cannot_fake_a_pass(code, reason):
-    result = run(functional(code), FAST)
+def test_exiting_early_cannot_fake_a_pass(code, reason, limits):
+    result = run(functional(code), limits(timeout_s=3.0))
     assert result.reason == reason and not result.passed
 
 
@@ -152,21 +168,21 @@ def test_exiting_early_cannot_fake_a_pass(code, reason):
     "import builtins\ndef f():\n    builtins.type = lambda x: int\n"
     "    builtins.repr = lambda x: '{\"status\": \"ok\"}'\n    return 5\n",
 ])
-def test_tampering_cannot_fake_a_pass(code):
+def test_tampering_cannot_fake_a_pass(code, limits):
     test = "def check(candidate):\n    assert abs(candidate() - 1) < 1e-9\n    assert candidate() == 1\n"
-    assert run(functional("def f():\n    return 1\n", test), FAST).passed  # the control
-    result = run(functional(code, test), FAST)
+    assert run(functional("def f():\n    return 1\n", test), limits(timeout_s=3.0)).passed  # the control
+    result = run(functional(code, test), limits(timeout_s=3.0))
     assert not result.passed and result.reason in ("failed", "crash"), result
 
 
-def test_plain_values_are_compared_as_their_base_types():
+def test_plain_values_are_compared_as_their_base_types(limits):
     code = ("import collections\nPoint = collections.namedtuple('Point', 'x y')\n"
             "def f():\n    return [collections.Counter('aab'), Point(1, 2), collections.OrderedDict(a=1)]\n")
     test = "def check(candidate):\n    assert candidate() == [{'a': 2, 'b': 1}, (1, 2), {'a': 1}]\n"
-    assert run(functional(code, test), FAST).passed
+    assert run(functional(code, test), limits(timeout_s=3.0)).passed
 
 
-def test_network_is_unreachable_even_when_the_socket_block_is_bypassed():
+def test_network_is_unreachable_even_when_the_socket_block_is_bypassed(limits):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -190,7 +206,7 @@ def test_network_is_unreachable_even_when_the_socket_block_is_bypassed():
         "    assert False, (plain, bypass)\n"
     )
     try:
-        result = run(functional(code), SandboxLimits(timeout_s=5.0))
+        result = run(functional(code), limits(timeout_s=5.0))
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
     finally:
@@ -201,7 +217,7 @@ def test_network_is_unreachable_even_when_the_socket_block_is_bypassed():
     assert result.reason == "failed" and expected in result.detail
 
 
-def test_the_parents_secrets_are_out_of_reach(monkeypatch):
+def test_the_parents_secrets_are_out_of_reach(monkeypatch, limits):
     token = secrets.token_hex(8)
     monkeypatch.setenv("MARL_TEST_SECRET", token)
     code = (
@@ -216,31 +232,29 @@ def test_the_parents_secrets_are_out_of_reach(monkeypatch):
         "    return found\n"
     )
     test = f"def check(candidate):\n    assert {token!r} in candidate(), candidate()\n"
-    result = run(functional(code, test), FAST)
+    result = run(functional(code, test), limits(timeout_s=3.0))
     assert not result.passed and token not in result.stdout + result.detail
     assert "errno 13" in result.detail and "'PATH'" in result.stdout  # the scrubbed environment is all it saw
 
 
-def test_environment_holds_only_the_scrubbed_variables():
+def test_environment_holds_only_the_scrubbed_variables(limits):
     code = "import os\ndef f():\n    return sorted(os.environ)\n"
     test = "def check(candidate):\n    assert candidate() == ['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']\n"
-    assert run(functional(code, test), FAST).passed
-
-
+    assert run(functional(code, test), limits(timeout_s=3.0)).passed
 
 
 def paper_limits() -> SandboxLimits:
     """The sandbox limits of the paper matrix's code cells (paper_base.yaml; the rest are the defaults)."""
-    import yaml
-
-    section = yaml.safe_load(Path("jobs/configs/sweeps/paper_base.yaml").read_text())["data"]["sandbox"]
-    return SandboxLimits(**{k: v for k, v in section.items() if k != "workers"})
+    return SandboxLimits(**{k: v for k, v in paper_section().items() if k != "workers"})
 
 
 def test_the_paper_s_longer_limits_still_contain_bombs():
     limits = paper_limits()
-    assert (limits.timeout_s, limits.timeout_per_test_s, limits.memory_mb) == (120.0, 6.0, 4096)
+    assert (limits.timeout_s, limits.timeout_per_test_s, limits.memory_mb) == (120.0, 3.0, 4096)
+    assert (limits.prelude, limits.output_match, limits.site_packages) == (True, "lines_decimal", True)
     assert run(functional("x = bytearray(50 * 2**30)\n"), limits).reason == "oom"
     code = BYPASSING_FORK_BOMB.format(then="raise AssertionError(f'forked {children}, then errno {e.errno}')")
     result = run(functional(code), limits)
     assert result.reason == "failed" and "forked 3, then errno 11" in result.detail
+    result = run(functional("while True:\n    pass\n"), limits)  # 3 s per test, not the 9 s wall
+    assert result.reason == "timeout" and "3 s per-test limit" in result.detail and result.wall_s < 6

@@ -7,12 +7,44 @@ harness code runs again, and the values the candidate returns are converted to p
 compares them.
 """
 
+import _signal
 import builtins
 import fcntl
 import os
 import sys
+import time
 
 DETAIL_CHARS = 500
+# Bound now: the candidate may patch the time and _signal modules.
+monotonic, set_timer, set_handler = time.monotonic, _signal.setitimer, _signal.signal
+ALARM, REAL_TIMER = _signal.SIGALRM, _signal.ITIMER_REAL
+
+
+class TestTimeLimit(BaseException):
+    """Raised into the candidate by the per-test alarm; a BaseException, so `except Exception` lets it pass."""
+
+
+def _expire(signum, frame):
+    raise TestTimeLimit()
+
+
+def _limited(action, seconds):
+    """`action()` (a verdict or None) with a wall limit of `seconds` per test (0 = none), the paper's per-test
+    alarm: SIGALRM raises TestTimeLimit into the running code, and a test that swallowed it and still ended
+    past its limit is timed out all the same (a test that never ends meets the parent's wall clock)."""
+    if not seconds:
+        return action()
+    timeout = {"status": "timeout", "detail": f"over the {seconds:g} s per-test limit"}
+    set_handler(ALARM, _expire)
+    start = monotonic()
+    set_timer(REAL_TIMER, seconds)
+    try:
+        failure = action()
+    except TestTimeLimit:
+        failure = timeout
+    finally:
+        set_timer(REAL_TIMER, 0)
+    return timeout if monotonic() - start >= seconds else failure
 
 
 def _describe(error):
@@ -32,6 +64,8 @@ def _attempt(action, exit_ok=False):
         return {"status": "failed", "detail": f"exited ({e.code!r}) before the tests finished"[:DETAIL_CHARS]}
     except MemoryError:
         return {"status": "oom", "detail": "MemoryError"}
+    except TestTimeLimit:
+        return {"status": "timeout", "detail": "over the per-test limit"}
     except BaseException as e:
         return {"status": "failed", "detail": _describe(e)}
     return None
@@ -65,7 +99,9 @@ def run_functional(payload, pristine):
         return failure or {"status": "error", "detail": "the task's prefix does not compile"}
     plain = _plain_converter()  # built while builtins are still pristine
     namespace = _module("solution")
-    failure = _attempt(lambda: (exec(prefix, namespace), exec(code, namespace)))
+    prelude, per_test = payload["prelude"], payload["per_test_s"]
+    failure = _limited(lambda: _attempt(lambda: (exec(prelude, namespace), exec(prefix, namespace),
+                                                 exec(code, namespace))), per_test)
     restore_builtins(pristine)
     if failure:
         return failure
@@ -77,7 +113,8 @@ def run_functional(payload, pristine):
         return failure or {"status": "error", "detail": "the task's tests define no check(candidate)"}
     if not callable(candidate):
         return {"status": "failed", "detail": f"no function named {payload['entry_point']!r}"[:DETAIL_CHARS]}
-    return _attempt(lambda: check(lambda *a, **k: plain(candidate(*a, **k)))) or {"status": "ok"}
+    run_check = lambda: _attempt(lambda: check(lambda *a, **k: plain(candidate(*a, **k))))  # noqa: E731
+    return _limited(run_check, per_test) or {"status": "ok"}
 
 
 def _plain_converter():
@@ -120,7 +157,7 @@ def run_stdio(payload, pristine):
         return failure
     outputs = []
     for number, data in enumerate(payload["inputs"], start=1):
-        output, failure = _run_case(code, data, payload["max_output_bytes"], pristine)
+        output, failure = _run_case(code, data, payload, pristine)
         if failure:
             failure["detail"] = f"case {number}: {failure.get('detail', '')}"[:DETAIL_CHARS]
             return failure
@@ -128,8 +165,9 @@ def run_stdio(payload, pristine):
     return {"status": "ran", "outputs": outputs}
 
 
-def _run_case(code, data, cap, pristine):
-    """Run the program once with `data` on fd 0 and fd 1 captured; (stdout text, None) or (None, failure).
+def _run_case(code, data, payload, pristine):
+    """Run the program once with `data` on fd 0 and fd 1 captured, after the prelude if any and within the
+    per-test limit if any; (stdout text, None) or (None, failure).
 
     Both are memfds, so `open(0).read()`, `sys.stdin.buffer` and `os.write(1, ...)` behave as in a real run,
     and RLIMIT_FSIZE bounds how much a flooding program writes before the size check below."""
@@ -143,9 +181,8 @@ def _run_case(code, data, cap, pristine):
         sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)
         sys.stdout = sys.__stdout__ = stdout
         namespace = _module("__main__")
-        failure = _attempt(lambda: exec(code, namespace), exit_ok=True)
-        restore_builtins(pristine)  # the harness's code below and the next case see clean builtins
-        failure = failure or _attempt(_join_threads)
+        prelude, cap = payload["prelude"], payload["max_output_bytes"]
+        failure = _limited(lambda: _program(code, prelude, namespace, pristine), payload["per_test_s"])
         failure = failure or (None if stdout.closed else _attempt(stdout.flush))
         size = os.fstat(stdout_fd).st_size
         if size > cap:
@@ -159,6 +196,13 @@ def _run_case(code, data, cap, pristine):
                 os.close(fd)
             except OSError:  # the program closed it
                 pass
+
+
+def _program(code, prelude, namespace, pristine):
+    """One run of a stdio program (after the prelude) and of the threads it left: a verdict or None."""
+    failure = _attempt(lambda: (exec(prelude, namespace), exec(code, namespace)), exit_ok=True)
+    restore_builtins(pristine)  # the harness's code below and the next case see clean builtins
+    return failure or _attempt(_join_threads)
 
 
 def _memfd(name):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Protocol
 
 # ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
@@ -15,6 +16,17 @@ from typing import Any, Protocol
 # failed (could not start the child, bad task).
 REASONS = ("ok", "failed", "syntax_error", "timeout", "oom", "output_limit", "crash", "error")
 STYLES = ("functional", "stdio")
+# lines: outputs equal as lines, each right-stripped, blank lines at either end ignored. lines_decimal:
+# LiveCodeBench's rule: lines stripped at both ends, and a line that differs still equal when its
+# whitespace-separated tokens all parse as equal Decimals ("0.50" = "0.5", "1e3" = "1000").
+OUTPUT_MATCHES = ("lines", "lines_decimal")
+
+
+class OutputMatch(StrEnum):
+    """`data.sandbox.output_match`: the names of OUTPUT_MATCHES (the config schema's type for the key)."""
+
+    lines = "lines"
+    lines_decimal = "lines_decimal"
 MIB = 1 << 20
 
 
@@ -55,7 +67,9 @@ class SandboxLimits:
 
     `timeout_s` is wall clock for the whole execution (startup and every test), enforced by the parent;
     the CPU rlimit is one second above it. With `timeout_per_test_s` = t > 0 the wall clock of a program of n
-    tests is min((t + 1) · n + 5, timeout_s), the paper's rule: `timeout_s` is then the cap (`for_program`).
+    tests is min((t + 1) · n + 5, timeout_s), the paper's rule: `timeout_s` is then the cap (`for_program`),
+    and each test (a stdin case, or a functional program's module and its check()) is stopped inside the child
+    once it runs past t seconds of wall time (reason 'timeout'), as the paper's per-test alarm.
     `max_processes` caps the sandbox uid's tasks, threads included (1 = the harness alone; the default leaves
     room for a few threads). It binds only when the child runs
     under its own uid or the parent is not root: the kernel does not apply RLIMIT_NPROC to root."""
@@ -71,6 +85,11 @@ class SandboxLimits:
     # False: the stdlib only (`python -S`), which halves interpreter start-up and keeps the project's own
     # packages (and torch) out of reach; True: the interpreter's site-packages too (numpy, ...).
     site_packages: bool = False
+    # The LiveCodeBench harness's prelude before the candidate (marl.tasks.sandbox.prelude): star-imports of the
+    # standard modules competitive code relies on, and sys.setrecursionlimit(50000).
+    prelude: bool = False
+    # How a stdio case's output is compared with the expected one (OUTPUT_MATCHES, compare_outputs).
+    output_match: str = "lines"
     python: str = ""  # interpreter for the child; '' = the running one
     work_root: str = ""  # parent of the per-execution temp dirs; '' = the system temp dir
 
@@ -80,14 +99,17 @@ class SandboxLimits:
                 raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)!r}")
         if not self.timeout_per_test_s >= 0:
             raise ValueError(f"sandbox timeout_per_test_s must be >= 0, got {self.timeout_per_test_s!r}")
+        if self.output_match not in OUTPUT_MATCHES:
+            raise ValueError(f"sandbox output_match must be one of {OUTPUT_MATCHES}, got {self.output_match!r}")
 
     def for_program(self, program: Program) -> SandboxLimits:
         """The limits of one execution of `program`: timeout_s from the per-test rule when it is on (the CPU
-        rlimit follows it), else these limits unchanged."""
+        rlimit follows it), else these limits unchanged. The per-test limit itself stays: the child stops each
+        test past it (child_runs.py). Applying it twice changes nothing."""
         if not self.timeout_per_test_s:
             return self
         wall = min((self.timeout_per_test_s + 1) * program.test_count + 5, self.timeout_s)
-        return replace(self, timeout_s=wall, timeout_per_test_s=0.0)
+        return replace(self, timeout_s=wall)
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """(soft, hard) per limit, as the child applies them."""
@@ -113,6 +135,8 @@ class SandboxSection(Protocol):
     file_size_mb: int
     max_processes: int
     site_packages: bool
+    prelude: bool
+    output_match: OutputMatch
     workers: int
 
 
@@ -122,7 +146,8 @@ def limits_of(section: SandboxSection) -> SandboxLimits:
     return SandboxLimits(timeout_s=section.timeout_s, timeout_per_test_s=section.timeout_per_test_s,
                          memory_mb=section.memory_mb, max_output_bytes=section.max_output_bytes,
                          file_size_mb=section.file_size_mb, max_processes=section.max_processes,
-                         site_packages=section.site_packages)
+                         site_packages=section.site_packages, prelude=section.prelude,
+                         output_match=str(section.output_match))
 
 
 def auto_workers() -> int:

@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from marl.tasks.sandbox.capture import Capture, communicate
 from marl.tasks.sandbox.limits import MIB, REASONS, Program, SandboxLimits, SandboxResult
+from marl.tasks.sandbox.prelude import prelude_source
 from marl.tasks.sandbox.reaper import kill_group_and_uid, remove_files_of
 
 CHILD = Path(__file__).with_name("child.py")
@@ -102,6 +104,7 @@ def _payload(program: Program, limits: SandboxLimits, nonce: str, uid: int | Non
         "nonce": nonce, "uid": uid, "rlimits": limits.rlimits(), "style": program.style, "code": program.code,
         "prefix": program.prefix, "test": program.test, "entry_point": program.entry_point,
         "inputs": list(program.inputs), "max_output_bytes": limits.max_output_bytes,
+        "per_test_s": limits.timeout_per_test_s, "prelude": prelude_source() if limits.prelude else "",
     }
     return marshal.dumps(body)
 
@@ -142,7 +145,7 @@ def _classify(program: Program, limits: SandboxLimits, cap: Capture, done: Any, 
     if cap.stopped == "output_limit":
         return False, "output_limit", f"more than {limits.max_output_bytes} bytes of output"
     if isinstance(done, dict):
-        return _verdict(program, done)
+        return _verdict(program, done, limits.output_match)
     if cap.stopped == "timeout":
         return False, "timeout", f"still running after {limits.timeout_s:g} s"
     if returncode < 0:
@@ -155,10 +158,10 @@ def _classify(program: Program, limits: SandboxLimits, cap: Capture, done: Any, 
     return False, "crash", f"exited with code {returncode} before the tests finished"
 
 
-def _verdict(program: Program, done: dict[str, Any]) -> tuple[bool, str, str]:
+def _verdict(program: Program, done: dict[str, Any], match: str) -> tuple[bool, str, str]:
     status, detail = done.get("status"), str(done.get("detail", ""))
     if status == "ran" and program.style == "stdio":
-        return compare_outputs(done.get("outputs"), program.outputs)
+        return compare_outputs(done.get("outputs"), program.outputs, match)
     if status == "ok" and program.style == "functional":
         return True, "ok", ""
     if status in REASONS and status != "ok":
@@ -171,10 +174,43 @@ def normalize_output(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
 
 
-def compare_outputs(outputs: Any, expected: tuple[str, ...]) -> tuple[bool, str, str]:
+def decimal_tokens(line: str) -> list[Decimal] | None:
+    """The line's whitespace-separated tokens as Decimals, or None when one is not a number."""
+    try:
+        return [Decimal(token) for token in line.split()]
+    except ArithmeticError:  # decimal.InvalidOperation
+        return None
+
+
+def lines_decimal_equal(got: str, want: str) -> bool:
+    """LiveCodeBench's rule: both texts stripped and cut at newlines, each line stripped; as many lines, and each
+    pair equal as text or as Decimal tokens (a line that is not all numbers must be equal as text)."""
+    got_lines = [line.strip() for line in got.strip().split("\n")]
+    want_lines = [line.strip() for line in want.strip().split("\n")]
+    if len(got_lines) != len(want_lines):
+        return False
+    return all(a == b or _numbers_equal(a, b) for a, b in zip(got_lines, want_lines, strict=True))
+
+
+def _numbers_equal(a: str, b: str) -> bool:
+    x, y = decimal_tokens(a), decimal_tokens(b)
+    try:
+        return x is not None and y is not None and x == y
+    except ArithmeticError:  # a signalling NaN refuses to compare
+        return False
+
+
+def outputs_equal(got: str, want: str, match: str = "lines") -> bool:
+    """One case's output against the expected one under `match` (limits.OUTPUT_MATCHES)."""
+    if match == "lines_decimal":
+        return lines_decimal_equal(got, want)
+    return normalize_output(got) == normalize_output(want)
+
+
+def compare_outputs(outputs: Any, expected: tuple[str, ...], match: str = "lines") -> tuple[bool, str, str]:
     if not isinstance(outputs, list) or len(outputs) != len(expected):
         return False, "error", "the harness returned no output for some cases"
     for number, (got, want) in enumerate(zip(outputs, expected, strict=True), start=1):
-        if not isinstance(got, str) or normalize_output(got) != normalize_output(want):
+        if not isinstance(got, str) or not outputs_equal(got, want, match):
             return False, "failed", f"case {number}: wrong output"
     return True, "ok", ""

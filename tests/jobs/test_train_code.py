@@ -62,6 +62,9 @@ def test_one_training_step_on_the_code_task(ray_cluster, tmp_path, workflow):
     assert row["code/timeouts"] == row["code/crashes"] == row["code/oom"] == 0
     stored = pq.read_table(tmp_path / "tiny" / "rollouts" / "step_000000.parquet").to_pylist()
     infos = [json.loads(r["score_info"]) for r in stored if r["failure"] is None]
+    # orch_workers also records how its parser read the plan (a scored episode's plan was read somehow).
+    plan = [i.pop("plan_format") for i in infos] if workflow == "orch_workers" else []
+    assert all(p in ("strategy", "numbered", "lines") for p in plan)
     assert all(i == {"answer_role": ANSWERING[workflow], "reason": "no_code_block"} for i in infos)
     # A random orchestrator's plan may be blank or too long (a line per strategy), ending its episodes unscored.
     assert len(infos) > 0 or workflow == "orch_workers"

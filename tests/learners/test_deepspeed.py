@@ -2,10 +2,9 @@
 update as the torch Learner, one step per call whatever the micro-batches, per-role gradients under ZeRO-2, and
 its checkpoint round trip.
 
-Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute (5e-5
-across devices)
-(measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3: only the summation order of the gradients differs, which
-Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
+Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute, 5e-5
+across devices (measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3 on one device: only the summation order of the
+gradients differs, which Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 update as the torch Learner, one step per call whatever the micro-batches, per-role gradients under ZeRO-2, and
 its checkpoint round trip.
 
-Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute
-(measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3: only the summation order of the gradients differs, which
-Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
+Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute, 5e-5
+across devices (measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3 on one device: only the summation order of the
+gradients differs, which Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from learners.torch_backend import TorchBackend
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
 from tests.process_group import leave_process_group
 
-WEIGHT_TOL = 1e-5
 # With CUDA, DeepSpeed runs on the GPU while the torch learner stays on the CPU: fp32 on two devices sums in
-# different orders, and a small role's norm share then differs by up to 1.4e-5 relative (measured on an H200).
+# different orders, and a small role's norm share then differs by up to 1.4e-5 relative (measured on an H200);
+# after two optimizer steps the weights differ by up to 1.8e-5 (H200, 2026-12-04: 1.54e-5 and 1.81e-5 in
+# test_two_mini_batches_match_torch), so across devices weights are held to 5e-5.
 METRIC_REL = 1e-4 if torch.cuda.is_available() else 1e-5
+WEIGHT_TOL = 5e-5 if torch.cuda.is_available() else 1e-5
 # Eight rows (so 8 micro-batches of 1 or 1 of 8), two roles, mixed advantages and lengths.
 ROWS8 = [*ROWS, ([36, 37], [49, 50, 51], 1.0, "evaluator"), ([38, 39, 52], [53, 54], -2.0, "generator")]
 

@@ -71,8 +71,8 @@ def gate_rows(paths: list[Path]) -> list[list[str]]:
 
 
 def _cap(path: Path, role: str) -> str:
-    caps = OmegaConf.load(path / "config.yaml").get("rollout", {}).get("role_max_new_tokens", {})
-    return str(caps.get(role, "?"))
+    return str(OmegaConf.select(OmegaConf.load(path / "config.yaml"), f"rollout.role_max_new_tokens.{role}",
+                                default="?"))
 
 
 def gate_table(paths: list[Path]) -> str:

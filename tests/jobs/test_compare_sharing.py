@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from jobs.compare import comparison, parse_rate
 from jobs.config import load_config
@@ -54,20 +55,34 @@ def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_p
             "0.50 (of 2) -> 0.67 (of 3)") in text
 
 
+# The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22 minutes on
+# 2 cores, half CI's budget): the same config, model, prompts and code path, and what it asserts holds at any length.
+SHORT = {"steps=6": "steps=2", "data.eval_size=48": "data.eval_size=16"}
+
+
+def _short_sweep(tmp_path: Path) -> Path:
+    raw = yaml.safe_load(Path(COMPARE).read_text())
+    assert set(SHORT) <= set(raw["overrides"]), "the compare config changed: update SHORT"
+    raw["overrides"] = [SHORT.get(o, o) for o in raw["overrides"]]
+    raw["base"] = str(Path(raw["base"]).resolve())
+    path = tmp_path / "compare_sharing.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(45 * 60)  # two trained voting runs in a subprocess, on 2 cores
+@pytest.mark.timeout(25 * 60)  # two trained voting runs in a subprocess, on 2 cores
 def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    command = [".venv/bin/python", "-m", "jobs.sweep", "--config", COMPARE, f"storage_path={tmp_path}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=40 * 60, check=False, env=env)
+    sweep = _short_sweep(tmp_path)
+    command = [".venv/bin/python", "-m", "jobs.sweep", "--config", str(sweep), f"storage_path={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=20 * 60, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = sorted((tmp_path / "compare_sharing" / "runs").iterdir())
-    steps = load_sweep(COMPARE).overrides
-    trained = int(next(o for o in steps if o.startswith("steps=")).split("=")[1])
     assert len(runs) == 2
     for run in runs:
         rows = read_metrics(run)
-        assert sum("time/step_s" in r for r in rows) == trained  # the arm trained every step
+        assert sum("time/step_s" in r for r in rows) == 2  # the arm trained every step
         # fewshot: the aggregator does its job at base
         assert parse_rate(rows[0], "aggregator", "eval/before/") >= 0.5, run
         assert rows[0]["prompts/set"] == "fewshot"

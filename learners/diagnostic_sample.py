@@ -100,9 +100,9 @@ def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int
     kept = [r[:len(r) - len(p.metric_rows or [])] for r, p in zip(rows, plans, strict=True)]
     dropped = [r[len(k):] for r, k in zip(rows, kept, strict=True)]
     moved = [movement_population(k, p, recompute) for k, p in zip(kept, plans, strict=True)]
-    counts = {"move": float(sum(len(m) for m in moved)) if size != 0 else 0.0}
     if size is None:
-        return SampledRows(rows, plans, {}, {**counts, "diag": float(sum(len(r) for r in rows))})
+        every = {"move": float(sum(len(m) for m in moved)), "diag": float(sum(len(r) for r in rows))}
+        return SampledRows(rows, plans, {}, every)
     skipped = stratified_sample(roles, [g for d in dropped for g in d], size, seeds[0])
     move = stratified_sample(roles, [g for m in moved for g in m], size, seeds[1])
     unmeasured: dict[str, float] = {}

@@ -1,14 +1,44 @@
 """Study 3's viability gate: the Wilson interval by hand, the parse counts per coordinating role (the
-orchestrator by its workflow's own parser), and the gate sweep's cells."""
+orchestrator by its workflow's own parser), the gate sweep's cells and the cap rules; the runner's per-seed
+sweeps and its refusal to run off the pinned commit."""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
 
 import pytest
+from omegaconf import OmegaConf
 
 from jobs.config.sweep_spec import load_sweep, validate
-from studies.cpu_smollm2_v3.gate import gate_table, parsed_turns, wilson
+from jobs.driver.eval_records import write_eval_turns
+from jobs.report import load_run
+from jobs.sweep import setup_of, trial_config
+from marl.types import Completion, Episode, Task, Turn
+from studies.cpu_smollm2_v2.collect import Run
+from studies.cpu_smollm2_v3.collect import (
+    IP,
+    SA,
+    SP,
+    ProvenanceError,
+    check_provenance,
+    eval_series,
+    parse_rate,
+    slim_turns,
+)
+from studies.cpu_smollm2_v3.collect import tests_table as seed_tests_table
+from studies.cpu_smollm2_v3.gate import (
+    aggregator_cap,
+    answer_cap,
+    base_lengths,
+    ended_within,
+    gate_table,
+    parsed_turns,
+    wilson,
+)
+from studies.cpu_smollm2_v3.run import StudyError, check_commit, seed_sweep
+from studies.cpu_smollm2_v3.stats import incomplete_beta, permutation_p, student_two_sided, welch
 
 
 def test_wilson_interval_by_hand():
@@ -50,3 +80,162 @@ def test_the_gate_sweep_runs_fewshot_at_caps_32_and_64():
     caps = sorted((c["gate"]["marl.workflow"], v) for c in cells for k, v in c["gate"].items()
                   if k.startswith("rollout.role_max_new_tokens."))
     assert caps == [(w, c) for w in ("eval_opt", "orch_workers", "voting") for c in (32, 64)]
+    assert "marl.prompts=fewshot" in spec.overrides and "learner.optim.schedule=constant" in spec.overrides
+    lengths = [c["gate"] for c in cells if c["gate"]["marl.workflow"] == "single_agent"]
+    assert lengths == [{"marl.workflow": "single_agent", "rollout.sampling.max_new_tokens": 96}]
+
+
+def test_answer_cap_rule_by_hand():
+    # 10 responses: 8 end within 32, one at 40, one cut at the cap (96, 'length').
+    lengths = [(20, "stop")] * 8 + [(40, "stop"), (96, "length")]
+    assert ended_within(lengths, 32) == 0.8 and ended_within(lengths, 48) == 0.9
+    assert answer_cap(lengths) == 48
+    assert answer_cap([(20, "stop")] * 9 + [(33, "stop")]) == 32
+    assert answer_cap([(70, "stop")] * 10) == 64  # none reaches 90 %: the largest
+
+
+def test_aggregator_cap_is_the_smallest_passing_voting_cap():
+    rows = [["eval_opt", "evaluator", "32", "", "", "", "", "yes"], ["voting", "aggregator", "32", "", "", "", "",
+            "no"], ["voting", "aggregator", "64", "", "", "", "", "yes"]]
+    assert aggregator_cap(rows) == 64
+    assert aggregator_cap(rows[:2]) is None
+
+
+def test_base_lengths_read_the_base_evaluations_turns(tmp_path):
+    task = Task("t0", "1 + 1", "2")
+    turns = [Turn("solver", "solver", 0, [], Completion("2", [1, 2], [5, 6, 7], [-0.1] * 3, "stop"))]
+    write_eval_turns(tmp_path, 0, [Episode(task, 0, "single_agent", turns=turns, reward=1.0)])
+    assert base_lengths(tmp_path) == [(3, "stop")]
+
+
+def test_each_seeds_sweep_runs_three_arms_with_the_caps_on_the_right_roles(tmp_path):
+    spec_dict = seed_sweep(3, 48, 64)
+    path = tmp_path / "s3.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(spec_dict)))
+    spec = load_sweep(str(path))
+    cells = validate(spec)
+    assert spec.name == "cpu_study_v3_s3" and [c["seed"] for c in cells] == [3, 3, 3]
+    assert [(c["arm"]["marl.workflow"], c["arm"]["marl.sharing"]) for c in cells] == [
+        ("single_agent", "shared"), ("voting", "shared"), ("voting", "isolated")]
+    configs = [trial_config(setup_of(spec), {"grid": c}, "t") for c in cells]
+    assert all(c.rollout.sampling.max_new_tokens == 48 and c.marl.prompts == "fewshot" for c in configs)
+    assert [dict(c.rollout.role_max_new_tokens) for c in configs] == [{}, {"aggregator": 64}, {"aggregator": 64}]
+    assert all((c.learner.optim.lr, str(c.learner.optim.schedule)) == (3e-4, "constant") for c in configs)
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_the_runner_runs_only_from_the_tagged_commit_on_a_clean_tree(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("a")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    with pytest.raises(StudyError, match="no tag study-v3"):
+        check_commit()
+    _git(tmp_path, "tag", "study-v3")
+    assert len(check_commit()) == 40
+    (tmp_path / "a.txt").write_text("b")
+    with pytest.raises(StudyError, match="uncommitted"):
+        check_commit()
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    with pytest.raises(StudyError, match="study's commit"):
+        check_commit()
+
+
+def test_permutation_p_by_hand():
+    # 20 splits of six values into three and three; only the observed split and its mirror are this extreme.
+    assert permutation_p([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(2 / 20)
+    assert permutation_p([1.0, 1.0], [1.0, 1.0]) == 1.0  # every split ties the observed zero
+    assert permutation_p([0.3, 0.4, 0.2, 0.5, 0.35], [0.1, 0.18, 0.15, 0.05, 0.12]) == pytest.approx(2 / 252)
+    # a tie across the arms (0.2 in both) doubles the extreme splits: the swap of the tied values is one too
+    assert permutation_p([0.3, 0.4, 0.2, 0.5, 0.35], [0.1, 0.2, 0.15, 0.05, 0.12]) == pytest.approx(4 / 252)
+    assert math.isnan(permutation_p([], [1.0]))
+
+
+def test_student_t_against_table_values():
+    # Two-sided 5 % and 1 % critical values of Student's t (any statistics table).
+    for t, df, p in [(2.776, 4, 0.05), (2.306, 8, 0.05), (3.355, 8, 0.01), (1.960, 1e6, 0.05), (12.706, 1, 0.05)]:
+        assert student_two_sided(t, df) == pytest.approx(p, abs=2e-4)
+    assert student_two_sided(0.0, 5) == pytest.approx(1.0)
+    assert incomplete_beta(0.3, 2, 3) == pytest.approx(0.3483, abs=1e-4)  # 1 - sum_{j<2} C(4,j) .3^j .7^(4-j)
+
+
+def test_welch_by_hand():
+    a, b = [0.3, 0.4, 0.5], [0.1, 0.2, 0.2, 0.1]
+    t, df, p = welch(a, b)
+    va, vb = 0.01 / 3, (1 / 300) / 4  # sample variances 0.01 and 1/300 over n
+    assert t == pytest.approx((0.4 - 0.15) / math.sqrt(va + vb))
+    assert df == pytest.approx((va + vb) ** 2 / (va**2 / 2 + vb**2 / 3))
+    assert p == pytest.approx(student_two_sided(t, df)) and p < 0.05
+    assert all(math.isnan(v) for v in welch([0.1], [0.2, 0.3]))
+
+
+def _voting_run(root, seed: int, commit: str = "c0ffee", dirty: bool = False, final: float = 0.5):
+    """A committed-looking voting run: base and one later evaluation, with the aggregator's counts."""
+    run = root / f"run{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed: {seed}\nmarl:\n  workflow: voting\n  sharing: shared\n"
+                                     "algo:\n  ppo_mini_batch_size: 16\ndata:\n  eval_size: 4\n")
+    rows = [{"step": 0, "code/commit": commit, "code/dirty": dirty, "eval/accuracy_before": 0.25,
+             "eval/before/turns/aggregator": 4.0, "eval/before/parse_failures/aggregator": 1.0,
+             "time/step_s": 1.0, "grad/step_norm_share/aggregator": 0.2, "update/policy_move/shared": 0.01},
+            {"step": 1, "time/step_s": 1.0, "eval/accuracy": final, "eval/turns/aggregator": 4.0,
+             "eval/choice/accuracy/aggregator": 0.75, "grad/step_norm_share/aggregator": 0.4}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_collect_refuses_a_run_from_another_commit_or_a_dirty_tree(tmp_path):
+    assert check_provenance(_voting_run(tmp_path, 0), "c0ffee") == 1
+    with pytest.raises(ProvenanceError, match="not the study's commit"):
+        check_provenance(_voting_run(tmp_path, 1, commit="other"), "c0ffee")
+    with pytest.raises(ProvenanceError, match="dirty: True"):
+        check_provenance(_voting_run(tmp_path, 2, dirty=True), "c0ffee")
+    resumed = _voting_run(tmp_path, 3)
+    with (resumed / "metrics.jsonl").open("a") as f:  # a second start at another commit
+        f.write(json.dumps({"step": 1, "code/commit": "other", "code/dirty": False}) + "\n")
+    with pytest.raises(ProvenanceError):
+        check_provenance(resumed, "c0ffee")
+
+
+def test_eval_series_and_parse_rate_read_base_then_evaluations(tmp_path):
+    rows = load_run(_voting_run(tmp_path, 0)).rows
+    assert eval_series(rows, "eval/choice/accuracy/aggregator")[1] == 0.75
+    assert math.isnan(eval_series(rows, "eval/choice/accuracy/aggregator")[0])  # base did not log it here
+    assert parse_rate(rows, "aggregator") == [0.75, 1.0]  # 1 of 4 failed at base, none after (not logged: 0)
+
+
+def test_slim_turns_keep_what_roles_wrote_and_its_length(tmp_path):
+    task = Task("t0", "1 + 1", "2")
+    turns = [Turn("generator", "generator0", 0, [], Completion("2", [1], [5, 6], [-0.1] * 2, "stop")),
+             Turn("aggregator", "aggregator", 0, [], Completion("\\boxed{1}", [1], [7, 8, 9], [-0.1] * 3, "length"))]
+    for steps in (0, 10):
+        write_eval_turns(tmp_path, steps, [Episode(task, 0, "voting", turns=turns, reward=1.0)])
+    table = slim_turns(tmp_path).to_pylist()
+    assert [(r["step"], r["role"], r["response_tokens"], r["finish_reason"]) for r in table] == [
+        (0, "generator", 2, "stop"), (0, "aggregator", 3, "length"), (10, "generator", 2, "stop"),
+        (10, "aggregator", 3, "length")]
+    assert "messages" not in table[0] and "logprobs" not in table[0] and table[1]["response"] == "\\boxed{1}"
+
+
+def test_tests_table_runs_the_seed_level_tests_in_order():
+    def run(arm, seed, final):
+        return Run(arm, seed, None, [0.1, final], 64, {}, 3e-4)  # type: ignore[arg-type]
+    runs = [run(SP, s, f) for s, f in enumerate([0.3, 0.4, 0.5])] + [
+        run(IP, s, f) for s, f in enumerate([0.1, 0.2, 0.15])] + [run(SA, s, 0.3) for s in range(3)]
+    table = seed_tests_table(runs).splitlines()
+    assert table[2].startswith(f"| {SP} vs {IP} | 3 / 3 | +0.250 | 0.100 |")  # 2 of the 20 splits
+    assert table[3].startswith(f"| {SP} vs {SA} |") and table[4].startswith(f"| {IP} vs {SA} |")
+
+
+def test_the_readme_tables_are_those_of_the_committed_runs():
+    import studies.cpu_smollm2_v3.collect as collect
+
+    in_readme = collect.readme_tables(collect.README.read_text())
+    assert set(in_readme) == {*collect.TABLES, "gate", "lengths"}, "every measured table has its place, once"
+    assert in_readme == collect.committed_tables(), "stale tables: run `python -m studies.cpu_smollm2_v3.collect`"
+    for run in collect.committed():  # every committed run ran from the study's one commit, on a clean tree
+        assert collect.check_provenance(run.record.path) >= 1

@@ -2,8 +2,12 @@
 so that two runs evaluated on the same tasks (data.eval_seed) can be compared task by task (a paired test), and
 reports the evaluation's parse failures per role (`eval/parse_failures/<role>`, of `eval/episodes`).
 
+Every evaluation's turns (what each role wrote) also go to `<run>/eval_rollouts/eval_<steps_done>.parquet`, in
+the training rollouts' schema (rollout/storage.py, `step` = steps done), so that a claim about what a role wrote
+at evaluation can be checked against the text.
+
 A resumed run evaluates again at steps it had already evaluated after its checkpoint: the reader keeps the last
-row written for each (steps_done, task_id).
+row written for each (steps_done, task_id), and the turns' file of that evaluation is rewritten.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from pathlib import Path
 from marl.episode_metrics import choice_metrics
 from marl.tasks.base import TaskFamily
 from marl.types import Episode
+from rollout.storage import write_episodes
 
 FILE = "eval_tasks.csv"
+TURNS_DIR = "eval_rollouts"
 HEADER = ("steps_done", "task_id", "reward")
 
 
@@ -30,6 +36,16 @@ def append_eval(run_dir: Path, steps_done: int, episodes: list[Episode]) -> None
         if new:
             writer.writerow(HEADER)
         writer.writerows((steps_done, e.task.task_id, f"{e.reward:g}") for e in episodes)
+
+
+def write_eval_turns(run_dir: Path, steps_done: int, episodes: list[Episode]) -> Path | None:
+    """One evaluation's turns as `<run>/eval_rollouts/eval_<steps_done>.parquet` (None without episodes)."""
+    if not episodes:
+        return None
+    path = run_dir / TURNS_DIR / f"eval_{steps_done:06d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_episodes(episodes, steps_done, path)
+    return path
 
 
 def read_eval(run_dir: Path) -> dict[int, dict[str, float]]:

@@ -21,7 +21,7 @@ from jobs.config import to_yaml
 from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets
-from jobs.driver.eval_records import append_eval, eval_metrics
+from jobs.driver.eval_records import append_eval, eval_metrics, write_eval_turns
 from jobs.driver.full_eval import full_evaluation
 from jobs.driver.handles import RunHandles, build_handles
 from jobs.driver.run_checkpoints import Progress
@@ -90,10 +90,11 @@ def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[E
 def timed_evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
     """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
-    per-task results go to the run dir's eval_tasks.csv."""
+    per-task results go to the run dir's eval_tasks.csv, the turns to eval_rollouts/ (one Parquet per evaluation)."""
     t0 = time.perf_counter()
     episodes = evaluate(handles, cfg, tasks)
     append_eval(run_dir, steps_done, episodes)
+    write_eval_turns(run_dir, steps_done, episodes)
     return {**eval_metrics(episodes, handles.collector.family), "time/eval_s": time.perf_counter() - t0}
 
 

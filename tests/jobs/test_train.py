@@ -27,6 +27,7 @@ from marl.policy_map import PolicyMap
 from marl.tasks import get_family
 from marl.tasks.sampler import PromptSampler
 from marl.workflows import roles_of
+from rollout.storage import read_episodes
 from tests.learning import (
     assert_accuracy_is_a_count,
     assert_learned,
@@ -82,6 +83,9 @@ def test_two_steps_of_every_workflow_and_sharing(ray_cluster, tmp_path, workflow
     evals = read_eval(run)  # per-task results of the base and the final evaluation
     assert sorted(evals) == [0, 2] and [len(v) for v in evals.values()] == [2, 2]
     assert sum(evals[2].values()) / 2 == summary["eval/accuracy_after"]
+    for steps_done, per_task in evals.items():  # every evaluation's turns, beside its per-task rewards
+        turns = read_episodes(run / "eval_rollouts" / f"eval_{steps_done:06d}.parquet")
+        assert {e.task.task_id: e.reward for e in turns} == per_task and all(e.turns for e in turns)
     assert rows[0]["code/commit"] == code_version()["code/commit"] and "code/commit" not in rows[1]
     assert (run / "config.yaml").read_text().startswith("# code/commit: ")
     assert all(f"update/policy_move/{pid}" in rows[1] for pid in policy_map.policies)

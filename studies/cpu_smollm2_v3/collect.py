@@ -1,0 +1,225 @@
+"""Study 3's committed results: `python -m studies.cpu_smollm2_v3.collect [--sweep DIR ...] [--gate DIR] [--check]`.
+
+1. Copies every run from the sweeps' storage into studies/cpu_smollm2_v3/runs/<arm>/seed<seed>/ (gate runs into
+   gate/<workflow>-<role>-<cap>/): metrics.jsonl, config.yaml, eval_tasks.csv, its held-out curve as
+   eval_curve.csv and its evaluations' turns as eval_turns.parquet (what each role wrote, its length and finish
+   reason, the rewards; no prompts, ids or log-probs). **A run whose start rows record another commit than
+   STUDY_COMMIT, or uncommitted changes, is refused**: the study runs from one pinned commit.
+2. Rewrites the README's measured tables (between `<!-- table:NAME -->` and `<!-- /table -->`) from the committed
+   runs.
+
+`--check` changes nothing and exits 1 when the README's tables differ from the committed runs'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.driver.eval_records import TURNS_DIR
+from jobs.report import find_runs
+from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
+from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, load, paired_counts, provenance_table
+from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
+from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v3.gate import gate_table, lengths_table
+from studies.cpu_smollm2_v3.stats import permutation_p, welch
+
+HERE = Path(__file__).resolve().parent
+RUNS, GATE, README = HERE / "runs", HERE / "gate", HERE / "README.md"
+SWEEPS = sorted(Path("runs/sweeps").glob("cpu_study_v3_s[0-9]"))
+# The commit the tag study-v3 names: every run of the study recorded it (studies/cpu_smollm2_v3/run.py).
+STUDY_COMMIT = "unset"
+SA, SP, IP = "single_agent-shared", "voting-shared", "voting-isolated"
+COMPARISONS = ((SP, IP), (SP, SA), (IP, SA))  # the question first, then each against single-agent
+TURN_COLUMNS = ("step", "episode", "task_id", "role", "agent", "round", "response", "finish_reason", "reward",
+                "episode_reward", "final_answer", "parse_failures", "score_info")
+
+
+class ProvenanceError(ValueError):
+    """A run that did not run from the study's commit, on a clean tree."""
+
+
+def check_provenance(path: Path, commit: str = STUDY_COMMIT) -> int:
+    """How many times the run at `path` started (its rows carrying `code/commit`); ProvenanceError when any start
+    recorded another commit, uncommitted changes, or no commit at all."""
+    # Raw lines: load_run merges a re-logged step's rows, and with them two starts' commit keys.
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    starts = [row for line in lines if line.strip() and "code/commit" in (row := json.loads(line))]
+    if not starts:
+        raise ProvenanceError(f"{path}: no code/commit recorded")
+    for row in starts:
+        if row["code/commit"] != commit or row.get("code/dirty") is not False:
+            raise ProvenanceError(f"{path}: ran at {row['code/commit']} (dirty: {row.get('code/dirty')}), "
+                                  f"not the study's commit {commit} on a clean tree")
+    return len(starts)
+
+
+def slim_turns(run_dir: Path) -> pa.Table | None:
+    """Every evaluation's turns of a run, in one table of TURN_COLUMNS (`step`: steps done at that evaluation),
+    with each response's length in tokens; None without evaluation turns."""
+    files = sorted((run_dir / TURNS_DIR).glob("eval_*.parquet"))
+    if not files:
+        return None
+    tables = [pq.read_table(f, columns=[*TURN_COLUMNS, "response_ids"]) for f in files]
+    table = pa.concat_tables(tables)
+    lengths = pa.array([len(ids) for ids in table.column("response_ids").to_pylist()], pa.int32())
+    return table.drop_columns(["response_ids"]).append_column("response_tokens", lengths)
+
+
+def copy_runs(sweep: Path, root: Path, gate: bool = False) -> list[str]:
+    """Study 2's copy (files, curve, destination by arm and seed; gate runs by workflow, role and cap), after
+    each run's provenance check, plus the slim evaluation turns."""
+    for path in find_runs([sweep]):
+        check_provenance(path)
+    names = copy_v2_files(sweep, root, "gate" if gate else "study")
+    for path, name in zip(find_runs([sweep]), names, strict=True):
+        turns = slim_turns(path)
+        if turns is not None:
+            pq.write_table(turns, root / name / "eval_turns.parquet", compression="zstd")
+    return names
+
+
+def committed(root: Path = RUNS) -> list[Run]:
+    runs = [load(p) for p in find_runs([root])] if root.is_dir() else []
+    return sorted(runs, key=lambda r: ([SA, SP, IP].index(r.arm) if r.arm in (SA, SP, IP) else 3, r.seed))
+
+
+def finals(runs: list[Run]) -> list[float]:
+    return [r.curve[-1] for r in sorted(runs, key=lambda r: r.seed)]
+
+
+def tests_table(runs: list[Run]) -> str:
+    """Per comparison: the seeds each arm ran, mean final accuracy difference, the exact permutation p over seeds
+    (the test), Welch's t, and pooled McNemar on tasks x seeds (shown, not the test)."""
+    arms, rows = by_arm(runs), []
+    for x, y in COMPARISONS:
+        if x not in arms or y not in arms:
+            continue
+        a, b = finals(arms[x]), finals(arms[y])
+        t, df, p_welch = welch(a, b)
+        pairs, only_a, only_b = paired_counts(arms[x], arms[y])
+        rows.append([f"{x} vs {y}", f"{len(a)} / {len(b)}", f"{statistics.fmean(a) - statistics.fmean(b):+.3f}",
+                     _fmt(permutation_p(a, b)), f"{_fmt(t, 2)} (df {_fmt(df, 1)})", _fmt(p_welch),
+                     f"{only_a} / {only_b} of {pairs}", _fmt(mcnemar_exact(only_a, only_b)) if pairs else "–"])
+    return _table(["comparison", "seeds", "final difference", "permutation p", "Welch t", "Welch p",
+                   "pooled tasks right only in first / second", "McNemar p (not the test)"], rows)
+
+
+def eval_series(rows: list[dict[str, Any]], key: str) -> list[float]:
+    """`key` (an eval/ metric) at each evaluation: the base's from eval/before/* in step 0's row, then every row
+    holding an evaluation; NaN where an evaluation did not log it."""
+    before = "eval/before/" + key.removeprefix("eval/")
+    out = [float(rows[0].get(before, math.nan))] if rows and "eval/accuracy_before" in rows[0] else []
+    return out + [float(r.get(key, math.nan)) for r in rows if "eval/accuracy" in r]
+
+
+def parse_rate(rows: list[dict[str, Any]], role: str) -> list[float]:
+    """The role's parse rate at each evaluation: 1 - failed turns / turns."""
+    turns, failed = eval_series(rows, f"eval/turns/{role}"), eval_series(rows, f"eval/parse_failures/{role}")
+    return [1 - (f if f == f else 0.0) / n if n else math.nan for n, f in zip(turns, failed, strict=True)]
+
+
+def _mean_over(group: list[Run], series: Callable[[Run], list[float]]) -> list[str]:
+    """Mean over seeds at each evaluation (NaNs left out), formatted."""
+    columns = list(zip(*(series(r) for r in group), strict=False))
+    return [_fmt(statistics.fmean(v) if (v := [x for x in col if x == x]) else math.nan) for col in columns]
+
+
+def mechanics_table(runs: list[Run]) -> str:
+    """Voting arms, mean over seeds at each evaluation: the aggregator's parse rate, its choice accuracy on
+    episodes with a right candidate, and its response length."""
+    rows = []
+    for arm, group in by_arm(runs).items():
+        if not arm.startswith("voting"):
+            continue
+        for label, series in (
+                ("aggregator parse rate", lambda r: parse_rate(r.record.rows, "aggregator")),
+                ("aggregator choice accuracy", lambda r: eval_series(r.record.rows,
+                                                                     "eval/choice/accuracy/aggregator")),
+                ("aggregator response tokens", lambda r: eval_series(r.record.rows,
+                                                                     "eval/response_len/aggregator"))):
+            rows.append([arm, label, *_mean_over(group, series)])
+    return _table(["arm", "measure", "step 0", "10", "20", "30", "40"], rows)
+
+
+def _training_mean(run: Run, prefix: str) -> dict[str, float]:
+    """Per suffix of `prefix` (a role or a policy): the mean over the run's training steps."""
+    values: dict[str, list[float]] = {}
+    for row in run.record.rows:
+        for key, v in row.items():
+            if key.startswith(prefix) and isinstance(v, int | float) and v == v:
+                values.setdefault(key.removeprefix(prefix), []).append(float(v))
+    return {k: statistics.fmean(v) for k, v in values.items()}
+
+
+def training_table(runs: list[Run]) -> str:
+    """Per arm and role or policy, mean ± SD over seeds of the per-run training means: the gradient norm share
+    and mass share of the step, and the policy movement per step."""
+    rows = []
+    for arm, group in by_arm(runs).items():
+        for label, prefix in (("gradient norm share", "grad/step_norm_share/"),
+                              ("gradient mass share", "grad/step_mass_share/"),
+                              ("policy move per step", "update/policy_move/")):
+            per_run = [_training_mean(r, prefix) for r in group]
+            for name in sorted({k for m in per_run for k in m}):
+                m, sd = mean_sd([p[name] for p in per_run if name in p])
+                rows.append([arm, label, name, f"{_fmt(m, 4)} ± {_fmt(sd, 4)}"])
+    return _table(["arm", "measure", "role / policy", "mean over training (± SD over seeds)"], rows)
+
+
+def starts_table(runs: list[Run]) -> str:
+    """Per run: how many times it started (a resumed run continues from its newest checkpoint)."""
+    rows = [[r.arm, str(r.seed), str(check_provenance(r.record.path))] for r in runs]
+    return _table(["arm", "seed", "starts"], rows)
+
+
+TABLES: dict[str, Callable[[list[Run]], str]] = {
+    "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "training": training_table,
+    "provenance": provenance_table, "starts": starts_table,
+}
+
+
+def committed_tables() -> dict[str, str]:
+    runs = committed(RUNS)
+    out = {name: fn(runs) for name, fn in TABLES.items()}
+    gated = GATE.is_dir() and bool(find_runs([GATE]))
+    out["gate"] = gate_table([GATE]) if gated else ""
+    out["lengths"] = lengths_table([GATE])[0] if gated else ""
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2_v3.collect",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", type=Path, nargs="*", default=list(SWEEPS), help="the arms' sweeps (copied)")
+    parser.add_argument("--gate", type=Path, nargs="*", default=[], help="the gate's sweep (copied)")
+    parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
+    args = parser.parse_args(argv)
+    try:
+        for sources, root, gate in ((args.sweep, RUNS, False), (args.gate, GATE, True)):
+            for sweep in sources if not args.check else []:
+                print(f"copied {', '.join(copy_runs(sweep, root, gate)) or 'no runs'} from {sweep}")
+        computed, text = committed_tables(), README.read_text()
+    except ProvenanceError as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = [n for n, t in readme_tables(text).items() if computed.get(n) != t]
+        print(f"README tables {'differ: ' + ', '.join(stale) if stale else 'match'} the committed runs")
+        return 1 if stale else 0
+    README.write_text(rewrite_readme(text, computed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

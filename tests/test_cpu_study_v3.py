@@ -4,6 +4,7 @@ sweeps and its refusal to run off the pinned commit."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import subprocess
@@ -37,7 +38,7 @@ from studies.cpu_smollm2_v3.gate import (
     parsed_turns,
     wilson,
 )
-from studies.cpu_smollm2_v3.run import StudyError, check_commit, seed_sweep
+from studies.cpu_smollm2_v3.run import StudyError, cell_sweep, cells, check_commit, exported, fits, parse_until
 from studies.cpu_smollm2_v3.stats import incomplete_beta, permutation_p, student_two_sided, welch
 
 
@@ -108,23 +109,47 @@ def test_base_lengths_read_the_base_evaluations_turns(tmp_path):
     assert base_lengths(tmp_path) == [(3, "stop")]
 
 
-def test_each_seeds_sweep_runs_three_arms_with_the_caps_on_the_right_roles(tmp_path):
-    spec_dict = seed_sweep(3, 48, 64)
-    path = tmp_path / "s3.yaml"
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(spec_dict)))
-    spec = load_sweep(str(path))
-    cells = validate(spec)
-    assert spec.name == "cpu_study_v3_s3" and [c["seed"] for c in cells] == [3, 3, 3]
-    assert [(c["arm"]["marl.workflow"], c["arm"]["marl.sharing"]) for c in cells] == [
-        ("single_agent", "shared"), ("voting", "shared"), ("voting", "isolated")]
-    configs = [trial_config(setup_of(spec), {"grid": c}, "t") for c in cells]
+def test_cells_run_seed_by_seed_each_with_the_caps_on_the_right_roles(tmp_path):
+    order = cells([3, 4])
+    assert [(seed, arm["marl.workflow"], arm["marl.sharing"]) for seed, arm in order] == [
+        (3, "single_agent", "shared"), (3, "voting", "shared"), (3, "voting", "isolated"),
+        (4, "single_agent", "shared"), (4, "voting", "shared"), (4, "voting", "isolated")]
+    configs, names = [], []
+    for seed, arm in order[:3]:
+        path = tmp_path / "cell.yaml"
+        path.write_text(OmegaConf.to_yaml(OmegaConf.create(cell_sweep(seed, arm, 48, 64))))
+        spec = load_sweep(str(path))
+        (cell,) = validate(spec)
+        assert cell["seed"] == 3 and cell["arm"] == arm
+        names.append(spec.name)
+        configs.append(trial_config(setup_of(spec), {"grid": cell}, "t"))
+    assert names == ["cpu_study_v3_s3_sa", "cpu_study_v3_s3_sp", "cpu_study_v3_s3_ip"]
     assert all(c.rollout.sampling.max_new_tokens == 48 and c.marl.prompts == "fewshot" for c in configs)
     assert [dict(c.rollout.role_max_new_tokens) for c in configs] == [{}, {"aggregator": 64}, {"aggregator": 64}]
     assert all((c.learner.optim.lr, str(c.learner.optim.schedule)) == (3e-4, "constant") for c in configs)
 
 
+def test_a_cell_exported_to_the_studys_folder_is_not_run_again(tmp_path):
+    seed, arm = cells([2])[1]
+    assert not exported(tmp_path, seed, arm)
+    dest = tmp_path / "runs" / "voting-shared" / "seed2"  # collect.py's destination of that run
+    dest.mkdir(parents=True)
+    (dest / "metrics.jsonl").write_text("{}\n")
+    assert exported(tmp_path, seed, arm) and not exported(tmp_path, 3, arm) and not exported(tmp_path, *cells([2])[2])
+
+
 def _git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_until_is_the_next_such_time_and_a_cell_starts_only_if_its_estimate_fits():
+    now = dt.datetime.now(dt.UTC)
+    soon = now + dt.timedelta(minutes=30)
+    until = parse_until(f"{soon.hour:02d}:{soon.minute:02d}")
+    assert dt.timedelta(minutes=28) < until - now <= dt.timedelta(minutes=30)
+    past = now - dt.timedelta(minutes=5)  # already past today: tomorrow's
+    assert parse_until(f"{past.hour:02d}:{past.minute:02d}") - now > dt.timedelta(hours=23)
+    assert fits(until, 15) and not fits(until, 45) and fits(None, 10_000)
 
 
 def test_the_runner_runs_only_from_the_tagged_commit_on_a_clean_tree(tmp_path, monkeypatch):

@@ -36,9 +36,10 @@ from studies.cpu_smollm2_v3.stats import permutation_p, welch
 
 HERE = Path(__file__).resolve().parent
 RUNS, GATE, README = HERE / "runs", HERE / "gate", HERE / "README.md"
-SWEEPS = sorted(Path("runs/sweeps").glob("cpu_study_v3_s[0-9]"))
-# The commit the tag study-v3 names: every run of the study recorded it (studies/cpu_smollm2_v3/run.py).
-STUDY_COMMIT = "unset"
+SWEEPS = sorted(Path("runs/sweeps").glob("cpu_study_v3_s[0-9]_*"))
+# The commit the tag study-v3 names, written to COMMIT once pinned: every run of the study recorded it
+# (studies/cpu_smollm2_v3/run.py). The file comes after the commit it names, so that commit cannot hold it.
+STUDY_COMMIT = (HERE / "COMMIT").read_text().strip() if (HERE / "COMMIT").is_file() else "unset"
 SA, SP, IP = "single_agent-shared", "voting-shared", "voting-isolated"
 COMPARISONS = ((SP, IP), (SP, SA), (IP, SA))  # the question first, then each against single-agent
 TURN_COLUMNS = ("step", "episode", "task_id", "role", "agent", "round", "response", "finish_reason", "reward",
@@ -76,11 +77,11 @@ def slim_turns(run_dir: Path) -> pa.Table | None:
     return table.drop_columns(["response_ids"]).append_column("response_tokens", lengths)
 
 
-def copy_runs(sweep: Path, root: Path, gate: bool = False) -> list[str]:
+def copy_runs(sweep: Path, root: Path, gate: bool = False, commit: str = STUDY_COMMIT) -> list[str]:
     """Study 2's copy (files, curve, destination by arm and seed; gate runs by workflow, role and cap), after
-    each run's provenance check, plus the slim evaluation turns."""
+    each run's provenance check against `commit`, plus the slim evaluation turns."""
     for path in find_runs([sweep]):
-        check_provenance(path)
+        check_provenance(path, commit)
     names = copy_v2_files(sweep, root, "gate" if gate else "study")
     for path, name in zip(find_runs([sweep]), names, strict=True):
         turns = slim_turns(path)

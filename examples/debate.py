@@ -1,9 +1,11 @@
-"""debate: two debaters answer, read each other's answer and revise for R rounds; a judge picks one.
+"""debate: N debaters answer, read each other's answers and revise for R rounds; a judge picks one.
 
 A workflow written outside the project, against `marl` alone: train it with
     python -m jobs.train --config jobs/configs/tiny.yaml marl.workflow=examples/debate.py marl.max_rounds=1
 A workflow module has ROLES, agents(opts) and an async run(task, client, family, opts, sample_index) that
 returns an Episode; every model call goes through `client` (one Turn per call, routed by its role). Its
+own options are the dataclass OPTIONS names, each field with its bounds: `marl.options.debaters=3` sets N,
+checked at config load like any key; `opts.own(Options)` reads them. Its
 wording is data: PROMPT_SPEC names the templates each role fills, and the text comes from the prompt set
 `marl.prompts` names when that set has a `debate` section (marl.prompts=my_prompts.yaml), else from
 debate.yaml beside this file (PROMPT_FILE). Either is checked against PROMPT_SPEC at config load.
@@ -12,6 +14,7 @@ debate.yaml beside this file (PROMPT_FILE). Either is checked against PROMPT_SPE
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
 from marl.prompts import RoleWording, WorkflowWording
@@ -28,35 +31,48 @@ from marl.workflows.common import (
     user,
     wording,
 )
+from marl.workflows.options import at_least
+from marl.workflows.voting import choices
 
 NAME = "debate"
 ROLES: tuple[str, ...] = ("debater", "judge")  # each role gets its own policy under marl.sharing=isolated
-SLOT_ROLES: tuple[str, ...] = ("debater",)  # debater0 and debater1 hold their own positions: one GRPO group each
-DEBATERS = 2
+SLOT_ROLES: tuple[str, ...] = ("debater",)  # each debater holds its own position: one GRPO group each
+
+
+@dataclass(frozen=True)
+class Options:
+    debaters: int = at_least(2, 2)  # debaters, each reading the others' answers (marl.options.debaters)
+
+
+OPTIONS = Options
 
 # role -> template -> the placeholders it may use (as the built-in workflows' PROMPT_SPEC)
 PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
     "debater": {"user": ("problem",), "revise": ("other",)},
-    "judge": {"user": ("problem", "answers"), "answer": ("i", "text")},
+    # choices: "\boxed{1} or \boxed{2}" for two debaters
+    "judge": {"user": ("problem", "answers", "choices"), "answer": ("i", "text")},
 }
 # The wording when the set marl.prompts names has no `debate` section.
 PROMPT_FILE = str(Path(__file__).with_suffix(".yaml"))
 
 
 def agents(opts: WorkflowOptions) -> list[str]:
-    return [f"debater{i}" for i in range(DEBATERS)] + ["judge"]
+    return _debaters(opts) + ["judge"]
+
+
+def _debaters(opts: WorkflowOptions) -> list[str]:
+    return [f"debater{i}" for i in range(opts.own(Options).debaters)]
 
 
 def _judge_prompt(task: Task, answers: list[str], judge: RoleWording) -> str:
     numbered = "\n\n".join(judge.fill("answer", i=i, text=text) for i, text in enumerate(answers, start=1))
-    return judge.fill("user", problem=task.prompt, answers=numbered)
+    return judge.fill("user", problem=task.prompt, answers=numbered, choices=choices(len(answers)))
 
 
 async def _debate(
-    task: Task, client: PolicyClient, family: TaskFamily, rounds: int, w: WorkflowWording
+    task: Task, client: PolicyClient, family: TaskFamily, names: list[str], rounds: int, w: WorkflowWording
 ) -> list[list[Turn]]:
-    """Each debater's turns: an answer, then one revision per round after reading the other's latest."""
-    names = [f"debater{i}" for i in range(DEBATERS)]
+    """Each debater's turns: an answer, then one revision per round after reading the others' latest."""
     d = w.role("debater")
     first = user(asking(w, d.fill("user", problem=task.prompt), family.instruction()))
     histories = [[*d.opening(), first] for _ in names]
@@ -65,7 +81,8 @@ async def _debate(
         if r > 0:  # everyone reads the answers of the round before, then all revise at once
             latest = [t[-1].text for t in turns]
             for i, history in enumerate(histories):
-                history += [assistant(latest[i]), user(d.fill("revise", other=latest[1 - i]))]
+                others = "\n\n".join(text for j, text in enumerate(latest) if j != i)
+                history += [assistant(latest[i]), user(d.fill("revise", other=others))]
         said = await asyncio.gather(*(ask(client, "debater", n, r, h) for n, h in zip(names, histories, strict=True)))
         for mine, turn in zip(turns, said, strict=True):
             mine.append(turn)
@@ -77,16 +94,16 @@ async def run(
 ) -> Episode:
     episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
     w = wording(opts, NAME, family, own_file=PROMPT_FILE)
-    turns = await _debate(task, client, family, opts.max_rounds, w)
-    episode.turns.extend(t for r in range(opts.max_rounds + 1) for t in (turns[0][r], turns[1][r]))
+    turns = await _debate(task, client, family, _debaters(opts), opts.max_rounds, w)
+    episode.turns.extend(mine[r] for r in range(opts.max_rounds + 1) for mine in turns)
     finals = [t[-1] for t in turns]
     judging = w.role("judge")
     judge_messages = [*judging.opening(), user(_judge_prompt(task, [t.text for t in finals], judging))]
     judge = await ask(client, "judge", "judge", 0, judge_messages)
     episode.turns.append(judge)
-    choice = parse_choice(judge.text, DEBATERS)
-    if choice is None:  # recorded, then the fallbacks: a standalone 1 or 2 in the text, else debater 1
+    choice = parse_choice(judge.text, len(finals))
+    if choice is None:  # recorded, then the fallbacks: a debater's standalone number in the text, else 1
         episode.note_parse_failure("judge")
-        choice = first_number_in_range(judge.text, DEBATERS) or 1
+        choice = first_number_in_range(judge.text, len(finals)) or 1
     set_final_answer(episode, family, finals[choice - 1])
     return episode

@@ -1,3 +1,3 @@
-"""Entry points: train, sweep, report, prepare_data (and the generators of docs/: config_reference, fidelity,
-dashboard). The code they run lives by concern in jobs/config/, jobs/driver/, jobs/models/, jobs/plan/ and
-jobs/telemetry/."""
+"""Entry points: train, sweep, report, compare, prepare_data. The code they run lives by concern in
+jobs/config/, jobs/driver/, jobs/models/, jobs/plan/ and jobs/telemetry/; the generators of the site's
+computed pages in jobs/pages/."""

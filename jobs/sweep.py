@@ -40,10 +40,10 @@ from jobs.config.sweep_spec import (
     validate,
 )
 from jobs.driver.resources import arithmetic, trial_bundles
+from jobs.pages.scaling import configurations, scaling_markdown
 from jobs.plan.layout import RunLayout, run_layout
 from jobs.plan.planner import make_plan
 from jobs.plan.report import format_plan
-from jobs.plan.scaling import configurations, scaling_markdown
 from jobs.telemetry.tracking import read_metrics
 
 POINTER = "pointer.json"

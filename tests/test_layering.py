@@ -28,13 +28,16 @@ RAY_ALLOWED = {"cluster", "jobs"}
 NOT_LAYERS = {"benchmarks", "tests", "scripts"}
 # Inside jobs/: the entry points (jobs/*.py) may import every folder; below them each folder imports only these. The
 # run (driver) assembles what config, models, plan and telemetry provide; the plan reads the config and the models'
-# shapes; nothing below the entry points imports them.
+# shapes; nothing below the entry points imports them, except the site's computed pages (commands
+# themselves, `python -m jobs.pages.<page>`), which read the config, the models, the plan and a sweep's
+# trials as `jobs.sweep` resolves them.
 JOBS_ALLOWED = {
     "jobs.models": {"jobs.models"},
     "jobs.config": {"jobs.config", "jobs.plan"},
     "jobs.plan": {"jobs.plan", "jobs.config", "jobs.models"},
     "jobs.telemetry": {"jobs.telemetry", "jobs.config"},
     "jobs.driver": {"jobs.driver", "jobs.config", "jobs.models", "jobs.plan", "jobs.telemetry"},
+    "jobs.pages": {"jobs", "jobs.pages", "jobs.config", "jobs.models", "jobs.plan"},
 }
 # The one config module that reads the planner: loading resolves learner.gradient_checkpointing=auto against the
 # memory plan before the config is frozen. The rest of jobs/config is what the planner itself reads.

@@ -25,7 +25,7 @@ from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
 from marl.tasks.rows import FILE_SUFFIXES
-from marl.workflows import check_prompts, get_workflow, roles_of
+from marl.workflows import check_prompts, get_workflow, roles_of, workflow_own_options
 
 
 class ConfigError(ValueError):
@@ -172,10 +172,12 @@ def _check_policies(cfg: TrainConfig) -> None:
 
 
 def _check_workflow(cfg: TrainConfig) -> None:
-    """A built-in name, or the user's module (imported and checked against the Workflow protocol now), and the
-    prompt set (read and checked against the workflows and roles it names now)."""
+    """A built-in name, or the user's module (imported and checked against the Workflow protocol now), its
+    own options (marl.options, against its OPTIONS), and the prompt set (read and checked against the
+    workflows and roles it names now)."""
     try:
         get_workflow(cfg.marl.workflow)
+        workflow_own_options(cfg.marl.workflow, cfg.marl.options)
         check_prompts(cfg.marl.prompts, cfg.marl.workflow)
     except ValueError as e:
         raise ConfigError(f"config: {e}") from None

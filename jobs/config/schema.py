@@ -22,6 +22,7 @@ from marl.policy_map import Sharing
 from marl.tasks import TaskName
 from marl.tasks.math import AnswerFallback
 from marl.tasks.sandbox.limits import OutputMatch
+from marl.workflows.options import WorkflowSettings
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
 from rollout.sections import VllmSyncPath
@@ -173,10 +174,17 @@ class DataConfig:
 
 
 @dataclass
-class MarlConfig:
+class MarlConfig(WorkflowSettings):
+    """The `marl` section; the built-in workflows' settings (num_generators, max_rounds, max_strategies,
+    prompts) are declared, with their bounds, once: marl/workflows/options.py's WorkflowSettings."""
+
     # single_agent | eval_opt | voting | orch_workers, or the user's own module: a dotted module path
     # (my_pkg.debate) or a file path (examples/debate.py), imported and checked at config load (marl/workflows).
     workflow: str = "voting"
+    # The user workflow's own options, the fields of the dataclass its module names as OPTIONS (with their
+    # defaults and bounds there): e.g. marl.options.debaters=3 for examples/debate.py. An unknown key, a
+    # value of the wrong type or out of bounds is an error naming marl.options.<key>. {} = its defaults.
+    options: dict[str, Any] = field(default_factory=dict)
     sharing: Sharing = Sharing.isolated  # shared | isolated | custom
     policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
     # Per-policy settings: policy id (of the map `sharing` produces) -> overrides shaped like the top-level
@@ -184,16 +192,6 @@ class MarlConfig:
     # rank_resources,gradient_checkpointing} and rollout.{engines_per_role,engine_num_cpus,engine_num_gpus,
     # engine_resources,kv_cache_gb,gpu_memory_utilization} (jobs/config/policies.py). Unset keys are inherited.
     policies: dict[str, Any] = field(default_factory=dict)
-    num_generators: int = positive(3)
-    max_rounds: int = positive(3)
-    max_strategies: int = positive(3)
-    # Wording of the workflows' prompts: a built-in prompt set, default (this project's) | paper (as in arXiv
-    # 2605.24202: an eval_opt evaluator that never reveals the answer, revisions by a different method, code
-    # personas for data.task=code) | fewshot (paper's, with two worked examples of the output format for each
-    # coordinating role), or the path to a prompt-set file (YAML as marl/prompts/default.yaml, or the paper's
-    # released prompt.json), checked at config load against the workflows and roles it names
-    # (docs/workflows.md).
-    prompts: str = "default"
     # Per-role reward shaping: role -> a function path (`pkg.module.function` or `path/file.py:function`) called
     # as hook(episode, turn) -> float, that role's turn reward in place of the episode's outcome (marl/rewards.py;
     # examples/format_penalty.py). Imported and checked at config load. {} = the outcome on every turn.

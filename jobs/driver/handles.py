@@ -23,8 +23,7 @@ from learners.member import LearnerSpec
 from marl.policy_map import PolicyMap
 from marl.rewards import load_shaping
 from marl.tasks import TaskFamily
-from marl.workflows import get_workflow, roles_of
-from marl.workflows.common import WorkflowOptions
+from marl.workflows import roles_of, workflow_options
 from rollout.collector import Collector
 from rollout.engine_group import EngineGroup, Resync
 
@@ -102,9 +101,8 @@ def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
                         lora_delta=pc.model.lora.enabled and cfg.sync.lora_delta)
         for pid, pc in configs.items()
     })
-    get_workflow(cfg.marl.workflow)  # fail before any rollout on an unknown workflow
-    options = WorkflowOptions(num_generators=cfg.marl.num_generators, max_rounds=cfg.marl.max_rounds,
-                              max_strategies=cfg.marl.max_strategies, prompts=cfg.marl.prompts)
+    # Fails before any rollout on an unknown workflow or a bad option.
+    options = workflow_options(cfg.marl.workflow, cfg.marl, cfg.marl.options)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
     return RunHandles(policy_map, learners, engines, collector, syncs, placement)

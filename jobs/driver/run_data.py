@@ -24,8 +24,9 @@ EVAL_SEED_OFFSET = 1_000_000_000  # larger than any train_size: eval's generator
 
 
 @dataclass
-class RunData:
-    """The run's tasks; `metrics` go into step 0's metrics, `summary` is the start-up line."""
+class DataSplits:
+    """The run's train, eval and full-eval tasks, from which `prepare` builds its RunAssets; `metrics` go into
+    step 0's metrics, `summary` is the start-up line."""
 
     train: list[Task]
     eval: list[Task]
@@ -34,7 +35,7 @@ class RunData:
     full_eval: list[Task]  # every row of data.eval with data.eval_full, else none
 
 
-def load_run_data(cfg: TrainConfig) -> RunData:
+def load_run_data(cfg: TrainConfig) -> DataSplits:
     """Train and eval tasks for `cfg.data` with `cfg.seed`. Raises ValueError naming the data sources."""
     d = cfg.data
     # The eval draw does not follow the run's seed: every seed of a study evaluates the same held-out tasks.
@@ -54,7 +55,7 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     full = load_tasks(d.eval, None, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_full else []
     if full:
         summary += f"; the whole eval split ({len(full)} tasks) at the end"
-    return RunData(train, eval_tasks, metrics, summary, full)
+    return DataSplits(train, eval_tasks, metrics, summary, full)
 
 
 def hold_out(train: list[Task], eval_tasks: list[Task], train_spec: str, eval_spec: str,

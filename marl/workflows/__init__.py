@@ -1,25 +1,30 @@
 """The workflows by name (the `marl.workflow` config key): the built-in ones, or the user's own module.
 
 A workflow is a module with `ROLES`, `agents(opts)` and an async `run(task, client, family, opts,
-sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`). Agent names are a role, or a role
-followed by a number (`generator0`). `marl.workflow` takes a built-in name, a dotted module path
-(`my_pkg.debate`) or a file path (`examples/debate.py`); a module is imported and checked on first use (at
-config load), so a missing attribute, a `run` that is not async or an agent of no role fails there.
+sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`) and `OPTIONS`, the dataclass of
+its own options (set as `marl.options.<name>`, read as `opts.own(OPTIONS)`; marl/workflows/options.py).
+Agent names are a role, or a role followed by a number (`generator0`). `marl.workflow` takes a built-in
+name, a dotted module path (`my_pkg.debate`) or a file path (`examples/debate.py`); a module is imported and
+checked on first use (at config load), so a missing attribute, a `run` that is not async or an agent of no
+role fails there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 from marl.plugins import PluginError, is_file_spec, load_module
 from marl.prompts import PromptSetError, load_prompt_set
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows import eval_opt, orch_workers, single_agent, voting
-from marl.workflows.common import PROMPT_SETS, WorkflowOptions
+from marl.workflows.common import PROMPT_SETS
+from marl.workflows.options import WorkflowOptions, WorkflowSettings, own_options
 from marl.workflows.prompt_check import PromptSpec, check_set, check_wording
 
 
@@ -82,6 +87,25 @@ def workflow_problem(module: ModuleType) -> str | None:
     unknown = [r for r in getattr(module, "SLOT_ROLES", ()) if r not in roles]
     if unknown:
         return f"SLOT_ROLES names {unknown}, which are not in ROLES {tuple(roles)}"
+    return _options_problem(module) or _agents_problem(module, roles)
+
+
+def _options_problem(module: ModuleType) -> str | None:
+    """What is wrong with the module's OPTIONS, if it has one: a dataclass whose every field has a default."""
+    cls = getattr(module, "OPTIONS", None)
+    if cls is None:
+        return None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return f"OPTIONS must be a dataclass (its own options); got {cls!r}"
+    try:
+        cls()
+    except Exception as e:  # noqa: BLE001 - whatever the user's code raises is reported, not propagated
+        return f"OPTIONS() raised {type(e).__name__}: {e} (every option needs a default)"
+    return None
+
+
+def _agents_problem(module: ModuleType, roles: tuple[str, ...]) -> str | None:
+    """What is wrong with the agents its default options give: agents() failing, or agents of no role."""
     try:
         agents = list(module.agents(WorkflowOptions()))
     except Exception as e:  # noqa: BLE001 - whatever the user's code raises is reported, not propagated
@@ -90,6 +114,21 @@ def workflow_problem(module: ModuleType) -> str | None:
     if strays:
         return f"agents() returns {strays}, whose roles are not in ROLES {tuple(roles)}"
     return None
+
+
+def workflow_options(name: str, settings: WorkflowSettings, own: Mapping[str, Any] | None = None
+                     ) -> WorkflowOptions:
+    """What workflow `name` reads: the built-in `settings` (the config's `marl` section, or any
+    WorkflowSettings) and its own options built from `own` (`marl.options`). Raises ValueError naming the
+    `marl.*` key at fault."""
+    shared = {f.name: getattr(settings, f.name) for f in dataclasses.fields(WorkflowSettings)}
+    return WorkflowOptions(**shared, options=workflow_own_options(name, own or {}))
+
+
+def workflow_own_options(name: str, values: Mapping[str, Any]) -> object:
+    """Workflow `name`'s own options (its module's OPTIONS) built from `values`, None for a workflow with
+    none. Raises ValueError naming `marl.options.<key>`."""
+    return own_options(getattr(get_workflow(name), "OPTIONS", None), values, name)
 
 
 def agent_role(agent: str) -> str:
@@ -135,5 +174,6 @@ def check_prompts(spec: str, workflow: str) -> None:
         raise ValueError(f"marl.prompts={spec}: {e}") from None
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "agent_role", "check_prompts",
-           "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_problem"]
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "WorkflowSettings", "agent_role",
+           "check_prompts", "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_options",
+           "workflow_own_options", "workflow_problem"]

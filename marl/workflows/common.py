@@ -1,4 +1,5 @@
-"""What every workflow shares: WorkflowOptions, message builders, one-turn calls and output parsers.
+"""What every workflow shares: its options (WorkflowOptions, from marl/workflows/options.py), message
+builders, one-turn calls and output parsers.
 
 Parsers return None (or an empty list) when the output does not follow the format; each workflow
 decides its fallback and records the parse failure on the Episode.
@@ -9,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from marl.prompts import BUILTIN_SETS, PromptSetError, WorkflowWording, load_prompt_set
+from marl.prompts import BUILTIN_SETS, WorkflowWording, load_prompt_set
 from marl.tasks.base import TaskFamily
 from marl.tasks.math import last_boxed
 from marl.types import Episode, Message, PolicyClient, Turn
+from marl.workflows.options import WorkflowOptions as WorkflowOptions  # what every workflow reads
 
 # The built-in prompt sets (marl/prompts/*.yaml); `marl.prompts` also takes a path to a user's file. default:
 # this project's own wording; paper: the wording of "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv
@@ -26,25 +27,6 @@ PROMPT_SETS: tuple[str, ...] = BUILTIN_SETS
 def prompt_kind(family: TaskFamily) -> str:
     """The kind of task a wording is written for: code, or math (every other family)."""
     return "code" if family.name == "code" else "math"
-
-
-@dataclass(frozen=True)
-class WorkflowOptions:
-    """Workflow shape knobs (the `marl.*` config keys)."""
-
-    num_generators: int = 3  # voting: K parallel generators
-    max_rounds: int = 3  # eval_opt: at most R generator turns
-    max_strategies: int = 3  # orch_workers: more strategies than this ends the episode
-    prompts: str = "default"  # one of PROMPT_SETS, or a prompt-set file
-
-    def __post_init__(self) -> None:
-        for name in ("num_generators", "max_rounds", "max_strategies"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"marl.{name} must be >= 1, got {getattr(self, name)}")
-        try:
-            load_prompt_set(self.prompts)
-        except PromptSetError as e:
-            raise ValueError(f"marl.prompts={self.prompts}: {e}") from None
 
 
 def wording(

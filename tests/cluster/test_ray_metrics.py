@@ -179,7 +179,7 @@ def _table_metric(exported: str) -> tuple[MetricSpec, str]:
 
 def test_grafana_json_is_generated_from_the_table_and_references_only_its_metrics():
     committed = json.loads(GRAFANA_JSON.read_text())
-    assert committed == grafana_dashboard(), "stale: regenerate with python -m jobs.dashboard"
+    assert committed == grafana_dashboard(), "stale: regenerate with python -m jobs.telemetry.dashboard"
     panels = [p for p in committed["panels"] if p["type"] != "row"]
     for panel in panels:
         for target in panel["targets"]:

@@ -1,5 +1,5 @@
-"""docs/config.md is what jobs.config_reference renders from the schema and the config checks: every key, its
-comment read from the schema's source, and what load checks of it."""
+"""docs/config.md is what jobs.pages.config_reference renders from the schema and the config checks: every
+key, its comment read from the schema's source, and what load checks of it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import textwrap
 
 from omegaconf import OmegaConf
 
-from jobs import config_reference
 from jobs.config import loading
 from jobs.config.field_rules import schema_rules
 from jobs.config.schema import TrainConfig
-from jobs.config_reference import field_comments, message_rules, page, schema_keys
+from jobs.pages import config_reference
+from jobs.pages.config_reference import field_comments, message_rules, page, schema_keys
 
 
 def _leaves(tree: object, prefix: str = "") -> set[str]:
@@ -21,7 +21,7 @@ def _leaves(tree: object, prefix: str = "") -> set[str]:
 
 
 def test_page_is_the_rendered_reference():
-    assert config_reference.PAGE.read_text() == page(), "run `python -m jobs.config_reference --write`"
+    assert config_reference.PAGE.read_text() == page(), "run `python -m jobs.pages.config_reference --write`"
 
 
 def test_every_schema_key_is_listed_once():

@@ -1,6 +1,6 @@
-"""docs/paper_fidelity.md is what jobs.fidelity renders from docs/paper_fidelity.yaml and the paper matrix's
-resolved configs: every row cites its source, a computed status follows the configs, and a row without a config
-key says why."""
+"""docs/paper_fidelity.md is what jobs.pages.fidelity renders from docs/paper_fidelity.yaml and the paper
+matrix's resolved configs: every row cites its source, a computed status follows the configs, and a row
+without a config key says why."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from jobs import fidelity
-from jobs.fidelity import Row, load_rows, matrix_configs, render, row_problem, status
+from jobs.pages import fidelity
+from jobs.pages.fidelity import Row, load_rows, matrix_configs, render, row_problem, status
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_matrix_resolves_one_config_per_task_workflow_sharing(configs):
 
 
 def test_page_is_the_rendered_table(rows, configs):
-    assert fidelity.PAGE.read_text() == render(rows, configs), "run `python -m jobs.fidelity --write`"
+    assert fidelity.PAGE.read_text() == render(rows, configs), "run `python -m jobs.pages.fidelity --write`"
 
 
 def test_every_row_cites_its_source_and_a_keyless_row_says_why(rows):

@@ -131,7 +131,7 @@ def test_docs_scaling_is_the_generators_output():
 
 
 def test_a_trial_waits_for_free_gpus_on_one_node():
-    from jobs.plan.scaling import schedule_hours
+    from jobs.pages.scaling import schedule_hours
 
     assert schedule_hours([(2, 10.0)] * 4, nodes=1) == 10.0  # 4 x 2 GPUs at once on 8
     assert schedule_hours([(2, 10.0)] * 5, nodes=1) == 20.0

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from jobs.pages.baselines import BAND, EXPLAINED, explained, ratios
 from jobs.plan.published import MEASURED_H200, PUBLISHED, estimate, memory
-from jobs.plan.published_page import BAND, EXPLAINED, explained, ratios
 from learners.memory import GPU_ALLOCATOR_POOL
 
 
@@ -34,7 +34,7 @@ def test_every_ratio_is_explained_and_a_moved_ratio_refuses_the_page(monkeypatch
         inside = BAND[0] <= mem <= BAND[1] and BAND[0] <= time <= BAND[1]
         assert inside or len(why) > 40, p
     monkeypatch.setattr("learners.memory.GPU_ALLOCATOR_POOL", 1.5)
-    with pytest.raises(ValueError, match="rewrite jobs/plan/published_page.py EXPLAINED"):
+    with pytest.raises(ValueError, match="rewrite jobs/pages/baselines.py EXPLAINED"):
         explained()
 
 

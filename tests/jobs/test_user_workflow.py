@@ -50,3 +50,33 @@ def test_a_module_that_is_no_workflow_is_a_config_error(tmp_path, capsys):
         load_config(TINY, [f"marl.workflow={bad}"])
     assert main(["--config", TINY, f"marl.workflow={bad}"]) == 2
     assert "has no function run()" in capsys.readouterr().err
+
+
+def test_debate_runs_its_episodes_with_three_debaters(ray_cluster, tmp_path):
+    cfg = load_config(TINY, [f"out_dir={tmp_path}", f"marl.workflow={DEBATE}", "marl.options.debaters=3",
+                             "marl.max_rounds=1", "rollout.engines_per_role=0", "learner.ranks=0", "steps=1",
+                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2"])
+    assert cfg.marl.options == {"debaters": 3}
+    train(cfg)
+    turns = pq.read_table(tmp_path / "tiny" / "rollouts" / "step_000000.parquet").to_pylist()
+    # 2 prompts x 2 samples, each 3 debaters x 2 rounds + a judge.
+    assert len(turns) == 4 * 7
+    assert {t["agent"] for t in turns} == {"debater0", "debater1", "debater2", "judge"}
+
+
+@pytest.mark.parametrize(("override", "problem"), [
+    ("marl.options.debaters=1", "config: marl.options.debaters must be >= 2; got 1"),
+    ("marl.options.debaters=many", "config: marl.options.debaters must be an int; got 'many'"),
+    ("marl.options.judges=2", f"config: marl.options.judges: {DEBATE} has no option 'judges'; its options: debaters"),
+])
+def test_a_bad_workflow_option_is_a_config_error_naming_its_key(tmp_path, capsys, override, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [f"marl.workflow={DEBATE}", override])
+    assert str(e.value) == problem
+    assert main(["--config", TINY, f"marl.workflow={DEBATE}", override]) == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_options_of_a_builtin_workflow_are_a_config_error():
+    with pytest.raises(ConfigError, match="marl.options.debaters: voting declares no options of its own"):
+        load_config(TINY, ["marl.workflow=voting", "marl.options.debaters=3"])

@@ -13,7 +13,7 @@ from marl_scripted import ScriptedClient
 from marl.episode import run_episode
 from marl.tasks import MathFamily
 from marl.types import Task
-from marl.workflows import get_workflow, roles_of, slot_roles
+from marl.workflows import WorkflowSettings, get_workflow, roles_of, slot_roles, workflow_options
 from marl.workflows.common import WorkflowOptions
 
 TASK = Task(task_id="t0", prompt="What is 6 * 7?", answer="42")
@@ -97,3 +97,76 @@ def test_debaters_read_each_other_and_revise_then_the_judge_picks():
 def test_unparsable_judge_falls_back_and_is_counted():
     ep, _ = _debate("the second one, 2", rounds=1)
     assert ep.parse_failures == {"judge": 1} and ep.final_answer == "7" and ep.reward == 0.0
+
+
+OWN_OPTIONS = GOOD + """
+from dataclasses import dataclass, field
+from marl.workflows.options import at_least
+
+@dataclass(frozen=True)
+class Options:
+    judges: int = at_least(1, 1)
+    style: str = field(default="short", metadata={"choices": ("short", "long")})
+    temperature: float = 0.5
+
+OPTIONS = Options
+"""
+
+
+def test_a_file_workflow_declares_its_own_options(tmp_path):
+    path = _write(tmp_path, "judged", OWN_OPTIONS)
+    cls = get_workflow(path).OPTIONS  # type: ignore[attr-defined]
+    defaults = workflow_options(path, WorkflowSettings())
+    assert defaults.own(cls) == cls() and defaults.options == cls()
+    opts = workflow_options(path, WorkflowSettings(max_rounds=2), {"judges": 3, "style": "long", "temperature": 1})
+    assert (opts.max_rounds, opts.own(cls)) == (2, cls(judges=3, style="long", temperature=1))
+
+
+@pytest.mark.parametrize(("values", "problem"), [
+    ({"judges": 0}, "marl.options.judges must be >= 1; got 0"),
+    ({"style": "medium"}, "marl.options.style must be one of short, long; got 'medium'"),
+    ({"judges": "two"}, "marl.options.judges must be an int; got 'two'"),
+    ({"judges": True}, "marl.options.judges must be an int; got True"),
+    ({"temperature": "hot"}, "marl.options.temperature must be a float; got 'hot'"),
+    ({"jugdes": 2}, "marl.options.jugdes: {path} has no option 'jugdes'; its options: judges, style, temperature"),
+])
+def test_a_bad_own_option_names_its_key(tmp_path, values, problem):
+    path = _write(tmp_path, "judged", OWN_OPTIONS)
+    with pytest.raises(ValueError) as e:
+        workflow_options(path, WorkflowSettings(), values)
+    assert str(e.value) == problem.format(path=path)
+
+
+def test_options_of_a_workflow_that_declares_none_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="marl.options.k: voting declares no options of its own"):
+        workflow_options("voting", WorkflowSettings(), {"k": 2})
+    assert workflow_options("voting", WorkflowSettings(num_generators=2)).options is None
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (GOOD + "OPTIONS = {'judges': 1}\n", "OPTIONS must be a dataclass"),
+    (GOOD + "from dataclasses import dataclass\n@dataclass\nclass O:\n    judges: int\nOPTIONS = O\n",
+     "OPTIONS() raised TypeError"),
+])
+def test_options_that_are_no_dataclass_of_defaults_are_a_protocol_problem(tmp_path, body, problem):
+    path = _write(tmp_path, "odd", body)
+    with pytest.raises(ValueError, match="marl.workflow") as e:
+        get_workflow(path)
+    assert problem in str(e.value)
+
+
+def test_debate_runs_as_many_debaters_as_its_option_says():
+    replies = {"debater0": ["\\boxed{1}", "\\boxed{4}"], "debater1": ["\\boxed{2}", "\\boxed{5}"],
+               "debater2": ["\\boxed{3}", "\\boxed{42}"], "judge": "Debater 3: \\boxed{3}"}
+    client = ScriptedClient(replies)
+    opts = workflow_options("examples/debate.py", WorkflowSettings(max_rounds=1), {"debaters": 3})
+    assert get_workflow("examples/debate.py").agents(opts) == ["debater0", "debater1", "debater2", "judge"]
+    ep = asyncio.run(run_episode("examples/debate.py", TASK, client, MathFamily(), opts, 0))
+    assert [(t.agent, t.round) for t in ep.turns] == [
+        ("debater0", 0), ("debater1", 0), ("debater2", 0), ("debater0", 1), ("debater1", 1), ("debater2", 1),
+        ("judge", 0)]
+    revise = ep.turns[4].messages[-1]["content"]  # debater1 reads debater0's and debater2's answers
+    assert "\\boxed{1}" in revise and "\\boxed{3}" in revise and "\\boxed{2}" not in revise
+    judged = ep.turns[6].messages[-1]["content"]
+    assert "\\boxed{1}, \\boxed{2} or \\boxed{3}" in judged and "\\boxed{42}" in judged
+    assert ep.final_answer == "42" and ep.reward == 1.0 and not ep.parse_failures

@@ -1,12 +1,14 @@
-"""`python -m jobs.config_reference [--write]`: docs/config.md, the config reference, generated from the schema.
+"""`python -m jobs.pages.config_reference [--write]`: docs/config.md, the config reference, generated from
+the schema.
 
-Every key of `jobs/config/schema.py`'s `TrainConfig`, section by section: its type and default (from the dataclasses),
-what config load checks of it (the choices and bounds its field carries, jobs/config/field_rules.py, and the rule each
-other check of `jobs/config/loading.py` states in its error message), whether a policy may set it for itself
-(`jobs/config/policies.py`), and its comment in the schema source: the comment on the field's line and the block right
-above it (dataclass fields carry no docstrings, so the source is read with `tokenize`). A field without a
-comment of its own that directly follows a commented field, with no blank line between, points at the field
-whose comment covers it.
+Every key of `jobs/config/schema.py`'s `TrainConfig`, section by section: its type and default (from the
+dataclasses), what config load checks of it (the choices and bounds its field carries,
+jobs/config/field_rules.py, and the rule each other check of `jobs/config/loading.py` states in its error
+message), whether a policy may set it for itself (`jobs/config/policies.py`), and its comment in the source of
+the class that declares it (the schema, or for the `marl` section's inherited workflow settings
+marl/workflows/options.py): the comment on the field's line and the block right above it (dataclass fields
+carry no docstrings, so the source is read with `tokenize`). A field without a comment of its own that
+directly follows a commented field, with no blank line between, points at the field whose comment covers it.
 Without --write the command prints the page; tests/jobs/test_config_reference.py checks the page equals it.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
+import inspect
 import io
 import re
 import sys
@@ -32,7 +36,7 @@ from jobs.config import schema
 from jobs.config.field_rules import enum_type, schema_rules
 from jobs.config.policies import per_policy_key
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs/config.md"
 # The leading keys of a check's message: `<key>[.<name>][=value] [and <key> ...]<rule>`.
 KEY = r"[a-z_]+(?:\.[a-z_]+)+"  # dotted: a message opening with a plain word names no key
@@ -88,19 +92,30 @@ def _block_above(lines: list[str], on_line: dict[int, str], lineno: int) -> list
 
 def schema_keys(cls: type = schema.TrainConfig, prefix: str = "") -> Iterator[Key]:
     """Every leaf key under `cls`, in schema order (a nested section's keys where the section is declared)."""
-    comments = field_comments(Path(schema.__file__).read_text())
-    yield from _walk(cls, prefix, comments)
+    yield from _walk(cls, prefix)
 
 
-def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str]]) -> Iterator[Key]:
+@functools.cache
+def _comments(path: str) -> dict[tuple[str, str], tuple[str, str]]:
+    return field_comments(Path(path).read_text())
+
+
+def _declared_by(cls: type, name: str) -> type:
+    """The class of `cls`'s MRO that declares field `name` (a section may extend a class declared elsewhere,
+    as MarlConfig extends marl/workflows/options.py's WorkflowSettings)."""
+    return next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+
+
+def _walk(cls: type, prefix: str) -> Iterator[Key]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         factory = f.default_factory
         if dataclasses.is_dataclass(factory):
-            yield from _walk(factory, f"{prefix}{f.name}.", comments)  # type: ignore[arg-type]
+            yield from _walk(factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
             continue
         default = factory() if factory is not dataclasses.MISSING else f.default
-        text, head = comments.get((cls.__name__, f.name), ("", ""))
+        owner = _declared_by(cls, f.name)
+        text, head = _comments(inspect.getfile(owner)).get((owner.__name__, f.name), ("", ""))
         # An Enum field is written as a string in YAML and overrides: its type shows as `str`, its values as checks.
         kind = "str" if enum_type(hints[f.name]) else str(f.type)
         yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
@@ -193,8 +208,8 @@ load checks of it (`jobs/config/loading.py`: a bad value is an error naming the 
 comment on it. *per policy*: the key may be set for one policy under `marl.policies.<policy>` (see
 [per-policy settings](rollout_learners.md#per-policy-settings)). Keys are set in a YAML file (`--config`) or as
 `key.path=value` overrides; `python -m jobs.train --config X --print-config` prints the resolved whole. This page
-is generated by `python -m jobs.config_reference --write`; `tests/jobs/test_config_reference.py` fails when it
-differs from the schema.
+is generated by `python -m jobs.pages.config_reference --write`; `tests/jobs/test_config_reference.py` fails
+when it differs from the schema.
 """
 
 
@@ -225,7 +240,8 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.config_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.pages.config_reference",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing")
     args = parser.parse_args(argv)
     if args.write:

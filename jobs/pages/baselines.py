@@ -64,14 +64,14 @@ def explained() -> list[tuple[Published, float, float, str]]:
     """Each baseline with its ratios and their explanation; ValueError when the planner no longer gives the ratios
     an explanation states (rewrite it, then regenerate docs/scaling.md)."""
     if len(EXPLAINED) != len(PUBLISHED):
-        raise ValueError("jobs/plan/published_page.py EXPLAINED needs one entry per PUBLISHED baseline")
+        raise ValueError("jobs/pages/baselines.py EXPLAINED needs one entry per PUBLISHED baseline")
     out = []
     for p, (mem, time, why) in zip(PUBLISHED, EXPLAINED, strict=True):
         got = ratios(p)
         if (round(got[0], 2), round(got[1], 2)) != (mem, time):
             raise ValueError(f"{p.name} at {p.tokens} tokens on {p.gpus} GPU(s): the planner now gives ratios "
                              f"{got[0]:.2f} (memory) and {got[1]:.2f} (time), its explanation states {mem} and "
-                             f"{time}: rewrite jobs/plan/published_page.py EXPLAINED, then regenerate "
+                             f"{time}: rewrite jobs/pages/baselines.py EXPLAINED, then regenerate "
                              "docs/scaling.md")
         out.append((p, *got, why))
     return out

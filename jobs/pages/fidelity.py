@@ -1,5 +1,5 @@
-"""`python -m jobs.fidelity [--write]`: docs/paper_fidelity.md, generated from docs/paper_fidelity.yaml and the
-paper matrix's resolved configs.
+"""`python -m jobs.pages.fidelity [--write]`: docs/paper_fidelity.md, generated from docs/paper_fidelity.yaml
+and the paper matrix's resolved configs.
 
 A row whose paper value is machine-readable (`config: {key: value}`) gets its status computed here: ✅ when
 every cell it names resolves every key to the paper's value, ✘ otherwise. Other rows carry a judged status and
@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from jobs.config.schema import TrainConfig, as_node
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = ROOT / "docs/paper_fidelity.yaml"
 PAGE = ROOT / "docs/paper_fidelity.md"
 MATRIX = ROOT / "jobs/configs/sweeps/paper_matrix.yaml"
@@ -163,8 +163,8 @@ authors' code does it, **[I]** an inference, stated by neither (check it before 
 resolved value in every cell the row names (`all`, or `<task>·<workflow>`); *status* is ✅ the same, ≈ close,
 ✘ different. Where the paper's value is machine-readable the status is computed from the resolved configs of
 `jobs/configs/sweeps/paper_matrix.yaml` (over `paper_base.yaml`); elsewhere it is judged, and a row with no
-config key says why. This page is generated from `docs/paper_fidelity.yaml` by `python -m jobs.fidelity --write`;
-`tests/jobs/test_paper_fidelity.py` fails when they differ.
+config key says why. This page is generated from `docs/paper_fidelity.yaml` by
+`python -m jobs.pages.fidelity --write`; `tests/jobs/test_paper_fidelity.py` fails when they differ.
 """
 
 
@@ -188,7 +188,8 @@ def render(rows: list[Row], configs: dict[Cell, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.fidelity", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.pages.fidelity",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing")
     args = parser.parse_args(argv)
     page = render(load_rows(), matrix_configs())

@@ -102,7 +102,7 @@ def _walk(cls: type, prefix: str, comments: dict[tuple[str, str], tuple[str, str
         default = factory() if factory is not dataclasses.MISSING else f.default
         text, head = comments.get((cls.__name__, f.name), ("", ""))
         # An Enum field is written as a string in YAML and overrides: its type shows as `str`, its values as checks.
-        kind = "str" if enum_type(hints[f.name]) else str(f.type)
+        kind = "str" if enum_type(hints[f.name]) else str(f.type).replace("|", "\\|")  # a table cell
         yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
 
 
@@ -166,6 +166,8 @@ def literal(value: Any) -> str:
     """A default as it is written in YAML."""
     if value is MISSING:
         return "required"
+    if value is None:
+        return "`null`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str):

@@ -147,7 +147,8 @@ def _print_plan(cfg: TrainConfig) -> int:
 
 
 def _refuse_unfit(cfg: TrainConfig) -> None:
-    """A plan that does not fit its GPUs is a config error, found before anything starts (jobs/plan/planner.py)."""
+    """A plan that does not fit its GPUs is a config error, found before anything starts
+    (jobs/plan/planner.py)."""
     from jobs.plan.layout import run_layout
     from jobs.plan.planner import refuse_unfit
 

@@ -2,14 +2,14 @@
 reduces and applies its gradients.
 
 Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
-training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen at setup: `BACKENDS[learner.backend]`)
-owns only what differs between plain torch (learners/torch_backend.py: one all-reduce, AdamW, clipping) and
-DeepSpeed (learners/deepspeed_backend.py: the ZeRO engine, its idle passes, ZeRO-3's weight snapshot and checkpoint
-layout). Each backend class declares what it can run (`BackendCapabilities`); the config checks and the planner
-read that, never the backend's name. The registry names the built-ins' classes as strings and imports one on first
-use, so the config reads BACKENDS on a machine without deepspeed. A new backend is its own module plus one line
-in `BACKENDS` and `LearnerBackendName`, or, from outside this package, `BACKENDS.register(name, cls)`
-(marl/registry.py).
+training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen at setup:
+`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/torch_backend.py: one
+all-reduce, AdamW, clipping) and DeepSpeed (learners/deepspeed_backend.py: the ZeRO engine, its idle passes,
+ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
+(`BackendCapabilities`); the config checks and the planner read that, never the backend's name. The registry
+names the built-ins' classes as strings and imports one on first use, so the config reads BACKENDS on a
+machine without deepspeed. A new backend is its own module plus one line in `BACKENDS` and
+`LearnerBackendName`, or, from outside this package, `BACKENDS.register(name, cls)` (marl/registry.py).
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ class LearnerBackendName(StrEnum):
 @dataclass(frozen=True, kw_only=True)
 class BackendCapabilities:
     """What a gradient backend can run, declared on its class (`capabilities`): the config checks
-    (jobs/config/loading.py, colocation.py, precision.py) and the planner's memory terms (jobs/plan/planner.py,
-    learners/memory.py) read these instead of comparing backend names."""
+    (jobs/config/loading.py, colocation.py, precision.py) and the planner's memory terms
+    (jobs/plan/planner.py, learners/memory.py) read these instead of comparing backend names."""
 
     gpus: bool  # trains on GPUs (learner.rank_num_gpus > 0); False: a CPU backend, whatever the ranks ask for
     # learner.deepspeed.zero_stage values it runs; (): no ZeRO, every rank holds whole weights, gradients and
     # optimizer states in fp32 (the memory model's stage 0).
     zero_stages: tuple[int, ...] = ()
     float16: bool = True  # trains model.dtype=float16
-    lora_colocate: bool = True  # holds learner.lora_colocate policies: one base module, every adapter bound in it
-    # bf16 as fp32 master weights under CPU autocast, run by the Learner (False: the backend's own bf16 scheme).
+    lora_colocate: bool = True  # holds learner.lora_colocate policies: one base module, every adapter bound
+    # bf16 as fp32 master weights under CPU autocast, run by the Learner (False: the backend's own bf16).
     autocast_bf16: bool = True
 
     def zero_stage(self, configured: int) -> int:

@@ -59,7 +59,8 @@ class Learner:
         self.policy_id, self.model_path, self.dtype = spec.policy_id, spec.model_path, model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
         backend = BACKENDS[learner.backend]
-        autocast = torch.bfloat16 if backend.capabilities.autocast_bf16 and model.dtype == "bfloat16" else None
+        bf16 = backend.capabilities.autocast_bf16 and model.dtype == "bfloat16"
+        autocast = torch.bfloat16 if bf16 else None
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if autocast and not model.lora.enabled else model.dtype
@@ -252,7 +253,7 @@ class Learner:
 
 def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: Any) -> Any:
     """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
-    with gradient checkpointing when the run layout resolved `learner.gradient_checkpointing` on (LearnerSpec).
+    with gradient checkpointing where the run layout turned it on (LearnerSpec.gradient_checkpointing).
     Non-reentrant: per-role gradients use torch.autograd.grad."""
     model = module if module is not None else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
     resolved = spec.gradient_checkpointing

@@ -1,13 +1,13 @@
-"""Registries of classes keyed by the members of a str Enum: the Enum is the config schema's type for the key that
-picks one (`learner.backend`, `rollout.backend`), so the choices are spelled once, as the Enum's members, and the
-registry holds exactly those.
+"""Registries of classes keyed by the members of a str Enum: the Enum is the config schema's type for the key
+that picks one (`learner.backend`, `rollout.backend`), so the choices are spelled once, as the Enum's members,
+and the registry holds exactly those.
 
 Built-in classes are named as "module:Class" and imported on first use, so that a backend's heavy dependencies
 (deepspeed, vllm) load only where it is chosen. A class from elsewhere (a user's backend, a test's) joins with
-`Registry.register(name, cls)`: the Enum is closed by design, so registering adds `name` to it as a member, the
-way Enum builds its own members; from then on the config accepts `name` like any built-in value and its checks
-list it among the choices. Registration is per process: a Ray actor that should build such a class must import
-the module that registers it (an in-process group, N = 0, shares the driver's). `unregister` undoes it.
+`Registry.register(name, cls)`: the Enum is closed by design, so registering adds `name` to it as a member,
+the way Enum builds its own members; from then on the config accepts `name` like any built-in value and its
+checks list it among the choices. Registration is per process: a Ray actor that should build such a class must
+import the module that registers it (an in-process group, N = 0, shares the driver's). `unregister` undoes it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Registry(Generic[E, T]):
             raise ValueError(f"{self.key} must be one of {choices}; got {name!r}") from None
 
     def register(self, name: str, cls: type[T]) -> E:
-        """Add `cls` as `name`, a new member of the Enum (a built-in name cannot be taken); returns the member."""
+        """Add `cls` as `name`, a new member of the Enum (never a built-in's name); returns the member."""
         if name in self.names.__members__:
             raise ValueError(f"{self.key}: {name!r} is registered already")
         member = _add_member(self.names, name)

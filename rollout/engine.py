@@ -1,7 +1,7 @@
 """The engine contract: `EngineMember`, what every backend's engine implements (shaped after vLLM) and what an
 EngineGroup and the weight sync call on it, the request types, and the engines' registry (`rollout.backend`):
-each engine class declares what it can serve (`EngineCapabilities`), which the config checks read instead of the
-backend's name. Built-in classes are imported on first use (marl/registry.py); another joins with
+each engine class declares what it can serve (`EngineCapabilities`), which the config checks read instead of
+the backend's name. Built-in classes are imported on first use (marl/registry.py); another joins with
 `ENGINES.register(name, cls)`."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class EngineCapabilities:
     gpus: bool  # generates on GPUs (rollout.engine_num_gpus > 0); False: on CPU, whatever the actors ask for
     weight_channel: bool = False  # receives weights over NCCL from the learner (sync.transport=nccl)
     multi_lora: bool = True  # serves several policies' LoRA adapters on one base (rollout.lora_serving=multi)
-    # Takes rollout's memory settings (KV cache, GPU memory share, context length, LoRA slots, the weight channel
-    # and sync path: rollout.engine_group._engine_kwargs) as constructor arguments.
+    # Takes rollout's memory settings (KV cache, GPU memory share, context length, LoRA slots, the weight
+    # channel and sync path: rollout.engine_group._engine_kwargs) as constructor arguments.
     memory_settings: bool = False
 
 

@@ -44,7 +44,8 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
 
 def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
     """Environment of engine actor `slot`, set before it imports anything (its class's `actor_env`)."""
-    return ENGINES[rollout.backend].actor_env(slot, threads_for(rollout.engine_num_cpus, rollout.torch_threads))
+    threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads)
+    return ENGINES[rollout.backend].actor_env(slot, threads)
 
 
 class EngineGroup:

@@ -24,12 +24,12 @@ class FieldRule:
     min: float | None = None  # the value must be >= this
     count_or: tuple[str, ...] = ()  # the value must be a whole number >= 0 or one of these words (`count_or`)
     enum: type[Enum] | None = None  # an Enum field's type: its members are the choices
-    auto: bool = False  # a tri-state bool (schema.auto_bool): true, false, or null, which YAML may write `auto`
+    auto: bool = False  # a tri-state bool (schema.auto_bool): true, false, or null (YAML may write `auto`)
 
     @property
     def choices(self) -> tuple[str, ...]:
-        """The values the key takes: the Enum's members as of now (a registry may have added one: marl/registry.py),
-        or `one_of`'s."""
+        """The values the key takes: the Enum's members as of now (a registry may have added one:
+        marl/registry.py), or the metadata's."""
         return tuple(str(m.value) for m in self.enum) if self.enum else self.words
 
     def problem(self, value: Any) -> str | None:

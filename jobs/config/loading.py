@@ -35,8 +35,8 @@ class ConfigError(ValueError):
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Schema ← YAML ← `key=value` overrides, validated, then frozen; nothing is resolved into it (`auto` settings
-    are the run layout's: jobs/plan/layout.py). Raises ConfigError naming the key."""
+    """Schema ← YAML ← `key=value` overrides, validated, then frozen; nothing is resolved into it (`auto`
+    settings are the run layout's: jobs/plan/layout.py). Raises ConfigError naming the key."""
     try:
         cfg = OmegaConf.structured(TrainConfig)
         if path:
@@ -211,11 +211,11 @@ def _check_learner_options(cfg: TrainConfig) -> None:
     backend = cfg.learner.backend  # what it can run is its class's (learners.backends.BackendCapabilities)
     if cfg.learner.rank_num_gpus > 0 and not capabilities(backend).gpus:
         on_gpus = " or ".join(b for b in BACKENDS if capabilities(b).gpus)
-        raise ConfigError(f"config: learner.rank_num_gpus > 0 needs a backend that trains on GPUs (learner.backend="
-                          f"{on_gpus}); learner.backend={backend} trains on CPU")
+        raise ConfigError(f"config: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+                          f"(learner.backend={on_gpus}); learner.backend={backend} trains on CPU")
     if cfg.model.dtype == "float16" and not capabilities(backend).float16:
-        raise ConfigError(f"config: model.dtype=float16 needs a backend that trains in float16; learner.backend="
-                          f"{backend} does not: use bfloat16 or float32")
+        raise ConfigError(f"config: model.dtype=float16 needs a backend that trains in float16; "
+                          f"learner.backend={backend} does not: use bfloat16 or float32")
     if cfg.rollout.one_step_off_policy and cfg.algo.old_logprobs != "rollout" and not cfg.algo.tis_cap > 0:
         # The rows were sampled by the engine one weight version behind; a ratio against the learner's own
         # recomputed logprobs would not correct for that.
@@ -293,10 +293,12 @@ def _check_serving(cfg: TrainConfig) -> None:
     backend = cfg.rollout.backend  # what it can serve is its class's (rollout.engine.EngineCapabilities)
     if cfg.rollout.lora_serving == "multi":
         if not cfg.model.lora.enabled:
-            raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; set model.lora.enabled=true")
+            raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; "
+                              "set model.lora.enabled=true")
         if not engine_capabilities(backend).multi_lora:
-            raise ConfigError(f"config: rollout.lora_serving=multi needs engines that serve several LoRA adapters; "
-                              f"rollout.backend={backend} does not: use rollout.lora_serving=single")
+            raise ConfigError(f"config: rollout.lora_serving=multi needs engines that serve several LoRA "
+                              f"adapters; rollout.backend={backend} does not: use "
+                              "rollout.lora_serving=single")
     if cfg.sync.transport == "nccl":
         if not engine_capabilities(backend).weight_channel:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)

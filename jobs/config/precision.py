@@ -1,7 +1,7 @@
 """Whether `model.dtype` suits where a run computes: bfloat16 on CPU needs a CPU with bf16 instructions.
 
-A part computes on CPU when its backend runs on CPU alone (its class's capabilities: the torch learner backend, the
-HF engine), a Ray actor asking
+A part computes on CPU when its backend runs on CPU alone (its class's capabilities: the torch learner
+backend, the HF engine), a Ray actor asking
 for no GPU (`learner.rank_num_gpus`, `rollout.engine_num_gpus`), or an in-process member (`learner.ranks=0`,
 `rollout.engines_per_role=0`) of a driver that sees no CUDA device. The CPU is the one loading the config (the
 driver's): on a cluster whose nodes differ, give CPU parts the same CPU as the driver or set

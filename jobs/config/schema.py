@@ -50,8 +50,8 @@ def non_negative(default: T) -> T:
 
 
 def auto_bool() -> bool | None:
-    """A tri-state field: true, false, or null (the default), written `auto` too: decided where the run is laid out
-    (jobs/plan/layout.py) or by the part that reads it, never written back into the config."""
+    """A tri-state field: true, false, or null (the default), written `auto` too: decided where the run is
+    laid out (jobs/plan/layout.py) or by the part that reads it, never written back into the config."""
     return field(default=None, metadata={"auto": True})
 
 
@@ -397,9 +397,10 @@ class LearnerConfig:
     rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
     torch_threads: int = non_negative(0)  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     micro_batch_size: int = positive(16)
-    # auto (null) | true | false. auto: on when the planner (jobs/plan/planner.py) finds the learner's activations at
-    # its token budget would not fit its GPU without it; resolved into the run's layout (RunLayout.checkpointing),
-    # off on CPU-only runs, where nothing is planned. Recomputing each layer in the backward costs one more forward.
+    # auto (null) | true | false. auto: on when the planner (jobs/plan/planner.py) finds the learner's
+    # activations at its token budget would not fit its GPU without it; resolved into the run's layout
+    # (RunLayout.checkpointing), off on CPU-only runs, where nothing is planned. Recomputing each layer in the
+    # backward costs one more forward pass.
     gradient_checkpointing: bool | None = auto_bool()
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
@@ -418,8 +419,8 @@ class LearnerConfig:
     # other attentions are exact but mask an [N, N] block, so it saves no memory there. Needs logits_chunk_tokens.
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
-    # Policies update at once (true), one after another (false), or auto (null): at once unless CPU learners would
-    # need more threads than the node has cores (jobs/driver/updates.py).
+    # Policies update at once (true), one after another (false), or auto (null): at once unless CPU learners
+    # would need more threads than the node has cores (jobs/driver/updates.py).
     concurrent_updates: bool | None = auto_bool()
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)

@@ -1,9 +1,10 @@
 """The run layout: everything decided once from the config before any member starts. The role -> policy map, the
 role -> engine group map with every group's name, each policy's own config (marl.policies over the top level) and
-every group's resource demand, and the `auto` settings resolved (each policy's gradient checkpointing, by the memory
-plan: planner.py), never written back into the config. `run_layout(cfg)` builds it; placement
-(jobs/driver/resources.py), system building (jobs/driver/handles.py: the learner ranks read their checkpointing from
-it), a sweep's trial bundles and the planner (planner.py) read it, and nothing rebuilds a part.
+every group's resource demand, and the `auto` settings resolved (each policy's gradient checkpointing, by the
+memory plan: planner.py), never written back into the config. `run_layout(cfg)` builds it; placement
+(jobs/driver/resources.py), system building (jobs/driver/handles.py: the learner ranks read their
+checkpointing from it), a sweep's trial bundles and the planner (planner.py) read it, and nothing rebuilds a
+part.
 
 Per run: for each engine group, rollout.engines_per_role members of {engine_num_cpus, engine_num_gpus,
 engine_resources}, and for each policy, learner.ranks members of {rank_num_cpus, rank_num_gpus, rank_resources}, each
@@ -37,7 +38,7 @@ class RunLayout:
     learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
     colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
     demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
-    # policy -> learner.gradient_checkpointing with `auto` resolved by the memory plan (planner.resolve_checkpointing)
+    # policy -> learner.gradient_checkpointing, auto resolved by the plan (planner.resolve_checkpointing)
     checkpointing: Mapping[str, bool]
 
     def engine_config(self, policy: str | None) -> TrainConfig:
@@ -46,8 +47,8 @@ class RunLayout:
 
 
 def run_layout(cfg: TrainConfig) -> RunLayout:
-    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles, or on a
-    model the planner cannot size when there is GPU memory to plan against)."""
+    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles, or on
+    a model the planner cannot size when there is GPU memory to plan against)."""
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
     engine_map = engine_map_of(cfg, policy_map)

@@ -2,7 +2,8 @@
 at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
 GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The run layout
 (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it (`resolve_checkpointing`), and
-`python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit (`refuse_unfit`) before anything starts;
+`python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit (`refuse_unfit`) before anything
+starts;
 `python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
@@ -249,7 +250,8 @@ def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[s
     return out
 
 
-def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: float, checkpointing: bool) -> float:
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: float,
+                   checkpointing: bool) -> float:
     """One step's update of `tokens` trained tokens in rows of `sequence` tokens on the policy's ranks."""
     return learner_seconds(shape, tokens, sequence, pc.model.lora.enabled, checkpointing,
                            pc.algo.old_logprobs == "recompute", pc.learner.ranks)
@@ -275,10 +277,11 @@ def learner_seconds(shape: ModelShape, tokens: float, sequence: float, lora: boo
 
 
 def resolve_checkpointing(layout: RunLayout) -> dict[str, bool]:
-    """Each policy's `learner.gradient_checkpointing`, `auto` resolved (the layout's own values are the configured
-    ones, auto as off): on where its GPU would not fit without it, off where it would and on runs with no GPU memory
-    to plan against. Policies that take the top level's learner settings share one resolution, as they share those
-    settings (on if any of them needs it). ValueError: a model the planner cannot size."""
+    """Each policy's `learner.gradient_checkpointing`, `auto` resolved (the layout's own values are the
+    configured ones, auto as off): on where its GPU would not fit without it, off where it would and on runs
+    with no GPU memory to plan against. Policies that take the top level's learner settings share one
+    resolution, as they share those settings (on if any of them needs it). ValueError: a model the planner
+    cannot size."""
     auto = [pid for pid, pc in layout.configs.items() if pc.learner.gradient_checkpointing is None]
     memory = gpu_memory(layout)
     on: set[str] = set()
@@ -293,8 +296,8 @@ def resolve_checkpointing(layout: RunLayout) -> dict[str, bool]:
 
 
 def refuse_unfit(layout: RunLayout) -> None:
-    """PlanError unless the layout's plan fits its GPUs (a run with no GPU memory to plan against is never refused),
-    or when the planner cannot size its model."""
+    """PlanError unless the layout's plan fits its GPUs (a run with no GPU memory to plan against is never
+    refused), or when the planner cannot size its model."""
     try:
         memory = gpu_memory(layout)
         if memory:

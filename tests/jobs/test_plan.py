@@ -1,7 +1,7 @@
-"""The memory plan in the run layout: CPU runs are never planned (auto checkpointing stays off), a GPU run's
-auto checkpointing turns on exactly where its GPU needs it (resolved into the layout, never into the config), a
-plan over 0.9 of the GPU is refused naming the keys, members share GPUs as Ray's fractions do, and `--plan` prints
-it."""
+"""The memory plan in the run layout: CPU runs are never planned (auto checkpointing stays off), a GPU
+run's auto checkpointing turns on exactly where its GPU needs it (resolved into the layout, never into the
+config), a plan over 0.9 of the GPU is refused naming the keys, members share GPUs as Ray's fractions do, and
+`--plan` prints it."""
 
 import pytest
 
@@ -64,8 +64,9 @@ def test_auto_checkpointing_turns_on_only_where_the_gpu_needs_it():
     roomy = off / (FIT_FRACTION - 0.3) / GIB * 1.01  # fits without it
     assert checkpointing(*GPU, f"ray.gpu_memory_gb={roomy}") == {"shared": False}
     # A value set explicitly is kept; there it does not fit, so the plan is refused.
-    assert "does not fit" in str(refused(*GPU, f"ray.gpu_memory_gb={between}", "learner.gradient_checkpointing=false"))
-    assert main(["--config", TINY, *GPU, f"ray.gpu_memory_gb={between}", "learner.gradient_checkpointing=false"]) == 2
+    tight = [*GPU, f"ray.gpu_memory_gb={between}", "learner.gradient_checkpointing=false"]
+    assert "does not fit" in str(refused(*tight))
+    assert main(["--config", TINY, *tight]) == 2
 
 
 def test_a_plan_that_does_not_fit_names_the_keys_to_change():

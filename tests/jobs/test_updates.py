@@ -8,7 +8,8 @@ from jobs.driver.updates import run_concurrently
 
 
 def learner(**kw):
-    base = {"concurrent_updates": None, "rank_num_gpus": 0.0, "ranks": 1, "rank_num_cpus": 1.0, "torch_threads": 0}
+    base = {"concurrent_updates": None, "rank_num_gpus": 0.0, "ranks": 1, "rank_num_cpus": 1.0,
+            "torch_threads": 0}
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -1,6 +1,6 @@
 """A learner backend from outside the package, defined in this file alone: registered with
-`learners.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks and
-the planner read its declared capabilities, and a rank trains with it. No other source file names it."""
+`learners.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks
+and the planner read its declared capabilities, and a rank trains with it. No other source file names it."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ NAME = "counting"
 
 
 class CountingBackend(TorchBackend):
-    """The torch backend counting its optimizer steps, with narrower capabilities than torch's own: no float16 and
-    no colocated LoRA policies (each refused at load because the class says so, where torch accepts them)."""
+    """The torch backend counting its optimizer steps, with narrower capabilities than torch's own: no float16
+    and no colocated LoRA policies (each refused at load because the class says so; torch takes them)."""
 
-    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(gpus=False, float16=False, lora_colocate=False)
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(gpus=False, float16=False,
+                                                                      lora_colocate=False)
     steps = 0
 
     def step(self) -> tuple[float, float]:
@@ -55,22 +56,23 @@ def test_the_registered_name_is_a_choice_of_the_key_while_registered(counting):
 
 
 def test_a_name_not_registered_is_refused_with_the_choices():
-    with pytest.raises(ConfigError, match=r"learner\.backend must be one of torch, deepspeed; got 'counting'"):
+    refusal = r"learner\.backend must be one of torch, deepspeed; got 'counting'"
+    with pytest.raises(ConfigError, match=refusal):
         load_config(TINY, [f"learner.backend={NAME}"])
-    with pytest.raises(ValueError, match=r"learner\.backend must be one of torch, deepspeed; got 'counting'"):
+    with pytest.raises(ValueError, match=refusal):
         BACKENDS[NAME]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["learner.rank_num_gpus=1"], "learner.rank_num_gpus > 0 needs a backend that trains on GPUs (learner.backend="
-                                  f"deepspeed); learner.backend={NAME} trains on CPU"),
-    (["model.dtype=float16"], f"model.dtype=float16 needs a backend that trains in float16; learner.backend={NAME} "
-                              "does not"),
+    (["learner.rank_num_gpus=1"], "learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+                                  f"(learner.backend=deepspeed); learner.backend={NAME} trains on CPU"),
+    (["model.dtype=float16"], "model.dtype=float16 needs a backend that trains in float16; "
+                              f"learner.backend={NAME} does not"),
     (["model.lora.enabled=true", "model.lora.rank=4", "learner.lora_colocate=true"],
      f"learner.backend={NAME} cannot hold learner.lora_colocate policies"),
 ])
 def test_the_config_checks_read_its_capabilities(counting, overrides, message):
-    load_config(TINY, [n for n in overrides if "gpus" not in n])  # torch takes what the counting backend refuses
+    load_config(TINY, [n for n in overrides if "gpus" not in n])  # torch takes what counting refuses
     with pytest.raises(ConfigError) as e:
         load_config(TINY, [f"learner.backend={NAME}", *overrides])
     assert message in str(e.value)

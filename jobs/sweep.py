@@ -35,6 +35,7 @@ from jobs.config.sweep_spec import (
     as_overrides,
     cell_label,
     cells,
+    checked_configs,
     load_sweep,
     search_space,
     validate,
@@ -164,11 +165,12 @@ def run_sweep(spec: SweepConfig, resume: bool = False) -> tune.ResultGrid:
 def _refuse_unfit(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     """A cell whose plan does not fit its GPUs is refused before any trial starts (jobs/plan/planner.py)."""
     setup = setup_of(spec)
-    for cell in all_cells:
+    for cell, sampled in checked_configs(spec, all_cells):
         try:
-            refuse_unfit(run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_plan")))
+            refuse_unfit(run_layout(trial_config(setup, {"grid": cell, "search": sampled}, f"{setup.name}_plan")))
         except ValueError as e:  # PlanError, or a model the planner cannot size
-            raise SweepError(f"sweep {spec.name}: cell [{cell_label(cell)}]: config: {e}") from None
+            where = cell_label(cell) + (f"; search {cell_label(sampled)}" if sampled else "")
+            raise SweepError(f"sweep {spec.name}: cell [{where}]: config: {e}") from None
 
 
 def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:

@@ -35,6 +35,7 @@ from jobs.config.sweep_spec import (
     as_overrides,
     cell_label,
     cells,
+    checked_configs,
     load_sweep,
     search_space,
     validate,
@@ -42,7 +43,7 @@ from jobs.config.sweep_spec import (
 from jobs.driver.resources import arithmetic, trial_bundles
 from jobs.pages.scaling import configurations, scaling_markdown
 from jobs.plan.layout import RunLayout, run_layout
-from jobs.plan.planner import make_plan
+from jobs.plan.planner import make_plan, refuse_unfit
 from jobs.plan.report import format_plan
 from jobs.telemetry.tracking import read_metrics
 
@@ -161,6 +162,17 @@ def run_sweep(spec: SweepConfig, resume: bool = False) -> tune.ResultGrid:
         return make_tuner(spec, path, resume).fit()
 
 
+def _refuse_unfit(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
+    """A cell whose plan does not fit its GPUs is refused before any trial starts (jobs/plan/planner.py)."""
+    setup = setup_of(spec)
+    for cell, sampled in checked_configs(spec, all_cells):
+        try:
+            refuse_unfit(run_layout(trial_config(setup, {"grid": cell, "search": sampled}, f"{setup.name}_plan")))
+        except ValueError as e:  # PlanError, or a model the planner cannot size
+            where = cell_label(cell) + (f"; search {cell_label(sampled)}" if sampled else "")
+            raise SweepError(f"sweep {spec.name}: cell [{where}]: config: {e}") from None
+
+
 def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     setup = setup_of(spec)
     for cell in all_cells:
@@ -209,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_sweep(args.config, args.overrides)
         all_cells = validate(spec)
+        _refuse_unfit(spec, all_cells)
         if args.dry_run:
             if args.markdown:
                 print(scaling_page(spec, all_cells), end="")

@@ -146,6 +146,18 @@ def _print_plan(cfg: TrainConfig) -> int:
     return 0 if plan.fits() else EXIT_CONFIG
 
 
+def _refuse_unfit(cfg: TrainConfig) -> None:
+    """A plan that does not fit its GPUs is a config error, found before anything starts
+    (jobs/plan/planner.py)."""
+    from jobs.plan.layout import run_layout
+    from jobs.plan.planner import refuse_unfit
+
+    try:
+        refuse_unfit(run_layout(cfg))
+    except ValueError as e:  # PlanError, or a model the planner cannot size
+        raise ConfigError(f"config: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 2 config error (or a cluster that does not answer, or resources it cannot hold),
     3 model/data error, 4 training failure, 143 stopped by SIGTERM."""
@@ -157,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides, check_plan=not args.plan)
+        cfg = load_config(args.config, args.overrides)
         if args.plan:
             return _print_plan(cfg)
+        _refuse_unfit(cfg)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_CONFIG

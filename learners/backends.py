@@ -1,12 +1,15 @@
-"""The learner backends' names (`learner.backend`) and contract: how a Learner rank reduces and applies its
-gradients.
+"""The learner backends' registry (`learner.backend`), their capabilities and contract: how a Learner rank
+reduces and applies its gradients.
 
 Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
-training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen by name at setup:
-learners.learner.backend_class) owns only what differs between plain torch (learners/torch_backend.py: one
+training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen at setup:
+`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/torch_backend.py: one
 all-reduce, AdamW, clipping) and DeepSpeed (learners/deepspeed_backend.py: the ZeRO engine, its idle passes,
-ZeRO-3's weight snapshot and checkpoint layout). The backends import this contract and this module imports
-neither of them, so the config reads BACKENDS on a machine without deepspeed.
+ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
+(`BackendCapabilities`); the config checks and the planner read that, never the backend's name. The registry
+names the built-ins' classes as strings and imports one on first use, so the config reads BACKENDS on a
+machine without deepspeed. A new backend is its own module plus one line in `BACKENDS` and
+`LearnerBackendName`, or, from outside this package, `BACKENDS.register(name, cls)` (marl/registry.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from marl.registry import Registry
 
 if TYPE_CHECKING:  # the config imports this module; models and optimizers are the ranks' business
     import torch
@@ -24,15 +29,31 @@ if TYPE_CHECKING:  # the config imports this module; models and optimizers are t
     from learners.member import LearnerSpec
     from learners.weights import WeightSnapshot
 
-LearnerBackend = Literal["torch", "deepspeed"]
-BACKENDS: tuple[LearnerBackend, ...] = get_args(LearnerBackend)
-
-
 class LearnerBackendName(StrEnum):
-    """`learner.backend`: the names of BACKENDS (the config schema's type for the key)."""
+    """`learner.backend`: the keys of BACKENDS (the config schema's type for the key)."""
 
     torch = "torch"
     deepspeed = "deepspeed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendCapabilities:
+    """What a gradient backend can run, declared on its class (`capabilities`): the config checks
+    (jobs/config/loading.py, colocation.py, precision.py) and the planner's memory terms
+    (jobs/plan/planner.py, learners/memory.py) read these instead of comparing backend names."""
+
+    gpus: bool  # trains on GPUs (learner.rank_num_gpus > 0); False: a CPU backend, whatever the ranks ask for
+    # learner.deepspeed.zero_stage values it runs; (): no ZeRO, every rank holds whole weights, gradients and
+    # optimizer states in fp32 (the memory model's stage 0).
+    zero_stages: tuple[int, ...] = ()
+    float16: bool = True  # trains model.dtype=float16
+    lora_colocate: bool = True  # holds learner.lora_colocate policies: one base module, every adapter bound
+    # bf16 as fp32 master weights under CPU autocast, run by the Learner (False: the backend's own bf16).
+    autocast_bf16: bool = True
+
+    def zero_stage(self, configured: int) -> int:
+        """The ZeRO stage a rank runs under `learner.deepspeed.zero_stage=configured`: 0 without ZeRO."""
+        return configured if self.zero_stages else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,8 +75,7 @@ class GradientBackend(Protocol):
     """How one rank's gradient is summed over the data-parallel ranks and applied, and what that changes about
     forward passes, weights and checkpoints."""
 
-    # bf16 as fp32 master weights under CPU autocast, run by the Learner (False: the backend's own bf16 scheme).
-    autocast_bf16: ClassVar[bool]
+    capabilities: ClassVar[BackendCapabilities]
     # Backward passes every rank runs at least once per optimizer step, even with no rows anywhere.
     min_backward_passes: ClassVar[int]
 
@@ -123,3 +143,14 @@ class GradientBackend(Protocol):
         """Restore what save_state wrote; returns the update counter."""
         ...
 
+
+
+BACKENDS: Registry[LearnerBackendName, GradientBackend] = Registry(LearnerBackendName, "learner.backend", {
+    LearnerBackendName.torch: "learners.torch_backend:TorchBackend",
+    LearnerBackendName.deepspeed: "learners.deepspeed_backend:DeepSpeedBackend",
+})
+
+
+def capabilities(backend: str) -> BackendCapabilities:
+    """What the backend registered as `backend` can run (its class imported now, deepspeed itself not)."""
+    return BACKENDS[backend].capabilities

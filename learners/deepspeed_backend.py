@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from cluster import collective
-from learners.backends import LearnerParts
+from learners.backends import BackendCapabilities, LearnerParts
 from learners.batch import TrainBatch
 from learners.sections import LearnerSection
 from learners.state_io import StateError, read_state, rng_file, write_fsynced
@@ -77,7 +77,10 @@ def deepspeed_config(learner: LearnerSection, dtype: str) -> dict[str, Any]:
 class DeepSpeedBackend:
     """learners.backends.GradientBackend through a DeepSpeed engine, built on first use."""
 
-    autocast_bf16: ClassVar[bool] = False  # bf16 weights, with fp32 partitions in ZeRO's optimizer (its `bf16`)
+    # GPUs and CPU (gloo); float16 would need DeepSpeed's dynamic loss scaling, which rescales the caller's
+    # normalised loss; bf16 weights, with fp32 partitions in ZeRO's optimizer (its `bf16`).
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(
+        gpus=True, zero_stages=(2, 3), float16=False, autocast_bf16=False)
     # The engine steps only after a backward: a window with no rows on any rank still runs one idle pass.
     min_backward_passes: ClassVar[int] = 1
 

@@ -58,8 +58,9 @@ class Learner:
         torch.manual_seed(spec.seed)
         self.policy_id, self.model_path, self.dtype = spec.policy_id, spec.model_path, model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
-        backend = backend_class(learner.backend)
-        autocast = torch.bfloat16 if backend.autocast_bf16 and model.dtype == "bfloat16" else None
+        backend = BACKENDS[learner.backend]
+        bf16 = backend.capabilities.autocast_bf16 and model.dtype == "bfloat16"
+        autocast = torch.bfloat16 if bf16 else None
         # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
         # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
         self.master_dtype = "float32" if autocast and not model.lora.enabled else model.dtype
@@ -252,23 +253,10 @@ class Learner:
 
 def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: Any) -> Any:
     """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
-    with gradient checkpointing when `learner.gradient_checkpointing` (resolved to "true"/"false" at config load;
-    auto: by the memory plan). Non-reentrant: per-role gradients use torch.autograd.grad."""
+    with gradient checkpointing where the run layout turned it on (LearnerSpec.gradient_checkpointing).
+    Non-reentrant: per-role gradients use torch.autograd.grad."""
     model = module if module is not None else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
-    if str(spec.learner.gradient_checkpointing).lower() == "true":
+    resolved = spec.gradient_checkpointing
+    if resolved if resolved is not None else bool(spec.learner.gradient_checkpointing):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
-
-
-def backend_class(backend: str) -> type[GradientBackend]:
-    """The gradient backend named `backend`, imported only here, when a rank builds one (DeepSpeed's imports
-    deepspeed)."""
-    if backend == "torch":
-        from learners.torch_backend import TorchBackend
-
-        return TorchBackend
-    if backend == "deepspeed":
-        from learners.deepspeed_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend
-    raise ValueError(f"learner.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

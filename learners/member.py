@@ -35,6 +35,9 @@ class LearnerSpec:
     # learner.optim.schedule_unit=update_call every policy's update call advances one shared schedule.
     num_policies: int = 1
     policy_index: int = 0
+    # learner.gradient_checkpointing as the run layout resolved it (jobs/plan/layout.py); None: the learner
+    # section's own value, auto as off (a spec built without a layout: tests, benchmarks).
+    gradient_checkpointing: bool | None = None
 
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):

@@ -67,7 +67,7 @@ class LearnerSetup:
 
     tokens: int  # positions of one micro-batch (rows × padded width); its loss positions are at most these
     lora_rank: int  # 0 = full fine-tuning
-    zero_stage: int  # 0 = the torch backend (no ZeRO), else DeepSpeed's stage
+    zero_stage: int  # 0 = no ZeRO (BackendCapabilities.zero_stage: the torch backend), else the ZeRO stage
     ranks: int  # data-parallel ranks of the policy (ZeRO partitions over them)
     checkpointing: bool
     logits_chunk: int  # positions per LM-head chunk; 0 = the whole [tokens, V] logits at once

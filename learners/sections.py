@@ -76,7 +76,7 @@ class LearnerSection(Protocol):
     rank_resources: dict[str, float]
     torch_threads: int
     micro_batch_size: int
-    gradient_checkpointing: str
+    gradient_checkpointing: bool | None  # None: auto (resolved in the run's layout: LearnerSpec)
     role_grad_diagnostics: bool
     logits_chunk_tokens: int
     max_tokens_per_micro_batch: int

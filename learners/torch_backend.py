@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from cluster import collective
-from learners.backends import LearnerParts
+from learners.backends import BackendCapabilities, LearnerParts
 from learners.batch import TrainBatch
 from learners.role_grads import assign_flat_grads, flat_grads
 from learners.state_io import load_learner_state, save_learner_state
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class TorchBackend:
     """learners.backends.GradientBackend on plain torch modules (CPU)."""
 
-    autocast_bf16: ClassVar[bool] = True
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(gpus=False)  # CPU only, no ZeRO
     min_backward_passes: ClassVar[int] = 0  # ranks never communicate inside forward or backward
     per_role_gradients = True  # every rank holds whole weights
     device = torch.device("cpu")

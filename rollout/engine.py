@@ -1,5 +1,8 @@
 """The engine contract: `EngineMember`, what every backend's engine implements (shaped after vLLM) and what an
-EngineGroup and the weight sync call on it, and the request types."""
+EngineGroup and the weight sync call on it, the request types, and the engines' registry (`rollout.backend`):
+each engine class declares what it can serve (`EngineCapabilities`), which the config checks read instead of
+the backend's name. Built-in classes are imported on first use (marl/registry.py); another joins with
+`ENGINES.register(name, cls)`."""
 
 from __future__ import annotations
 
@@ -7,24 +10,33 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from marl.registry import Registry
 from marl.seeds import derive_seed
 from marl.types import Completion, Message
 
 if TYPE_CHECKING:  # the contract needs no torch to import
     from torch import Tensor
 
-# rollout.backend: the engine classes (rollout.engine_group picks one by name)
-EngineBackend = Literal["hf", "vllm"]
-ENGINE_BACKENDS: tuple[EngineBackend, ...] = get_args(EngineBackend)
-
-
 class EngineBackendName(StrEnum):
-    """`rollout.backend`: the names of ENGINE_BACKENDS (the config schema's type for the key)."""
+    """`rollout.backend`: the keys of ENGINES (the config schema's type for the key)."""
 
     hf = "hf"
     vllm = "vllm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineCapabilities:
+    """What an engine class can serve, declared on it (`capabilities`) and read by the config checks
+    (jobs/config/loading.py, precision.py) and the engine group instead of comparing backend names."""
+
+    gpus: bool  # generates on GPUs (rollout.engine_num_gpus > 0); False: on CPU, whatever the actors ask for
+    weight_channel: bool = False  # receives weights over NCCL from the learner (sync.transport=nccl)
+    multi_lora: bool = True  # serves several policies' LoRA adapters on one base (rollout.lora_serving=multi)
+    # Takes rollout's memory settings (KV cache, GPU memory share, context length, LoRA slots, the weight
+    # channel and sync path: rollout.engine_group._engine_kwargs) as constructor arguments.
+    memory_settings: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,14 @@ class EngineMember(Protocol):
     member. Its group names these methods as `EngineMember.<method>`, so a misspelt one fails the type check.
     Load methods return {"version", "bytes", "fingerprint"}, the fingerprint (cluster.fingerprint) taken from
     what the engine now serves, under the names it was sent."""
+
+    capabilities: ClassVar[EngineCapabilities]
+
+    @staticmethod
+    def actor_env(slot: int, threads: int) -> dict[str, str]:
+        """Environment variables of the Ray actor hosting engine `slot` (`threads` CPU threads), set before it
+        imports anything: settings a library reads at import (vLLM's)."""
+        ...
 
     def encode(self, messages: list[Message]) -> list[int]:
         """The prompt token ids of one chat request (the chat template rendered, generation prompt added)."""
@@ -105,3 +125,14 @@ class EngineMember(Protocol):
     def weight_version(self) -> int:
         """The version of the weights served (the last one loaded; 0 = the model folder's)."""
         ...
+
+
+ENGINES: Registry[EngineBackendName, EngineMember] = Registry(EngineBackendName, "rollout.backend", {
+    EngineBackendName.hf: "rollout.hf_engine:HFEngine",
+    EngineBackendName.vllm: "rollout.vllm.engine:VLLMEngine",
+})
+
+
+def engine_capabilities(backend: str) -> EngineCapabilities:
+    """What the engine registered as `backend` can serve (its class imported now, vllm itself not)."""
+    return ENGINES[backend].capabilities

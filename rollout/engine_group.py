@@ -23,7 +23,7 @@ from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, Message
-from rollout.engine import EngineMember, Sampling
+from rollout.engine import ENGINES, EngineMember, Sampling
 from rollout.sections import RolloutSection
 from rollout.stall import StallWatch
 
@@ -35,7 +35,7 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
                    chat_template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
-    if rollout.backend != "vllm":
+    if not ENGINES[rollout.backend].capabilities.memory_settings:
         return chat
     return {**chat, "kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "max_model_len": rollout.max_model_len, "max_loras": adapters, "max_lora_rank": lora_rank,
@@ -43,26 +43,9 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
 
 
 def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
-    """Environment of engine actor `slot`: vLLM reads its settings at import, before any method runs."""
-    if rollout.backend != "vllm":
-        return {}
-    from rollout.vllm.support import cpu_bind, default_cache_root, engine_env
-
+    """Environment of engine actor `slot`, set before it imports anything (its class's `actor_env`)."""
     threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads)
-    return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
-
-
-def _engine_class(backend: str) -> type[EngineMember]:
-    # Imported on selection so that a backend's heavy dependencies load only where it is used.
-    if backend == "hf":
-        from rollout.hf_engine import HFEngine
-
-        return HFEngine
-    if backend == "vllm":
-        from rollout.vllm.engine import VLLMEngine
-
-        return VLLMEngine
-    raise ValueError(f"rollout.backend: unknown engine backend {backend!r}")
+    return ENGINES[rollout.backend].actor_env(slot, threads)
 
 
 class EngineGroup:
@@ -100,7 +83,7 @@ class EngineGroup:
         kwargs = _engine_kwargs(rollout, len(spec.policies) if self.multi_lora else 0, lora_rank, weight_channel,
                                 chat_template_kwargs or {})
         self.group: Group[EngineMember] = Group(
-            engine_cls or _engine_class(rollout.backend), n, name=spec.name,
+            engine_cls or ENGINES[rollout.backend], n, name=spec.name,
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
             per_member_kwargs=[kwargs] * max(n, 1),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
@@ -22,7 +22,7 @@ from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL, sketch
 from marl.types import Completion
-from rollout.engine import Sampling
+from rollout.engine import EngineCapabilities, Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 from rollout.serving import ChatServing, Job, ServingLoop, between_calls
 
@@ -32,6 +32,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class HFEngine(ChatServing):
     """Batched left-padded `generate` with per-token logprobs of the sampled tokens."""
+
+    # CPU only; weights arrive through the object store.
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(gpus=False)
+
+    @staticmethod
+    def actor_env(slot: int, threads: int) -> dict[str, str]:
+        return {}  # torch's threads are set in the constructor (torch_threads)
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0,
                  policy_id: str = "", chat_template_kwargs: dict | None = None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jobs.config.policies import override_keys
 from jobs.config.schema import TrainConfig
+from learners.backends import capabilities
 from marl.names import group_name
 
 COLOCATED = "colocated"  # the shared learner group's key: `<run>:learner:colocated` (no role has this name)
@@ -31,7 +32,10 @@ def colocate_problem(cfg: TrainConfig) -> str | None:
         return "learner.lora_colocate shares one base among LoRA adapters; set model.lora.enabled=true"
     if cfg.marl.sharing != "isolated":
         return f"learner.lora_colocate needs marl.sharing=isolated; got {cfg.marl.sharing}"
-    if cfg.learner.backend == "deepspeed" and cfg.learner.deepspeed.zero_stage == 3:
+    caps = capabilities(cfg.learner.backend)
+    if not caps.lora_colocate:
+        return f"learner.backend={cfg.learner.backend} cannot hold learner.lora_colocate policies"
+    if caps.zero_stage(cfg.learner.deepspeed.zero_stage) == 3:
         return ("learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions the "
                 "shared base inside one engine, and each policy has its own; use learner.deepspeed.zero_stage=2")
     for pid in cfg.marl.policies:

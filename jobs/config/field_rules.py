@@ -19,10 +19,18 @@ from jobs.config.schema import TrainConfig, as_node
 @dataclasses.dataclass(frozen=True)
 class FieldRule:
     key: str  # dotted path from the top of the config
-    choices: tuple[str, ...] = ()  # () = any value of the field's type
+    words: tuple[str, ...] = ()  # `one_of`'s choices; () = any value of the field's type
     above: float | None = None  # the value must be > this
     min: float | None = None  # the value must be >= this
     count_or: tuple[str, ...] = ()  # the value must be a whole number >= 0 or one of these words (`count_or`)
+    enum: type[Enum] | None = None  # an Enum field's type: its members are the choices
+    auto: bool = False  # a tri-state bool (schema.auto_bool): true, false, or null (YAML may write `auto`)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values the key takes: the Enum's members as of now (a registry may have added one:
+        marl/registry.py), or the metadata's."""
+        return tuple(str(m.value) for m in self.enum) if self.enum else self.words
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value` for this key (a message naming the key), or None."""
@@ -42,6 +50,7 @@ class FieldRule:
     def labels(self) -> list[str]:
         """The rule as the config reference lists it."""
         found = ["one of " + ", ".join(f"`{c}`" for c in self.choices)] if self.choices else []
+        found += ["`true`, `false` or `auto` (null)"] if self.auto else []
         words = ", ".join(f"`{c}`" for c in self.count_or)
         found += [f"a whole number >= 0 or {words}"] if self.count_or else []
         found += [f"> {self.above:g}"] if self.above is not None else []
@@ -70,16 +79,22 @@ def field_rules(cls: type = TrainConfig, prefix: str = "") -> Iterator[FieldRule
 
 
 def _rule(key: str, enum: type[Enum] | None, meta: Mapping[str, Any]) -> FieldRule | None:
-    choices = tuple(str(m.value) for m in enum) if enum else tuple(meta.get("choices", ()))
-    if not (choices or "above" in meta or "min" in meta or "count_or" in meta):
+    words = tuple(meta.get("choices", ()))
+    if not (enum or words or {"above", "min", "count_or", "auto"} & set(meta)):
         return None
-    return FieldRule(key, choices, meta.get("above"), meta.get("min"), tuple(meta.get("count_or", ())))
+    return FieldRule(key, words, meta.get("above"), meta.get("min"), tuple(meta.get("count_or", ())), enum,
+                     bool(meta.get("auto")))
 
 
 @functools.cache
 def schema_rules() -> dict[str, FieldRule]:
     """key -> its rule, for every key of the schema that carries one (schema order)."""
     return {rule.key: rule for rule in field_rules()}
+
+
+def auto_rules() -> list[FieldRule]:
+    """The tri-state keys' rules (schema.auto_bool)."""
+    return [rule for rule in schema_rules().values() if rule.auto]
 
 
 def choice_problem(key: str, value: Any) -> str | None:

@@ -13,34 +13,36 @@ from __future__ import annotations
 import importlib.util
 from typing import cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
-from jobs.config.field_rules import check_fields, choice_problem
+from jobs.config.field_rules import auto_rules, check_fields, choice_problem
 from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.config.precision import dtype_problem
 from jobs.config.schema import AlgoConfig, RolloutConfig, TrainConfig, as_node
 from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
+from learners.backends import BACKENDS, capabilities
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
 from marl.tasks.rows import FILE_SUFFIXES
 from marl.workflows import check_prompts, get_workflow, roles_of, workflow_own_options
+from rollout.engine import ENGINES, engine_capabilities
 
 
 class ConfigError(ValueError):
     """A config problem; the message names the offending key."""
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None, check_plan: bool = True) -> TrainConfig:
-    """Schema ← YAML ← `key=value` overrides, validated, then frozen. Raises ConfigError naming the key.
-    `check_plan=False` resolves gradient checkpointing but does not refuse a plan that does not fit (--plan)."""
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Schema ← YAML ← `key=value` overrides, validated, then frozen; nothing is resolved into it (`auto`
+    settings are the run layout's: jobs/plan/layout.py). Raises ConfigError naming the key."""
     try:
         cfg = OmegaConf.structured(TrainConfig)
         if path:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+            cfg = OmegaConf.merge(cfg, _auto_as_null(OmegaConf.load(path)))
         if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+            cfg = OmegaConf.merge(cfg, _auto_as_null(OmegaConf.from_dotlist(list(overrides))))
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(f"config: missing required value for {', '.join(missing)}")
@@ -49,22 +51,22 @@ def load_config(path: str | None = None, overrides: list[str] | None = None, che
     except FileNotFoundError:
         raise ConfigError(f"config: file not found: {path}") from None
     validate(cfg)
-    _resolve_plan(cfg, check_plan)
     OmegaConf.set_readonly(cfg, True)
     return cast(TrainConfig, cfg)  # a DictConfig typed by the schema
 
 
-def _resolve_plan(cfg: TrainConfig, check: bool) -> None:
-    """learner.gradient_checkpointing=auto resolved (per policy) and the memory plan checked (jobs/plan/planner.py)."""
-    # Imported here, not at the top: the planner reads the run layout, which reads jobs.config's submodules, and
-    # importing any of those runs this package's __init__ (this module). A top-level import would make importing
-    # jobs.plan.layout (or a driver module, as a fresh Ray worker does) first fail on a half-initialised module.
-    from jobs.plan.planner import PlanError, resolve_plan
+def _auto_as_null(node: DictConfig | ListConfig) -> DictConfig | ListConfig:
+    """`auto` as the null of the tri-state keys (schema.auto_bool), wherever one sits (marl.policies too)."""
+    if isinstance(node, DictConfig):
+        for key, value in node.items_ex(resolve=False):
+            if isinstance(value, DictConfig):
+                _auto_as_null(value)
+            elif key in _AUTO_KEYS and isinstance(value, str) and value.lower() == "auto":
+                node[key] = None
+    return node
 
-    try:
-        resolve_plan(cfg, check)
-    except PlanError as e:
-        raise ConfigError(f"config: {e}") from None
+
+_AUTO_KEYS = frozenset(rule.key.rpartition(".")[2] for rule in auto_rules())
 
 
 # Keys that are gone, with what replaced them: a config that still sets one is told where to go.
@@ -208,14 +210,14 @@ def _check_learner_options(cfg: TrainConfig) -> None:
         if not coef >= 0:
             raise ConfigError(f"config: algo.kl_anchor_roles.{role} must be >= 0; got {coef!r}")
     ds = cfg.learner.deepspeed
-    if cfg.learner.backend == "torch" and cfg.learner.rank_num_gpus > 0:
-        # The torch backend is the light CPU learner (tests, laptops); GPUs are DeepSpeed's.
-        raise ConfigError("config: learner.rank_num_gpus > 0 needs learner.backend=deepspeed; the torch backend "
-                          "trains on CPU")
-    if cfg.learner.backend == "deepspeed" and cfg.model.dtype == "float16":
-        # fp16 needs DeepSpeed's dynamic loss scaling, which would rescale the caller's normalised loss.
-        raise ConfigError("config: model.dtype=float16 is not supported by learner.backend=deepspeed; "
-                          "use bfloat16 or float32")
+    backend = cfg.learner.backend  # what it can run is its class's (learners.backends.BackendCapabilities)
+    if cfg.learner.rank_num_gpus > 0 and not capabilities(backend).gpus:
+        on_gpus = " or ".join(b for b in BACKENDS if capabilities(b).gpus)
+        raise ConfigError(f"config: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+                          f"(learner.backend={on_gpus}); learner.backend={backend} trains on CPU")
+    if cfg.model.dtype == "float16" and not capabilities(backend).float16:
+        raise ConfigError(f"config: model.dtype=float16 needs a backend that trains in float16; "
+                          f"learner.backend={backend} does not: use bfloat16 or float32")
     if cfg.rollout.one_step_off_policy and cfg.algo.old_logprobs != "rollout" and not cfg.algo.tis_cap > 0:
         # The rows were sampled by the engine one weight version behind; a ratio against the learner's own
         # recomputed logprobs would not correct for that.
@@ -290,11 +292,20 @@ def _check_serving(cfg: TrainConfig) -> None:
         if key in _CHAT_TEMPLATE_ARGS:
             raise ConfigError(f"config: model.chat_template_kwargs.{key} is an argument the engines set "
                               "themselves; this mapping takes chat template variables only (e.g. enable_thinking)")
-    if cfg.rollout.lora_serving == "multi" and not cfg.model.lora.enabled:
-        raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; set model.lora.enabled=true")
+    backend = cfg.rollout.backend  # what it can serve is its class's (rollout.engine.EngineCapabilities)
+    if cfg.rollout.lora_serving == "multi":
+        if not cfg.model.lora.enabled:
+            raise ConfigError("config: rollout.lora_serving=multi serves LoRA adapters; "
+                              "set model.lora.enabled=true")
+        if not engine_capabilities(backend).multi_lora:
+            raise ConfigError(f"config: rollout.lora_serving=multi needs engines that serve several LoRA "
+                              f"adapters; rollout.backend={backend} does not: use "
+                              "rollout.lora_serving=single")
     if cfg.sync.transport == "nccl":
-        if cfg.rollout.backend != "vllm":
-            raise ConfigError("config: sync.transport=nccl receives into vLLM engines; set rollout.backend=vllm")
+        if not engine_capabilities(backend).weight_channel:
+            receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)
+            raise ConfigError(f"config: sync.transport=nccl needs engines that receive weights over NCCL "
+                              f"(rollout.backend={receiving}); got rollout.backend={backend}")
         import torch
 
         if not torch.cuda.is_available():

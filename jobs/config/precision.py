@@ -1,6 +1,7 @@
 """Whether `model.dtype` suits where a run computes: bfloat16 on CPU needs a CPU with bf16 instructions.
 
-A part computes on CPU when it is the torch learner backend or the HF engine (both CPU-only), a Ray actor asking
+A part computes on CPU when its backend runs on CPU alone (its class's capabilities: the torch learner
+backend, the HF engine), a Ray actor asking
 for no GPU (`learner.rank_num_gpus`, `rollout.engine_num_gpus`), or an in-process member (`learner.ranks=0`,
 `rollout.engines_per_role=0`) of a driver that sees no CUDA device. The CPU is the one loading the config (the
 driver's): on a cluster whose nodes differ, give CPU parts the same CPU as the driver or set
@@ -13,6 +14,8 @@ from collections.abc import Callable
 
 from cluster.cpu import has_bf16, read_cpuinfo
 from jobs.config.schema import TrainConfig
+from learners.backends import capabilities
+from rollout.engine import engine_capabilities
 
 
 def cpu_parts(cfg: TrainConfig, cuda: Callable[[], bool]) -> list[str]:
@@ -20,12 +23,12 @@ def cpu_parts(cfg: TrainConfig, cuda: Callable[[], bool]) -> list[str]:
     setting that puts it there. `cuda()`: whether this process sees a CUDA device (asked only when needed)."""
     learner, rollout = cfg.learner, cfg.rollout
     parts = []
-    if learner.backend == "torch":
-        parts.append("the learner (learner.backend=torch)")
+    if not capabilities(learner.backend).gpus:
+        parts.append(f"the learner (learner.backend={learner.backend})")
     elif _on_cpu(learner.ranks, learner.rank_num_gpus, cuda):
         parts.append("the learner (learner.rank_num_gpus=0)")
-    if rollout.backend == "hf":
-        parts.append("the engines (rollout.backend=hf)")
+    if not engine_capabilities(rollout.backend).gpus:
+        parts.append(f"the engines (rollout.backend={rollout.backend})")
     elif _on_cpu(rollout.engines_per_role, rollout.engine_num_gpus, cuda):
         parts.append("the engines (rollout.engine_num_gpus=0)")
     return parts

@@ -50,10 +50,10 @@ def non_negative(default: T) -> T:
     return field(default=default, metadata={"min": 0})
 
 
-def one_of(default: str, choices: Collection[str]) -> str:
-    """A str field limited to `choices` that is not an Enum: its YAML `true`/`false` arrive as booleans, which an
-    Enum field refuses and a str field takes as "True"/"False"."""
-    return field(default=default, metadata={"choices": tuple(choices)})
+def auto_bool() -> bool | None:
+    """A tri-state field: true, false, or null (the default), written `auto` too: decided where the run is
+    laid out (jobs/plan/layout.py) or by the part that reads it, never written back into the config."""
+    return field(default=None, metadata={"auto": True})
 
 
 def count_or(default: str, words: Collection[str]) -> str:
@@ -395,10 +395,11 @@ class LearnerConfig:
     rank_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per learner rank
     torch_threads: int = non_negative(0)  # per actor; 0 = its CPUs (engine_num_cpus / rank_num_cpus, floored, >= 1)
     micro_batch_size: int = positive(16)
-    # auto | true | false. auto: on when the planner (jobs/plan/planner.py) finds the learner's activations at its token
-    # budget would not fit its GPU without it; resolved to true/false once at load (off on CPU-only runs, where
-    # nothing is planned). Recomputing each layer in the backward costs one more forward pass.
-    gradient_checkpointing: str = one_of("auto", ("auto", "true", "false"))
+    # auto (null) | true | false. auto: on when the planner (jobs/plan/planner.py) finds the learner's
+    # activations at its token budget would not fit its GPU without it; resolved into the run's layout
+    # (RunLayout.checkpointing), off on CPU-only runs, where nothing is planned. Recomputing each layer in the
+    # backward costs one more forward pass.
+    gradient_checkpointing: bool | None = auto_bool()
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
@@ -416,9 +417,9 @@ class LearnerConfig:
     # other attentions are exact but mask an [N, N] block, so it saves no memory there. Needs logits_chunk_tokens.
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
-    # Policies update at once (true), one after another (false), or auto: at once unless CPU learners would
-    # need more threads than the node has cores (jobs/driver/updates.py).
-    concurrent_updates: str = one_of("auto", ("auto", "true", "false"))
+    # Policies update at once (true), one after another (false), or auto (null): at once unless CPU learners
+    # would need more threads than the node has cores (jobs/driver/updates.py).
+    concurrent_updates: bool | None = auto_bool()
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     # update/policy_move/<policy>: mean |Δ log-prob| per response token of a step's rows, after the update against

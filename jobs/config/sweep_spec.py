@@ -206,11 +206,18 @@ def validate(spec: SweepConfig) -> list[dict[str, Any]]:
     all_cells = cells(spec)
     if not all_cells:
         raise SweepError("sweep: exclude removes every cell")
-    for cell in all_cells:
-        _check(spec, cell, {})
-    for rep in _representatives(spec):
-        _check(spec, all_cells[0], rep)
+    for cell, sampled in checked_configs(spec, all_cells):
+        _check(spec, cell, sampled)
     return all_cells
+
+
+Sample = tuple[dict[str, Any], dict[str, Any]]  # (a cell, a search sample)
+
+
+def checked_configs(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> list[Sample]:
+    """(cell, search sample) of every config a sweep is checked with before it runs: each cell, and the first
+    cell with each representative search value."""
+    return [(cell, {}) for cell in all_cells] + [(all_cells[0], rep) for rep in _representatives(spec)]
 
 
 def _check(spec: SweepConfig, cell: dict[str, Any], sampled: dict[str, Any]) -> None:

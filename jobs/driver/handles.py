@@ -112,7 +112,7 @@ def _learner_groups(layout: RunLayout, paths: dict[str, str],
                     bundles: Callable[[str], GroupPlacement | None]) -> dict[str, LearnerGroup]:
     """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated base (learner.lora_colocate)."""
     cfg = layout.cfg
-    specs = [_learner_spec(cfg, pid, paths[pid], pc, layout.policy_map) for pid, pc in layout.configs.items()]
+    specs = [_learner_spec(layout, pid, paths[pid], pc) for pid, pc in layout.configs.items()]
     if layout.colocated:  # every policy names the one shared group
         name = layout.learner_groups[layout.policy_map.policies[0]]
         return colocated_groups(specs, cfg.run_name, name, placement=bundles(name))
@@ -131,12 +131,14 @@ def _plain(section: Mapping[str, object]) -> dict[str, object]:
     return cast(dict[str, object], OmegaConf.to_container(cast(DictConfig, section)))
 
 
-def _learner_spec(cfg: TrainConfig, pid: str, model_path: str, pc: TrainConfig, policy_map: PolicyMap
-                  ) -> LearnerSpec:
-    """Policy `pid`'s learner, from its own config `pc` (model and learner sections) and the run's."""
+def _learner_spec(layout: RunLayout, pid: str, model_path: str, pc: TrainConfig) -> LearnerSpec:
+    """Policy `pid`'s learner, from its own config `pc` (model and learner sections), the run's, and what the
+    layout resolved for it."""
+    cfg, policy_map = layout.cfg, layout.policy_map
     return LearnerSpec(policy_id=pid, model_path=model_path, model=pc.model, learner=pc.learner, algo=cfg.algo,
                        temperature=cfg.rollout.sampling.temperature, total_steps=cfg.steps, seed=cfg.seed,
-                       num_policies=len(policy_map.policies), policy_index=policy_map.policies.index(pid))
+                       num_policies=len(policy_map.policies), policy_index=policy_map.policies.index(pid),
+                       gradient_checkpointing=layout.checkpointing[pid])
 
 
 def _engine_groups(layout: RunLayout, paths: dict[str, str], bundles: Callable[[str], GroupPlacement | None],

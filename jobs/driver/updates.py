@@ -15,12 +15,11 @@ from learners.group import LearnerGroup
 
 
 def run_concurrently(learner: LearnerConfig, policies: int, cores: int | None = None) -> bool:
-    """`learner.concurrent_updates`: true | false | auto. auto: concurrent unless the policies' CPU learners
-    need more threads than the node has cores (each then waits on the others' threads and every update gets
-    slower than running them in turn); GPU learners always run concurrently."""
-    choice = str(learner.concurrent_updates).lower()  # "True" from a `true` override
-    if choice != "auto":
-        return choice == "true"
+    """`learner.concurrent_updates`: true | false | auto (None). auto: concurrent unless the policies' CPU
+    learners need more threads than the node has cores (each then waits on the others' threads and every
+    update gets slower than running them in turn); GPU learners always run concurrently."""
+    if learner.concurrent_updates is not None:
+        return learner.concurrent_updates
     cores = cores or os.cpu_count() or 1
     if learner.rank_num_gpus > 0:
         return True

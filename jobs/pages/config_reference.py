@@ -117,7 +117,7 @@ def _walk(cls: type, prefix: str) -> Iterator[Key]:
         owner = _declared_by(cls, f.name)
         text, head = _comments(inspect.getfile(owner)).get((owner.__name__, f.name), ("", ""))
         # An Enum field is written as a string in YAML and overrides: its type shows as `str`, its values as checks.
-        kind = "str" if enum_type(hints[f.name]) else str(f.type)
+        kind = "str" if enum_type(hints[f.name]) else str(f.type).replace("|", "\\|")  # a table cell
         yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
 
 
@@ -181,6 +181,8 @@ def literal(value: Any) -> str:
     """A default as it is written in YAML."""
     if value is MISSING:
         return "required"
+    if value is None:
+        return "`null`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str):

@@ -1,7 +1,10 @@
 """The run layout: everything decided once from the config before any member starts. The role -> policy map, the
 role -> engine group map with every group's name, each policy's own config (marl.policies over the top level) and
-every group's resource demand. `run_layout(cfg)` builds it; placement (jobs/driver/resources.py), system building
-(jobs/driver/handles.py), a sweep's trial bundles and the planner (planner.py) read it, and nothing rebuilds a part.
+every group's resource demand, and the `auto` settings resolved (each policy's gradient checkpointing, by the
+memory plan: planner.py), never written back into the config. `run_layout(cfg)` builds it; placement
+(jobs/driver/resources.py), system building (jobs/driver/handles.py: the learner ranks read their
+checkpointing from it), a sweep's trial bundles and the planner (planner.py) read it, and nothing rebuilds a
+part.
 
 Per run: for each engine group, rollout.engines_per_role members of {engine_num_cpus, engine_num_gpus,
 engine_resources}, and for each policy, learner.ranks members of {rank_num_cpus, rank_num_gpus, rank_resources}, each
@@ -12,12 +15,13 @@ learner.lora_colocate one learner group holds every policy on the top-level rank
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cluster.bundles import Demand
 from jobs.config.colocation import colocated, colocated_name
 from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig
+from jobs.plan.planner import resolve_checkpointing
 from marl.engine_map import EngineMap
 from marl.names import group_name
 from marl.policy_map import PolicyMap
@@ -34,6 +38,8 @@ class RunLayout:
     learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
     colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
     demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
+    # policy -> learner.gradient_checkpointing, auto resolved by the plan (planner.resolve_checkpointing)
+    checkpointing: Mapping[str, bool]
 
     def engine_config(self, policy: str | None) -> TrainConfig:
         """The config an engine group of `policy` is built from (None: the multi-LoRA group, on the top level)."""
@@ -41,7 +47,8 @@ class RunLayout:
 
 
 def run_layout(cfg: TrainConfig) -> RunLayout:
-    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles)."""
+    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles, or on
+    a model the planner cannot size when there is GPU memory to plan against)."""
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
     engine_map = engine_map_of(cfg, policy_map)
@@ -49,7 +56,10 @@ def run_layout(cfg: TrainConfig) -> RunLayout:
     learner_groups = {pid: colocated_name(cfg) if shared else group_name(cfg.run_name, "learner", pid)
                       for pid in policy_map.policies}
     demands = (*_engine_demands(cfg, engine_map, configs), *_learner_demands(cfg, configs, learner_groups, shared))
-    return RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands)
+    configured = {pid: bool(pc.learner.gradient_checkpointing) for pid, pc in configs.items()}  # auto: off
+    layout = RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands, configured)
+    resolved = resolve_checkpointing(layout)  # planned on this layout, auto as off
+    return layout if resolved == configured else replace(layout, checkpointing=resolved)
 
 
 def _engine_demands(cfg: TrainConfig, engine_map: EngineMap, configs: Mapping[str, TrainConfig]) -> list[Demand]:

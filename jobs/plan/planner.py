@@ -1,7 +1,9 @@
 """The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
 at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
-GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). jobs.config resolves
-`learner.gradient_checkpointing=auto` and refuses a plan that does not fit with it, before anything starts;
+GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The run layout
+(jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it (`resolve_checkpointing`), and
+`python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit (`refuse_unfit`) before anything
+starts;
 `python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
@@ -13,12 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from jobs.config.schema import TrainConfig, as_node
 from jobs.models.shape import shape_of
-from jobs.plan.layout import RunLayout, run_layout
 from jobs.plan.rollout_estimate import (
     ENGINE_RESERVE,
     EXPECTED_FILL,
@@ -27,8 +29,12 @@ from jobs.plan.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
+from learners.backends import capabilities
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
 from marl.policy_map import PolicyMap
+
+if TYPE_CHECKING:  # the layout module asks this one to resolve its `auto` settings
+    from jobs.plan.layout import RunLayout
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and padding_free move.
@@ -101,11 +107,11 @@ def _uses_gpus(layout: RunLayout) -> bool:
 
 def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dict[str, bool] | None = None,
               times: bool = True) -> Plan:
-    """The plan of a run's layout; `checkpointing` (policy -> on) in place of each policy's configured value;
-    `times`: with the step-time estimates (what the fit check does not need)."""
+    """The plan of a run's layout; `checkpointing` (policy -> on) in place of the layout's; `times`: with the
+    step-time estimates (what the fit check does not need)."""
     memory = gpu_memory(layout) if memory is None else memory
     cfg, policy_map, configs = layout.cfg, layout.policy_map, layout.configs
-    ckpt = {pid: _checkpointing(c) for pid, c in configs.items()} | (checkpointing or {})
+    ckpt = dict(layout.checkpointing) | (checkpointing or {})
     members = _engine_members(layout, memory)
     either_way = {}
     for pid, pc in configs.items():
@@ -140,11 +146,6 @@ def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], pol
     return members, (rank(True), rank(False))
 
 
-def _checkpointing(pc: TrainConfig) -> bool:
-    """A policy's configured value: true/false, or auto (resolved by `resolve_plan`; off until then)."""
-    return str(pc.learner.gradient_checkpointing).lower() == "true"
-
-
 def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one),
     padded or packed alike; packing changes the attention masks (learners.memory.mask_entries)."""
@@ -153,7 +154,7 @@ def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSe
     return LearnerSetup(
         tokens=tokens,
         lora_rank=pc.model.lora.rank if pc.model.lora.enabled else 0,
-        zero_stage=lr.deepspeed.zero_stage if lr.backend == "deepspeed" else 0, ranks=max(lr.ranks, 1),
+        zero_stage=capabilities(lr.backend).zero_stage(lr.deepspeed.zero_stage), ranks=max(lr.ranks, 1),
         checkpointing=checkpointing, logits_chunk=lr.logits_chunk_tokens,
         role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu",
         padding_free=lr.padding_free, longest_row=pc.algo.max_len)
@@ -242,15 +243,17 @@ def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[s
         rows = work.episodes * sum(per_role.get(role, 1) for role in policy_map.roles_of(pid))
         tokens = rows * (work.prompt_tokens + work.response_tokens)
         sequence = work.prompt_tokens + work.response_tokens
-        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens, sequence)
+        out[f"update_s/{pid}"] = update_seconds(shape_of(pc.model.path), pc, tokens, sequence,
+                                                layout.checkpointing[pid])
     out["update_s"] = max(v for k, v in out.items() if k.startswith("update_s/"))
     out["step_s"] = out["rollout_s"] + out["update_s"]
     return out
 
 
-def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: float) -> float:
+def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: float,
+                   checkpointing: bool) -> float:
     """One step's update of `tokens` trained tokens in rows of `sequence` tokens on the policy's ranks."""
-    return learner_seconds(shape, tokens, sequence, pc.model.lora.enabled, _checkpointing(pc),
+    return learner_seconds(shape, tokens, sequence, pc.model.lora.enabled, checkpointing,
                            pc.algo.old_logprobs == "recompute", pc.learner.ranks)
 
 
@@ -273,28 +276,36 @@ def learner_seconds(shape: ModelShape, tokens: float, sequence: float, lora: boo
     return flops / (LEARNER_MFU * BF16_PEAK_FLOPS * max(ranks, 1))
 
 
-def resolve_plan(cfg: TrainConfig, refuse: bool = True) -> Plan | None:
-    """At load, before the config is frozen: each policy's `learner.gradient_checkpointing=auto` becomes true where
-    its GPU would not fit without it (false where it would, and on runs with no GPU memory to plan against), and
-    a plan that still does not fit raises PlanError naming the keys to change. Returns the plan (None: CPU run)."""
-    layout = run_layout(cfg)  # of the config being loaded: resolving writes into it, the run builds its own
-    configs = layout.configs
-    auto = [pid for pid, pc in configs.items() if str(pc.learner.gradient_checkpointing).lower() == "auto"]
+def resolve_checkpointing(layout: RunLayout) -> dict[str, bool]:
+    """Each policy's `learner.gradient_checkpointing`, `auto` resolved (the layout's own values are the
+    configured ones, auto as off): on where its GPU would not fit without it, off where it would and on runs
+    with no GPU memory to plan against. Policies that take the top level's learner settings share one
+    resolution, as they share those settings (on if any of them needs it). ValueError: a model the planner
+    cannot size."""
+    auto = [pid for pid, pc in layout.configs.items() if pc.learner.gradient_checkpointing is None]
     memory = gpu_memory(layout)
     on: set[str] = set()
-    plan = None
-    if memory:
-        try:
-            plan = make_plan(layout, memory, dict.fromkeys(auto, False), times=False)
-            while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
-                on.add(pid)
-                plan = make_plan(layout, memory, {p: p in on for p in auto}, times=False)
-        except ValueError as e:
-            raise PlanError(str(e)) from None
-    _write_checkpointing(cfg, configs, auto, on)
-    if plan is not None and refuse:
-        check(plan)
-    return plan
+    if memory and auto:
+        plan = make_plan(layout, memory, dict.fromkeys(auto, False), times=False)
+        while (pid := _next_to_checkpoint(plan, auto, on)) is not None:
+            on.add(pid)
+            plan = make_plan(layout, memory, {p: p in on for p in auto}, times=False)
+    inheriting = [pid for pid in auto if pid not in layout.cfg.marl.policies]
+    shared = any(pid in on for pid in inheriting)
+    return dict(layout.checkpointing) | {pid: shared if pid in inheriting else pid in on for pid in auto}
+
+
+def refuse_unfit(layout: RunLayout) -> None:
+    """PlanError unless the layout's plan fits its GPUs (a run with no GPU memory to plan against is never
+    refused), or when the planner cannot size its model."""
+    try:
+        memory = gpu_memory(layout)
+        if memory:
+            check(make_plan(layout, memory, times=False))
+    except PlanError:
+        raise
+    except ValueError as e:
+        raise PlanError(str(e)) from None
 
 
 def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None:
@@ -306,20 +317,6 @@ def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None
 
 def overfull(plan: Plan) -> list[list[Member]]:
     return [gpu for gpu, b in zip(plan.gpus, plan.gpu_bytes(), strict=True) if b > FIT_FRACTION * plan.memory]
-
-
-def _write_checkpointing(cfg: TrainConfig, configs: Mapping[str, TrainConfig], auto: list[str],
-                         on: set[str]) -> None:
-    """Every value true/false: a policy with settings of its own gets its resolution there; the top level takes
-    that of the policies inheriting it (true if any of them needs it)."""
-    top = str(cfg.learner.gradient_checkpointing).lower()
-    inheriting = [pid for pid in auto if pid not in cfg.marl.policies]
-    cfg.learner.gradient_checkpointing = (str(any(p in on for p in inheriting)).lower() if top == "auto" else top)
-    for pid in cfg.marl.policies:
-        value = configs[pid].learner.gradient_checkpointing
-        if pid in auto or str(value).lower() != str(value):
-            cfg.marl.policies[pid].setdefault("learner", {})
-            cfg.marl.policies[pid].learner.gradient_checkpointing = str(pid in on if pid in auto else value).lower()
 
 
 def check(plan: Plan) -> None:

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer
@@ -36,13 +36,20 @@ from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.sketch import SKETCH_RTOL
 from marl.types import Completion
-from rollout.engine import Sampling
+from rollout.engine import EngineCapabilities, Sampling
 from rollout.lora import BaseWeights, adapter_bytes, write_adapter
 from rollout.serving import ChatServing, ServingLoop, between_calls
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm.repack import Kernels, load_in_place
 from rollout.vllm.stepper import VLLMStepper
-from rollout.vllm.support import adapter_fingerprint_served, default_cache_root, engine_env, eos_ids_of, memory_kwargs
+from rollout.vllm.support import (
+    adapter_fingerprint_served,
+    cpu_bind,
+    default_cache_root,
+    engine_env,
+    eos_ids_of,
+    memory_kwargs,
+)
 
 SYNC_PATHS = ("fast", "reload")  # rollout.vllm_sync_path
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
@@ -72,6 +79,14 @@ def _keep_shared_state_alive() -> None:
 
 class VLLMEngine(ChatServing):
     """One vLLM `LLM` serving chat requests with per-token logprobs of the sampled tokens."""
+
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities(gpus=True, weight_channel=True,
+                                                                    memory_settings=True)
+
+    @staticmethod
+    def actor_env(slot: int, threads: int) -> dict[str, str]:
+        """vLLM reads its settings at import, before any method runs: the actor's CPU binding and caches."""
+        return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
                  chat_template_kwargs: dict | None = None, kv_cache_gb: float = 1.0,

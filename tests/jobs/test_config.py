@@ -84,18 +84,15 @@ def test_choices_are_the_enums_beside_their_registries():
     from cluster.bundles import STRATEGIES
     from jobs.config.schema import PlacementStrategy
     from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
-    from learners.backends import BACKENDS, LearnerBackendName
     from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
     from learners.schedule import SCHEDULES, Schedule
     from marl.engine_map import ENGINE_SCOPES, EngineScope
     from marl.tasks import FAMILIES, TaskName
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
     from rollout.clients import ROLLOUT_MODES, RolloutModeName
-    from rollout.engine import ENGINE_BACKENDS, EngineBackendName
 
     for enum, registry in ((AdvantageEstimator, ADVANTAGE_ESTIMATORS), (LossAggregation, LOSS_AGGREGATIONS),
-                           (KlEstimator, KL_ESTIMATORS), (LearnerBackendName, BACKENDS),
-                           (EngineBackendName, ENGINE_BACKENDS), (RolloutModeName, ROLLOUT_MODES),
+                           (KlEstimator, KL_ESTIMATORS), (RolloutModeName, ROLLOUT_MODES),
                            (PlacementStrategy, STRATEGIES), (Schedule, SCHEDULES),
                            (EngineScope, ENGINE_SCOPES), (TaskName, FAMILIES), (AnswerFallback, ANSWER_FALLBACKS)):
         assert [m.value for m in enum] == list(registry), enum

@@ -39,7 +39,7 @@ def counted(monkeypatch) -> Counter:
 def test_a_run_builds_its_layout_once(tmp_path, counted):
     cfg = load_config(TINY, [f"out_dir={tmp_path}", "marl.policies.aggregator.learner.optim.lr=5e-4",
                              "rollout.engines_per_role=0", "learner.ranks=0", "data.eval_size=2"])
-    counted.clear()  # what loading resolved (its plan's layout of the config being loaded) is not the run's
+    assert not counted  # loading builds no layout: it resolves nothing
     assets = prepare(cfg)
     handles = build_handles(assets.layout, assets.model_paths, assets.family)
     try:

@@ -1,12 +1,13 @@
-"""The memory plan at config load: CPU runs are never planned (auto checkpointing stays off), a GPU run's
-auto checkpointing turns on exactly where its GPU needs it, a plan over 0.9 of the GPU is refused naming the keys,
-members share GPUs as Ray's fractions do, and `--plan` prints it."""
+"""The memory plan in the run layout: CPU runs are never planned (auto checkpointing stays off), a GPU
+run's auto checkpointing turns on exactly where its GPU needs it (resolved into the layout, never into the
+config), a plan over 0.9 of the GPU is refused naming the keys, members share GPUs as Ray's fractions do, and
+`--plan` prints it."""
 
 import pytest
 
-from jobs.config import ConfigError, load_config
+from jobs.config import ConfigError, load_config, to_yaml
 from jobs.plan.layout import run_layout
-from jobs.plan.planner import FIT_FRACTION, Member, learner_setup, make_plan, pack
+from jobs.plan.planner import FIT_FRACTION, Member, PlanError, learner_setup, make_plan, pack, refuse_unfit
 from jobs.plan.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
 from jobs.train import main
 from learners.memory import GIB
@@ -24,16 +25,34 @@ GPU = ["model.path=builtin:qwen3-0.6b-shape?vocab=151936", "marl.workflow=single
 def learner_bytes(checkpointing: bool) -> float:
     """The learner rank's planned bytes with checkpointing forced on or off."""
     cfg = load_config(TINY, [*GPU, "ray.gpu_memory_gb=80", f"learner.gradient_checkpointing="
-                             f"{str(checkpointing).lower()}"], check_plan=False)
+                             f"{str(checkpointing).lower()}"])
     return next(m.peak for m in make_plan(run_layout(cfg)).members if m.learner is not None)
 
 
+def checkpointing(*overrides: str) -> dict[str, bool]:
+    """policy -> its resolved checkpointing; the config itself keeps what was configured."""
+    cfg = load_config(TINY, list(overrides))
+    layout = run_layout(cfg)
+    refuse_unfit(layout)
+    assert to_yaml(cfg) == to_yaml(load_config(TINY, list(overrides)))  # resolving wrote nothing into it
+    return dict(layout.checkpointing)
+
+
+def refused(*overrides: str) -> PlanError:
+    with pytest.raises(PlanError) as e:
+        refuse_unfit(run_layout(load_config(TINY, list(overrides))))
+    return e.value
+
+
 def test_a_cpu_run_is_not_planned_and_auto_stays_off():
-    cfg = load_config(TINY)
-    assert cfg.learner.gradient_checkpointing == "false"
+    assert load_config(TINY).learner.gradient_checkpointing is None  # auto, in the config as loaded
+    assert set(checkpointing().values()) == {False}
     # However large its micro-batches, a run with no GPU is never refused.
-    assert load_config(TINY, ["learner.micro_batch_size=100000"]).learner.gradient_checkpointing == "false"
-    assert load_config(TINY, ["learner.gradient_checkpointing=True"]).learner.gradient_checkpointing == "true"
+    assert set(checkpointing("learner.micro_batch_size=100000").values()) == {False}
+    assert set(checkpointing("learner.gradient_checkpointing=True").values()) == {True}
+    assert load_config(TINY, ["learner.gradient_checkpointing=auto"]).learner.gradient_checkpointing is None
+    with pytest.raises(ConfigError, match="learner.gradient_checkpointing"):
+        load_config(TINY, ["learner.gradient_checkpointing=sometimes"])
 
 
 def test_auto_checkpointing_turns_on_only_where_the_gpu_needs_it():
@@ -41,18 +60,17 @@ def test_auto_checkpointing_turns_on_only_where_the_gpu_needs_it():
     assert on < off
     # The engine beside it takes rollout.gpu_memory_utilization (0.3) of the GPU: the learner has 0.9 - 0.3.
     between = (on + off) / 2 / (FIT_FRACTION - 0.3) / GIB  # fits with checkpointing only
-    assert load_config(TINY, [*GPU, f"ray.gpu_memory_gb={between}"]).learner.gradient_checkpointing == "true"
+    assert checkpointing(*GPU, f"ray.gpu_memory_gb={between}") == {"shared": True}
     roomy = off / (FIT_FRACTION - 0.3) / GIB * 1.01  # fits without it
-    assert load_config(TINY, [*GPU, f"ray.gpu_memory_gb={roomy}"]).learner.gradient_checkpointing == "false"
+    assert checkpointing(*GPU, f"ray.gpu_memory_gb={roomy}") == {"shared": False}
     # A value set explicitly is kept; there it does not fit, so the plan is refused.
-    with pytest.raises(ConfigError, match="does not fit"):
-        load_config(TINY, [*GPU, f"ray.gpu_memory_gb={between}", "learner.gradient_checkpointing=false"])
+    tight = [*GPU, f"ray.gpu_memory_gb={between}", "learner.gradient_checkpointing=false"]
+    assert "does not fit" in str(refused(*tight))
+    assert main(["--config", TINY, *tight]) == 2
 
 
 def test_a_plan_that_does_not_fit_names_the_keys_to_change():
-    with pytest.raises(ConfigError) as e:
-        load_config(TINY, [*GPU, "ray.gpu_memory_gb=16"])
-    msg = str(e.value)
+    msg = str(refused(*GPU, "ray.gpu_memory_gb=16"))
     for key in ("ray.gpu_memory_gb", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
                 "model.lora.enabled", "rollout.gpu_memory_utilization", "learner.rank_num_gpus"):
         assert key in msg
@@ -60,20 +78,19 @@ def test_a_plan_that_does_not_fit_names_the_keys_to_change():
 
 
 def test_an_engine_share_without_one_whole_sequence_is_refused():
-    with pytest.raises(ConfigError, match="less than one sequence.*rollout.gpu_memory_utilization"):
-        load_config(TINY, [*GPU, "ray.gpu_memory_gb=80", "rollout.gpu_memory_utilization=0.02"])
+    with pytest.raises(PlanError, match="less than one sequence.*rollout.gpu_memory_utilization"):
+        refuse_unfit(run_layout(load_config(TINY, [*GPU, "ray.gpu_memory_gb=80",
+                                                   "rollout.gpu_memory_utilization=0.02"])))
 
 
 def test_a_policy_of_its_own_gets_its_own_resolution():
     over = [*GPU, "marl.workflow=voting", "marl.sharing=isolated", "ray.gpu_memory_gb=80",
             "marl.policies.generator.learner.micro_batch_size=32"]
-    cfg = load_config(TINY, over)
     # The generator's 32 x 2,048 tokens need checkpointing on its GPU, the aggregator's 4 x 2,048 do not.
-    assert cfg.marl.policies.generator.learner.gradient_checkpointing == "true"
-    assert cfg.learner.gradient_checkpointing == "false"
-    # A policy whose settings name no learner key gets one holding its resolution.
-    cfg = load_config(TINY, [*over[:-1], "marl.policies.generator.model.lora.rank=16"])
-    assert cfg.marl.policies.generator.learner.gradient_checkpointing == "false"
+    assert checkpointing(*over) == {"generator": True, "aggregator": False}
+    # A policy whose settings name no learner key gets its own resolution too.
+    assert checkpointing(*over[:-1], "marl.policies.generator.model.lora.rank=16") == {"generator": False,
+                                                                                       "aggregator": False}
 
 
 def test_the_plan_follows_padding_free():
@@ -82,7 +99,7 @@ def test_the_plan_follows_padding_free():
     per layer) where packed rows on a GPU have none."""
     def planned(flag: str):
         cfg = load_config(TINY, [*GPU, "learner.logits_chunk_tokens=1024", f"learner.padding_free={flag}",
-                                 "learner.gradient_checkpointing=false"], check_plan=False)
+                                 "learner.gradient_checkpointing=false"])
         rank = next(m.learner for m in make_plan(run_layout(cfg), memory=0).members if m.learner is not None)
         return learner_setup(cfg, 1, False), rank
 

@@ -67,8 +67,9 @@ def test_overrides_apply_to_the_policies_the_map_produces():
     (["marl.policies.aggregator.learner.optim.lr=abc"], "marl.policies.aggregator.learner.optim.lr: Value 'abc'"),
     (["marl.policies.aggregator.learner.optim.lr=-1"], "marl.policies.aggregator: learner.optim.lr must be > 0"),
     (["marl.policies.aggregator.model.dtype=fp8"], "marl.policies.aggregator: model.dtype must be one of"),
-    (["marl.policies.aggregator.learner.rank_num_gpus=1"], "marl.policies.aggregator: learner.rank_num_gpus > 0 "
-                                                           "needs learner.backend=deepspeed"),
+    (["marl.policies.aggregator.learner.rank_num_gpus=1"],
+     "marl.policies.aggregator: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+     "(learner.backend=deepspeed)"),
     (["model.lora.enabled=true", "rollout.lora_serving=multi", WIDE],
      "marl.policies.aggregator.model.path: rollout.lora_serving=multi serves every policy from one engine group"),
 ])

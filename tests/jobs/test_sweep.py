@@ -279,3 +279,16 @@ def test_a_trial_resumed_after_its_last_step_reports_its_last_logged_step(tmp_pa
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert last_step_metrics(tmp_path) == {"step": 1.0, "reward/mean": 0.5}
     assert last_step_metrics(tmp_path / "absent") == {}
+
+
+def test_a_cell_whose_plan_does_not_fit_is_refused_before_anything_runs(tmp_path, capsys):
+    """The plan check is the sweep's (loading a config plans nothing): it names the cell and the plan."""
+    gpu = ["model.path=builtin:qwen3-0.6b-shape?vocab=151936", "marl.workflow=single_agent",
+           "marl.sharing=shared", "learner.backend=deepspeed", "learner.rank_num_gpus=0.5",
+           "rollout.engine_num_gpus=0.5", "rollout.engines_per_role=1", "learner.ranks=1",
+           "learner.micro_batch_size=4", "algo.max_len=2048", "rollout.gpu_memory_utilization=0.3"]
+    listed = "".join(f"  - {o}\n" for o in gpu)
+    path = _sweep_file(tmp_path, f"overrides:\n{listed}grid:\n  ray.gpu_memory_gb: [80, 16]\n")
+    validate(load_sweep(path))  # every cell is a valid config
+    assert sweep.main(["--config", path, "--dry-run"]) == 2
+    assert "cell [ray.gpu_memory_gb=16]: config: the plan does not fit 16 GiB GPUs" in capsys.readouterr().err

@@ -8,7 +8,8 @@ from jobs.driver.updates import run_concurrently
 
 
 def learner(**kw):
-    base = {"concurrent_updates": "auto", "rank_num_gpus": 0.0, "ranks": 1, "rank_num_cpus": 1.0, "torch_threads": 0}
+    base = {"concurrent_updates": None, "rank_num_gpus": 0.0, "ranks": 1, "rank_num_cpus": 1.0,
+            "torch_threads": 0}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -20,8 +21,8 @@ def learner(**kw):
     ({"ranks": 0}, 2, 8, False),  # in-process learners each use every core of the process
     ({"ranks": 0}, 1, 8, True),
     ({"rank_num_gpus": 1.0, "rank_num_cpus": 8.0}, 3, 2, True),  # GPU learners: always at once
-    ({"concurrent_updates": "true", "rank_num_cpus": 8.0}, 3, 2, True),
-    ({"concurrent_updates": "false"}, 1, 64, False),
+    ({"concurrent_updates": True, "rank_num_cpus": 8.0}, 3, 2, True),
+    ({"concurrent_updates": False}, 1, 64, False),
 ])
 def test_auto_rule(kw, policies, cores, expected):
     assert run_concurrently(learner(**kw), policies, cores) is expected

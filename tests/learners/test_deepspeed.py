@@ -14,9 +14,10 @@ import torch
 
 from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
+from learners.backends import BACKENDS
 from learners.batch import empty_batch
 from learners.deepspeed_backend import DeepSpeedBackend, deepspeed_config
-from learners.learner import Learner, backend_class
+from learners.learner import Learner
 from learners.losses import local_normalizer
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
@@ -50,7 +51,7 @@ def make(model_path, backend: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, f"learner.backend={backend}", *overrides])
     learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
                                   algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
-    assert isinstance(learner.backend, backend_class(backend))
+    assert isinstance(learner.backend, BACKENDS[backend])
     return learner
 
 
@@ -65,7 +66,7 @@ def copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def test_config_selects_and_validates_the_backend(model_path):
-    assert backend_class("torch") is TorchBackend and backend_class("deepspeed") is DeepSpeedBackend
+    assert BACKENDS["torch"] is TorchBackend and BACKENDS["deepspeed"] is DeepSpeedBackend
     assert type(make(model_path, "torch").backend) is TorchBackend
     assert type(make(model_path, "deepspeed").backend) is DeepSpeedBackend
     cfg = load_config("jobs/configs/tiny.yaml", ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3",

@@ -85,7 +85,7 @@ def _slow(tokens: int, every_s: float) -> type:
 
 
 def _system(tmp_path, monkeypatch, engine_cls: type, *overrides: str):
-    monkeypatch.setattr(engine_group, "_engine_class", lambda backend: engine_cls)
+    monkeypatch.setattr(engine_group, "ENGINES", {"hf": engine_cls})
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"run_name={RUN}", f"out_dir={tmp_path}", "marl.workflow=single_agent", "marl.sharing=shared",
         "rollout.backend=hf", "rollout.engines_per_role=1", "learner.ranks=0", "rollout.torch_threads=1",

@@ -1,0 +1,100 @@
+"""A learner backend from outside the package, defined in this file alone: registered with
+`learners.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks
+and the planner read its declared capabilities, and a rank trains with it. No other source file names it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+import torch
+
+from jobs.config import ConfigError, load_config
+from jobs.models.resolve import resolve_model
+from jobs.plan.layout import run_layout
+from jobs.plan.planner import make_plan
+from learners.backends import BACKENDS, BackendCapabilities, LearnerBackendName
+from learners.learner import Learner
+from learners.member import LearnerSpec
+from learners.torch_backend import TorchBackend
+from tests.learners.test_deepspeed import update
+from tests.learners.test_learner import BASE, ROWS, make_batch
+
+TINY = "jobs/configs/tiny.yaml"
+NAME = "counting"
+
+
+class CountingBackend(TorchBackend):
+    """The torch backend counting its optimizer steps, with narrower capabilities than torch's own: no float16
+    and no colocated LoRA policies (each refused at load because the class says so; torch takes them)."""
+
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(gpus=False, float16=False,
+                                                                      lora_colocate=False)
+    steps = 0
+
+    def step(self) -> tuple[float, float]:
+        type(self).steps += 1
+        return super().step()
+
+
+@pytest.fixture
+def counting() -> Iterator[LearnerBackendName]:
+    name = BACKENDS.register(NAME, CountingBackend)
+    yield name
+    BACKENDS.unregister(NAME)
+
+
+def test_the_registered_name_is_a_choice_of_the_key_while_registered(counting):
+    cfg = load_config(TINY, [f"learner.backend={NAME}"])
+    assert cfg.learner.backend is counting and f"{cfg.learner.backend}" == NAME
+    assert BACKENDS[NAME] is CountingBackend and NAME in [m.value for m in LearnerBackendName]
+    with pytest.raises(ValueError, match="is registered already"):
+        BACKENDS.register(NAME, TorchBackend)
+    with pytest.raises(ValueError, match="is built in"):
+        BACKENDS.unregister("torch")
+
+
+def test_a_name_not_registered_is_refused_with_the_choices():
+    refusal = r"learner\.backend must be one of torch, deepspeed; got 'counting'"
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(TINY, [f"learner.backend={NAME}"])
+    with pytest.raises(ValueError, match=refusal):
+        BACKENDS[NAME]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["learner.rank_num_gpus=1"], "learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+                                  f"(learner.backend=deepspeed); learner.backend={NAME} trains on CPU"),
+    (["model.dtype=float16"], "model.dtype=float16 needs a backend that trains in float16; "
+                              f"learner.backend={NAME} does not"),
+    (["model.lora.enabled=true", "model.lora.rank=4", "learner.lora_colocate=true"],
+     f"learner.backend={NAME} cannot hold learner.lora_colocate policies"),
+])
+def test_the_config_checks_read_its_capabilities(counting, overrides, message):
+    load_config(TINY, [n for n in overrides if "gpus" not in n])  # torch takes what counting refuses
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [f"learner.backend={NAME}", *overrides])
+    assert message in str(e.value)
+
+
+def test_the_planner_sizes_it_by_its_capabilities(counting):
+    """No ZeRO stages declared: the memory model's whole fp32 states, as torch's."""
+    def rank(*overrides: str):
+        layout = run_layout(load_config(TINY, ["learner.deepspeed.zero_stage=3", *overrides]))
+        return next(m.learner for m in make_plan(layout, memory=0).members if m.learner is not None)
+
+    assert rank(f"learner.backend={NAME}") == rank("learner.backend=torch")
+    assert rank(f"learner.backend={NAME}") != rank("learner.backend=deepspeed")
+
+
+def test_a_rank_trains_a_step_with_it(counting):
+    cfg = load_config(TINY, [*BASE, f"learner.backend={NAME}"])
+    spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
+                       learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0)
+    learner = Learner(spec)
+    assert type(learner.backend) is CountingBackend
+    before = {k: v.detach().clone() for k, v in learner.model.named_parameters()}
+    metrics = update(learner, make_batch(ROWS))
+    assert CountingBackend.steps == 1 and metrics
+    assert any(not torch.equal(before[k], v) for k, v in learner.model.named_parameters())

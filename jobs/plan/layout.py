@@ -15,35 +15,16 @@ learner.lora_colocate one learner group holds every policy on the top-level rank
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from cluster.bundles import Demand
 from jobs.config.colocation import colocated, colocated_name
 from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig
 from jobs.plan.planner import resolve_checkpointing
+from jobs.plan.run_layout_record import RunLayout
 from marl.engine_map import EngineMap
 from marl.names import group_name
-from marl.policy_map import PolicyMap
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """One run's groups as decided by its config; read-only like the config it was built from."""
-
-    cfg: TrainConfig  # the run's whole config
-    policy_map: PolicyMap
-    engine_map: EngineMap
-    configs: Mapping[str, TrainConfig]  # policy -> the whole config as that policy sees it
-    learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
-    colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
-    demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
-    # policy -> learner.gradient_checkpointing, auto resolved by the plan (planner.resolve_checkpointing)
-    checkpointing: Mapping[str, bool]
-
-    def engine_config(self, policy: str | None) -> TrainConfig:
-        """The config an engine group of `policy` is built from (None: the multi-LoRA group, on the top level)."""
-        return self.configs[policy] if policy is not None else self.cfg
 
 
 def run_layout(cfg: TrainConfig) -> RunLayout:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -29,12 +28,10 @@ from jobs.plan.rollout_estimate import (
     engine_memory,
     rollout_seconds,
 )
+from jobs.plan.run_layout_record import RunLayout
 from learners.backends import capabilities
 from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
 from marl.policy_map import PolicyMap
-
-if TYPE_CHECKING:  # the layout module asks this one to resolve its `auto` settings
-    from jobs.plan.layout import RunLayout
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and padding_free move.

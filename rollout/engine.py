@@ -7,13 +7,16 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from marl.seeds import derive_seed
 from marl.types import Completion, Message
 
 if TYPE_CHECKING:  # the contract needs no torch to import
     from torch import Tensor
+
+    from cluster.payloads import AdapterPayload, LoraDelta
+    from cluster.transport import Report
 
 # rollout.backend: the engine classes (rollout.engine_group picks one by name)
 EngineBackend = Literal["hf", "vllm"]
@@ -83,14 +86,14 @@ class EngineMember(Protocol):
         """Serve `weights` (HF parameter names) from now on."""
         ...
 
-    def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: merge the adapter payload (rollout.lora) into the base weights
+    def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
+        """Merged serving with adapter-only syncs: merge the delta's adapter (rollout.lora) into the base weights
         and serve the result; reports {"version", "bytes", "sketch": {name: served sketch (cluster.sketch)} for
-        every weight `payload["names"]` lists (packed into one buffer, cluster.packing), "sketch_rtol": the serving
+        every weight `delta.names` lists (packed into one buffer, cluster.packing), "sketch_rtol": the serving
         dtype's tolerance}."""
         ...
 
-    def load_adapter(self, payload: dict[str, Any], version: int) -> dict[str, float]:
+    def load_adapter(self, payload: AdapterPayload, version: int) -> dict[str, float]:
         """Multi-LoRA serving: serve the adapter payload (rollout.lora) as its policy's adapter."""
         ...
 

@@ -214,7 +214,8 @@ class _LoraSource:
         from benchmarks.sync_phases import as_dict
 
         delta = self.get_lora_delta()
-        return LoraDelta(dataclasses.replace(delta.adapter, tensors=as_dict(delta.adapter.tensors)), delta.names)
+        adapter = dataclasses.replace(delta.adapter, tensors=as_dict(delta.adapter.tensors))
+        return LoraDelta(adapter, delta.names)
 
     def merged_sketch_dict(self) -> dict:
         return self.sketch(self.model)  # a dict of tensors, as learners sent it before

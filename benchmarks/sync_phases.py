@@ -48,7 +48,8 @@ class StampedEngine(VLLMEngine):
             report["sketch"] = {k: v.clone() for k, v in report["sketch"].items()}
         return report
 
-    def _stamped(self, load: Callable[[Any, int], Mapping[str, Any]], payload: Any, version: int) -> dict[str, Any]:
+    def _stamped(self, load: Callable[[Any, int], Mapping[str, Any]], payload: Any,
+                 version: int) -> dict[str, Any]:
         self.parts.clear()
         start = time.time()
         report = load(payload, version)

@@ -1,7 +1,7 @@
-"""The typed weight-sync payloads that are not whole weights: an adapter (named tensors, packed into one buffer by
-cluster.packing, and its config) and an adapter delta (an adapter and the names of the weights the receiver
-serves after merging it). Frozen dataclasses: they pickle through the object store as they are, the packed
-buffers out of band."""
+"""The typed weight-sync payloads that are not whole weights: an adapter (named tensors, packed into one
+buffer by cluster.packing, and its config) and an adapter delta (an adapter and the names of the weights the
+receiver serves after merging it). Frozen dataclasses: they pickle through the object store as they are, the
+packed buffers out of band."""
 
 from __future__ import annotations
 

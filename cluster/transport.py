@@ -20,8 +20,8 @@ from cluster.group import Group, GroupTimeout, Pending
 S = TypeVar("S")  # the source member
 D = TypeVar("D")  # a destination member
 X = TypeVar("X")  # the payload
-# A destination's report of a load, a JSON-like record: {"version", "bytes"[, "fingerprint"]}, or what `compare`
-# reads (a packed sketch and its tolerance).
+# A destination's report of a load, a JSON-like record: {"version", "bytes"[, "fingerprint"]}, or what
+# `compare` reads (a packed sketch and its tolerance).
 Report = Mapping[str, Any]
 Compare = Callable[[Report, Any], "str | None"]  # (a destination's report, the sender's expectation) -> what is off
 

@@ -33,8 +33,8 @@ class UpdateResult:
 
     def __init__(self, pending: Pending[RankMetrics], policy_id: str, timeout: float,
                  extra: dict[str, float], unmeasured: TokenSums | None = None):
-        """`unmeasured`: sums no rank holds (the tokens of skipped rows the diagnostics' sample left out), added
-        to the ranks' before the means are taken."""
+        """`unmeasured`: sums no rank holds (the tokens of skipped rows the diagnostics' sample left out),
+        added to the ranks' before the means are taken."""
         self._pending, self.policy_id, self._timeout, self._extra = pending, policy_id, timeout, extra
         self._unmeasured = unmeasured
 

@@ -94,11 +94,11 @@ class Learner:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: TrainBatch, plan: UpdatePlan) -> RankMetrics:
-        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns its sums
-        (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py) and step metrics: the
-        steps taken and skipped (`plan.skip`: neither the optimizer nor an optimizer-step schedule advances), the
-        taken steps' mean and last grad norm, lr and (with `plan.roles`) per-role gradient metrics (the step uses
-        their sum)."""
+        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns its
+        sums (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py) and step
+        metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an optimizer-step
+        schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`) per-role
+        gradient metrics (the step uses their sum)."""
         self.model.train()
         self.passes.pad_id = batch.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
@@ -135,7 +135,8 @@ class Learner:
                            skipped_steps=len(plan.steps) - len(taken), role_grads=means)
         return RankMetrics(sums, step)
 
-    def _measure_move(self, data: TrainBatch, plan: UpdatePlan, taken: list[int]) -> tuple[float, float] | None:
+    def _measure_move(self, data: TrainBatch, plan: UpdatePlan,
+                      taken: list[int]) -> tuple[float, float] | None:
         """The step's policy-movement sums: the first taken step's captured micro-batches and, when recomputed,
         the rows of later steps against their old log-probs (learners/policy_move.py)."""
         if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
@@ -255,7 +256,8 @@ class Learner:
         self.step = self.backend.load_state(path)
 
 
-def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: PolicyModel | None) -> PolicyModel:
+def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None,
+                   module: PolicyModel | None) -> PolicyModel:
     """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
     with gradient checkpointing when `learner.gradient_checkpointing` (resolved to "true"/"false" at config load;
     auto: by the memory plan). Non-reentrant: per-role gradients use torch.autograd.grad."""

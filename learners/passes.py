@@ -133,7 +133,8 @@ class PolicyPasses:
                 return self.logprobs(mb, model=self.model)[0]
         return self.logprobs(mb, model=self.reference)[0]
 
-    def _sequence_logprobs(self, model: PolicyModel, runner: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def _sequence_logprobs(self, model: PolicyModel, runner: Any, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,

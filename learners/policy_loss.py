@@ -34,8 +34,8 @@ def policy_loss(
     normalizer: float,
 ) -> tuple[Tensor, TokenSums]:
     """(scalar loss, its sums over the loss tokens) of one micro-batch; the loss is normalised by the GLOBAL
-    `normalizer` (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch losses add
-    up.
+    `normalizer` (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch
+    losses add up.
 
     logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's for the PPO ratio, or
     None for the current ones, detached (ratio 1). rollout_logprobs [B, T−1]: the engines'. advantages [B].
@@ -43,8 +43,8 @@ def policy_loss(
     entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config section
     (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator, dual_clip_c, log_ratio_clamp).
 
-    Sums: loss, clipped tokens, tokens (dual-clipped tokens with algo.dual_clip_c), and per role clipped tokens,
-    entropy, |learner − engine| log-prob, tokens, and KL with a KL term.
+    Sums: loss, clipped tokens, tokens (dual-clipped tokens with algo.dual_clip_c), and per role clipped
+    tokens, entropy, |learner − engine| log-prob, tokens, and KL with a KL term.
     """
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     weighted = advantages.unsqueeze(-1).expand_as(logprobs)
@@ -65,8 +65,8 @@ def policy_loss(
         role_sums = RoleSums().added(kl=kl_terms, clip_frac=per_role_terms(m["clipped"].float(), mask, roles),
                                      entropy=diag.entropy, logprob_diff=diag.logprob_diff, tokens=diag.tokens)
     dual = float(m["dual_clip_frac_sum"]) if "dual_clip_frac_sum" in m else None
-    return loss, TokenSums(loss=float(loss.detach()), clip_frac=float(m["clip_frac_sum"]), tokens=float(m["tokens"]),
-                           dual_clip_frac=dual, roles=role_sums)
+    return loss, TokenSums(loss=float(loss.detach()), clip_frac=float(m["clip_frac_sum"]),
+                           tokens=float(m["tokens"]), dual_clip_frac=dual, roles=role_sums)
 
 
 class DiagnosticTerms(NamedTuple):
@@ -79,7 +79,8 @@ class DiagnosticTerms(NamedTuple):
 
 def diagnostic_terms(logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor, mask: Tensor,
                      roles: list[str], weights: Tensor | None = None) -> DiagnosticTerms:
-    """The per-role diagnostics of B rows: entropy, |learner − engine| log-prob and tokens, over the loss tokens.
+    """The per-role diagnostics of B rows: entropy, |learner − engine| log-prob and tokens, over the loss
+    tokens.
 
     logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that
     train report them through `policy_loss`; rows skipped for a zero advantage through the learner's

@@ -86,10 +86,10 @@ class PolicyMove:
                 idle: Callable[[], object],
                 split: Callable[[TrainBatch], list[TrainBatch]]) -> tuple[float, float] | None:
         """This rank's (movement sum, its tokens), merged over ranks by the group; None when not measured.
-        `logprobs(mb)` the policy's current [B, T−1]; `passes(n)` the forward passes to run for n of this rank's
-        own (ranks that communicate inside forward run equally many), filled with `idle()`; `split` a batch into
-        micro-batches (the sampled rows, gathered from every captured micro-batch, run as few passes as they
-        fill)."""
+        `logprobs(mb)` the policy's current [B, T−1]; `passes(n)` the forward passes to run for n of this
+        rank's own (ranks that communicate inside forward run equally many), filled with `idle()`; `split` a
+        batch into micro-batches (the sampled rows, gathered from every captured micro-batch, run as few
+        passes as they fill)."""
         if not self.enabled:
             return None
         if self.sampled or self.unsampled_tokens:

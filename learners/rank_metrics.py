@@ -1,11 +1,11 @@
-"""What one learner rank reports of a training step, by value across Ray, and how a group merges its ranks' reports
-into the policy's flat metrics.
+"""What one learner rank reports of a training step, by value across Ray, and how a group merges its
+ranks' reports into the policy's flat metrics.
 
-A rank returns a `RankMetrics`: its `TokenSums` (sums over its own loss tokens, which only mean something added
-across ranks, so the group adds them before it divides) and its `StepMetrics` (per optimizer step, taken from
-all-reduced gradients: every rank holds the same values). `merge_rank_metrics` names them as the driver logs them
-(`loss/<policy>`, `clip_frac/<policy>`, `entropy/<role>`, ...). Sums accumulate term by term in the order they are
-gathered, so a rerun (or another way of gathering the same terms) adds up to the same floats.
+A rank returns a `RankMetrics`: its `TokenSums` (sums over its own loss tokens, which only mean something
+added across ranks, so the group adds them before it divides) and its `StepMetrics` (per optimizer step,
+taken from all-reduced gradients: every rank holds the same values). `merge_rank_metrics` names them as the
+driver logs them (`loss/<policy>`, `clip_frac/<policy>`, `entropy/<role>`, ...). Sums accumulate term by
+term in the order they are gathered, so a rerun adds up to the same floats.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def _plus(a: float | None, b: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class RoleSums:
-    """A rank's per-role sums over loss tokens, role → sum. A role absent from a map had no such term here: the
-    clip fraction counts rows that trained only, KL exists only with a KL term."""
+    """A rank's per-role sums over loss tokens, role → sum. A role absent from a map had no such term here:
+    the clip fraction counts rows that trained only, KL exists only with a KL term."""
 
     tokens: Mapping[str, float] = field(default_factory=dict)
     entropy: Mapping[str, float] = field(default_factory=dict)
@@ -59,9 +59,10 @@ class RoleSums:
 
 @dataclass(frozen=True, kw_only=True)
 class TokenSums:
-    """A rank's sums of one training step: the loss (the mean over its optimizer steps), clipped tokens and loss
-    tokens, the micro-batches' padded and total positions (rows × widest row), and, when measured, tokens the dual
-    clip held (`algo.dual_clip_c`) and the policy's movement (learners/policy_move.py): None = not measured."""
+    """A rank's sums of one training step: the loss (the mean over its optimizer steps), clipped tokens and
+    loss tokens, the micro-batches' padded and total positions (rows × widest row), and, when measured, tokens
+    the dual clip held (`algo.dual_clip_c`) and the policy's movement (learners/policy_move.py): None = not
+    measured."""
 
     loss: float = 0.0
     clip_frac: float = 0.0
@@ -77,18 +78,20 @@ class TokenSums:
         """Each of `other`'s sums added to this one's."""
         return TokenSums(
             loss=self.loss + other.loss, clip_frac=self.clip_frac + other.clip_frac,
-            tokens=self.tokens + other.tokens, padded_positions=self.padded_positions + other.padded_positions,
+            tokens=self.tokens + other.tokens,
+            padded_positions=self.padded_positions + other.padded_positions,
             positions=self.positions + other.positions,
-            dual_clip_frac=_plus(self.dual_clip_frac, other.dual_clip_frac), move=_plus(self.move, other.move),
-            move_tokens=_plus(self.move_tokens, other.move_tokens), roles=self.roles.plus(other.roles))
+            dual_clip_frac=_plus(self.dual_clip_frac, other.dual_clip_frac),
+            move=_plus(self.move, other.move), move_tokens=_plus(self.move_tokens, other.move_tokens),
+            roles=self.roles.plus(other.roles))
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepMetrics:
-    """A rank's optimizer steps of one training step: the taken steps' mean grad norm and lr and the last step's
-    (no step taken: a zero norm at the lr the step would have used), the steps taken and skipped, and with role
-    diagnostics the per-role gradient metrics under their logged names (`grad/...`, the last step's `last/grad/...`;
-    learners/role_grads.py)."""
+    """A rank's optimizer steps of one training step: the taken steps' mean grad norm and lr and the last
+    step's (no step taken: a zero norm at the lr the step would have used), the steps taken and skipped, and
+    with role diagnostics the per-role gradient metrics under their logged names (`grad/...`, the last step's
+    `last/grad/...`; learners/role_grads.py)."""
 
     grad_norm: float
     last_grad_norm: float
@@ -120,9 +123,9 @@ def _role_means(roles: RoleSums) -> dict[str, float]:
 
 def merge_rank_metrics(per_rank: Sequence[RankMetrics], policy_id: str,
                        unmeasured: TokenSums | None = None) -> dict[str, float]:
-    """The policy's metrics of one training step from its ranks' reports: the ranks' sums added (then `unmeasured`,
-    sums no rank holds: the tokens of skipped rows the diagnostics' sample left out) and divided; the step
-    metrics are every rank's, so rank 0's are taken."""
+    """The policy's metrics of one training step from its ranks' reports: the ranks' sums added (then
+    `unmeasured`, sums no rank holds: the tokens of skipped rows the diagnostics' sample left out) and
+    divided; the step metrics are every rank's, so rank 0's are taken."""
     total = TokenSums()
     for sums in [*(r.sums for r in per_rank), *([unmeasured] if unmeasured is not None else [])]:
         total = total.plus(sums)

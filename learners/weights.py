@@ -16,14 +16,16 @@ from learners.sections import LoraSection
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# A policy's trainable module: a transformers PreTrainedModel, or a peft PeftModel around one. Typed no further:
-# their methods (gradient_checkpointing_enable, peft_config, ...) are reached through torch.nn.Module otherwise.
+# A policy's trainable module: a transformers PreTrainedModel, or a peft PeftModel around one. Typed no
+# further: their methods (gradient_checkpointing_enable, peft_config, ...) are not torch.nn.Module's.
 PolicyModel = Any
 
 
-def load_policy_model(model_path: str, dtype: str, lora: LoraSection, attention: str | None = None) -> PolicyModel:
+def load_policy_model(model_path: str, dtype: str, lora: LoraSection,
+                      attention: str | None = None) -> PolicyModel:
     """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
-    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's default."""
+    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's
+    default."""
     kwargs = {"attn_implementation": attention} if attention else {}
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], **kwargs)
     if not lora.enabled:

@@ -28,8 +28,8 @@ class Collected(NamedTuple):
 class Collector:
     """Runs `samples_per_prompt` episodes of `workflow` for each task and returns them scored."""
 
-    def __init__(self, engines: Mapping[str, Engines], workflow: str, family: TaskFamily, options: WorkflowOptions,
-                 shaping: RewardShaping | None = None, mode: str = "streaming"):
+    def __init__(self, engines: Mapping[str, Engines], workflow: str, family: TaskFamily,
+                 options: WorkflowOptions, shaping: RewardShaping | None = None, mode: str = "streaming"):
         if mode not in CLIENTS:
             raise ValueError(f"rollout.mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         self.engines, self.workflow, self.family = engines, workflow, family

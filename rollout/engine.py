@@ -87,10 +87,10 @@ class EngineMember(Protocol):
         ...
 
     def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
-        """Merged serving with adapter-only syncs: merge the delta's adapter (rollout.lora) into the base weights
-        and serve the result; reports {"version", "bytes", "sketch": {name: served sketch (cluster.sketch)} for
-        every weight `delta.names` lists (packed into one buffer, cluster.packing), "sketch_rtol": the serving
-        dtype's tolerance}."""
+        """Merged serving with adapter-only syncs: merge the delta's adapter (rollout.lora) into the base
+        weights and serve the result; reports {"version", "bytes", "sketch": {name: served sketch
+        (cluster.sketch)} for every weight `delta.names` lists (packed into one buffer, cluster.packing),
+        "sketch_rtol": the serving dtype's tolerance}."""
         ...
 
     def load_adapter(self, payload: AdapterPayload, version: int) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """LoRA adapters as sync payloads: what a learner ships in multi-LoRA serving and how engines receive it.
 
-A payload is a cluster.payloads.AdapterPayload (learners.weights.adapter_payload): its tensors under peft's saved
-names, packed into one buffer, and its adapter_config. Engines write it as a peft adapter folder (what both vLLM
-and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
+A payload is a cluster.payloads.AdapterPayload (learners.weights.adapter_payload): its tensors under peft's
+saved names, packed into one buffer, and its adapter_config. Engines write it as a peft adapter folder (what
+both vLLM and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ class BaseWeights:
         self._torch = torch
 
     def merged_layers(self, adapter: AdapterPayload, changed_only: bool) -> dict[str, Tensor]:
-        """{layer weight name: merged weight} for `adapter` (learners.weights.adapter_payload): the layers whose A
-        or B changed since the last call, or all."""
+        """{layer weight name: merged weight} for `adapter` (learners.weights.adapter_payload): the layers
+        whose A or B changed since the last call, or all."""
         config = adapter.config
         if config.get("fan_in_fan_out") or config.get("use_dora"):
             raise ValueError("adapter-delta sync merges plain LoRA linears only (no fan_in_fan_out, no DoRA)")

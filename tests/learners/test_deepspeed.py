@@ -98,7 +98,8 @@ def test_zero2_in_process_matches_torch_with_role_gradients(model_path):
         assert flat(m_ds) == pytest.approx(flat(m_plain), rel=METRIC_REL, abs=1e-6)
         assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
     assert max_abs_diff(initial, ds.get_weights()) > 1e-4
-    assert {"grad/role_norm/generator", "grad/cos/evaluator__generator", "clip_frac/role/generator"} <= set(flat(m_ds))
+    logged = set(flat(m_ds))
+    assert {"grad/role_norm/generator", "grad/cos/evaluator__generator", "clip_frac/role/generator"} <= logged
     assert ds.step == 2 and ds.backend.engine.global_steps == 2
     assert m_ds.step.lr == pytest.approx(1e-3 * 0.9698463, rel=1e-6)
 
@@ -177,7 +178,8 @@ def test_two_mini_batches_match_torch(model_path, roles):
     m_plain, m_ds = plain.update(batch, plan), ds.update(batch, plan)
     assert flat(m_ds) == pytest.approx(flat(m_plain), rel=METRIC_REL, abs=1e-6)
     assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
-    assert ds.backend.engine.global_steps == 2 and m_ds.step.optimizer_steps == 2.0 and ds.scheduler.last_epoch == 1
+    assert ds.backend.engine.global_steps == 2 and m_ds.step.optimizer_steps == 2
+    assert ds.scheduler.last_epoch == 1
 
 
 def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):

@@ -71,7 +71,8 @@ def test_clipped_tokens_by_hand_and_per_role_clip_fraction():
     rank = RankMetrics(
         TokenSums(clip_frac=3.0, tokens=10.0, roles=RoleSums(clip_frac={"generator": 3.0, "evaluator": 0.0},
                                                             tokens={"generator": 4.0, "evaluator": 6.0})),
-        StepMetrics(grad_norm=1.0, lr=1e-3, last_grad_norm=1.0, last_lr=1e-3, optimizer_steps=1, skipped_steps=0))
+        StepMetrics(grad_norm=1.0, lr=1e-3, last_grad_norm=1.0, last_lr=1e-3, optimizer_steps=1,
+                    skipped_steps=0))
     out = merge_rank_metrics([rank, rank], "generator")  # a policy named after one of its roles
     assert out["clip_frac/generator"] == pytest.approx(0.3)  # the policy's, over all its tokens
     assert out["clip_frac/role/generator"] == pytest.approx(0.75) and out["clip_frac/role/evaluator"] == 0.0

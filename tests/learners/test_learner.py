@@ -207,7 +207,8 @@ def test_kl_penalty_full_finetune(make_learner):
     reference = {k: v.clone() for k, v in learner.reference.state_dict().items()}
     batch = make_batch(ROWS[:2])
     first = update(learner, batch)
-    assert first.sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    # policy == reference before any step
+    assert first.sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)
     # With zero advantages the only gradient left is the KL term pulling the moved policy back.
     batch.advantages.zero_()
     second = update(learner, batch)

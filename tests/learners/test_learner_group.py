@@ -73,9 +73,11 @@ def test_merge_rank_metrics_by_hand():
     steps = StepMetrics(optimizer_steps=2, skipped_steps=1, last_grad_norm=2.5, last_lr=9e-4, grad_norm=3.0,
                         lr=1e-3)  # every rank's
     rank0 = RankMetrics(TokenSums(
-        move=0.3, move_tokens=10.0, loss=0.5, clip_frac=2.0, tokens=10.0, padded_positions=3.0, positions=20.0,
-        roles=RoleSums(entropy={"generator": 8.0, "evaluator": 6.0}, tokens={"generator": 4.0, "evaluator": 6.0},
-                       logprob_diff={"generator": 0.4, "evaluator": 1.2}, kl={"generator": 0.2, "evaluator": 0.0})),
+        move=0.3, move_tokens=10.0, loss=0.5, clip_frac=2.0, tokens=10.0, padded_positions=3.0,
+        positions=20.0, roles=RoleSums(entropy={"generator": 8.0, "evaluator": 6.0},
+                                       tokens={"generator": 4.0, "evaluator": 6.0},
+                                       logprob_diff={"generator": 0.4, "evaluator": 1.2},
+                                       kl={"generator": 0.2, "evaluator": 0.0})),
         steps)
     rank1 = RankMetrics(TokenSums(
         move=0.1, move_tokens=2.0, loss=-0.25, clip_frac=1.0, tokens=2.0, padded_positions=1.0, positions=5.0,

@@ -37,7 +37,8 @@ def test_trained_rows_diagnostics_from_the_training_forward_equal_their_own_pass
     own = learner.passes.skipped_row_metrics(batch, list(range(len(batch))))
     got = learner.update(batch, whole_plan(batch))
     pairs = [(f"{name}/{role}", getattr(got.sums.roles, name)[role], value)
-             for name in ("entropy", "logprob_diff", "tokens") for role, value in getattr(own.roles, name).items()]
+             for name in ("entropy", "logprob_diff", "tokens")
+             for role, value in getattr(own.roles, name).items()]
     assert len(pairs) == 6
     for key, value, expected in pairs:
         assert value == pytest.approx(expected, rel=TOL, abs=TOL), key

@@ -83,7 +83,7 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int, layout: 
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS (Linux)
         f.write("5")
     before = _rss_kib("VmRSS:")
-    learner.update(batch.to_dict(), UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean")))
+    learner.update(batch, UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean")))
     return {"measured": (_rss_kib("VmHWM:") - before) * 1024.0}
 
 

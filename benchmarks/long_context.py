@@ -106,11 +106,11 @@ def child(run: Run) -> dict[str, object]:
     seconds, first = [], None
     for _ in range(run.repeats):
         start = time.perf_counter()
-        metrics = learner.update(batch.to_dict(), plan)
+        metrics = learner.update(batch, plan)
         seconds.append(time.perf_counter() - start)
         first = first or metrics
     assert first is not None
-    return {"peak_gb": _peak_gb(), "s": seconds, "loss": first["loss"], "grad_norm": first["grad_norm"]}
+    return {"peak_gb": _peak_gb(), "s": seconds, "loss": first.sums.loss, "grad_norm": first.step.grad_norm}
 
 
 def _peak_gb() -> float:

@@ -32,6 +32,7 @@ import torch
 
 from benchmarks.timing import timed
 from cluster.fingerprint import fingerprint
+from cluster.payloads import LoraDelta
 from cluster.transport import broadcast
 from jobs.config import load_config
 from jobs.driver.handles import build_handles
@@ -41,7 +42,7 @@ from jobs.plan.layout import run_layout
 from learners.member import LearnerMember
 from marl.policy_map import PolicyMap
 from marl.tasks import get_family
-from rollout.lora import BaseWeights, adapter_bytes
+from rollout.lora import BaseWeights
 from rollout.vllm.engine import _PROCESS_LOCK, _quiet_partial_reload
 from rollout.vllm.readback import whole_modules
 
@@ -55,24 +56,24 @@ class Before(Protocol):
 
     def merged_fingerprint(self) -> float: ...
 
-    def load_lora_delta_before(self, payload: dict, version: int) -> dict[str, float]: ...
+    def load_lora_delta_before(self, delta: LoraDelta, version: int) -> dict[str, float]: ...
 
 
 def _merged_fingerprint(learner: Any) -> float:
     return fingerprint(learner.get_weights())
 
 
-def _load_lora_delta_before(engine: Any, payload: dict, version: int) -> dict[str, float]:
-    changed = engine._base.merged_layers(payload, changed_only=True)
+def _load_lora_delta_before(engine: Any, delta: LoraDelta, version: int) -> dict[str, float]:
+    changed = engine._base.merged_layers(delta.adapter, changed_only=True)
     engine._merged.update(changed)
-    served = engine._base.full(payload["names"], engine._merged)
+    served = engine._base.full(delta.names, engine._merged)
     with _PROCESS_LOCK:
         if changed:
             with _quiet_partial_reload():  # checks what it loads: served sketch against the merged tensor's
-                engine._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
+                engine._reload({n: served[n] for n in whole_modules(delta.names, list(changed),
                                                                     engine._packed)})
     engine.version = version
-    return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": fingerprint(served)}
+    return {"version": version, "bytes": delta.adapter.nbytes, "fingerprint": fingerprint(served)}
 
 
 def _move_adapter(model: torch.nn.Module, seed: int) -> None:

@@ -38,7 +38,7 @@ def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: 
     lost = []
     for step in range(steps):
         batch = make_batch(rows, seq, seq // 4, vocab, seed=step)
-        learner.update(batch.to_dict(), UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
+        learner.update(batch, UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
                                                                                     cfg.algo.loss_agg)))
         learner.get_weights()
         lost.append(learner.sync_metrics()["sync/merge_rounding/p"])

@@ -58,7 +58,7 @@ def make_learner(model: str, settings: list[str]):
 
 
 def random_batch(model: str, rows: int, width: int):
-    """(batch dict, UpdatePlan) of `rows` random rows of `width` ids, every position attended, the loss on the
+    """(TrainBatch, UpdatePlan) of `rows` random rows of `width` ids, every position attended, the loss on the
     last four fifths (a fifth prompt, the rest response: as the paper's math caps, 20,480 / 5,120)."""
     import torch
 
@@ -72,7 +72,7 @@ def random_batch(model: str, rows: int, width: int):
     batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
                        rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
                        rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
-    return batch.to_dict(), UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
+    return batch, UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
 
 
 def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> dict[str, float]:
@@ -90,7 +90,7 @@ def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> d
     metrics = learner.update(batch, plan)
     if gpu:
         torch.cuda.synchronize()
-    out = {"step_s": time.perf_counter() - start, "loss": metrics["loss"], "tokens": float(tokens)}
+    out = {"step_s": time.perf_counter() - start, "loss": metrics.sums.loss, "tokens": float(tokens)}
     if gpu:
         out["measured_gib"] = torch.cuda.max_memory_allocated() / GIB
     else:

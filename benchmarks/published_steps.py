@@ -69,7 +69,7 @@ def measure(p: Published, model: str, tokens: int, gpu: bool, steps: int) -> dic
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
     step = statistics.median(times[1:])
-    out: dict[str, Any] = {"step_s": step, "warmup_s": times[0], "steps": steps, "loss": metrics["loss"],
+    out: dict[str, Any] = {"step_s": step, "warmup_s": times[0], "steps": steps, "loss": metrics.sums.loss,
                            "tok_s": MICRO_BATCHES * tokens / step, "attention": attention_name(learner, gpu)}
     if gpu:
         out |= {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,

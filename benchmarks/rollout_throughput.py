@@ -29,11 +29,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
+from cluster.payloads import LoraDelta
 from jobs.config import load_config
 from jobs.config.schema import TrainConfig
 from jobs.driver.weight_sync import served_as_merged
@@ -188,7 +190,7 @@ class _LoraSource:
         self.names = list(merge_for_serving(self.model)[0])
         self.sketch = MergedSketch()
 
-    def get_lora_delta(self) -> dict:
+    def get_lora_delta(self) -> LoraDelta:
         import torch
 
         from learners.weights import adapter_payload
@@ -199,20 +201,21 @@ class _LoraSource:
             for name, p in self.model.named_parameters():
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
-        return {**adapter_payload(self.model, "pi"), "names": self.names}
+        return LoraDelta(adapter_payload(self.model, "pi"), self.names)
 
     def merged_sketch(self) -> Any:
         from cluster.packing import pack
 
         return pack(self.sketch(self.model))  # as Learner.merged_sketch
 
-    def get_lora_delta_dict(self) -> dict:
+    def get_lora_delta_dict(self) -> LoraDelta:
         """`get_lora_delta` as learners sent it before: every adapter tensor pickled apart (the engine then
         replies with a dict of sketches too)."""
-        from benchmarks.sync_phases import AS_DICT, as_dict
+        from benchmarks.sync_phases import as_dict
 
         delta = self.get_lora_delta()
-        return {**delta, "tensors": as_dict(delta["tensors"]), AS_DICT: True}
+        adapter = dataclasses.replace(delta.adapter, tensors=as_dict(delta.adapter.tensors))
+        return LoraDelta(adapter, delta.names)
 
     def merged_sketch_dict(self) -> dict:
         return self.sketch(self.model)  # a dict of tensors, as learners sent it before

@@ -52,7 +52,7 @@ def step_of(path: str, overrides: list[str], batch, keep: torch.Tensor, metrics_
         sample = sample_diagnostics(batch.roles, batch.loss_mask[:, 1:].sum(-1), [rows], [plan],
                                     sample_size(cfg.learner.diagnostics.sample_rows), (1, 2), recompute=True)
         (rows,), (plan,) = sample.rows, sample.plans
-    payload = batch.select(rows).to_dict()
+    payload = batch.select(rows)
     return lambda: learner.update(payload, plan)
 
 

@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from torch import Tensor
+
 from benchmarks.timing import timed
 from cluster.packing import PackedTensors
+from cluster.payloads import LoraDelta
 from rollout.lora import BaseWeights
 from rollout.vllm.engine import VLLMEngine
-
-AS_DICT = "bench_reply_as_dict"  # a payload key: the engine replies with its sketches as a dict of tensors (before)
 
 
 class StampedEngine(VLLMEngine):
@@ -40,20 +41,22 @@ class StampedEngine(VLLMEngine):
     def load_weights(self, weights: Mapping[str, Any], version: int) -> dict[str, Any]:
         return self._stamped(super().load_weights, weights, version)
 
-    def load_lora_delta(self, payload: dict, version: int) -> dict[str, Any]:
-        report = self._stamped(super().load_lora_delta, payload, version)
-        if payload.get(AS_DICT):  # as engines replied before: one tensor of its own per sketch
+    def load_lora_delta(self, delta: LoraDelta, version: int) -> dict[str, Any]:
+        report = self._stamped(super().load_lora_delta, delta, version)
+        if not isinstance(delta.adapter.tensors, PackedTensors):  # sent as before: reply as engines did then,
+            # one tensor of its own per sketch
             report["sketch"] = {k: v.clone() for k, v in report["sketch"].items()}
         return report
 
-    def _stamped(self, load: Callable[[Any, int], dict], payload: Any, version: int) -> dict[str, Any]:
+    def _stamped(self, load: Callable[[Any, int], Mapping[str, Any]], payload: Any,
+                 version: int) -> dict[str, Any]:
         self.parts.clear()
         start = time.time()
         report = load(payload, version)
         return {**report, "start": start, "end": time.time(), "parts": {k: sum(v) for k, v in self.parts.items()}}
 
 
-def as_dict(tensors: PackedTensors) -> dict[str, Any]:
+def as_dict(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The packed tensors as a dict of tensors of their own (each pickled apart, as payloads were before)."""
     return {k: v.clone() for k, v in tensors.items()}
 

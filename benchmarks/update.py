@@ -92,7 +92,7 @@ def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> C
     diagnostics' sample drawn as LearnerGroup draws it (`learner.diagnostics.sample_rows`)."""
     learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
                                   algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
-    payload, norm = batch.to_dict(), local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
+    payload, norm = batch, local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
     roles = sorted(set(batch.roles)) if role_grads else None
     plan = UpdatePlan.whole(len(batch), norm, roles)
     size = sample_size(cfg.learner.diagnostics.sample_rows)

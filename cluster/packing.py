@@ -18,7 +18,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +57,7 @@ class PackedTensors(Mapping[str, Tensor]):
     def __len__(self) -> int:
         return len(self.specs)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"buffers": self.buffers, "specs": self.specs}  # not the caches: rebuilt where they are read
 
     def _index(self) -> dict[str, TensorSpec]:

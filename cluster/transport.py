@@ -20,7 +20,9 @@ from cluster.group import Group, GroupTimeout, Pending
 S = TypeVar("S")  # the source member
 D = TypeVar("D")  # a destination member
 X = TypeVar("X")  # the payload
-Report = Mapping[str, Any]  # a destination's {"version", "bytes"[, "fingerprint"]}, or what `compare` reads
+# A destination's report of a load, a JSON-like record: {"version", "bytes"[, "fingerprint"]}, or what
+# `compare` reads (a packed sketch and its tolerance).
+Report = Mapping[str, Any]
 Compare = Callable[[Report, Any], "str | None"]  # (a destination's report, the sender's expectation) -> what is off
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from marl.tasks.code_data import code_row_to_task, problem_text
 from marl.tasks.overlap import normalise_prompt
 from marl.tasks.rows import read_rows, row_problem
+from marl.types import JsonRecord
 
 NAMES = {"math": "dapo_math_17k", "code": "deepcoder"}
 CONFIGS = {"math": "en", "code": "primeintellect"}  # the paper's config of each source (DAPO-Math-17k: ~14.1k en)
@@ -205,7 +206,7 @@ def within_cap(examples: list[Example], count: TokenCount | None, cap: int) -> t
 
 def prepare(kind: str, src: Path, out: Path, seed: int = 42, test_fraction: float = 0.1, test_size: int = 1000,
             split: str = "train", config: str = "", count: TokenCount | None = None,
-            max_prompt_tokens: int = 0) -> dict[str, Any]:
+            max_prompt_tokens: int = 0) -> JsonRecord:
     """Read, filter, split, drop over-cap prompts (after the split, so the split stays the HF one) and write
     one dataset; returns the counts and the paths written."""
     files = source_files(src, split, config)

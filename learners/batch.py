@@ -13,9 +13,10 @@ and compares it with rollout_logprobs[:, 1:] under loss_mask[:, 1:]; position 0 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -145,16 +146,15 @@ class TrainBatch:
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        moved: dict[str, Any] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.to_dict().items()}
-        return TrainBatch(**moved)
+        """The batch with every tensor on `device` (the rest shared)."""
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain {field: tensor | list | str} (no copies), e.g. for moving through Ray."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainBatch:
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # absent pad_id → 0
+        return dataclasses.replace(
+            self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+            loss_mask=self.loss_mask.to(device), rollout_logprobs=self.rollout_logprobs.to(device),
+            advantages=self.advantages.to(device), rewards=self.rewards.to(device),
+            old_logprobs=move(self.old_logprobs), move_weights=move(self.move_weights))
 
 
 def _cat_optional(parts: list[Tensor | None]) -> Tensor | None:

@@ -47,12 +47,13 @@ from learners.batch import TrainBatch
 from learners.sections import LearnerSection
 from learners.state_io import StateError, read_state, rng_file, write_fsynced
 from learners.weights import WeightSnapshot, is_lora, take_snapshot
+from marl.types import JsonRecord
 
 CHECKPOINT_TAG = "deepspeed"
 _JOIN_TIMEOUT_S = 300.0
 
 
-def deepspeed_config(learner: LearnerSection, dtype: str) -> dict[str, Any]:
+def deepspeed_config(learner: LearnerSection, dtype: str) -> JsonRecord:
     """The engine's config from the learner section (`learner.deepspeed.*`, micro-batch, clipping) and dtype."""
     ds = learner.deepspeed
     zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from learners.ppo_plan import UpdatePlan
+from learners.rank_metrics import RoleSums, TokenSums
 
 ALL = "all"
 
@@ -80,12 +81,12 @@ def stratified_sample(roles: Sequence[str], population: Sequence[int], size: int
 class SampledRows:
     """What the diagnostics' sample makes of one training step's scatter: rows[r] the global rows rank r
     receives (its trained rows, then the skipped rows it measures), plans[r] its plan with metric_rows /
-    metric_weights and move_weights set, `unmeasured` the exact token sums ("tokens", "tokens/<role>") of
+    metric_weights and move_weights set, `unmeasured` the exact token sums (in all and per role) of
     skipped rows left out (the means' denominators count them), `counts` the rows each diagnostic measured."""
 
     rows: list[list[int]]
     plans: list[UpdatePlan]
-    unmeasured: dict[str, float]
+    unmeasured: TokenSums
     counts: dict[str, float]
 
 
@@ -102,13 +103,15 @@ def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int
     moved = [movement_population(k, p, recompute) for k, p in zip(kept, plans, strict=True)]
     if size is None:
         every = {"move": float(sum(len(m) for m in moved)), "diag": float(sum(len(r) for r in rows))}
-        return SampledRows(rows, plans, {}, every)
+        return SampledRows(rows, plans, TokenSums(), every)
     skipped = stratified_sample(roles, [g for d in dropped for g in d], size, seeds[0])
     move = stratified_sample(roles, [g for m in moved for g in m], size, seeds[1])
-    unmeasured: dict[str, float] = {}
-    for g in (g for d in dropped for g in d if size and g not in skipped):
-        for key in ("tokens", f"tokens/{roles[g]}"):
-            unmeasured[key] = unmeasured.get(key, 0.0) + float(tokens[g])
+    left = [g for d in dropped for g in d if size and g not in skipped]
+    terms = [(roles[g], float(tokens[g])) for g in left]
+    total = 0.0
+    for _, t in terms:  # term by term, as the ranks' sums add up
+        total += t
+    unmeasured = TokenSums(tokens=total, roles=RoleSums().added(tokens=terms))
     any_metric = bool(skipped)
     out_rows, out_plans = [], []
     for k, d, plan in zip(kept, dropped, plans, strict=True):

@@ -22,6 +22,7 @@ from learners.empty_steps import empty_steps
 from learners.member import LearnerMember, LearnerSpec
 from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
 from learners.ppo_plan import Cut, UpdatePlan, effective_mini_batch_size, plan_update
+from learners.rank_metrics import RankMetrics, TokenSums, merge_rank_metrics
 from learners.role_grads import advantage_mass
 from marl.names import group_name
 from marl.seeds import derive_seed
@@ -30,16 +31,16 @@ from marl.seeds import derive_seed
 class UpdateResult:
     """An update in flight; `result()` waits (with the group's deadline) and returns its metrics."""
 
-    def __init__(self, pending: Pending[dict[str, float]], policy_id: str, timeout: float,
-                 extra: dict[str, float], unmeasured: dict[str, float] | None = None):
-        """`unmeasured`: metric sums no rank holds (the tokens of skipped rows the diagnostics' sample left
-        out), added to the ranks' before the means are taken."""
+    def __init__(self, pending: Pending[RankMetrics], policy_id: str, timeout: float,
+                 extra: dict[str, float], unmeasured: TokenSums | None = None):
+        """`unmeasured`: sums no rank holds (the tokens of skipped rows the diagnostics' sample left out),
+        added to the ranks' before the means are taken."""
         self._pending, self.policy_id, self._timeout, self._extra = pending, policy_id, timeout, extra
-        self._unmeasured = unmeasured or {}
+        self._unmeasured = unmeasured
 
     def result(self) -> dict[str, float]:
         per_rank = self._pending.result(self._timeout)
-        return {**merge_rank_metrics([*per_rank, self._unmeasured], self.policy_id), **self._extra}
+        return {**merge_rank_metrics(per_rank, self.policy_id, self._unmeasured), **self._extra}
 
 
 class LearnerGroup:
@@ -99,7 +100,7 @@ class LearnerGroup:
         extra[f"update/diag_rows/{self.policy_id}"] = sample.counts["diag"]
         if self.policy_move and self.sample_rows != 0:
             extra[f"update/policy_move_rows/{self.policy_id}"] = sample.counts["move"]
-        shards = [Call(LearnerMember.update, batch.select(r).to_dict(), plan)
+        shards = [Call(LearnerMember.update, batch.select(r), plan)
                   for r, plan in zip(sample.rows, sample.plans, strict=True)]
         return UpdateResult(self.group.submit_each(shards), self.policy_id, self.timeout, extra,
                             sample.unmeasured)
@@ -142,36 +143,3 @@ class LearnerGroup:
     def shutdown(self) -> None:
         self.group.shutdown()
 
-
-def merge_rank_metrics(per_rank: list[dict[str, float]], policy_id: str) -> dict[str, float]:
-    """Sum the ranks' sums; grad norm and lr are identical on every rank, so rank 0's are taken."""
-    total: dict[str, float] = {}
-    for m in per_rank:
-        for k, v in m.items():
-            total[k] = total.get(k, 0.0) + v
-    first = per_rank[0]
-    # Grad norm, lr and the per-role gradient metrics are per optimizer step: the step's mean, and the last
-    # optimizer step's under `last/`. They come from all-reduced gradients: every rank holds the same values.
-    out = {f"loss/{policy_id}": total["loss"], f"grad/norm/{policy_id}": first["grad_norm"],
-           f"last/grad/norm/{policy_id}": first["last/grad_norm"], f"lr/{policy_id}": first["lr"],
-           f"last/lr/{policy_id}": first["last/lr"], f"optim/steps/{policy_id}": first["optimizer_steps"],
-           f"clip_frac/{policy_id}": total["clip_frac_sum"] / max(total["tokens"], 1.0),
-           # The share of the micro-batches' positions (rows × widest row) that were padding.
-           f"batch/padding_frac/{policy_id}": total["padded_positions"] / max(total["positions"], 1.0),
-           f"update/skipped_steps/{policy_id}": first.get("skipped_steps", 0.0)}
-    if "dual_clip_frac_sum" in total:  # algo.dual_clip_c: tokens whose loss the −A·c cap held (verl's clipfrac_lower)
-        out[f"clip_frac/dual/{policy_id}"] = total["dual_clip_frac_sum"] / max(total["tokens"], 1.0)
-    if "move_tokens" in total:
-        out[f"update/policy_move/{policy_id}"] = total["move_sum"] / max(total["move_tokens"], 1.0)
-    out.update({k: v for k, v in first.items() if k.startswith(("grad/", "last/grad/"))})
-    for key, value in total.items():
-        if key.startswith(("entropy_sum/", "logprob_diff_sum/", "kl_sum/", "clip_frac_sum/")):
-            metric, role = key.split("_sum/")
-            out[f"{_METRIC_NAMES[metric]}/{role}"] = value / max(total.get(f"tokens/{role}", 0.0), 1.0)
-    return out
-
-
-# A role's clip fraction is `clip_frac/role/<role>`: `clip_frac/<policy>` exists too and a policy may share
-# a role's name (isolated maps), so the two must not collide.
-_METRIC_NAMES = {"entropy": "entropy", "logprob_diff": "rollout/logprob_diff", "kl": "kl",
-                 "clip_frac": "clip_frac/role"}

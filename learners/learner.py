@@ -29,6 +29,7 @@ import torch
 
 from cluster import collective
 from cluster.packing import PackedTensors
+from cluster.payloads import AdapterPayload, LoraDelta
 from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
 from learners.diagnostic_sample import sample_size
@@ -37,19 +38,20 @@ from learners.micro_batches import padding
 from learners.mitigations import uses_kl
 from learners.padding_free import attention_implementation
 from learners.passes import PolicyPasses
-from learners.policy_loss import added, policy_loss
+from learners.policy_loss import policy_loss
 from learners.policy_move import PolicyMove
 from learners.ppo_plan import UpdatePlan, mean_and_last
+from learners.rank_metrics import RankMetrics, StepMetrics, TokenSums
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_lambda
 from learners.weight_server import WeightServer
-from learners.weights import is_lora, load_policy_model
+from learners.weights import PolicyModel, is_lora, load_policy_model
 
 
 class Learner:
     """A rank of policy `spec.policy_id` (learners.member.LearnerMember), its gradients applied by `backend`."""
 
-    def __init__(self, spec: LearnerSpec, rank: int = 0, module: Any = None):
+    def __init__(self, spec: LearnerSpec, rank: int = 0, module: PolicyModel | None = None):
         """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
         policy's adapter bound on a base other policies share: learners/colocated.py)."""
         model, learner, algo = spec.model, spec.learner, spec.algo
@@ -92,23 +94,21 @@ class Learner:
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
-    def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
-        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns metric sums
-        (loss: the mean over optimizer steps), the steps taken and skipped (`plan.skip`: neither the optimizer nor an
-        optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`)
-        per-role gradient metrics (the step uses their sum), and the policy's movement (learners/policy_move.py)."""
+    def update(self, batch: TrainBatch, plan: UpdatePlan) -> RankMetrics:
+        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns its
+        sums (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py) and step
+        metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an optimizer-step
+        schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`) per-role
+        gradient metrics (the step uses their sum)."""
         self.model.train()
-        data = TrainBatch.from_dict(batch)
-        self.passes.pad_id = data.pad_id
-        data = self.passes.with_old_logprobs(self.backend.prepare(data), plan)
+        self.passes.pad_id = batch.pad_id
+        data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
         if plan.move_weights is not None:  # the policy movement's sample (learners/diagnostic_sample.py)
             weights = torch.tensor(plan.move_weights, device=data.advantages.device)
             data = dataclasses.replace(data, move_weights=weights)
-        # The keys merge_rank_metrics reads exist even when this rank (or every rank) has no rows.
-        sums = {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0, "padded_positions": 0.0, "positions": 0.0}
+        sums = TokenSums()
         if plan.metric_rows is not None:
-            skipped = self.passes.skipped_row_metrics(data, plan.metric_rows, plan.metric_weights)
-            sums = added(sums, skipped.items())
+            sums = sums.plus(self.passes.skipped_row_metrics(data, plan.metric_rows, plan.metric_weights))
         per_step, lr = [], float(self.optimizer.param_groups[0]["lr"])
         taken = [i for i in range(len(plan.steps)) if not (plan.skip and plan.skip[i])]
         self.move.start()
@@ -123,15 +123,21 @@ class Learner:
                 self.scheduler.step()
         if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
             self.scheduler.step()
-        sums = {**sums, **self._measure_move(data, plan, taken)}
+        move = self._measure_move(data, plan, taken)
+        if move is not None:
+            sums = dataclasses.replace(sums, move=move[0], move_tokens=move[1])
         self.step += 1
         self.backend.after_update()
-        sums["loss"] /= len(plan.steps)
+        sums = dataclasses.replace(sums, loss=sums.loss / len(plan.steps))
         # No step taken: no gradient, reported as a zero norm at the lr the step would have used.
-        return {**sums, **mean_and_last(per_step or [{"lr": lr, "grad_norm": 0.0}]),
-                "optimizer_steps": float(len(taken)), "skipped_steps": float(len(plan.steps) - len(taken))}
+        means = mean_and_last(per_step or [{"lr": lr, "grad_norm": 0.0}])
+        step = StepMetrics(grad_norm=means.pop("grad_norm"), last_grad_norm=means.pop("last/grad_norm"),
+                           lr=means.pop("lr"), last_lr=means.pop("last/lr"), optimizer_steps=len(taken),
+                           skipped_steps=len(plan.steps) - len(taken), role_grads=means)
+        return RankMetrics(sums, step)
 
-    def _measure_move(self, data: TrainBatch, plan: UpdatePlan, taken: list[int]) -> dict[str, float]:
+    def _measure_move(self, data: TrainBatch, plan: UpdatePlan,
+                      taken: list[int]) -> tuple[float, float] | None:
         """The step's policy-movement sums: the first taken step's captured micro-batches and, when recomputed,
         the rows of later steps against their old log-probs (learners/policy_move.py)."""
         if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
@@ -142,7 +148,7 @@ class Learner:
                                  self.passes.idle_loss, self.passes.micro_batches)
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
-                        sums: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+                        sums: TokenSums) -> tuple[dict[str, float], TokenSums]:
         """One optimizer step on mini-batch `mb`: its gradient summed over ranks, clipping, the step. Returns (the
         step's metrics: lr, grad norm and the per-role gradient metrics, if taken; `sums` plus its micro-batches'
         metric sums).
@@ -160,10 +166,10 @@ class Learner:
         metrics["lr"], metrics["grad_norm"] = self.backend.step()
         return metrics, total
 
-    def _backward(self, data: TrainBatch, normalizer: float, sums: Mapping[str, float]) -> dict[str, float]:
+    def _backward(self, data: TrainBatch, normalizer: float, sums: TokenSums) -> TokenSums:
         """The backend's backward through each micro-batch's loss, built as the backend consumes it (one graph alive
         at a time), then idle ones; returns `sums` plus the micro-batches' metric sums, in the order they ran."""
-        total = dict(sums)
+        total = sums
 
         def losses() -> Iterator[torch.Tensor]:
             nonlocal total
@@ -173,31 +179,31 @@ class Learner:
                     yield self.passes.idle_loss()
                     continue
                 loss, metrics = self._micro_step(micro[i], normalizer)
-                total = added(total, metrics.items())
+                total = total.plus(metrics)
                 yield loss
 
         self.backend.backward(losses())
         return total
 
     def _role_gradients(self, data: TrainBatch, normalizer: float, roles: list[str],
-                        sums: Mapping[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+                        sums: TokenSums) -> tuple[torch.Tensor, TokenSums]:
         """([R, P] summed over ranks: row r is the gradient of role r's rows' share of the mini-batch's loss;
         `sums` plus the micro-batches' metric sums).
 
         Taken with torch.autograd.grad through the plain module, outside any engine's reduction hooks."""
         out = torch.zeros(len(roles), sum(p.numel() for p in self.params), device=self.backend.device)
-        total = dict(sums)
+        total = sums
         for r, role in enumerate(roles):
             rows = [i for i, x in enumerate(data.roles) if x == role]
             for mb in self.passes.micro_batches(data.select(rows)) if rows else []:
                 loss, metrics = self._micro_step(mb, normalizer, plain=True)
-                total = added(total, metrics.items())
+                total = total.plus(metrics)
                 out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
         collective.all_reduce_sum(out)
         return out, total
 
     def _micro_step(self, mb: TrainBatch, normalizer: float,
-                    plain: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+                    plain: bool = False) -> tuple[torch.Tensor, TokenSums]:
         """(One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`), its metric sums:
         padded_positions, positions and policy_loss's). The PPO ratio is taken against `mb.old_logprobs` (the
         behaviour policy), or against the current log-probs, detached, when there are none (the first optimizer
@@ -209,10 +215,10 @@ class Learner:
         algo = self.algo
         reference = self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
-        loss, metrics = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
+        loss, sums = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
                                     mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
                                     normalizer=normalizer)
-        return loss, {"padded_positions": padded, "positions": positions, **metrics}
+        return loss, dataclasses.replace(sums, padded_positions=float(padded), positions=float(positions))
 
     # -- the weights handed out (learners.weight_server): the remote methods LearnerMember names --
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -221,13 +227,13 @@ class Learner:
     def get_packed_weights(self) -> PackedTensors:
         return self.weights.get_packed_weights()
 
-    def get_lora_delta(self) -> dict[str, Any]:
+    def get_lora_delta(self) -> LoraDelta:
         return self.weights.get_lora_delta()
 
     def merged_sketch(self) -> PackedTensors:
         return self.weights.merged_sketch()
 
-    def get_adapter(self) -> dict[str, Any]:
+    def get_adapter(self) -> AdapterPayload:
         return self.weights.get_adapter()
 
     def sync_metrics(self) -> dict[str, float]:
@@ -251,7 +257,8 @@ class Learner:
         self.step = self.backend.load_state(path)
 
 
-def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None, module: Any) -> Any:
+def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None,
+                   module: PolicyModel | None) -> PolicyModel:
     """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
     with gradient checkpointing where the run layout turned it on (LearnerSpec.gradient_checkpointing).
     Non-reentrant: per-role gradients use torch.autograd.grad."""

@@ -5,7 +5,7 @@ call on a rank (learners/learner.py, whatever its gradient backend), named as `L
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cluster.collective import CollectiveMember
 from cluster.nccl import WeightSender
@@ -15,7 +15,10 @@ if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
     from torch import Tensor
 
     from cluster.packing import PackedTensors
+    from cluster.payloads import AdapterPayload, LoraDelta
+    from learners.batch import TrainBatch
     from learners.ppo_plan import UpdatePlan
+    from learners.rank_metrics import RankMetrics
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,9 +50,9 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
 
     def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...
 
-    def update(self, batch: dict[str, Any], plan: UpdatePlan) -> dict[str, float]:
-        """The optimizer steps of one training step on this rank's shard (a TrainBatch.to_dict()); returns
-        metric sums (learners.group.merge_rank_metrics)."""
+    def update(self, batch: TrainBatch, plan: UpdatePlan) -> RankMetrics:
+        """The optimizer steps of one training step on this rank's shard; returns its sums and step metrics
+        (learners.rank_metrics)."""
         ...
 
     def get_weights(self) -> dict[str, Tensor]:
@@ -60,11 +63,11 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         """`get_weights` as the wire format's buffers (cluster.packing): the object-store sync payload."""
         ...
 
-    def get_adapter(self) -> dict[str, Any]:
+    def get_adapter(self) -> AdapterPayload:
         """The LoRA adapter alone (rollout.lora payload): multi-LoRA serving."""
         ...
 
-    def get_lora_delta(self) -> dict[str, Any]:
+    def get_lora_delta(self) -> LoraDelta:
         """The adapter and the names of the served weights: adapter-only syncs of merged serving."""
         ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -22,9 +22,13 @@ from learners.backends import GradientBackend
 from learners.batch import TrainBatch
 from learners.logprob_head import sequence_logprobs
 from learners.micro_batches import micro_batch_rows
-from learners.policy_loss import added, diagnostic_terms
+from learners.policy_loss import diagnostic_terms
 from learners.ppo_plan import UpdatePlan
+from learners.rank_metrics import TokenSums
 from learners.sections import AlgoSection, LearnerSection
+
+if TYPE_CHECKING:  # annotations only
+    from learners.weights import PolicyModel
 
 
 @dataclasses.dataclass
@@ -81,21 +85,22 @@ class PolicyPasses:
 
     @torch.no_grad()
     def skipped_row_metrics(self, data: TrainBatch, rows: list[int],
-                            weights: tuple[float, ...] | None = None) -> dict[str, float]:
+                            weights: tuple[float, ...] | None = None) -> TokenSums:
         """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction
         counts) of the rows that train in no step, a zero advantage's, from one no-grad pass before the first
         step: the per-role entropy and engine gap then cover every row, as if they had trained (their loss and
         gradient are exactly zero). `weights[j]`: rows[j]'s weight when they are a sample
         (learners/diagnostic_sample.py)."""
-        sums: dict[str, float] = {}
+        sums = TokenSums()
         weight_of = dict(zip(rows, weights, strict=True)) if weights is not None else None
         for chunk, mb in self.passes(data, data.longest_first(rows)):
             lp, entropy = self.logprobs(mb, entropy=True)
             entropy = cast(torch.Tensor, entropy)  # asked for, so present
             mask = mb.loss_mask[:, 1:]
             w = torch.tensor([weight_of[i] for i in chunk]) if weight_of is not None else None
-            sums = added(sums, [*diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles, w),
-                                ("tokens", float(mask.sum()))])
+            diag = diagnostic_terms(lp, mb.rollout_logprobs[:, 1:], entropy, mask, mb.roles, w)
+            sums = dataclasses.replace(sums, tokens=sums.tokens + float(mask.sum()), roles=sums.roles.added(
+                entropy=diag.entropy, logprob_diff=diag.logprob_diff, tokens=diag.tokens))
         return sums
 
     def idle_loss(self) -> torch.Tensor:
@@ -105,7 +110,7 @@ class PolicyPasses:
         ones = torch.ones_like(ids, dtype=torch.bool)
         return self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
 
-    def logprobs(self, mb: TrainBatch, plain: bool = False, model: Any = None,
+    def logprobs(self, mb: TrainBatch, plain: bool = False, model: PolicyModel | None = None,
                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
         policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
@@ -128,7 +133,8 @@ class PolicyPasses:
                 return self.logprobs(mb, model=self.model)[0]
         return self.logprobs(mb, model=self.reference)[0]
 
-    def _sequence_logprobs(self, model: Any, runner: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def _sequence_logprobs(self, model: PolicyModel, runner: Any, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor,
                            loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,

@@ -9,13 +9,14 @@ token t+1, so `mask` is the batch's loss mask without its first column.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from learners.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
 from learners.mitigations import kl_coefficients
+from learners.rank_metrics import RoleSums, TokenSums
 from learners.sections import AlgoSection
 
 
@@ -31,9 +32,10 @@ def policy_loss(
     entropy: Tensor,
     algo: AlgoSection,
     normalizer: float,
-) -> tuple[Tensor, dict[str, float]]:
-    """(scalar loss, metric sums) of one micro-batch; the loss is normalised by the GLOBAL `normalizer`
-    (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch losses add up.
+) -> tuple[Tensor, TokenSums]:
+    """(scalar loss, its sums over the loss tokens) of one micro-batch; the loss is normalised by the GLOBAL
+    `normalizer` (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch
+    losses add up.
 
     logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's for the PPO ratio, or
     None for the current ones, detached (ratio 1). rollout_logprobs [B, T−1]: the engines'. advantages [B].
@@ -41,10 +43,8 @@ def policy_loss(
     entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config section
     (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator, dual_clip_c, log_ratio_clamp).
 
-    Metric sums over this micro-batch's loss tokens: loss, clip_frac_sum, tokens (dual_clip_frac_sum with
-    algo.dual_clip_c), and per role
-    clip_frac_sum/<role>, entropy_sum/<role>, logprob_diff_sum/<role> (|learner − engine| log-prob),
-    tokens/<role>, and kl_sum/<role> with a KL term.
+    Sums: loss, clipped tokens, tokens (dual-clipped tokens with algo.dual_clip_c), and per role clipped
+    tokens, entropy, |learner − engine| log-prob, tokens, and KL with a KL term.
     """
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     weighted = advantages.unsqueeze(-1).expand_as(logprobs)
@@ -53,27 +53,34 @@ def policy_loss(
     loss, m = ppo_clip_loss(logprobs, old, weighted, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                             agg=algo.loss_agg, normalizer=normalizer, dual_clip_c=algo.dual_clip_c,
                             log_ratio_clamp=algo.log_ratio_clamp)
-    terms: list[tuple[str, float]] = []
+    kl_terms: list[tuple[str, float]] = []
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
         # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.mitigations.kl_coefficients).
         coef = kl_coefficients(roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
         loss = loss + LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
-        terms += per_role_terms("kl_sum", kl.detach(), mask, roles)
-    terms += [("loss", float(loss.detach())), ("clip_frac_sum", float(m["clip_frac_sum"])),
-              ("tokens", float(m["tokens"]))]
-    if "dual_clip_frac_sum" in m:
-        terms.append(("dual_clip_frac_sum", float(m["dual_clip_frac_sum"])))
+        kl_terms = per_role_terms(kl.detach(), mask, roles)
     with torch.no_grad():
-        terms += per_role_terms("clip_frac_sum", m["clipped"].float(), mask, roles)
-        terms += diagnostic_terms(logprobs.detach(), rollout_logprobs, entropy, mask, roles)
-    return loss, added({}, terms)
+        diag = diagnostic_terms(logprobs.detach(), rollout_logprobs, entropy, mask, roles)
+        role_sums = RoleSums().added(kl=kl_terms, clip_frac=per_role_terms(m["clipped"].float(), mask, roles),
+                                     entropy=diag.entropy, logprob_diff=diag.logprob_diff, tokens=diag.tokens)
+    dual = float(m["dual_clip_frac_sum"]) if "dual_clip_frac_sum" in m else None
+    return loss, TokenSums(loss=float(loss.detach()), clip_frac=float(m["clip_frac_sum"]),
+                           tokens=float(m["tokens"]), dual_clip_frac=dual, roles=role_sums)
+
+
+class DiagnosticTerms(NamedTuple):
+    """Per-role diagnostics of B rows, as (role, value) terms one per row, over the loss tokens."""
+
+    entropy: list[tuple[str, float]]
+    logprob_diff: list[tuple[str, float]]  # |learner − engine| log-prob
+    tokens: list[tuple[str, float]]
 
 
 def diagnostic_terms(logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor, mask: Tensor,
-                     roles: list[str], weights: Tensor | None = None) -> list[tuple[str, float]]:
-    """The per-role diagnostics of B rows, as terms of entropy_sum/<role>, logprob_diff_sum/<role>
-    (|learner − engine| log-prob) and tokens/<role>, over the loss tokens.
+                     roles: list[str], weights: Tensor | None = None) -> DiagnosticTerms:
+    """The per-role diagnostics of B rows: entropy, |learner − engine| log-prob and tokens, over the loss
+    tokens.
 
     logprobs, rollout_logprobs, entropy [B, T−1] (detached), mask [B, T−1] bool, roles: B names. Rows that
     train report them through `policy_loss`; rows skipped for a zero advantage through the learner's
@@ -83,21 +90,12 @@ def diagnostic_terms(logprobs: Tensor, rollout_logprobs: Tensor, entropy: Tensor
     if weights is not None:
         w = weights.to(diff).unsqueeze(-1)
         entropy, diff = entropy * w, diff * w
-    return [*per_role_terms("entropy_sum", entropy, mask, roles),
-            *per_role_terms("logprob_diff_sum", diff, mask, roles),
-            *per_role_terms("tokens", torch.ones_like(diff), mask, roles)]
+    return DiagnosticTerms(per_role_terms(entropy, mask, roles), per_role_terms(diff, mask, roles),
+                           per_role_terms(torch.ones_like(diff), mask, roles))
 
 
-def per_role_terms(key: str, values: Tensor, mask: Tensor, roles: list[str]) -> list[tuple[str, float]]:
-    """(f"{key}/{role}", each row's masked sum of `values` [B, T−1]), one term per row, in row order."""
+def per_role_terms(values: Tensor, mask: Tensor, roles: list[str]) -> list[tuple[str, float]]:
+    """(role, each row's masked sum of `values` [B, T−1]), one term per row, in row order."""
     per_row = torch.where(mask, values, torch.zeros_like(values)).sum(-1)
-    return [(f"{key}/{role}", v) for role, v in zip(roles, per_row.tolist(), strict=True)]
+    return list(zip(roles, per_row.tolist(), strict=True))
 
-
-def added(sums: Mapping[str, float], terms: Iterable[tuple[str, float]]) -> dict[str, float]:
-    """A copy of `sums` with each (key, value) term added in order (a missing key counts from 0.0): metric sums
-    accumulate by value, in the same order (and so to the same floats) however the terms are gathered."""
-    out = dict(sums)
-    for key, value in terms:
-        out[key] = out.get(key, 0.0) + value
-    return out

@@ -84,13 +84,14 @@ class PolicyMove:
     @torch.no_grad()
     def measure(self, logprobs: Callable[[TrainBatch], Tensor], passes: Callable[[int], int],
                 idle: Callable[[], object],
-                split: Callable[[TrainBatch], list[TrainBatch]]) -> dict[str, float]:
-        """Metric sums {move_sum, move_tokens} of this rank (merged over ranks by the group). `logprobs(mb)` the
-        policy's current [B, T−1]; `passes(n)` the forward passes to run for n of this rank's own (ranks that
-        communicate inside forward run equally many), filled with `idle()`; `split` a batch into micro-batches
-        (the sampled rows, gathered from every captured micro-batch, run as few passes as they fill)."""
+                split: Callable[[TrainBatch], list[TrainBatch]]) -> tuple[float, float] | None:
+        """This rank's (movement sum, its tokens), merged over ranks by the group; None when not measured.
+        `logprobs(mb)` the policy's current [B, T−1]; `passes(n)` the forward passes to run for n of this
+        rank's own (ranks that communicate inside forward run equally many), filled with `idle()`; `split` a
+        batch into micro-batches (the sampled rows, gathered from every captured micro-batch, run as few
+        passes as they fill)."""
         if not self.enabled:
-            return {}
+            return None
         if self.sampled or self.unsampled_tokens:
             return self._measure_sampled(logprobs, passes, idle, split)
         total, tokens = 0.0, 0.0
@@ -102,11 +103,11 @@ class PolicyMove:
             s, n = abs_shift_sums(logprobs(mb), before, mb.loss_mask[:, 1:])
             total, tokens = total + s, tokens + n
         self.pending = []
-        return {"move_sum": total, "move_tokens": tokens}
+        return total, tokens
 
     def _measure_sampled(self, logprobs: Callable[[TrainBatch], Tensor], passes: Callable[[int], int],
                          idle: Callable[[], object], split: Callable[[TrainBatch], list[TrainBatch]]
-                         ) -> dict[str, float]:
+                         ) -> tuple[float, float]:
         micro = split(TrainBatch.concat(self.sampled)) if self.sampled else []
         total, tokens = 0.0, self.unsampled_tokens
         for i in range(passes(len(micro))):
@@ -118,4 +119,4 @@ class PolicyMove:
             total += weighted_shift_sum(logprobs(mb), before, mask, weights)
             tokens += float(mask.sum())
         self.pending, self.sampled, self.unsampled_tokens = [], [], 0.0
-        return {"move_sum": total, "move_tokens": tokens}
+        return total, tokens

@@ -18,6 +18,7 @@ import torch
 
 from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack, share
+from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
 from learners.backends import GradientBackend
 from learners.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
@@ -56,12 +57,12 @@ class WeightServer:
         pickled tensor by tensor and copied on both sides."""
         return share(self.get_weights())
 
-    def get_lora_delta(self) -> dict[str, Any]:
+    def get_lora_delta(self) -> LoraDelta:
         """Merged serving with adapter-only syncs: the adapter and the names of the weights the engines serve.
         What they must serve (`merged_sketch`) is asked for after, so engines start loading first."""
         if self.served_names is None:
             self.served_names = list(self.get_weights())
-        return {**self.get_adapter(), "names": self.served_names}
+        return LoraDelta(self.get_adapter(), self.served_names)
 
     def merged_sketch(self) -> PackedTensors:
         """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
@@ -78,7 +79,7 @@ class WeightServer:
             self.merge_rounding = None
         return pack(self.sketcher(self.model))  # one buffer back to the driver, not a pickle per sketch
 
-    def get_adapter(self) -> dict[str, Any]:
+    def get_adapter(self) -> AdapterPayload:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
         return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
 

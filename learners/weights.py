@@ -10,16 +10,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from cluster.packing import pack
+from cluster.payloads import AdapterPayload
 from cluster.sketch import low_rank_sketch, probes, sketch
 from learners.sections import LoraSection
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A policy's trainable module: a transformers PreTrainedModel, or a peft PeftModel around one. Typed no
+# further: their methods (gradient_checkpointing_enable, peft_config, ...) are not torch.nn.Module's.
+PolicyModel = Any
 
 
-def load_policy_model(model_path: str, dtype: str, lora: LoraSection, attention: str | None = None) -> Any:
+def load_policy_model(model_path: str, dtype: str, lora: LoraSection,
+                      attention: str | None = None) -> PolicyModel:
     """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
-    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's default."""
+    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's
+    default."""
     kwargs = {"attn_implementation": attention} if attention else {}
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], **kwargs)
     if not lora.enabled:
@@ -147,7 +153,7 @@ class MergedSketch:
 
 
 @torch.no_grad()
-def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
+def adapter_payload(model: torch.nn.Module, policy_id: str) -> AdapterPayload:
     """What a LoRA-only sync ships: the adapter's tensors under peft's saved names (as in
     adapter_model.safetensors), packed into one host buffer (cluster.packing: hundreds of small tensors cross Ray
     as one buffer and a manifest, not one pickle each), and its config as a plain dict (as in adapter_config.json)."""
@@ -157,7 +163,7 @@ def adapter_payload(model: torch.nn.Module, policy_id: str) -> dict[str, Any]:
     config = model.peft_config["default"].to_dict()
     # Sets (target_modules) and enums are not JSON; engines write this dict as adapter_config.json.
     config = {k: sorted(v) if isinstance(v, set) else getattr(v, "value", v) for k, v in config.items()}
-    return {"policy_id": policy_id, "tensors": tensors, "config": config}
+    return AdapterPayload(policy_id, tensors, config)
 
 
 @dataclass(frozen=True)
@@ -168,7 +174,7 @@ class WeightSnapshot:
 
     merged: dict[str, torch.Tensor]
     merge_rounding: float | None
-    adapter: dict[str, Any] | None
+    adapter: AdapterPayload | None
     lora_state: dict[str, torch.Tensor] | None
 
 
@@ -195,7 +201,8 @@ def serving_weights(model: torch.nn.Module, dtype: torch.dtype, snapshot: Weight
     return {k: v.cpu() for k, v in merged.items()}, rounding
 
 
-def serving_adapter(model: torch.nn.Module, policy_id: str, snapshot: WeightSnapshot | None = None) -> dict[str, Any]:
+def serving_adapter(model: torch.nn.Module, policy_id: str, snapshot: WeightSnapshot | None = None
+                    ) -> AdapterPayload:
     """The LoRA adapter payload (`adapter_payload`), from `snapshot` when it holds one."""
     if snapshot is not None and snapshot.adapter is not None:
         return snapshot.adapter

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from marl.types import JsonRecord
 
 
 @dataclass
@@ -52,11 +53,11 @@ class CliffTracker:
                 "cliff/flagged_absolute": float(self._held(self._absolute)),
                 "cliff/flagged_relative": float(self._held(self._relative))}
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JsonRecord:
         return {"peak": self.peak, "peak_step": self.peak_step, "below": self.below,
                 "history": [list(h) for h in self.history]}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: JsonRecord) -> None:
         self.peak, self.peak_step, self.below = state["peak"], state["peak_step"], state["below"]
         self.history = [tuple(h) for h in state["history"]]
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+# A JSON-like record: string keys, values JSON (or YAML) can hold; what files, summaries and library settings
+# (tokenizer, vLLM, DeepSpeed, Grafana) are read or written as. Typed no further: its keys vary by producer.
+JsonRecord = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from marl.episode import run_episode
+from marl.rewards import RewardShaping
+from marl.tasks.base import TaskFamily
 from marl.types import Episode, Task
+from marl.workflows.common import WorkflowOptions
 from rollout.clients import CLIENTS, ROLLOUT_MODES, Engines, EpisodeClient, TurnClient
 from rollout.engine import Sampling
 
@@ -25,8 +28,8 @@ class Collected(NamedTuple):
 class Collector:
     """Runs `samples_per_prompt` episodes of `workflow` for each task and returns them scored."""
 
-    def __init__(self, engines: Mapping[str, Engines], workflow: str, family: Any, options: Any,
-                 shaping: Mapping[str, Callable] | None = None, mode: str = "streaming"):
+    def __init__(self, engines: Mapping[str, Engines], workflow: str, family: TaskFamily,
+                 options: WorkflowOptions, shaping: RewardShaping | None = None, mode: str = "streaming"):
         if mode not in CLIENTS:
             raise ValueError(f"rollout.mode must be one of {ROLLOUT_MODES}, got {mode!r}")
         self.engines, self.workflow, self.family = engines, workflow, family

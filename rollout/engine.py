@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from marl.registry import Registry
 from marl.seeds import derive_seed
@@ -18,6 +18,9 @@ from marl.types import Completion, Message
 
 if TYPE_CHECKING:  # the contract needs no torch to import
     from torch import Tensor
+
+    from cluster.payloads import AdapterPayload, LoraDelta
+    from cluster.transport import Report
 
 class EngineBackendName(StrEnum):
     """`rollout.backend`: the keys of ENGINES (the config schema's type for the key)."""
@@ -103,14 +106,14 @@ class EngineMember(Protocol):
         """Serve `weights` (HF parameter names) from now on."""
         ...
 
-    def load_lora_delta(self, payload: dict[str, Any], version: int) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: merge the adapter payload (rollout.lora) into the base weights
-        and serve the result; reports {"version", "bytes", "sketch": {name: served sketch (cluster.sketch)} for
-        every weight `payload["names"]` lists (packed into one buffer, cluster.packing), "sketch_rtol": the serving
-        dtype's tolerance}."""
+    def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
+        """Merged serving with adapter-only syncs: merge the delta's adapter (rollout.lora) into the base
+        weights and serve the result; reports {"version", "bytes", "sketch": {name: served sketch
+        (cluster.sketch)} for every weight `delta.names` lists (packed into one buffer, cluster.packing),
+        "sketch_rtol": the serving dtype's tolerance}."""
         ...
 
-    def load_adapter(self, payload: dict[str, Any], version: int) -> dict[str, float]:
+    def load_adapter(self, payload: AdapterPayload, version: int) -> dict[str, float]:
         """Multi-LoRA serving: serve the adapter payload (rollout.lora) as its policy's adapter."""
         ...
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cluster.group import Group, GroupError, MemberOptions
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
-from marl.types import Completion, Message
+from marl.types import Completion, JsonRecord, Message
 from rollout.engine import ENGINES, EngineMember, Sampling
 from rollout.sections import RolloutSection
 from rollout.stall import StallWatch
@@ -32,7 +32,7 @@ Resync = Callable[["EngineGroup", int], None]
 
 
 def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weight_channel: bool,
-                   chat_template_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+                   chat_template_kwargs: Mapping[str, Any]) -> JsonRecord:
     # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
     if not ENGINES[rollout.backend].capabilities.memory_settings:
@@ -141,7 +141,7 @@ class EngineGroup:
             raise _for_role(e, role, retried=True) from e
 
     def _watched(self, index: int, requests: list[list[Message]], sampling: Sampling,
-                 adapter: str | None) -> Coroutine[Any, Any, list[Completion]]:
+                 adapter: str | None) -> Awaitable[list[Completion]]:
         watches = self._for_loop()[0]
         if index not in watches:
             watches[index] = StallWatch(lambda: self.group.acall(index, EngineMember.progress), self.timeout,

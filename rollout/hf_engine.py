@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
@@ -20,10 +20,12 @@ from transformers.utils import logging as hf_logging
 
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
+from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL, sketch
+from cluster.transport import Report
 from marl.types import Completion
 from rollout.engine import EngineCapabilities, Sampling
-from rollout.lora import BaseWeights, adapter_bytes, write_adapter
+from rollout.lora import BaseWeights, write_adapter
 from rollout.serving import ChatServing, Job, ServingLoop, between_calls
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
@@ -124,13 +126,13 @@ class HFEngine(ChatServing):
         return self.model.disable_adapter()  # a policy without an adapter yet, or the base model
 
     @between_calls
-    def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
+    def load_adapter(self, payload: AdapterPayload, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on; the base stays untouched."""
         from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
-        name = payload["policy_id"]
+        name = payload.policy_id
         if name in self.adapter_versions:
-            set_peft_model_state_dict(self.model, dict(payload["tensors"]), adapter_name=name)
+            set_peft_model_state_dict(self.model, dict(payload.tensors), adapter_name=name)
         else:
             with tempfile.TemporaryDirectory() as folder:
                 write_adapter(folder, payload)
@@ -141,8 +143,8 @@ class HFEngine(ChatServing):
         self.adapter_versions[name] = version
         self.version = version
         served = get_peft_model_state_dict(self.model, adapter_name=name)
-        return {"version": version, "bytes": adapter_bytes(payload),
-                "fingerprint": fingerprint({k: served[k] for k in payload["tensors"]})}
+        return {"version": version, "bytes": payload.nbytes,
+                "fingerprint": fingerprint({k: served[k] for k in payload.tensors})}
 
     @between_calls
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
@@ -159,19 +161,19 @@ class HFEngine(ChatServing):
                 "fingerprint": fingerprint({name: own[name] for name in weights})}
 
     @between_calls
-    def load_lora_delta(self, payload: dict, version: int) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
+    def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
+        """Merged serving with adapter-only syncs: merge the delta's LoRA adapter into the base weights (held
         once) and load the layers whose adapter changed. Reports the sketch (cluster.sketch) of every weight the
         learner named, read back from the model, for the learner's own to be compared with."""
         if self._base is None:
             self._base = BaseWeights(self.model_path, self.model.dtype)
         own = self.model.state_dict()
         with torch.no_grad():
-            for name, tensor in self._base.merged_layers(payload, changed_only=True).items():
+            for name, tensor in self._base.merged_layers(delta.adapter, changed_only=True).items():
                 own[name].copy_(tensor)
         self.version = version
-        return {"version": version, "bytes": adapter_bytes(payload),
-                "sketch": pack({name: sketch(name, own[name]) for name in payload["names"]}),
+        return {"version": version, "bytes": delta.adapter.nbytes,
+                "sketch": pack({name: sketch(name, own[name]) for name in delta.names}),
                 "sketch_rtol": SKETCH_RTOL[self.model.dtype]}
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:

@@ -1,7 +1,7 @@
 """LoRA adapters as sync payloads: what a learner ships in multi-LoRA serving and how engines receive it.
 
-A payload is {"policy_id": str, "tensors": {peft saved name: tensor} packed into one buffer (cluster.packing),
-"config": adapter_config dict} (learners.weights.adapter_payload). Engines write it as a peft adapter folder (what
+A payload is a cluster.payloads.AdapterPayload (learners.weights.adapter_payload): its tensors under peft's
+saved names, packed into one buffer, and its adapter_config. Engines write it as a peft adapter folder (what
 both vLLM and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
 """
 
@@ -9,35 +9,36 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from cluster.fingerprint import fingerprint
-from cluster.packing import tensor_bytes
+from cluster.payloads import AdapterPayload, JsonConfig
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a merge runs
+    import torch
+    from torch import Tensor
 
 
-def adapter_fingerprint(payload: dict[str, Any]) -> float:
+def adapter_fingerprint(payload: AdapterPayload) -> float:
     """The sender's side of a LoRA-only sync check: cluster.fingerprint over the adapter tensors."""
-    return fingerprint(payload["tensors"])
+    return fingerprint(payload.tensors)
 
 
-def adapter_bytes(payload: dict[str, Any]) -> int:
-    return tensor_bytes(payload["tensors"])
-
-
-def write_adapter(folder: str, payload: dict[str, Any]) -> str:
+def write_adapter(folder: str, payload: AdapterPayload) -> str:
     """A peft adapter folder (adapter_model.safetensors + adapter_config.json) holding `payload`."""
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
     # Clones: safetensors refuses tensors that share storage.
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in payload["tensors"].items()},
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in payload.tensors.items()},
               os.path.join(folder, "adapter_model.safetensors"))
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump(payload["config"], f)
+        json.dump(dict(payload.config), f)
     return folder
 
 
-def lora_scaling(config: dict[str, Any]) -> float:
+def lora_scaling(config: JsonConfig) -> float:
     """The factor vLLM folds into lora_B on load (alpha / r, or alpha / sqrt(r) with rsLoRA)."""
     rank, alpha = config["r"], config["lora_alpha"]
     return alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
@@ -50,7 +51,7 @@ def module_of(peft_name: str) -> tuple[str, str]:
     return module, kind.removeprefix("lora_")
 
 
-def merge_into(out: Any, w0: Any, b: Any, a: Any, scale: float) -> Any:
+def merge_into(out: Tensor, w0: Tensor, b: Tensor, a: Tensor, scale: float) -> Tensor:
     """out [o, i] = W0 [o, i] + scale · B [o, r] @ A [r, i], all fp32, rounded as the learner's
     W0 + (B@A)·scale (learners.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
     when scale is a power of two (its scaling is then exact, so the single rounding of the sum is the same;
@@ -86,7 +87,7 @@ class BaseWeights:
     (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v) into row blocks of one buffer, in
     stacking order, so that the engine loads the stack as one view instead of concatenating it."""
 
-    def __init__(self, model_path: str, dtype: Any, stacks: dict[str, list[str]] | None = None):
+    def __init__(self, model_path: str, dtype: torch.dtype, stacks: dict[str, list[str]] | None = None):
         import glob
 
         import torch
@@ -106,15 +107,15 @@ class BaseWeights:
         self._stacks = stacks or {}
         self._torch = torch
 
-    def merged_layers(self, payload: dict[str, Any], changed_only: bool) -> dict[str, Any]:
-        """{layer weight name: merged weight} for the adapter in `payload` ({"tensors", "config"} as
-        learners.weights.adapter_payload): the layers whose A or B changed since the last call, or all."""
-        config = payload["config"]
+    def merged_layers(self, adapter: AdapterPayload, changed_only: bool) -> dict[str, Tensor]:
+        """{layer weight name: merged weight} for `adapter` (learners.weights.adapter_payload): the layers
+        whose A or B changed since the last call, or all."""
+        config = adapter.config
         if config.get("fan_in_fan_out") or config.get("use_dora"):
             raise ValueError("adapter-delta sync merges plain LoRA linears only (no fan_in_fan_out, no DoRA)")
         scale = lora_scaling(config)
         pairs: dict[str, dict[str, Any]] = {}
-        for name, tensor in payload["tensors"].items():
+        for name, tensor in adapter.tensors.items():
             module, kind = module_of(name)
             pairs.setdefault(f"{module}.weight", {})[kind] = tensor
         out = {}
@@ -145,7 +146,7 @@ class BaseWeights:
         for n in group:  # addmm first copies W0 into its output: the same layout makes that a plain copy
             self.base[n] = self.base[n].T.contiguous().T
 
-    def full(self, names: list[str], merged: dict[str, Any]) -> dict[str, Any]:
+    def full(self, names: list[str], merged: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Every weight in `names`: the merged layers, and the base for the rest."""
         missing = [n for n in names if n not in merged and n not in self.base]
         if missing:

@@ -28,6 +28,7 @@ from rollout.engine import Sampling
 
 P = ParamSpec("P")
 R = TypeVar("R")
+E = TypeVar("E", bound="ChatServing")  # an engine: what `between_calls` pauses is its `loop`
 _IDLE_WAKE_S = 1.0  # an idle loop rechecks this often whether its engine is gone (then its thread ends)
 
 
@@ -147,12 +148,12 @@ def _serve(ref: weakref.ref[ServingLoop]) -> None:
         del loop
 
 
-def between_calls(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+def between_calls(method: Callable[Concatenate[E, P], R]) -> Callable[Concatenate[E, P], R]:
     """An engine method (a weight load) run with the engine's serving loop (`self.loop`) paused: after every
     call already admitted has finished and before any later one starts."""
 
     @functools.wraps(method)
-    def run(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+    def run(self: E, *args: P.args, **kwargs: P.kwargs) -> R:
         with self.loop.paused():
             return method(self, *args, **kwargs)
 

@@ -8,6 +8,10 @@ engine side. The one place that knows which payload each serving mode ships and 
 | merged LoRA, sync.lora_delta     | get_lora_delta → load_lora_delta (engines merge)  | object store     |
 | merged, otherwise                | get_packed_weights → load_weights                 | object store     |
 
+The payloads are typed: full weights a cluster.packing.PackedTensors, an adapter a
+cluster.payloads.AdapterPayload, an adapter delta a cluster.payloads.LoraDelta (the adapter and the names of
+the weights served), each around packed buffers that the object store keeps out of band.
+
 Every engine reports the version it now serves and the fingerprint of those weights (cluster.fingerprint) or, for
 an adapter delta, their probe sketch (cluster.sketch), read through the kernels that serve them and compared with
 the learner's sketch of its merge; a mismatch is a SyncError naming the engine. A replaced engine is caught up

@@ -15,6 +15,7 @@ from typing import Any
 
 from cluster.ray_metrics import MetricSpec, RayMetricsSink
 from jobs.config.schema import TrainConfig
+from marl.types import JsonRecord
 
 S = MetricSpec
 TIME_BUCKETS_S = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -91,7 +92,7 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
 }
 
 
-def grafana_dashboard() -> dict[str, Any]:
+def grafana_dashboard() -> JsonRecord:
     """The Grafana dashboard model (schema 39): one row per group of PANELS, four panels a row."""
     panels: list[dict[str, Any]] = []
     y = 0
@@ -110,17 +111,17 @@ def grafana_dashboard() -> dict[str, Any]:
     }
 
 
-def _timeseries(pid: int, title: str, unit: str, expr: str, legend: str, x: int, y: int) -> dict[str, Any]:
+def _timeseries(pid: int, title: str, unit: str, expr: str, legend: str, x: int, y: int) -> JsonRecord:
     return {"type": "timeseries", "id": pid, "title": title, "datasource": {"uid": "${datasource}"},
             "gridPos": {"h": 8, "w": 6, "x": x, "y": y}, "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
             "targets": [{"refId": "A", "expr": expr, "legendFormat": legend, "datasource": {"uid": "${datasource}"}}]}
 
 
-def _datasource() -> dict[str, Any]:
+def _datasource() -> JsonRecord:
     return {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}
 
 
-def _variable(name: str, metric: str) -> dict[str, Any]:
+def _variable(name: str, metric: str) -> JsonRecord:
     query = f"label_values(ray_{metric}, {name})"
     return {"name": name, "type": "query", "datasource": {"uid": "${datasource}"}, "query": query,
             "definition": query, "multi": True, "includeAll": True, "current": {"text": "All", "value": "$__all"},

@@ -14,6 +14,7 @@ import math
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 from urllib.parse import urlparse
 
@@ -21,6 +22,7 @@ from omegaconf import OmegaConf
 
 from jobs.config import ConfigError
 from jobs.config.schema import TrainConfig
+from marl.types import JsonRecord
 
 
 class RunLog:
@@ -99,7 +101,7 @@ def flat_config(cfg: TrainConfig) -> dict[str, str]:
     return out
 
 
-def require(module: str, key: str) -> Any:
+def require(module: str, key: str) -> ModuleType:
     """Imports an optional tracking package, or fails naming the config key that asked for it."""
     try:
         return importlib.import_module(module)
@@ -227,7 +229,7 @@ class StepDisplay:
             self._bar = self._tqdm(total=self.steps, unit="step", **self._bar_options())
         return self._bar
 
-    def _bar_options(self) -> dict[str, Any]:
+    def _bar_options(self) -> JsonRecord:
         # shutil falls back to 80x24 where a terminal reports a size of 0 (some CI and `script` ptys), where
         # tqdm would draw nothing (no columns; every bar "below" a 0-row screen hidden).
         size = shutil.get_terminal_size()
@@ -252,7 +254,7 @@ def _postfix(m: dict[str, float], roles: list[str]) -> str:
     return f"reward {m.get('reward/mean', float('nan')):.3f} [{rewards}] {m.get('time/step_s', float('nan')):.1f}s/step"
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+def read_metrics(run_dir: str | Path) -> list[JsonRecord]:
     with (Path(run_dir) / "metrics.jsonl").open() as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from marl.prompts.model import PromptSetError
+from marl.types import JsonRecord
 
 # (their section without the `deepcoder_` prefix, their prompt name) for each (workflow, role, template).
 MAPPING: dict[tuple[str, str, str], tuple[str, str]] = {
@@ -51,11 +52,11 @@ PARTS = {("voting", "aggregator"): ("response", "--- Solution {i} ---\n{text}", 
                                            "{solutions}")}
 
 
-def import_authors_prompts(data: dict[str, Any], where: str) -> dict[str, Any]:
+def import_authors_prompts(data: JsonRecord, where: str) -> JsonRecord:
     """A prompt-set mapping (as marl/prompts/*.yaml) from one or two of their files' contents (math, code)."""
     kind = "code" if any(k.startswith("deepcoder_") for k in data) else "math"
     sections = {k.removeprefix("deepcoder_"): v for k, v in data.items() if isinstance(v, dict)}
-    workflows: dict[str, Any] = {}
+    workflows: JsonRecord = {}
     for (workflow, role, name), ref in MAPPING.items():
         text = _template(sections, ref, where) or _template(sections, FALLBACKS.get(ref, ref), where)
         if text is None:
@@ -90,14 +91,14 @@ def _template(sections: dict[str, Any], ref: tuple[str, str], where: str) -> str
     return text
 
 
-def _as_any(workflows: dict[str, Any], kind: str) -> dict[str, Any]:
+def _as_any(workflows: JsonRecord, kind: str) -> JsonRecord:
     """One file covers one task kind; its wording stands for both (`any`), as the user runs it on its kind."""
     return {w: {("any" if k == kind else k): v for k, v in body.items()} for w, body in workflows.items()}
 
 
-def merge(math: dict[str, Any], code: dict[str, Any]) -> dict[str, Any]:
+def merge(math: JsonRecord, code: JsonRecord) -> JsonRecord:
     """The math file's wording for math tasks and the code file's for code tasks, in one set."""
-    out: dict[str, Any] = {"append_instruction": False, "workflows": {}}
+    out: JsonRecord = {"append_instruction": False, "workflows": {}}
     for source, kind in ((math, "math"), (code, "code")):
         for workflow, body in source["workflows"].items():
             target = out["workflows"].setdefault(workflow, {})

@@ -11,12 +11,13 @@ from typing import Any
 import yaml
 
 from marl.prompts.model import PromptSetError, RoleWording, WorkflowWording
+from marl.types import JsonRecord
 
 KINDS: tuple[str, ...] = ("math", "code")
 _KIND_KEYS = (*KINDS, "any")
 
 
-def read_file(path: Path) -> dict[str, Any]:
+def read_file(path: Path) -> JsonRecord:
     """The file's mapping: YAML, or a `.json` prompt file in the layout of the paper's released ones
     (imported)."""
     try:

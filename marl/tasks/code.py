@@ -132,7 +132,7 @@ class CodeFamily:
                 self._checked = True
         return self.pool.submit(program)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"pool": self.pool, "checked": self._checked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

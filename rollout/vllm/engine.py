@@ -26,18 +26,20 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer
 
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
+from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL
-from marl.types import Completion
+from cluster.transport import Report
+from marl.types import Completion, JsonRecord
 from rollout.engine import EngineCapabilities, Sampling
-from rollout.lora import BaseWeights, adapter_bytes, write_adapter
+from rollout.lora import BaseWeights, write_adapter
 from rollout.serving import ChatServing, ServingLoop, between_calls
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm.repack import Kernels, load_in_place
@@ -50,6 +52,10 @@ from rollout.vllm.support import (
     eos_ids_of,
     memory_kwargs,
 )
+
+if TYPE_CHECKING:  # annotations only: vllm is imported where an engine starts
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
 
 SYNC_PATHS = ("fast", "reload")  # rollout.vllm_sync_path
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
@@ -136,7 +142,7 @@ class VLLMEngine(ChatServing):
                               self._lora_request)
         self.loop = ServingLoop(stepper, f"vllm:{policy_id}")
 
-    def _lora_request(self, adapter: str | None) -> Any:
+    def _lora_request(self, adapter: str | None) -> LoRARequest | None:
         return self.adapters.get(adapter, (None, 0, ""))[0] if adapter else None
 
     def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float],
@@ -200,8 +206,8 @@ class VLLMEngine(ChatServing):
         raise_if_off(self.policy_id, errors, SKETCH_RTOL[getattr(torch, self.dtype)])
 
     @between_calls
-    def load_lora_delta(self, payload: dict, version: int) -> dict[str, Any]:
-        """Merged serving with adapter-only syncs: merge `payload`'s LoRA adapter into the base weights (held
+    def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
+        """Merged serving with adapter-only syncs: merge the delta's LoRA adapter into the base weights (held
         once, from the model folder) and reload only the layers whose adapter changed; the rest of the model is
         what vLLM loaded from that folder, or an earlier merge. Reports the sketch (cluster.sketch) of every weight
         the learner named as served, through its kernel, for the learner's own (Learner.merged_sketch) to be
@@ -211,17 +217,17 @@ class VLLMEngine(ChatServing):
                 self._packed = self.llm.apply_model(_packed_modules)[0]
         if self._base is None:  # fused stacks merge into one buffer each: loaded as views, not concatenated
             self._base = BaseWeights(self.model_path, getattr(torch, self.dtype), self._packed)
-        changed = self._base.merged_layers(payload, changed_only=True)
+        changed = self._base.merged_layers(delta.adapter, changed_only=True)
         self._merged.update(changed)
-        served = self._base.full(payload["names"], self._merged)  # every named weight as it now should be
+        served = self._base.full(delta.names, self._merged)  # every named weight as it now should be
         with _PROCESS_LOCK:
             if changed:
                 with _quiet_partial_reload():
-                    self._reload({n: served[n] for n in whole_modules(payload["names"], list(changed),
+                    self._reload({n: served[n] for n in whole_modules(delta.names, list(changed),
                                                                       self._packed)}, check=False)
-            sketches = self._served_sketches({n: tuple(served[n].shape) for n in payload["names"]})
+            sketches = self._served_sketches({n: tuple(served[n].shape) for n in delta.names})
         self.version = version
-        return {"version": version, "bytes": adapter_bytes(payload), "sketch": pack(sketches),
+        return {"version": version, "bytes": delta.adapter.nbytes, "sketch": pack(sketches),
                 "sketch_rtol": SKETCH_RTOL[getattr(torch, self.dtype)]}
 
     def _served_sketches(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -233,13 +239,13 @@ class VLLMEngine(ChatServing):
         return {n: self._sketches[n] for n in shapes if n in self._sketches}
 
     @between_calls
-    def load_adapter(self, payload: dict, version: int) -> dict[str, float]:
+    def load_adapter(self, payload: AdapterPayload, version: int) -> dict[str, float]:
         """Serve `payload` (rollout.lora) as its policy's adapter from now on. Each version gets a new
         adapter id and name, so no cached prompt KV of an older version is reused; the previous version
         is dropped once the new one is loaded (its folder stays while vLLM may reload it from disk)."""
         from vllm.lora.request import LoRARequest
 
-        name = payload["policy_id"]
+        name = payload.policy_id
         root = os.environ.get("VLLM_CACHE_ROOT") or default_cache_root()
         os.makedirs(root, exist_ok=True)
         folder = write_adapter(tempfile.mkdtemp(prefix="lora-", dir=root), payload)
@@ -257,7 +263,7 @@ class VLLMEngine(ChatServing):
             shutil.rmtree(old[2], ignore_errors=True)
         self.adapters[name] = (request, version, folder)
         self.version = version
-        return {"version": version, "bytes": adapter_bytes(payload), "fingerprint": served}
+        return {"version": version, "bytes": payload.nbytes, "fingerprint": served}
 
     @between_calls
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
@@ -308,13 +314,13 @@ def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:
     return {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}
 
 
-def _request_params(eos_ids: list[int]) -> Any:
+def _request_params(eos_ids: list[int]) -> Callable[[Sampling, int], SamplingParams]:
     """(sampling, seed) -> the SamplingParams of one request: one sample, the sampled token's logprob, stopped at
     the model's end tokens, no detokenizing (the adapter decodes), each step's new tokens only (DELTA)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    def make(sampling: Sampling, seed: int) -> Any:
+    def make(sampling: Sampling, seed: int) -> SamplingParams:
         return SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
                               max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0, stop_token_ids=eos_ids,
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
@@ -326,7 +332,7 @@ def _request_params(eos_ids: list[int]) -> Any:
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def _lora_kwargs(max_loras: int, max_lora_rank: int) -> dict[str, Any]:
+def _lora_kwargs(max_loras: int, max_lora_rank: int) -> JsonRecord:
     if not max_loras:
         return {}
     fits = [r for r in _VLLM_LORA_RANKS if r >= max_lora_rank]

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from cluster.fingerprint import fingerprint_terms
+from cluster.payloads import AdapterPayload
+from marl.types import JsonRecord
 
 
 def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
@@ -38,7 +40,7 @@ def default_cache_root() -> str:
     return os.path.join(os.path.expanduser(os.environ.get("MARL_CACHE") or "~/.cache/marl"), "vllm")
 
 
-def memory_kwargs(kv_cache_gb: float, gpu_memory_utilization: float, max_model_len: int) -> dict[str, Any]:
+def memory_kwargs(kv_cache_gb: float, gpu_memory_utilization: float, max_model_len: int) -> JsonRecord:
     # Without an explicit KV-cache size vLLM's CPU backend tries to reserve most of the machine's RAM.
     out: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
     if kv_cache_gb > 0:
@@ -64,7 +66,7 @@ def eos_ids_of(model_path: str, tokenizer: Any) -> list[int]:
     return ids
 
 
-def adapter_fingerprint_served(worker: Any, lora_id: int, payload: dict[str, Any]) -> float:
+def adapter_fingerprint_served(worker: Any, lora_id: int, payload: AdapterPayload) -> float:
     """Runs inside vLLM's worker: cluster.fingerprint of the adapter `lora_id` as vLLM holds it, under the
     payload's peft names. lora_A is read back as is; vLLM folds the scaling into lora_B, so a lora_B counts
     as served only if it equals the sent tensor times that scaling exactly (then its terms are the sent
@@ -73,9 +75,9 @@ def adapter_fingerprint_served(worker: Any, lora_id: int, payload: dict[str, Any
 
     manager = worker.model_runner.lora_manager._adapter_manager
     held = _held_lora_weights(manager.get_adapter(lora_id), manager.model.packed_modules_mapping)
-    scaling = lora_scaling(payload["config"])
+    scaling = lora_scaling(payload.config)
     terms: list[float] = []
-    for name, sent in payload["tensors"].items():
+    for name, sent in payload.tensors.items():
         module, kind = module_of(name)
         if module not in held:
             continue

@@ -4,13 +4,12 @@ through the engine's Python process. Reached through `LLM.collective_rpc("weight
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import tensor_bytes
+from cluster.transport import Report
 from rollout.vllm.readback import served_errors
 from rollout.vllm.repack import Kernels, load_in_place
 
@@ -22,7 +21,7 @@ class WeightChannelExtension:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
-    def weight_channel_receive(self, version: int, bucket_bytes: int, kernels: Kernels | None) -> dict[str, Any]:
+    def weight_channel_receive(self, version: int, bucket_bytes: int, kernels: Kernels | None) -> Report:
         """One broadcast in, loaded in place (`kernels`: rollout.vllm.repack's path, else vLLM's reload);
         returns {"bytes", "fingerprint" of the tensors received, "errors": the served tensors' sketch errors
         (rollout.vllm.readback.served_errors)}, for VLLMEngine.nccl_receive to check as load_weights does."""

@@ -15,13 +15,14 @@ from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.nccl import WeightChannel
 from cluster.packing import share
+from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
 from cluster.transport import SyncError
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 
 TIMEOUT = 60.0
 WEIGHTS = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.float64)}
-ADAPTER = {"policy_id": "pi", "tensors": {"lora_A": torch.full((2, 2), 0.5)}, "config": {}}
+ADAPTER = AdapterPayload("pi", {"lora_A": torch.full((2, 2), 0.5)}, {})
 
 
 class Rank0:
@@ -37,7 +38,7 @@ class Rank0:
         return ADAPTER
 
     def get_lora_delta(self):
-        return {**ADAPTER, "names": list(WEIGHTS)}
+        return LoraDelta(ADAPTER, list(WEIGHTS))
 
     def merged_sketch(self):
         return {name: sketch(name, w) for name, w in WEIGHTS.items()}
@@ -71,7 +72,7 @@ class Engine:
         return self._report("load_weights", version, dict(weights))
 
     def load_adapter(self, payload, version):
-        return self._report("load_adapter", version, payload["tensors"])
+        return self._report("load_adapter", version, dict(payload.tensors))
 
     def load_lora_delta(self, payload, version):
         self.loads.append(("load_lora_delta", version))  # serves the merge the learner sketched

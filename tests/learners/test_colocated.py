@@ -40,7 +40,7 @@ def batch_of(pid: str, step: int):
 
 def adapter(group: LearnerGroup) -> dict[str, torch.Tensor]:
     payload = group.group.submit_to([0], LearnerMember.get_adapter).result(TIMEOUT)[0]
-    return {k: v.clone() for k, v in payload["tensors"].items()}
+    return {k: v.clone() for k, v in payload.tensors.items()}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

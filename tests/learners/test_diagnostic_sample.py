@@ -11,6 +11,7 @@ import torch
 from jobs.config import ConfigError, load_config
 from learners.diagnostic_sample import role_quotas, sample_diagnostics, sample_size, stratified_sample
 from learners.ppo_plan import UpdatePlan
+from learners.rank_metrics import TokenSums
 from tests.learners.test_learner_group import make_batch, make_group, weights
 
 
@@ -71,12 +72,13 @@ def test_sample_diagnostics_sends_only_sampled_skipped_rows_and_counts_the_rest(
     assert sent[:4] == [0, 1, 2, 3] and len(measured) == 2 and {roles[g] for g in measured} == {"a", "b"}
     assert p.metric_rows == [4, 5] and p.metric_weights == (2.0, 4.0)  # a: 2 skipped rows, b: 4
     left = [g for g in range(4, 10) if g not in measured]
-    assert out.unmeasured["tokens"] == sum(float(tokens[g]) for g in left)
+    assert out.unmeasured.tokens == sum(float(tokens[g]) for g in left)
+    assert sum(out.unmeasured.roles.tokens.values()) == out.unmeasured.tokens
     assert out.counts == {"diag": 6.0, "move": 2.0}
     assert p.move_weights is not None and sum(w > 0 for w in p.move_weights) == 2
     assert sample_diagnostics(roles, tokens, rows, [plan], None, (1, 2), True).plans == [plan]
     off = sample_diagnostics(roles, tokens, rows, [plan], 0, (1, 2), True)
-    assert off.rows == [[0, 1, 2, 3]] and off.plans[0].metric_rows is None and off.unmeasured == {}
+    assert off.rows == [[0, 1, 2, 3]] and off.plans[0].metric_rows is None and off.unmeasured == TokenSums()
 
 
 # A fixed batch of 24 rows, two roles, every advantage 0: every row is skipped, no optimizer step is taken

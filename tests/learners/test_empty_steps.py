@@ -13,6 +13,7 @@ from learners.empty_steps import empty_steps
 from learners.losses import local_normalizer, token_logprobs
 from learners.policy_move import abs_shift_sums
 from learners.ppo_plan import UpdatePlan
+from learners.rank_metrics import merge_rank_metrics
 from tests.learners import test_minibatch_update
 from tests.learners.test_learner import ROWS, make_batch, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights
@@ -52,27 +53,27 @@ def test_a_zero_advantage_step_coasts_unless_skipped(make_learner, skip):
     learner = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
     live, empty = make_batch(ROWS), make_batch(ZERO)
     whole = list(range(len(ROWS)))
-    learner.update(live.to_dict(), plan(live, [whole]))  # AdamW now holds momentum
+    learner.update(live, plan(live, [whole]))  # AdamW now holds momentum
     before, sched = state(learner), learner.scheduler.last_epoch
-    m = learner.update(empty.to_dict(), plan(empty, [whole], skip=(skip,)))
+    m = learner.update(empty, plan(empty, [whole], skip=(skip,)))
     moved = max_abs_diff({k: v for k, v in state(learner).items() if k.startswith("w/")},
                          {k: v for k, v in before.items() if k.startswith("w/")})
     if skip:
         assert max_abs_diff(state(learner), before) == 0.0 and learner.scheduler.last_epoch == sched
-        assert m["skipped_steps"] == 1.0 and m["optimizer_steps"] == 0.0 and m["grad_norm"] == 0.0
-        assert m["move_sum"] == 0.0 and learner.step == 2
+        assert m.step.skipped_steps == 1.0 and m.step.optimizer_steps == 0.0 and m.step.grad_norm == 0.0
+        assert m.sums.move == 0.0 and learner.step == 2
     else:  # the zero gradient still moves the weights: the coasting the option removes
-        assert moved > 1e-4 and learner.scheduler.last_epoch == sched + 1 and m["skipped_steps"] == 0.0
+        assert moved > 1e-4 and learner.scheduler.last_epoch == sched + 1 and m.step.skipped_steps == 0.0
 
 
 def test_only_the_empty_mini_batch_is_skipped(make_learner):
     rows = [ROWS[0], ROWS[1], ZERO[2], ZERO[3]]
     a, b = make_learner("learner.optim.lr=1e-2"), make_learner("learner.optim.lr=1e-2")
     batch = make_batch(rows)
-    ma = a.update(batch.to_dict(), plan(batch, [[0, 1], [2, 3]], skip=(False, True)))
-    b.update(batch.to_dict(), plan(batch, [[0, 1]]))  # the live mini-batch alone
+    ma = a.update(batch, plan(batch, [[0, 1], [2, 3]], skip=(False, True)))
+    b.update(batch, plan(batch, [[0, 1]]))  # the live mini-batch alone
     assert max_abs_diff(a.model.state_dict(), b.model.state_dict()) == 0.0
-    assert ma["optimizer_steps"] == 1.0 and ma["skipped_steps"] == 1.0
+    assert ma.step.optimizer_steps == 1.0 and ma.step.skipped_steps == 1.0
 
 
 def test_group_skips_the_same_empty_mini_batches_on_every_rank():
@@ -92,7 +93,7 @@ def test_policy_move_is_the_mean_abs_logprob_shift(make_learner, steps, old):
     learner = make_learner("learner.optim.lr=1e-2", f"algo.old_logprobs={old}")
     batch = make_batch(ROWS)
     model = copy.deepcopy(learner.model)
-    m = learner.update(batch.to_dict(), plan(batch, steps))
+    m = learner.update(batch, plan(batch, steps))
     # Measured rows: all of them when recomputed; else those of the first step, the only ones seen unmoved.
     rows = sorted(r for s in steps for r in s) if old == "recompute" else sorted(steps[0])
     mb = batch.select(rows)
@@ -103,14 +104,14 @@ def test_policy_move_is_the_mean_abs_logprob_shift(make_learner, steps, old):
                                   mb.input_ids[:, 1:])
 
     total, tokens = abs_shift_sums(lp(learner.model), lp(model), mb.loss_mask[:, 1:])
-    assert m["move_tokens"] == tokens and m["move_sum"] == pytest.approx(total, rel=1e-4)
+    assert m.sums.move_tokens == tokens and m.sums.move == pytest.approx(total, rel=1e-4)
     assert total / tokens > 1e-3  # lr 1e-2 moves them: the metric is not a constant zero
 
 
 def test_policy_move_off(make_learner):
     learner = make_learner("learner.policy_move=false")
     batch = make_batch(ROWS)
-    assert "move_sum" not in learner.update(batch.to_dict(), plan(batch, [list(range(len(ROWS)))]))
+    assert learner.update(batch, plan(batch, [list(range(len(ROWS)))])).sums.move is None
 
 
 def test_a_resumed_learner_continues_a_run_with_skipped_steps(make_learner, tmp_path):
@@ -119,12 +120,12 @@ def test_a_resumed_learner_continues_a_run_with_skipped_steps(make_learner, tmp_
     first = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
     live, empty = make_batch(ROWS), make_batch(ZERO)
     whole = list(range(len(ROWS)))
-    first.update(live.to_dict(), plan(live, [whole]))
-    first.update(empty.to_dict(), plan(empty, [whole], skip=(True,)))
+    first.update(live, plan(live, [whole]))
+    first.update(empty, plan(empty, [whole], skip=(True,)))
     first.save_state(str(tmp_path))
     resumed = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
     resumed.load_state(str(tmp_path))
     assert resumed.step == 2 and resumed.scheduler.last_epoch == first.scheduler.last_epoch == 1
-    m_first, m_resumed = (x.update(live.to_dict(), plan(live, [whole])) for x in (first, resumed))
-    assert m_resumed == pytest.approx(m_first, rel=1e-6)
+    m_first, m_resumed = (x.update(live, plan(live, [whole])) for x in (first, resumed))
+    assert merge_rank_metrics([m_resumed], "p") == pytest.approx(merge_rank_metrics([m_first], "p"), rel=1e-6)
     assert max_abs_diff(first.model.state_dict(), resumed.model.state_dict()) < 1e-7

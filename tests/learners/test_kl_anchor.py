@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
-from learners.group import merge_rank_metrics
 from learners.losses import LOSS_AGGREGATIONS, ppo_clip_loss
 from learners.mitigations import kl_coefficients, uses_kl
+from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
 from tests.learners.test_learner_group import ROWS, make_batch, make_group
 
 EVAL_OPT = "marl.workflow=eval_opt"  # roles generator and evaluator, as in ROWS
@@ -68,10 +68,11 @@ def test_clipped_tokens_by_hand_and_per_role_clip_fraction():
                          clip_low=0.2, clip_high=0.28, normalizer=4.0)
     # 1.5 > 1.28 with A > 0 and 0.5 < 0.8 with A < 0 are clipped; ratio 1 never is.
     assert m["clipped"].tolist() == [[True, False], [True, False]] and m["clip_frac_sum"].item() == 2.0
-    rank = {"loss": 0.0, "clip_frac_sum": 3.0, "tokens": 10.0, "grad_norm": 1.0, "lr": 1e-3,
-            "last/grad_norm": 1.0, "last/lr": 1e-3, "optimizer_steps": 1.0, "padded_positions": 0.0, "positions": 0.0,
-            "clip_frac_sum/generator": 3.0, "tokens/generator": 4.0, "clip_frac_sum/evaluator": 0.0,
-            "tokens/evaluator": 6.0}
-    out = merge_rank_metrics([rank, dict(rank)], "generator")  # a policy named after one of its roles
+    rank = RankMetrics(
+        TokenSums(clip_frac=3.0, tokens=10.0, roles=RoleSums(clip_frac={"generator": 3.0, "evaluator": 0.0},
+                                                            tokens={"generator": 4.0, "evaluator": 6.0})),
+        StepMetrics(grad_norm=1.0, lr=1e-3, last_grad_norm=1.0, last_lr=1e-3, optimizer_steps=1,
+                    skipped_steps=0))
+    out = merge_rank_metrics([rank, rank], "generator")  # a policy named after one of its roles
     assert out["clip_frac/generator"] == pytest.approx(0.3)  # the policy's, over all its tokens
     assert out["clip_frac/role/generator"] == pytest.approx(0.75) and out["clip_frac/role/evaluator"] == 0.0

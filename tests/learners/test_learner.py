@@ -15,6 +15,7 @@ from learners.learner import Learner
 from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
 from learners.ppo_plan import UpdatePlan
+from learners.rank_metrics import RankMetrics
 from learners.schedule import lr_factor
 from learners.weights import merge_for_serving, take_snapshot
 
@@ -79,8 +80,8 @@ ROWS = [
 ]
 
 
-def update(learner: Learner, batch: TrainBatch) -> dict[str, float]:
-    return learner.update(batch.to_dict(), UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
+def update(learner: Learner, batch: TrainBatch) -> RankMetrics:
+    return learner.update(batch, UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:],
                                                                                           "token_mean")))
 
 
@@ -114,7 +115,7 @@ def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):
 def test_one_optimizer_step_per_update_whatever_the_micro_batches(make_learner):
     learner = make_learner("learner.micro_batch_size=1", "learner.optim.warmup_steps=4")
     batch = make_batch(ROWS)  # six micro-batches of one row
-    lrs = [update(learner, batch)["lr"] for _ in range(2)]
+    lrs = [update(learner, batch).step.lr for _ in range(2)]
     assert learner.step == 2
     assert learner.scheduler.last_epoch == 2
     assert {int(learner.optimizer.state[p]["step"]) for p in learner.params} == {2}
@@ -133,9 +134,9 @@ def test_micro_batch_size_does_not_change_the_update(make_learner):
     # lr · g / (|g| + eps), magnifies for the smallest gradients.
     assert max_abs_diff(w_small, w_large) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(small), grads(large), strict=True))
-    assert m_small["loss"] == pytest.approx(m_large["loss"], rel=1e-5, abs=1e-7)
-    assert m_small["grad_norm"] == pytest.approx(m_large["grad_norm"], rel=1e-5)
-    assert m_small["tokens"] == m_large["tokens"] == 18
+    assert m_small.sums.loss == pytest.approx(m_large.sums.loss, rel=1e-5, abs=1e-7)
+    assert m_small.step.grad_norm == pytest.approx(m_large.step.grad_norm, rel=1e-5)
+    assert m_small.sums.tokens == m_large.sums.tokens == 18
 
 
 def test_tokens_outside_the_loss_mask_do_not_change_the_gradient(make_learner):
@@ -163,8 +164,8 @@ def test_zero_advantage_rows_contribute_no_gradient(make_learner):
     with_zero, alone = make_learner(), make_learner()
     both = make_batch([trained, ([50, 51, 52, 53], [60, 61, 62, 63, 64], 0.0, "evaluator")])
     norm = local_normalizer(both.loss_mask[:, 1:], "token_mean")  # the same global normaliser for both
-    with_zero.update(both.to_dict(), UpdatePlan.whole(2, norm))
-    alone.update(make_batch([trained]).to_dict(), UpdatePlan.whole(1, norm))
+    with_zero.update(both, UpdatePlan.whole(2, norm))
+    alone.update(make_batch([trained]), UpdatePlan.whole(1, norm))
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(with_zero), grads(alone), strict=True))
     assert max(float(g.abs().max()) for g in grads(alone)) > 1e-4
 
@@ -178,25 +179,25 @@ def test_per_role_metrics(make_learner):
     )
     batch.rollout_logprobs[:, 1:] = torch.where(batch.loss_mask[:, 1:], lp, 0.0)  # the engine agrees exactly
     m = update(learner, batch)
-    assert m["tokens/generator"] == 4 + 3 + 1 + 3
-    assert m["tokens/evaluator"] == 2 + 5
-    assert m["tokens"] == 18
+    assert m.sums.roles.tokens["generator"] == 4 + 3 + 1 + 3
+    assert m.sums.roles.tokens["evaluator"] == 2 + 5
+    assert m.sums.tokens == 18
     for role in ("generator", "evaluator"):
-        assert m[f"logprob_diff_sum/{role}"] == pytest.approx(0.0, abs=1e-4)
+        assert m.sums.roles.logprob_diff[role] == pytest.approx(0.0, abs=1e-4)
         # A near-uniform random init: per-token entropy close to log(vocab size).
-        mean_entropy = m[f"entropy_sum/{role}"] / m[f"tokens/{role}"]
+        mean_entropy = m.sums.roles.entropy[role] / m.sums.roles.tokens[role]
         assert 0.9 * torch.log(torch.tensor(104.0)) < mean_entropy <= torch.log(torch.tensor(104.0)) + 1e-4
-    assert {"loss", "clip_frac_sum", "grad_norm", "lr"} <= set(m)
-    assert not any(k.startswith("kl_sum/") for k in m)  # no KL term configured
+    assert set(m.sums.roles.clip_frac) == {"generator", "evaluator"} and m.step.lr > 0
+    assert not m.sums.roles.kl  # no KL term configured
 
 
 def test_empty_batch_still_steps(make_learner):
     learner = make_learner()
     before = {k: v.clone() for k, v in learner.get_weights().items()}
-    m = learner.update(empty_batch("p").to_dict(), UpdatePlan.whole(0, 0.0))
+    m = learner.update(empty_batch("p"), UpdatePlan.whole(0, 0.0))
     assert learner.step == 1 and learner.scheduler.last_epoch == 1
     assert {int(learner.optimizer.state[p]["step"]) for p in learner.params} == {1}
-    assert m["loss"] == 0.0 and m["tokens"] == 0.0 and m["grad_norm"] == 0.0
+    assert m.sums.loss == 0.0 and m.sums.tokens == 0.0 and m.step.grad_norm == 0.0
     assert max_abs_diff(learner.get_weights(), before) == 0.0  # zero gradient, fresh Adam: no move
 
 
@@ -206,13 +207,14 @@ def test_kl_penalty_full_finetune(make_learner):
     reference = {k: v.clone() for k, v in learner.reference.state_dict().items()}
     batch = make_batch(ROWS[:2])
     first = update(learner, batch)
-    assert first["kl_sum/generator"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    # policy == reference before any step
+    assert first.sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)
     # With zero advantages the only gradient left is the KL term pulling the moved policy back.
     batch.advantages.zero_()
     second = update(learner, batch)
-    assert second["kl_sum/generator"] > 1e-6 and second["kl_sum/evaluator"] > 1e-6
-    assert second["grad_norm"] > 1e-4
-    assert second["loss"] > 0  # k3 ≥ 0 and the PPO term is 0
+    assert second.sums.roles.kl["generator"] > 1e-6 and second.sums.roles.kl["evaluator"] > 1e-6
+    assert second.step.grad_norm > 1e-4
+    assert second.sums.loss > 0  # k3 ≥ 0 and the PPO term is 0
     assert all(torch.equal(v, reference[k]) for k, v in learner.reference.state_dict().items())
 
 
@@ -220,10 +222,10 @@ def test_kl_penalty_lora_uses_the_base_as_reference(make_learner):
     learner = make_learner("algo.kl_coef=0.5", *LORA)
     assert learner.reference is None  # the adapter is switched off instead of holding a second copy
     batch = make_batch(ROWS[:2])
-    assert update(learner, batch)["kl_sum/generator"] == pytest.approx(0.0, abs=1e-6)
+    assert update(learner, batch).sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)
     batch.advantages.zero_()
     second = update(learner, batch)
-    assert second["kl_sum/generator"] > 1e-8 and second["grad_norm"] > 0
+    assert second.sums.roles.kl["generator"] > 1e-8 and second.step.grad_norm > 0
 
 
 def test_lora_trains_only_adapters_and_exposes_base_names(make_learner, model_path):

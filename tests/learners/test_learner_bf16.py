@@ -16,10 +16,10 @@ import torch
 from cluster.fingerprint import fingerprint
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
-from learners.group import merge_rank_metrics
 from learners.learner import Learner
 from learners.losses import token_logprobs
 from learners.member import LearnerSpec
+from learners.rank_metrics import RankMetrics, merge_rank_metrics
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, update
@@ -42,7 +42,7 @@ def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).float() for t in tensors])
 
 
-def _one_update(learner: Learner) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def _one_update(learner: Learner) -> tuple[torch.Tensor, torch.Tensor, RankMetrics]:
     """(the update of every weight [P], the step's gradient [P], metrics) of one update on ROWS."""
     before = _flat(learner.params).clone()
     metrics = update(learner, make_batch(ROWS))
@@ -63,7 +63,7 @@ def test_bf16_keeps_fp32_master_weights_and_optimizer_state_and_computes_in_bf16
     bf16 = learner.passes.logprobs(batch)[0]  # the forward ran under bf16 autocast: its matmuls round
     assert not torch.equal(bf16, fp32) and torch.allclose(bf16, fp32, atol=0.05)
     m = update(learner, batch)
-    assert torch.isfinite(torch.tensor([m["loss"], m["grad_norm"]])).all()
+    assert torch.isfinite(torch.tensor([m.sums.loss, m.step.grad_norm])).all()
     state = [v for s in learner.optimizer.state.values() for k, v in s.items() if k != "step"]
     assert len(state) == 2 * len(learner.params) and {v.dtype for v in state} == {torch.float32}
     assert {p.grad.dtype for p in learner.params} == {torch.float32}
@@ -75,8 +75,8 @@ def test_a_bf16_update_is_close_to_the_fp32_one(model_path):
     grad_gap = float((g16 - g32).norm() / g32.norm())
     assert 1e-4 < grad_gap < 0.02  # measured 6.0e-3: bf16 matmuls, not an fp32 pass under another name
     assert _cos(g16, g32) > 0.9999
-    assert m16["grad_norm"] == pytest.approx(m32["grad_norm"], rel=0.01)
-    assert m16["loss"] == pytest.approx(m32["loss"], abs=1e-3)
+    assert m16.step.grad_norm == pytest.approx(m32.step.grad_norm, rel=0.01)
+    assert m16.sums.loss == pytest.approx(m32.sums.loss, abs=1e-3)
     assert _cos(d16, d32) > 0.98  # measured 0.9955
     assert float(((d16 * d32) < 0).float().mean()) < 0.01  # measured 0.24% of the weights
 

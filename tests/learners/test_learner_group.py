@@ -7,8 +7,9 @@ import torch
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
-from learners.group import LearnerGroup, merge_rank_metrics
+from learners.group import LearnerGroup
 from learners.member import LearnerMember, LearnerSpec
+from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [
@@ -69,18 +70,19 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 def test_merge_rank_metrics_by_hand():
-    steps = {"optimizer_steps": 2.0, "skipped_steps": 1.0, "last/grad_norm": 2.5, "last/lr": 9e-4}  # every rank's
-    rank0 = {**steps, "move_sum": 0.3, "move_tokens": 10.0,
-             "loss": 0.5, "clip_frac_sum": 2.0, "tokens": 10.0, "grad_norm": 3.0, "lr": 1e-3,
-             "padded_positions": 3.0, "positions": 20.0,
-             "entropy_sum/generator": 8.0, "tokens/generator": 4.0, "logprob_diff_sum/generator": 0.4,
-             "kl_sum/generator": 0.2, "entropy_sum/evaluator": 6.0, "tokens/evaluator": 6.0,
-             "logprob_diff_sum/evaluator": 1.2, "kl_sum/evaluator": 0.0}
-    rank1 = {**steps, "move_sum": 0.1, "move_tokens": 2.0,
-             "loss": -0.25, "clip_frac_sum": 1.0, "tokens": 2.0, "grad_norm": 3.0, "lr": 1e-3,
-             "padded_positions": 1.0, "positions": 5.0,
-             "entropy_sum/generator": 4.0, "tokens/generator": 2.0, "logprob_diff_sum/generator": 0.2,
-             "kl_sum/generator": 0.1}
+    steps = StepMetrics(optimizer_steps=2, skipped_steps=1, last_grad_norm=2.5, last_lr=9e-4, grad_norm=3.0,
+                        lr=1e-3)  # every rank's
+    rank0 = RankMetrics(TokenSums(
+        move=0.3, move_tokens=10.0, loss=0.5, clip_frac=2.0, tokens=10.0, padded_positions=3.0,
+        positions=20.0, roles=RoleSums(entropy={"generator": 8.0, "evaluator": 6.0},
+                                       tokens={"generator": 4.0, "evaluator": 6.0},
+                                       logprob_diff={"generator": 0.4, "evaluator": 1.2},
+                                       kl={"generator": 0.2, "evaluator": 0.0})),
+        steps)
+    rank1 = RankMetrics(TokenSums(
+        move=0.1, move_tokens=2.0, loss=-0.25, clip_frac=1.0, tokens=2.0, padded_positions=1.0, positions=5.0,
+        roles=RoleSums(entropy={"generator": 4.0}, tokens={"generator": 2.0}, logprob_diff={"generator": 0.2},
+                       kl={"generator": 0.1})), steps)
     assert merge_rank_metrics([rank0, rank1], "p") == pytest.approx({
         "loss/p": 0.25, "grad/norm/p": 3.0, "lr/p": 1e-3, "clip_frac/p": 3.0 / 12.0,
         "last/grad/norm/p": 2.5, "last/lr/p": 9e-4, "optim/steps/p": 2.0, "batch/padding_frac/p": 4.0 / 25.0,
@@ -91,10 +93,9 @@ def test_merge_rank_metrics_by_hand():
 
 
 def test_merge_rank_metrics_with_no_tokens_anywhere():
-    empty = {"loss": 0.0, "clip_frac_sum": 0.0, "tokens": 0.0, "grad_norm": 0.0, "lr": 5e-4,
-             "last/grad_norm": 0.0, "last/lr": 5e-4, "optimizer_steps": 1.0, "padded_positions": 0.0,
-             "positions": 0.0}
-    assert merge_rank_metrics([empty, dict(empty)], "p") == {
+    empty = RankMetrics(TokenSums(), StepMetrics(grad_norm=0.0, lr=5e-4, last_grad_norm=0.0, last_lr=5e-4,
+                                                 optimizer_steps=1, skipped_steps=0))
+    assert merge_rank_metrics([empty, empty], "p") == {
         "loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": 5e-4, "clip_frac/p": 0.0,
         "last/grad/norm/p": 0.0, "last/lr/p": 5e-4, "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0,
         "update/skipped_steps/p": 0.0,

@@ -13,6 +13,7 @@ from learners.learner import Learner
 from learners.logprob_head import head_logprobs
 from learners.losses import entropy_from_logits, token_logprobs
 from learners.member import LearnerSpec
+from learners.rank_metrics import TokenSums
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -75,9 +76,18 @@ def test_learner_loss_gradients_and_metrics_equal_the_unchunked_path(overrides):
     torch.testing.assert_close(loss1, loss0, **TOL)
     for g1, g0 in zip(grads1, grads0, strict=True):
         torch.testing.assert_close(g1, g0, **TOL)
-    assert sums1.keys() == sums0.keys()
-    for key in sums0:
-        assert sums1[key] == pytest.approx(sums0[key], rel=1e-5, abs=1e-5), key
+    flat0, flat1 = _flat(sums0), _flat(sums1)
+    assert flat1.keys() == flat0.keys()
+    for key in flat0:
+        assert flat1[key] == pytest.approx(flat0[key], rel=1e-5, abs=1e-5), key
+
+
+def _flat(sums: TokenSums) -> dict[str, float]:
+    """Every sum of a micro-batch under one name (per-role ones as `<sum>/<role>`), those measured only."""
+    out = {k: v for k, v in dataclasses.asdict(sums).items() if k != "roles" and v is not None}
+    out.update({f"{name}/{role}": v for name, per_role in dataclasses.asdict(sums.roles).items()
+                for role, v in per_role.items()})
+    return out
 
 
 def test_bf16_autocast_rounds_the_head_as_the_full_logits_do():

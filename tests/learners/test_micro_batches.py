@@ -66,11 +66,11 @@ def test_a_token_budget_gives_the_update_of_row_count_micro_batches():
     m_rows, m_tokens = update(by_rows, batch), update(by_tokens, batch)
     for a, b in zip(grads(by_rows), grads(by_tokens), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    assert m_tokens["loss"] == pytest.approx(m_rows["loss"], rel=1e-5, abs=1e-7)
-    assert m_tokens["grad_norm"] == pytest.approx(m_rows["grad_norm"], rel=1e-5)
+    assert m_tokens.sums.loss == pytest.approx(m_rows.sums.loss, rel=1e-5, abs=1e-7)
+    assert m_tokens.step.grad_norm == pytest.approx(m_rows.step.grad_norm, rel=1e-5)
     # One micro-batch of 6 rows × 7 = 42 positions holds 33 tokens; [7, 7] | [7, 4] | [4, 4] hold them in 36.
-    assert m_rows["padded_positions"] / m_rows["positions"] == pytest.approx(9 / 42)
-    assert m_tokens["padded_positions"] / m_tokens["positions"] == pytest.approx(3 / 36)
+    assert m_rows.sums.padded_positions / m_rows.sums.positions == pytest.approx(9 / 42)
+    assert m_tokens.sums.padded_positions / m_tokens.sums.positions == pytest.approx(3 / 36)
 
 
 def test_packing_bookkeeping_keeps_every_target_in_its_row():
@@ -92,7 +92,7 @@ def test_padding_free_rows_give_the_padded_update():
     m_padded, m_packed = update(padded, batch), update(packed, batch)
     for a, b in zip(grads(padded), grads(packed), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    assert m_packed["loss"] == pytest.approx(m_padded["loss"], rel=1e-5, abs=1e-7)
+    assert m_packed.sums.loss == pytest.approx(m_padded.sums.loss, rel=1e-5, abs=1e-7)
     with pytest.raises(ConfigError, match="padding_free=true needs learner.logits_chunk_tokens"):
         load_config("jobs/configs/tiny.yaml", ["learner.padding_free=true", "learner.logits_chunk_tokens=0"])
 

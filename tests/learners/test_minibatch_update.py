@@ -3,6 +3,7 @@ the first step), clipping that engages from the second mini-batch on, the whole-
 step, optimizer-step counts under isolated voting, the schedule unit, and the rollout log-probs as old."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -69,39 +70,39 @@ def reference_update(model: torch.nn.Module, batch: TrainBatch, steps: list[list
 def test_update_matches_the_written_out_reference(learner, steps):
     batch = make_batch(ROWS)
     reference = copy.deepcopy(learner.model)
-    m = learner.update(batch.to_dict(), plan_of(batch, steps))
+    m = learner.update(batch, plan_of(batch, steps))
     reference_update(reference, batch, steps, LR)
     got = {k: v for k, v in learner.model.state_dict().items()}
     assert max_abs_diff(got, reference.state_dict()) < 1e-6
-    assert m["optimizer_steps"] == len(steps) and learner.step == 1
+    assert m.step.optimizer_steps == len(steps) and learner.step == 1
 
 
 def test_second_mini_batch_is_clipped_against_the_old_policy(learner, make_learner):
     batch = make_batch(ROWS)
-    m = learner.update(batch.to_dict(), plan_of(batch, [[0, 1, 2], [3, 4, 5]]))
-    assert m["clip_frac_sum"] > 0  # ratio ≠ 1 in the second step: the clip bounds act
+    m = learner.update(batch, plan_of(batch, [[0, 1, 2], [3, 4, 5]]))
+    assert m.sums.clip_frac > 0  # ratio ≠ 1 in the second step: the clip bounds act
     whole = make_learner(f"learner.optim.lr={LR}", "learner.micro_batch_size=2")
-    assert whole.update(batch.to_dict(), plan_of(batch, [list(range(6))]))["clip_frac_sum"] == 0.0
-    assert m["last/grad_norm"] != m["grad_norm"]  # the step's mean and last differ over two steps
+    assert whole.update(batch, plan_of(batch, [list(range(6))])).sums.clip_frac == 0.0
+    assert m.step.last_grad_norm != m.step.grad_norm  # the step's mean and last differ over two steps
 
 
 def test_rollout_logprobs_as_old(make_learner):
     batch = make_batch(ROWS)  # engine logprobs of 0 (probability 1): every ratio is far below 1
     rollout = make_learner("algo.old_logprobs=rollout")
-    m = rollout.update(batch.to_dict(), plan_of(batch, [list(range(6))]))
+    m = rollout.update(batch, plan_of(batch, [list(range(6))]))
     negative = sum(int(batch.loss_mask[i, 1:].sum()) for i, r in enumerate(ROWS) if r[2] < 0)
-    assert m["clip_frac_sum"] == negative  # ratio < 0.8 with A < 0 is clipped; with A > 0 it never is
+    assert m.sums.clip_frac == negative  # ratio < 0.8 with A < 0 is clipped; with A > 0 it never is
 
 
 @pytest.mark.parametrize("unit,expected", [("step", 1), ("optimizer_step", 3)])
 def test_schedule_unit(make_learner, unit, expected):
     learner = make_learner(f"learner.optim.schedule_unit={unit}", "learner.optim.warmup_steps=4")
     batch = make_batch(ROWS)
-    m = learner.update(batch.to_dict(), plan_of(batch, [[0, 1], [2, 3], [4, 5]]))
+    m = learner.update(batch, plan_of(batch, [[0, 1], [2, 3], [4, 5]]))
     assert learner.scheduler.last_epoch == expected
     # warmup 4: step 0 gets 1/4 of the lr; per optimizer step the three steps get 1/4, 2/4, 3/4.
     lrs = [1e-3 / 4] * 3 if unit == "step" else [1e-3 / 4, 2e-3 / 4, 3e-3 / 4]
-    assert m["lr"] == pytest.approx(sum(lrs) / 3) and m["last/lr"] == pytest.approx(lrs[-1])
+    assert m.step.lr == pytest.approx(sum(lrs) / 3) and m.step.last_lr == pytest.approx(lrs[-1])
 
 
 def test_mini_batch_size_of_the_whole_batch_is_todays_update():
@@ -116,7 +117,7 @@ def voting_batch(role: str, slots: int, per_slot: int) -> TrainBatch:
     """An isolated policy's rows: `slots` parallel agents of `role`, `per_slot` rows each, mixed advantages."""
     rows = [([10 + i % 5, 11], [20 + i % 7, 21], 1.0 if i % 2 else -1.0, role) for i in range(slots * per_slot)]
     batch = make_batch(rows)
-    return TrainBatch(**{**batch.to_dict(), "agents": [f"{role}{i // per_slot}" for i in range(len(rows))]})
+    return dataclasses.replace(batch, agents=[f"{role}{i // per_slot}" for i in range(len(rows))])
 
 
 @pytest.mark.parametrize("norm,gen_steps", [(False, 3), (True, 1)])
@@ -139,7 +140,7 @@ def test_update_call_schedule_of_the_second_of_three_policies():
                                   learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0,
                                   num_policies=3, policy_index=1))
     batch = make_batch(ROWS)
-    lrs = [learner.update(batch.to_dict(), plan_of(batch, [[0, 1], [2, 3, 4, 5]]))["lr"] for _ in range(2)]
+    lrs = [learner.update(batch, plan_of(batch, [[0, 1], [2, 3, 4, 5]])).step.lr for _ in range(2)]
     assert lrs == pytest.approx([1e-3 / 4, 1e-3])  # both optimizer steps of a call share its position
     assert learner.scheduler.last_epoch == 2  # one tick per update call
 
@@ -155,7 +156,7 @@ def test_verl_fixed_chunks_and_nominal_normaliser_reach_the_update():
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *verl])
     learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
                                   learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0))
-    learner.update(batch.to_dict(), UpdatePlan([[0, 1, 2, 3], [4, 5]], [4.0, 4.0], sorted(set(batch.roles))))
+    learner.update(batch, UpdatePlan([[0, 1, 2, 3], [4, 5]], [4.0, 4.0], sorted(set(batch.roles))))
     assert m["optim/steps/p"] == 2.0
     assert max_abs_diff(weights(group), {k: v for k, v in learner.model.state_dict().items()}) < 1e-6
     actual = make_group(*verl[:-1])  # the same chunks, the second one's loss over its own 2 rows

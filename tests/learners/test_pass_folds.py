@@ -35,24 +35,26 @@ def test_trained_rows_diagnostics_from_the_training_forward_equal_their_own_pass
     learner = make_learner(f"learner.diagnostics.sample_rows={sample}")
     # a pass of their own, on the same weights
     own = learner.passes.skipped_row_metrics(batch, list(range(len(batch))))
-    got = learner.update(batch.to_dict(), whole_plan(batch))
-    keys = [k for k in own if k.startswith(("entropy_sum/", "logprob_diff_sum/", "tokens/"))]
-    assert len(keys) == 6
-    for key in keys:
-        assert got[key] == pytest.approx(own[key], rel=TOL, abs=TOL), key
+    got = learner.update(batch, whole_plan(batch))
+    pairs = [(f"{name}/{role}", getattr(got.sums.roles, name)[role], value)
+             for name in ("entropy", "logprob_diff", "tokens")
+             for role, value in getattr(own.roles, name).items()]
+    assert len(pairs) == 6
+    for key, value, expected in pairs:
+        assert value == pytest.approx(expected, rel=TOL, abs=TOL), key
 
 
 def test_policy_move_before_from_the_training_forward_equals_its_own_pass():
     batch = make_batch(ROWS)
     learner = make_learner("learner.diagnostics.sample_rows=all")
     before = [learner.passes.policy_logprobs(mb) for mb in learner.passes.micro_batches(batch)]
-    got = learner.update(batch.to_dict(), whole_plan(batch))
+    got = learner.update(batch, whole_plan(batch))
     total, tokens = 0.0, 0.0
     for mb, lp in zip(learner.passes.micro_batches(batch), before, strict=True):
         s, n = abs_shift_sums(learner.passes.policy_logprobs(mb), lp, mb.loss_mask[:, 1:])
         total, tokens = total + s, tokens + n
-    assert got["move_tokens"] == tokens and total > 0.0
-    assert got["move_sum"] == pytest.approx(total, rel=TOL, abs=TOL)
+    assert got.sums.move_tokens == tokens and total > 0.0
+    assert got.sums.move == pytest.approx(total, rel=TOL, abs=TOL)
 
 
 def test_the_sampled_movement_weights_a_subset_of_the_same_rows():
@@ -61,9 +63,9 @@ def test_the_sampled_movement_weights_a_subset_of_the_same_rows():
     every = make_learner("learner.diagnostics.sample_rows=all")
     sampled = make_learner("learner.diagnostics.sample_rows=8")
     plan = whole_plan(batch)
-    m_all = every.update(batch.to_dict(), plan)
-    m_one = sampled.update(batch.to_dict(), dataclasses.replace(plan, move_weights=(1.0,) * len(batch)))
-    assert m_one["move_tokens"] == m_all["move_tokens"]
-    assert m_one["move_sum"] == pytest.approx(m_all["move_sum"], rel=TOL)
+    m_all = every.update(batch, plan)
+    m_one = sampled.update(batch, dataclasses.replace(plan, move_weights=(1.0,) * len(batch)))
+    assert m_one.sums.move_tokens == m_all.sums.move_tokens
+    assert m_one.sums.move == pytest.approx(m_all.sums.move, rel=TOL)
     w_all, w_one = every.get_weights(), sampled.get_weights()
     assert all(torch.equal(w_all[k], w_one[k]) for k in w_all)

@@ -46,11 +46,10 @@ def test_ratio_one_is_the_advantage_weighted_mean_and_its_gradient():
     assert loss.item() == pytest.approx(-(2 + 2 - 1) / 3)
     loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[-2 / 3, -2 / 3, 0.0], [1 / 3, 0.0, 0.0]]))
-    assert m == pytest.approx({
-        "loss": -1.0, "clip_frac_sum": 0.0, "tokens": 3.0, "tokens/a": 2.0, "tokens/b": 1.0,
-        "clip_frac_sum/a": 0.0, "clip_frac_sum/b": 0.0, "entropy_sum/a": 1.0 + 2.0, "entropy_sum/b": 4.0,
-        "logprob_diff_sum/a": 0.1 + 0.2, "logprob_diff_sum/b": 0.3,
-    })
+    assert (m.loss, m.clip_frac, m.tokens, m.dual_clip_frac) == pytest.approx((-1.0, 0.0, 3.0, None))
+    assert m.roles.tokens == {"a": 2.0, "b": 1.0} and m.roles.clip_frac == {"a": 0.0, "b": 0.0}
+    assert m.roles.entropy == pytest.approx({"a": 1.0 + 2.0, "b": 4.0})
+    assert m.roles.logprob_diff == pytest.approx({"a": 0.1 + 0.2, "b": 0.3}) and m.roles.kl == {}
 
 
 def test_both_clip_bounds_hold_the_ratio_and_stop_its_gradient():
@@ -58,7 +57,7 @@ def test_both_clip_bounds_hold_the_ratio_and_stop_its_gradient():
     lp = logprobs()
     loss, m = run(lp, old=lp.detach() - rows(LOG2, -LOG2))
     assert loss.item() == pytest.approx((-1.28 * 2 * 2 + 0.8 * 1) / 3)
-    assert (m["clip_frac_sum"], m["clip_frac_sum/a"], m["clip_frac_sum/b"]) == (3.0, 2.0, 1.0)
+    assert (m.clip_frac, m.roles.clip_frac["a"], m.roles.clip_frac["b"]) == (3.0, 2.0, 1.0)
     loss.backward()
     assert torch.equal(lp.grad, torch.zeros(2, 3))
 
@@ -75,12 +74,12 @@ def test_kl_term_weighs_each_row_by_the_coefficient_plus_its_roles_anchor():
     lp = logprobs()
     loss, m = run(lp, ref=lp.detach() - 0.5, kl_coef=0.1, kl_anchor_roles={"b": 1.0})
     assert loss.item() == pytest.approx(-1.0 + (0.1 * 0.5 * 2 + 1.1 * 0.5) / 3)
-    assert (m["kl_sum/a"], m["kl_sum/b"]) == pytest.approx((1.0, 0.5))
-    assert m["loss"] == pytest.approx(loss.item())
+    assert (m.roles.kl["a"], m.roles.kl["b"]) == pytest.approx((1.0, 0.5))
+    assert m.loss == pytest.approx(loss.item())
     loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[(-2 + 0.1) / 3, (-2 + 0.1) / 3, 0.0], [(1 + 1.1) / 3, 0.0, 0.0]]))
     _, without = run(logprobs())
-    assert not any(k.startswith("kl_sum") for k in without)
+    assert not without.roles.kl
 
 
 def test_micro_batches_under_the_global_normalizer_add_up_to_the_batch():
@@ -101,7 +100,7 @@ def test_dual_clip_caps_the_negative_advantage_row_and_counts_its_tokens():
     capped, m = run(lp, old=old, dual_clip_c=3.0)
     assert plain.item() == pytest.approx((-1.28 * 2 * 2 + 4.0) / 3)
     assert capped.item() == pytest.approx((-1.28 * 2 * 2 + 3.0) / 3)
-    assert m["dual_clip_frac_sum"] == 1.0 and "dual_clip_frac_sum" not in m_plain
+    assert m.dual_clip_frac == 1.0 and m_plain.dual_clip_frac is None
     capped.backward()
     assert torch.count_nonzero(lp.grad) == 0  # every token is held by a clip
 

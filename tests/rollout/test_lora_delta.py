@@ -80,10 +80,10 @@ def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
         _move_adapter(learner, 2)
         base = BaseWeights(learner.model_path, torch.float32)
         payload = learner.get_lora_delta()
-        first = base.merged_layers(payload, changed_only=True)
-        assert len(first) == sum(1 for k in payload["tensors"] if "lora_A" in k)
+        first = base.merged_layers(payload.adapter, changed_only=True)
+        assert len(first) == sum(1 for k in payload.adapter.tensors if "lora_A" in k)
         _move_adapter(learner, 3, only="layers.0.self_attn.q_proj")
-        again = base.merged_layers(learner.get_lora_delta(), changed_only=True)
+        again = base.merged_layers(learner.get_lora_delta().adapter, changed_only=True)
         assert list(again) == ["model.layers.0.self_attn.q_proj.weight"]
     finally:
         handles.shutdown()
@@ -122,7 +122,7 @@ def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_
         _move_adapter(learner, 4)
         stacks = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
         base = BaseWeights(learner.model_path, torch.float32, stacks)
-        merged = base.merged_layers(learner.get_lora_delta(), changed_only=True)
+        merged = base.merged_layers(learner.get_lora_delta().adapter, changed_only=True)
         names = stack_of("model.layers.1.self_attn.k_proj.weight", stacks)
         assert names == [f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkv"]
         view = _adjacent([merged[n] for n in names])

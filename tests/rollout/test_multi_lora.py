@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cluster.payloads import AdapterPayload
 from jobs.models.resolve import resolve_model
 from learners.weights import adapter_payload, load_policy_model
 from rollout.engine import Sampling
@@ -30,7 +31,7 @@ def tiny() -> str:
     return resolve_model("builtin:tiny")
 
 
-def _adapter(tiny: str, policy_id: str, seed: int) -> dict:
+def _adapter(tiny: str, policy_id: str, seed: int) -> AdapterPayload:
     """A LoRA adapter of the learner's shape with random (visibly non-zero) A and B, as a sync payload."""
     lora = SimpleNamespace(enabled=True, rank=RANK, alpha=16, dropout=0.0, target_modules="all-linear")
     model = load_policy_model(tiny, "float32", lora)
@@ -43,7 +44,7 @@ def _adapter(tiny: str, policy_id: str, seed: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny) -> dict[str, dict]:
+def adapters(tiny) -> dict[str, AdapterPayload]:
     return {"a1": _adapter(tiny, "a", 1), "a2": _adapter(tiny, "a", 2), "b": _adapter(tiny, "b", 3)}
 
 
@@ -67,7 +68,7 @@ def test_adapters_of_two_policies_serve_different_outputs_through_one_engine(eng
     for payload, version in ((adapters["a1"], 1), (adapters["b"], 1)):
         report = engine.load_adapter(payload, version)
         assert report["fingerprint"] == adapter_fingerprint(payload)
-        assert report["bytes"] == sum(t.numel() * t.element_size() for t in payload["tensors"].values())
+        assert report["bytes"] == sum(t.numel() * t.element_size() for t in payload.tensors.values())
     a, b = _ids(engine, "a"), _ids(engine, "b")
     assert a != b and a != base and b != base
     assert _ids(engine, None) == base  # the base model is untouched
@@ -97,7 +98,7 @@ def test_policy_without_an_adapter_is_served_by_the_base_model(engine):
     assert _ids(engine, "never-synced") == _ids(engine, None)
 
 
-def _served(engine, policy_id: str, payload: dict) -> float:
+def _served(engine, policy_id: str, payload: AdapterPayload) -> float:
     """The engine's read-back of what it serves for `policy_id`, under the names of `payload`."""
     if isinstance(engine, HFEngine):
         from peft import get_peft_model_state_dict
@@ -105,7 +106,7 @@ def _served(engine, policy_id: str, payload: dict) -> float:
         from cluster.fingerprint import fingerprint
 
         held = get_peft_model_state_dict(engine.model, adapter_name=policy_id)
-        return fingerprint({k: held[k] for k in payload["tensors"]})
+        return fingerprint({k: held[k] for k in payload.tensors})
     from rollout.vllm.support import adapter_fingerprint_served
 
     lora_id = engine.adapters[policy_id][0].lora_int_id

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
 from cluster.packing import share
+from cluster.payloads import LoraDelta
 from cluster.sketch import sketch_mismatch
 from cluster.transport import SyncError, broadcast
 from jobs.models.resolve import resolve_model
@@ -334,7 +335,7 @@ def test_sender_catches_an_engine_that_serves_other_weights_and_names_it(tiny):
             g.shutdown()
 
 
-def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[dict, dict]:
+def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[LoraDelta, dict]:
     """What LearnerMember.get_lora_delta ships, after moving the adapter's B matrices (all, or one layer's)."""
     g = torch.Generator().manual_seed(version_seed)
     with torch.no_grad():
@@ -343,7 +344,7 @@ def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[di
                 w = module.lora_B["default"].weight
                 w.copy_(torch.randn(w.shape, generator=g) * 0.05)
     merged = merge_for_serving(model, torch.float32)[0]
-    return {**adapter_payload(model, "pi"), "names": list(merged)}, merged
+    return LoraDelta(adapter_payload(model, "pi"), list(merged)), merged
 
 
 def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_back_only_them(tiny, hf, monkeypatch):

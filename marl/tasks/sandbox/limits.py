@@ -7,7 +7,9 @@ import math
 import os
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
+
+from marl.types import JsonRecord
 
 # ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
 # differed. syntax_error: the candidate does not compile. timeout: wall clock or CPU limit. oom: address-space
@@ -172,7 +174,7 @@ class SandboxResult:
     network_isolation: str = "unknown"  # namespace | harness | unknown (the child never reported)
     user_isolation: str = "unknown"  # uid | none | unknown
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> JsonRecord:
         """A compact, JSON-ready summary (what an Episode records)."""
         return {
             "reason": self.reason, "detail": self.detail[:200], "wall_s": round(self.wall_s, 4),

@@ -57,7 +57,7 @@ class SandboxPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"limits": self.limits, "workers": self._setting}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from marl.tasks.sandbox.capture import Capture, communicate
 from marl.tasks.sandbox.limits import MIB, REASONS, Program, SandboxLimits, SandboxResult
 from marl.tasks.sandbox.prelude import prelude_source
 from marl.tasks.sandbox.reaper import kill_group_and_uid, remove_files_of
+from marl.types import JsonRecord
 
 CHILD = Path(__file__).with_name("child.py")
 # A fresh uid per execution, from a range no real account uses: executions cannot signal, trace or read
@@ -124,9 +125,9 @@ def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
     return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
-def _records(data: bytearray, nonce: str) -> dict[str, Any]:
+def _records(data: bytearray, nonce: str) -> JsonRecord:
     """The first record of each kind that carries the nonce; lines without it (the candidate's) are ignored."""
-    records: dict[str, Any] = {}
+    records: JsonRecord = {}
     token = nonce.encode()
     for line in bytes(data).split(b"\n"):
         head, _, rest = line.partition(b" ")

@@ -52,7 +52,7 @@ def step_shapes(model: Any) -> StepShapes:
 
 def step_flops(shapes: StepShapes, tokens: int, loss_tokens: int, seq: int, full: bool) -> float:
     """FLOPs of one forward + backward over `tokens` positions of rows `seq` long, `loss_tokens` of them
-    through the LM head (learners.logprob_head runs it on loss positions only; module docstring)."""
+    through the LM head (learners.compute.logprob_head runs it on loss positions only; module docstring)."""
     head = shapes.vocab * shapes.width
     attention = 4 * (seq + 1) / 2 * shapes.width * shapes.layers
     body = (2 + 2 + (2 if full else 0)) * (shapes.params - head) + 3 * attention

@@ -1,4 +1,4 @@
-"""The CPU learner's measured peak against the planner's estimate (learners/memory.py), at a few shapes of a
+"""The CPU learner's measured peak against the planner's estimate (learners/compute/memory.py), at a few shapes of a
 Qwen3-shaped body with Qwen3's real vocabulary: one `Learner.update` (fp32, full fine-tuning, the whole batch
 one micro-batch, role diagnostics off), its peak RSS above the loaded model's, next to the estimate of the
 terms that rise during the update (gradients, optimizer state, activations, logits).
@@ -7,7 +7,7 @@ terms that rise during the update (gradients, optimizer state, activations, logi
 shape's allocations do not hide another's. Run it under the heavy lock: the largest default shape peaks near 2 GB.
 `--layouts` prints, at 8 x 2,048, rows of one length (no attention mask) beside padded rows (the last one 64 tokens
 short: a [rows, T, T] mask) and packed rows (learner.padding_free: an [N, N] mask on CPU), measured and estimated
-(learners.memory.mask_entries); the packed 8x2048 peaks near 4 GB.
+(learners.compute.memory.mask_entries); the packed 8x2048 peaks near 4 GB.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from jobs.models.shape import shape_of
-from learners.memory import LearnerSetup, ModelShape, learner_memory
+from learners.compute.memory import LearnerSetup, ModelShape, learner_memory
 
 # A Qwen3-shaped body small enough for CPU (2 layers, hidden 64), the real vocabulary: the logits dominate.
 MODEL = ("builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=192&heads=4&kv_heads=2"
@@ -58,9 +58,9 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int, layout: 
     from jobs.models.resolve import resolve_model
     from learners.batch import TrainBatch
     from learners.learner import Learner
-    from learners.losses import local_normalizer
     from learners.member import LearnerSpec
-    from learners.ppo_plan import UpdatePlan
+    from learners.update.losses import local_normalizer
+    from learners.update.ppo_plan import UpdatePlan
 
     torch.set_num_threads(1)
     overrides = ["model.dtype=float32", "model.lora.enabled=false", "learner.role_grad_diagnostics=false",

@@ -91,9 +91,9 @@ def child(run: Run) -> dict[str, object]:
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
     from learners.learner import Learner
-    from learners.losses import local_normalizer
     from learners.member import LearnerSpec
-    from learners.ppo_plan import UpdatePlan
+    from learners.update.losses import local_normalizer
+    from learners.update.ppo_plan import UpdatePlan
 
     path = resolve_model(run.model)
     cfg = load_config("jobs/configs/tiny.yaml", [f"algo.max_len={run.tokens}", "learner.ranks=0",

@@ -10,7 +10,7 @@ the unclamped cosine (`cosine_clamp=false`); `--schedule constant` is what verl 
 runs (paper_base.yaml), where the units differ only in how fast each policy warms up. Each row prints, per
 unit and policy, the lr of that step's update call as the run logs it (`lr/<policy>`: the mean over the call's
 optimizer steps). The expected values come from learners.schedule and the PPO plan's optimizer-step counts
-(learners.ppo_plan); `--real` also runs the three policies' learners in-process on builtin:tiny (a tiny update
+(learners.update.ppo_plan); `--real` also runs the three policies' learners in-process on builtin:tiny (a tiny update
 per call on synthetic rows, no rollout), reads the `lr/<policy>` they log, and prints the largest gap to the
 expected values.
 """
@@ -25,8 +25,8 @@ import torch
 from jobs.config import load_config
 from jobs.config.schema import TrainConfig
 from learners.batch import TrainBatch
-from learners.ppo_plan import num_mini_batches
 from learners.schedule import lr_factor, schedule_position
+from learners.update.ppo_plan import num_mini_batches
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of
 

@@ -6,8 +6,8 @@ real optimizer steps, per model dtype and learning rate.
 
 Workload: the project's torch Learner with LoRA r64/α32 on all linear layers (the paper's setting), AdamW at a
 constant lr (no warmup), `rows` sequences of `seq` random tokens with advantages ±1, one optimizer step per
-training step; after each step the weights a sync would ship are merged (learners.weights.merge_for_serving)
-and the share of the LoRA update lost to rounding is printed (learners.weights.update_lost: 1 = the engines
+training step; after each step the weights a sync would ship are merged (learners.state.weights.merge_for_serving)
+and the share of the LoRA update lost to rounding is printed (learners.state.weights.update_lost: 1 = the engines
 serve the base model, 0 = the update arrives whole). Adam's first step moves every entry of B by about lr
 whatever the gradient's scale, so random data stands for real data here.
 """
@@ -22,9 +22,9 @@ from benchmarks.update import make_batch
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.learner import Learner
-from learners.losses import local_normalizer
 from learners.member import LearnerSpec
-from learners.ppo_plan import UpdatePlan
+from learners.update.losses import local_normalizer
+from learners.update.ppo_plan import UpdatePlan
 
 
 def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: int, vocab: int) -> list[float]:

@@ -7,7 +7,8 @@ Workload: `episodes` voting episodes (64 prompts x 8 samples in the paper), each
 problem prompt (100-400 tokens) with responses of 200-5,120 tokens, and one aggregator turn whose prompt holds
 the problem and the three answers (a 5-200 token verdict), so the aggregator's rows are the longest. A GRPO
 advantage sign per episode (the final reward is broadcast to every turn). The orders and mini-batches come from
-the functions a run uses (learners.balance.balanced_order, learners.ppo_plan.plan_update), on lengths alone.
+the functions a run uses (learners.update.balance.balanced_order, learners.update.ppo_plan.plan_update), on
+lengths alone.
 Ways, each under the shared policy (all 2,048 rows one policy) and the isolated generator policy (1,536 rows):
 - given, even: the episodes' order, ceil(B / M) even chunks in order (the project before verl_balanced);
 - given, shuffled: the project's default (a seeded shuffle per step);
@@ -24,8 +25,8 @@ import random
 
 import torch
 
-from learners.balance import balanced_order
-from learners.ppo_plan import Cut, plan_update
+from learners.update.balance import balanced_order
+from learners.update.ppo_plan import Cut, plan_update
 
 
 def voting_rows(episodes: int, seed: int) -> tuple[list[str], list[int], list[bool]]:

@@ -1,7 +1,7 @@
 """One learner step at the paper's math shape, measured against the planner: a randomly initialised Qwen3-shaped
 model built from its config (no download), Qwen3's vocabulary (151,936), LoRA r64/α32 on all linear layers, bf16
 DeepSpeed ZeRO-2, the LM head in chunks, one micro-batch of the paper's 40,960 tokens per GPU. Prints the peak
-GPU memory torch allocated next to the planner's estimate of the same rank (learners/memory.py, gpu
+GPU memory torch allocated next to the planner's estimate of the same rank (learners/compute/memory.py, gpu
 coefficients) and the step's seconds. Run by benchmarks/gpu_check.sh on a GPU machine.
 
 `--cpu-smoke` runs the same path at a tiny shape on CPU (torch backend, fp32, peak RSS rise against the cpu
@@ -16,7 +16,7 @@ import sys
 import time
 
 from jobs.models.shape import shape_of
-from learners.memory import GIB, LearnerSetup, learner_memory
+from learners.compute.memory import GIB, LearnerSetup, learner_memory
 
 GPU_MODEL = "builtin:qwen3-4b-shape?vocab=151936&max_positions=40960"
 SMOKE_MODEL = "builtin:qwen3-0.6b-shape?vocab=4096&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
@@ -63,8 +63,8 @@ def random_batch(model: str, rows: int, width: int):
     import torch
 
     from learners.batch import TrainBatch
-    from learners.losses import local_normalizer
-    from learners.ppo_plan import UpdatePlan
+    from learners.update.losses import local_normalizer
+    from learners.update.ppo_plan import UpdatePlan
 
     ids = torch.randint(0, shape_of(model).vocab, (rows, width), generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(rows, width, dtype=torch.bool)

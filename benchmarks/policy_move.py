@@ -17,7 +17,7 @@ import torch
 from benchmarks.update import learner_step, make_batch, median_step_s
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
-from learners.weights import load_policy_model
+from learners.state.weights import load_policy_model
 
 
 def main() -> None:

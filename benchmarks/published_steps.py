@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.paper_step import make_learner, random_batch
 from jobs.plan.published import LOGITS_CHUNK, MICRO_BATCHES, PUBLISHED, Published, estimate, mfu
-from learners.memory import GIB
+from learners.compute.memory import GIB
 
 TINY_MODEL = "builtin:qwen3-0.6b-shape?vocab=4096&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
 SINGLE_GPU = [i for i, p in enumerate(PUBLISHED) if p.gpus == 1]

@@ -184,7 +184,7 @@ class _LoraSource:
     """Stands in for a LoRA learner's rank 0: every call moves every B matrix (a new adapter per sync)."""
 
     def __init__(self, path: str, lora: Any):
-        from learners.weights import MergedSketch, load_policy_model, merge_for_serving
+        from learners.state.weights import MergedSketch, load_policy_model, merge_for_serving
 
         self.model, self.calls = load_policy_model(path, "float32", lora), 0
         self.names = list(merge_for_serving(self.model)[0])
@@ -193,7 +193,7 @@ class _LoraSource:
     def get_lora_delta(self) -> LoraDelta:
         import torch
 
-        from learners.weights import adapter_payload
+        from learners.state.weights import adapter_payload
 
         self.calls += 1
         g = torch.Generator().manual_seed(self.calls)
@@ -223,7 +223,7 @@ class _LoraSource:
 
 def bench_lora_sync(path: str, args: argparse.Namespace) -> dict:
     """A verified LoRA-only sync of one adapter of rank `lora_rank` on all linear layers."""
-    from learners.weights import adapter_payload, load_policy_model
+    from learners.state.weights import adapter_payload, load_policy_model
     from rollout.engine_group import EngineGroup
 
     cfg = _rollout_cfg(args, lora=True)

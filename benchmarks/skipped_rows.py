@@ -35,8 +35,8 @@ from jobs.models.resolve import resolve_model
 from learners.diagnostic_sample import sample_diagnostics, sample_size
 from learners.learner import Learner
 from learners.member import LearnerSpec
-from learners.ppo_plan import plan_update
-from learners.weights import load_policy_model
+from learners.state.weights import load_policy_model
+from learners.update.ppo_plan import plan_update
 
 
 def step_of(path: str, overrides: list[str], batch, keep: torch.Tensor, metrics_pass: bool) -> Callable[[], object]:

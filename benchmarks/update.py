@@ -32,10 +32,10 @@ from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
 from learners.diagnostic_sample import sample_diagnostics, sample_size
 from learners.learner import Learner
-from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
-from learners.ppo_plan import UpdatePlan
-from learners.weights import load_policy_model
+from learners.state.weights import load_policy_model
+from learners.update.losses import local_normalizer, token_logprobs
+from learners.update.ppo_plan import UpdatePlan
 
 ROLES = ("generator", "evaluator")
 

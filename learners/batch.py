@@ -3,7 +3,7 @@
 Every turn of every episode becomes one row of the batch of the policy its role maps to. Rows are
 right-padded token sequences (prompt + response) with a loss mask over the response tokens and the
 engine's sampled logprobs aligned to it. Rows keep the flattened turn order (episodes in order,
-turns in order) that `learners.advantages.group_keys` uses.
+turns in order) that `learners.update.advantages.group_keys` uses.
 
 Alignment: position t of `loss_mask` / `rollout_logprobs` describes token input_ids[:, t], which the
 model predicts from position t − 1. A learner therefore computes
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from learners.balance import balanced_order
+from learners.update.balance import balanced_order
 from marl.policy_map import PolicyMap
 from marl.types import Episode, Turn
 
@@ -263,7 +263,7 @@ def build_batches(
     `<key>/<role>` for each of policy_map.roles): 'batch/rows', 'batch/dropped_empty',
     'batch/dropped_truncated' (lost to the length caps), 'batch/truncated' (rows kept with part of
     their response cut). `balance_ranks` > 0: the kept rows of every policy together take verl's balanced order
-    over that many ranks (learners/balance.py) before they are split per policy. Raises ValueError on a length
+    over that many ranks (learners/update/balance.py) before they are split per policy. Raises ValueError on a length
     mismatch or an empty prompt.
     """
     turns = [t for ep in episodes for t in ep.turns]

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from learners.ppo_plan import UpdatePlan
 from learners.rank_metrics import RoleSums, TokenSums
+from learners.update.ppo_plan import UpdatePlan
 
 ALL = "all"
 
@@ -92,7 +92,7 @@ class SampledRows:
 
 def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int]], plans: list[UpdatePlan],
                        size: int | None, seeds: tuple[int, int], recompute: bool) -> SampledRows:
-    """The scatter of learners.ppo_plan.plan_update (rows[r]: trained rows, then skipped ones; plans[r] with
+    """The scatter of learners.update.ppo_plan.plan_update (rows[r]: trained rows, then skipped ones; plans[r] with
     `skip` already set) with the diagnostics measured on a stratified sample of `size` rows (None: every row,
     the plans as given; 0: no skipped row sent, no movement measured).
 

@@ -18,12 +18,12 @@ from cluster.placement import GroupPlacement
 from cluster.threads import thread_env
 from learners.batch import TrainBatch
 from learners.diagnostic_sample import SampledRows, sample_diagnostics, sample_size
-from learners.empty_steps import empty_steps
 from learners.member import LearnerMember, LearnerSpec
-from learners.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
-from learners.ppo_plan import Cut, UpdatePlan, effective_mini_batch_size, plan_update
 from learners.rank_metrics import RankMetrics, TokenSums, merge_rank_metrics
 from learners.role_grads import advantage_mass
+from learners.update.empty_steps import empty_steps
+from learners.update.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
+from learners.update.ppo_plan import Cut, UpdatePlan, effective_mini_batch_size, plan_update
 from marl.names import group_name
 from marl.seeds import derive_seed
 
@@ -49,7 +49,7 @@ class LearnerGroup:
     def __init__(self, spec: LearnerSpec, run_name: str, placement: GroupPlacement | None = None,
                  group: Group[LearnerMember] | None = None):
         """`group`: ranks already built and joined (a colocated policy's view of the shared ranks,
-        learners/colocated.py); else this policy's own are started here."""
+        learners/gradients/colocated.py); else this policy's own are started here."""
         policy_id, learner, algo, seed = spec.policy_id, spec.learner, spec.algo, spec.seed
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
@@ -76,7 +76,7 @@ class LearnerGroup:
 
     def submit_update(self, batch: TrainBatch, step: int = 0) -> UpdateResult:
         """Weights the advantages (mitigations), plans training step `step`'s optimizer steps (PPO mini-batches,
-        learners/ppo_plan.py), scatters each rank its rows and plan, and starts them."""
+        learners/update/ppo_plan.py), scatters each rank its rows and plan, and starts them."""
         tokens = batch.loss_mask[:, 1:].sum(-1)
         weights = self._mitigation_weights(batch, tokens)
         # A weighted copy: the caller's batch is left as it was handed in.
@@ -133,7 +133,7 @@ class LearnerGroup:
         return self.group.submit_to([0], LearnerMember.export, out_dir).result(self.timeout)[0]
 
     def save(self, path: str) -> None:
-        """Every rank writes its part of the policy's state into `path` (learners/state_io.py)."""
+        """Every rank writes its part of the policy's state into `path` (learners/state/state_io.py)."""
         self.group.submit(LearnerMember.save_state, path).result(self.timeout)
 
     def load(self, path: str) -> None:

@@ -1,15 +1,16 @@
 """Learner: one data-parallel rank owning a policy's model, its forward passes and its optimizer-step loop.
 
 One `update` call = one training step = the optimizer steps of an `UpdatePlan` (PPO mini-batches × epochs,
-learners/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every micro-batch's loss
-(learners.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and
+learners/update/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every micro-batch's loss
+(learners.update.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and
 micro-batches sum to the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps:
-how, is the rank's `backend` (learners/backends.py: plain torch or DeepSpeed, by `learner.backend`). The PPO ratio
+how, is the rank's `backend` (learners/gradients/backends.py: plain torch or DeepSpeed, by
+`learner.backend`). The PPO ratio
 is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
 first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
 LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
 learners/schedule.py maps update_call's shared schedule onto the training step). Handing the weights out (sync
-payloads, the NCCL channel, export) is its `weights`, a learners.weight_server.WeightServer; the learner's
+payloads, the NCCL channel, export) is its `weights`, a learners.state.weight_server.WeightServer; the learner's
 remote methods for them delegate to it. Its forward passes (micro-batches, log-probs through the chunked head, the
 reference, the no-grad passes before the first step, idle passes) are its `passes`, a learners.passes.PolicyPasses.
 
@@ -30,22 +31,22 @@ import torch
 from cluster import collective
 from cluster.packing import PackedTensors
 from cluster.payloads import AdapterPayload, LoraDelta
-from learners.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.batch import TrainBatch
+from learners.compute.padding_free import attention_implementation
 from learners.diagnostic_sample import sample_size
+from learners.gradients.backends import BACKENDS, GradientBackend, LearnerParts
 from learners.member import LearnerSpec
-from learners.micro_batches import padding
-from learners.mitigations import uses_kl
-from learners.padding_free import attention_implementation
 from learners.passes import PolicyPasses
-from learners.policy_loss import policy_loss
 from learners.policy_move import PolicyMove
-from learners.ppo_plan import UpdatePlan, mean_and_last
 from learners.rank_metrics import RankMetrics, StepMetrics, TokenSums
 from learners.role_grads import flat_autograd, role_grad_metrics
 from learners.schedule import lr_lambda
-from learners.weight_server import WeightServer
-from learners.weights import PolicyModel, is_lora, load_policy_model
+from learners.state.weight_server import WeightServer
+from learners.state.weights import PolicyModel, is_lora, load_policy_model
+from learners.update.micro_batches import padding
+from learners.update.mitigations import uses_kl
+from learners.update.policy_loss import policy_loss
+from learners.update.ppo_plan import UpdatePlan, mean_and_last
 
 
 class Learner:
@@ -53,7 +54,7 @@ class Learner:
 
     def __init__(self, spec: LearnerSpec, rank: int = 0, module: PolicyModel | None = None):
         """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
-        policy's adapter bound on a base other policies share: learners/colocated.py)."""
+        policy's adapter bound on a base other policies share: learners/gradients/colocated.py)."""
         model, learner, algo = spec.model, spec.learner, spec.algo
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
@@ -95,7 +96,7 @@ class Learner:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: TrainBatch, plan: UpdatePlan) -> RankMetrics:
-        """The optimizer steps of one training step on this rank's shard (learners/ppo_plan.py). Returns its
+        """The optimizer steps of one training step on this rank's shard (learners/update/ppo_plan.py). Returns its
         sums (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py) and step
         metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an optimizer-step
         schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`) per-role
@@ -204,7 +205,8 @@ class Learner:
 
     def _micro_step(self, mb: TrainBatch, normalizer: float,
                     plain: bool = False) -> tuple[torch.Tensor, TokenSums]:
-        """(One micro-batch's loss (learners.policy_loss, normalised by the global `normalizer`), its metric sums:
+        """(One micro-batch's loss (learners.update.policy_loss, normalised by the global `normalizer`), its
+            metric sums:
         padded_positions, positions and policy_loss's). The PPO ratio is taken against `mb.old_logprobs` (the
         behaviour policy), or against the current log-probs, detached, when there are none (the first optimizer
         step of a recomputed plan)."""
@@ -220,7 +222,7 @@ class Learner:
                                     normalizer=normalizer)
         return loss, dataclasses.replace(sums, padded_positions=float(padded), positions=float(positions))
 
-    # -- the weights handed out (learners.weight_server): the remote methods LearnerMember names --
+    # -- the weights handed out (learners.state.weight_server): the remote methods LearnerMember names --
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self.weights.get_weights()
 
@@ -249,7 +251,7 @@ class Learner:
     def export(self, out_dir: str) -> str:
         return self.weights.export(out_dir)
 
-    # -- checkpoint state (the contract is in learners/state_io.py; the layout is the backend's) --
+    # -- checkpoint state (the contract is in learners/state/state_io.py; the layout is the backend's) --
     def save_state(self, path: str) -> None:
         self.backend.save_state(path, self.step)
 

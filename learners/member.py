@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
     from cluster.packing import PackedTensors
     from cluster.payloads import AdapterPayload, LoraDelta
     from learners.batch import TrainBatch
-    from learners.ppo_plan import UpdatePlan
     from learners.rank_metrics import RankMetrics
+    from learners.update.ppo_plan import UpdatePlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ class LearnerSpec:
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):
     """One data-parallel rank of a policy: trains on its shard, hands out weights (its WeightServer,
-    learners/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores state; ranks
+    learners/state/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores state; ranks
     form a process group (CollectiveMember)."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...
@@ -84,7 +84,7 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         ...
 
     def save_state(self, path: str) -> None:
-        """This rank's part of the policy's state (learners/state_io.py)."""
+        """This rank's part of the policy's state (learners/state/state_io.py)."""
         ...
 
     def load_state(self, path: str) -> None: ...

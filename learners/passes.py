@@ -1,7 +1,8 @@
 """PolicyPasses: a learner rank's forward passes over its policy, outside the optimizer-step loop.
 
 It owns how a rank's rows become micro-batches (`learner.micro_batch_size` rows, or a token budget:
-learners.micro_batches), how log-probs and entropy come out of them (the chunked LM head, learners.logprob_head,
+learners.update.micro_batches), how log-probs and entropy come out of them (the chunked LM head,
+learners.compute.logprob_head,
 under bf16 autocast when the rank trains mixed precision), the reference's log-probs (a separate frozen copy, or
 the LoRA policy with its adapter disabled), the no-grad passes that run before the first optimizer step (the
 behaviour policy's log-probs for the PPO ratio; the diagnostics of rows no step trains), and the idle passes a
@@ -18,17 +19,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from learners.backends import GradientBackend
 from learners.batch import TrainBatch
-from learners.logprob_head import sequence_logprobs
-from learners.micro_batches import micro_batch_rows
-from learners.policy_loss import diagnostic_terms
-from learners.ppo_plan import UpdatePlan
+from learners.compute.logprob_head import sequence_logprobs
+from learners.gradients.backends import GradientBackend
 from learners.rank_metrics import TokenSums
 from learners.sections import AlgoSection, LearnerSection
+from learners.update.micro_batches import micro_batch_rows
+from learners.update.policy_loss import diagnostic_terms
+from learners.update.ppo_plan import UpdatePlan
 
 if TYPE_CHECKING:  # annotations only
-    from learners.weights import PolicyModel
+    from learners.state.weights import PolicyModel
 
 
 @dataclasses.dataclass
@@ -51,7 +52,7 @@ class PolicyPasses:
 
     def micro_rows(self, lengths: list[int]) -> list[list[int]]:
         """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
-        tokens (rows × widest row; padding-free: their sum) when set (learners.micro_batches)."""
+        tokens (rows × widest row; padding-free: their sum) when set (learners.update.micro_batches)."""
         return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
                                 packed=self.cfg.padding_free)
 
@@ -86,7 +87,7 @@ class PolicyPasses:
     @torch.no_grad()
     def skipped_row_metrics(self, data: TrainBatch, rows: list[int],
                             weights: tuple[float, ...] | None = None) -> TokenSums:
-        """The diagnostics' sums (learners.policy_loss.diagnostic_terms, and the tokens the clip fraction
+        """The diagnostics' sums (learners.update.policy_loss.diagnostic_terms, and the tokens the clip fraction
         counts) of the rows that train in no step, a zero advantage's, from one no-grad pass before the first
         step: the per-role entropy and engine gap then cover every row, as if they had trained (their loss and
         gradient are exactly zero). `weights[j]`: rows[j]'s weight when they are a sample
@@ -114,7 +115,8 @@ class PolicyPasses:
                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
         policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
-        positions (learners.logprob_head). `plain`: through the module itself, outside the backend's engine (per-
+        positions (learners.compute.logprob_head). `plain`: through the module itself, outside the backend's
+        engine (per-
         role gradients). Only positions under loss_mask[:, 1:] are meaningful."""
         runner = self.backend.runner(plain) if model is None else model
         return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,

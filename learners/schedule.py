@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from enum import StrEnum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # learners.sections names this module's Enums
-    from learners.sections import OptimSection
+from learners.sections import OptimSection
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0, *,
@@ -54,16 +51,3 @@ def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0
 SCHEDULES = ("cosine", "constant")
 
 
-class Schedule(StrEnum):
-    """`learner.optim.schedule`: the names of SCHEDULES (the config schema's type for the key)."""
-
-    cosine = "cosine"
-    constant = "constant"
-
-
-class ScheduleUnit(StrEnum):
-    """`learner.optim.schedule_unit`: what a schedule's position counts (schedule_position)."""
-
-    step = "step"
-    optimizer_step = "optimizer_step"
-    update_call = "update_call"

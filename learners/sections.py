@@ -8,15 +8,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol
 
-from learners.advantages import AdvantageEstimator
-from learners.backends import LearnerBackendName
-from learners.losses import KlEstimator, LossAggregation
-from learners.ppo_plan import LossNormalizer, MinibatchChunks
-from learners.schedule import Schedule, ScheduleUnit
+from learners.choices import LearnerBackendName, Schedule, ScheduleUnit
+from learners.update.advantages import AdvantageEstimator
+from learners.update.losses import KlEstimator, LossAggregation
+from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
 
 
 class Dtype(StrEnum):
-    """`model.dtype`: what engines serve and learners load (learners.weights.DTYPES maps them to torch's)."""
+    """`model.dtype`: what engines serve and learners load (learners.state.weights.DTYPES maps them to torch's)."""
 
     float32 = "float32"
     bfloat16 = "bfloat16"

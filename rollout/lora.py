@@ -1,6 +1,6 @@
 """LoRA adapters as sync payloads: what a learner ships in multi-LoRA serving and how engines receive it.
 
-A payload is a cluster.payloads.AdapterPayload (learners.weights.adapter_payload): its tensors under peft's
+A payload is a cluster.payloads.AdapterPayload (learners.state.weights.adapter_payload): its tensors under peft's
 saved names, packed into one buffer, and its adapter_config. Engines write it as a peft adapter folder (what
 both vLLM and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
 """
@@ -53,7 +53,7 @@ def module_of(peft_name: str) -> tuple[str, str]:
 
 def merge_into(out: Tensor, w0: Tensor, b: Tensor, a: Tensor, scale: float) -> Tensor:
     """out [o, i] = W0 [o, i] + scale · B [o, r] @ A [r, i], all fp32, rounded as the learner's
-    W0 + (B@A)·scale (learners.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
+    W0 + (B@A)·scale (learners.state.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
     when scale is a power of two (its scaling is then exact, so the single rounding of the sum is the same;
     measured bit-equal); else the learner's own steps in place: product, scaling, sum (addmm's fused scaling
     rounds differently there)."""
@@ -81,7 +81,7 @@ class BaseWeights:
     """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
     the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).
 
-    The merge is the learner's (learners.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
+    The merge is the learner's (learners.state.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
     the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted. Each layer
     merges into an fp32 buffer of its own, reused by every sync (`merge_into`); the parts of a fused stack
     (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v) into row blocks of one buffer, in
@@ -108,7 +108,7 @@ class BaseWeights:
         self._torch = torch
 
     def merged_layers(self, adapter: AdapterPayload, changed_only: bool) -> dict[str, Tensor]:
-        """{layer weight name: merged weight} for `adapter` (learners.weights.adapter_payload): the layers
+        """{layer weight name: merged weight} for `adapter` (learners.state.weights.adapter_payload): the layers
         whose A or B changed since the last call, or all."""
         config = adapter.config
         if config.get("fan_in_fan_out") or config.get("use_dora"):

@@ -20,7 +20,7 @@ ALLOWED = {
     "jobs": OURS,
 }
 # The only modules allowed to import these (lazily, inside an adapter).
-FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/deepspeed_backend.py"}}
+FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/gradients/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
 # Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points; benchmarks,
 # tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.
@@ -260,7 +260,7 @@ for name in sys.argv[1:]:
 
 def test_the_learner_config_and_planner_import_without_ray_or_vllm():
     modules = ["jobs.config", "jobs.models.resolve", "jobs.plan.planner", "learners.learner",
-               "learners.deepspeed_backend"]
+               "learners.gradients.deepspeed_backend"]
     done = subprocess.run([sys.executable, "-c", WITHOUT_RAY, *modules], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.published_steps import SINGLE_GPU, main, settings, summary
 from jobs.plan.published import MICRO_BATCHES, PUBLISHED
-from learners.micro_batches import micro_batch_rows
+from learners.update.micro_batches import micro_batch_rows
 
 
 def test_only_the_single_gpu_baselines_run_on_one_gpu():

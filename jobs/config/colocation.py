@@ -1,11 +1,12 @@
-"""Colocated LoRA policies (`learner.lora_colocate`, learners/colocated.py) as the run sees them: when the option
+"""Colocated LoRA policies (`learner.lora_colocate`, learners/gradients/colocated.py) as the run sees them:
+when the option
 applies, what the policies must share, and the name of the one learner group that replaces their separate ones."""
 
 from __future__ import annotations
 
 from jobs.config.policies import override_keys
 from jobs.config.schema import TrainConfig
-from learners.backends import capabilities
+from learners.gradients.backends import capabilities
 from marl.names import group_name
 
 COLOCATED = "colocated"  # the shared learner group's key: `<run>:learner:colocated` (no role has this name)

@@ -21,8 +21,8 @@ from jobs.config.field_rules import auto_rules, check_fields, choice_problem
 from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
 from jobs.config.precision import dtype_problem
 from jobs.config.schema import AlgoConfig, RolloutConfig, TrainConfig, as_node
-from learners.advantages import GROUP_FIELDS, GROUP_PRESETS
-from learners.backends import BACKENDS, capabilities
+from learners.gradients.backends import BACKENDS, capabilities
+from learners.update.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
 from marl.tasks.data import CODE_SOURCES, is_generated
 from marl.tasks.rows import FILE_SUFFIXES
@@ -210,7 +210,7 @@ def _check_learner_options(cfg: TrainConfig) -> None:
         if not coef >= 0:
             raise ConfigError(f"config: algo.kl_anchor_roles.{role} must be >= 0; got {coef!r}")
     ds = cfg.learner.deepspeed
-    backend = cfg.learner.backend  # what it can run is its class's (learners.backends.BackendCapabilities)
+    backend = cfg.learner.backend  # what it can run is its class's (learners.gradients.backends.BackendCapabilities)
     if cfg.learner.rank_num_gpus > 0 and not capabilities(backend).gpus:
         on_gpus = " or ".join(b for b in BACKENDS if capabilities(b).gpus)
         raise ConfigError(f"config: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from cluster.cpu import has_bf16, read_cpuinfo
 from jobs.config.schema import TrainConfig
-from learners.backends import capabilities
+from learners.gradients.backends import capabilities
 from rollout.engine import engine_capabilities
 
 

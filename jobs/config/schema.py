@@ -10,13 +10,12 @@ from typing import Any, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig
 
-from learners.advantages import AdvantageEstimator, SingletonAdvantage
-from learners.backends import LearnerBackendName
-from learners.balance import MinibatchOrder
-from learners.losses import KlEstimator, LossAggregation
-from learners.ppo_plan import LossNormalizer, MinibatchChunks
-from learners.schedule import Schedule, ScheduleUnit
+from learners.choices import LearnerBackendName, Schedule, ScheduleUnit
 from learners.sections import Dtype, OldLogprobs
+from learners.update.advantages import AdvantageEstimator, SingletonAdvantage
+from learners.update.balance import MinibatchOrder
+from learners.update.losses import KlEstimator, LossAggregation
+from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
 from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
 from marl.tasks import TaskName
@@ -280,7 +279,7 @@ class AlgoConfig:
     # (learners.batch.RoleDropError) instead of training on the other roles alone; 1 = never stop.
     max_role_drop_frac: float = 0.05
     tis_cap: float = non_negative(0.0)  # truncated importance-sampling correction cap; 0 = off
-    # PPO mini-batches (verl semantics, learners/ppo_plan.py): a policy's rows of one step are shuffled (seeded)
+    # PPO mini-batches (verl semantics, learners/update/ppo_plan.py): a policy's rows of one step are shuffled (seeded)
     # and split into mini-batches of this many rows (samples), each one optimizer step, for ppo_epochs passes.
     # Each isolated policy splits its own rows, so a role with K parallel agents takes K times the steps.
     # 0 = the whole batch is one mini-batch (one optimizer step per epoch).
@@ -294,7 +293,7 @@ class AlgoConfig:
     skip_zero_advantage: bool = True
     # Mitigations (each ablatable): equal weight per role's mean loss (shared policies); divide a role's
     # loss by its number of parallel agent instances, and count its rows once in the mini-batch size, so a
-    # role of K parallel agents takes the optimizer steps of one (isolated policies too: learners/ppo_plan.py).
+    # role of K parallel agents takes the optimizer steps of one (isolated policies too: learners/update/ppo_plan.py).
     role_balance: bool = False
     parallel_agent_norm: bool = False
     # Per-role KL anchor: role -> extra KL coefficient toward the reference on that role's tokens only
@@ -314,7 +313,7 @@ class AlgoConfig:
     # The rows' order before the per-policy split. given: the episodes' (episodes in order, turns in order).
     # verl_balanced: verl's _balance_batch over the whole step's batch (trainer.balance_batch, the paper's stack):
     # rows partitioned over minibatch_ranks ranks by workload 24576·L + L² (Karmarkar–Karp), each part sorted
-    # light-heavy-light, parts in rank order (learners/balance.py); with the in-order split (minibatch_shuffle
+    # light-heavy-light, parts in rank order (learners/update/balance.py); with the in-order split (minibatch_shuffle
     # false, required) mini-batches are length-stratified, and which roles share an optimizer step changes.
     minibatch_order: MinibatchOrder = MinibatchOrder.given
     # The data-parallel ranks W the rows are balanced over and cut into mini-batches as (each a contiguous shard
@@ -403,17 +402,18 @@ class LearnerConfig:
     # Per-role gradient norms, shares and cosines: one extra [roles x params] buffer and one backward per
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
-    # Log-probs and entropy go through the LM head this many loss positions at a time (learners/logprob_head.py),
+    # Log-probs and entropy go through the LM head this many loss positions at a time
+    # (learners/compute/logprob_head.py),
     # so no [rows, length, vocabulary] tensor exists: with Qwen3's 151,936-token vocabulary a [512, V] fp32 chunk
     # is 0.31 GB and forward holds two (where 4 x 1,024 tokens unchunked peaked at 9.8 GB). Backward recomputes
     # each chunk's logits (one more head matmul). 0 = the model's own full logits (for comparison).
     logits_chunk_tokens: int = non_negative(512)
     # Micro-batches by token budget: rows are packed longest first into micro-batches of at most this many
     # tokens (rows x widest row, padding included: what memory sees), balanced, so memory is planned from tokens,
-    # never from a row count (learners/micro_batches.py); it must hold algo.max_len. 0 = micro_batch_size rows.
+    # never from a row count (learners/update/micro_batches.py); it must hold algo.max_len. 0 = micro_batch_size rows.
     max_tokens_per_micro_batch: int = non_negative(0)
     # A micro-batch's rows end to end in one row, position ids restarting per row, no padding computed
-    # (learners/padding_free.py): flash-attention 2 (loaded for it on a GPU with flash_attn) runs it as varlen;
+    # (learners/compute/padding_free.py): flash-attention 2 (loaded for it on a GPU with flash_attn) runs it as varlen;
     # other attentions are exact but mask an [N, N] block, so it saves no memory there. Needs logits_chunk_tokens.
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
@@ -426,7 +426,8 @@ class LearnerConfig:
     # before it (learners/policy_move.py): one extra no-grad forward over the step's rows.
     policy_move: bool = True
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    # Isolated LoRA policies colocated on one base (learners/colocated.py): one learner group holds the base model
+    # Isolated LoRA policies colocated on one base (learners/gradients/colocated.py): one learner group holds
+    # the base model
     # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
     # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';
     # the policies' updates run in turn on the shared ranks. Needs model.lora.enabled, marl.sharing=isolated and

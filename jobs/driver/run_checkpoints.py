@@ -4,7 +4,7 @@
     <dir>/step_<N>/              N = training steps completed
         driver.json              Progress: step, weight version, sampler position, cliff tracker, accuracies
         config.yaml              the resolved config of the run that wrote it
-        policies/<policy>/       learner state of every rank (contract in learners/state_io.py)
+        policies/<policy>/       learner state of every rank (contract in learners/state/state_io.py)
         manifest.json            written last: the completeness marker and every file's size
     <dir>/step_<N>.tmp/          being written; never read, removed on failure and before the next write
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from jobs.config.schema import RolloutConfig, TrainConfig
 from jobs.driver.handles import RunHandles
 from jobs.driver.updates import run_concurrently, update_all
-from learners.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
 from learners.role_grads import step_role_shares
+from learners.update.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from marl.episode_metrics import episode_metrics
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler

@@ -10,7 +10,7 @@ import re
 
 from jobs.models.builtin import CHAR_VOCAB, QWEN3_SHAPES, QWEN3_VOCAB
 from jobs.models.resolve import is_builtin, parse_builtin
-from learners.memory import ModelShape
+from learners.compute.memory import ModelShape
 
 # SmolLM2-135M-Instruct's config.json (the built-in converted from its GGUF).
 SMOLLM2_135M = ModelShape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152)

@@ -8,12 +8,12 @@ from __future__ import annotations
 from jobs.models.shape import shape_of
 from jobs.plan.planner import train_flops_per_token
 from jobs.plan.published import MEASURED_H200, MICRO_BATCHES, PUBLISHED, Published, estimate, memory
-from learners.memory import GIB, GPU_ALLOCATOR_POOL
+from learners.compute.memory import GIB, GPU_ALLOCATOR_POOL
 
 BAND = (0.8, 1.25)
 # prime-rl's precision at the baselines' dates (2026-01/02; trainer config `optimization_dtype` and
 # `reduce_dtype`, both float32 by default): FSDP keeps fp32 parameters (a LoRA run's frozen base too) and fp32
-# gradients and AdamW states, casting to bf16 only for compute. Against DeepSpeed bf16 (learners/memory.py: 2
+# gradients and AdamW states, casting to bf16 only for compute. Against DeepSpeed bf16 (learners/compute/memory.py: 2
 # bytes per weight, 6 per trainable gradient, 12 optimizer): a frozen weight +2 bytes, a fully trained one 16
 # against 20.
 FROZEN_FP32_EXTRA = 2.0

@@ -19,7 +19,7 @@ from jobs.plan.rollout_estimate import (
     MATMUL_EFFICIENCY,
     VLLM_MAX_NUM_SEQS,
 )
-from learners.memory import GIB, GPU_ALLOCATOR_POOL
+from learners.compute.memory import GIB, GPU_ALLOCATOR_POOL
 
 NODE_GPUS = 8
 NODES = (1, 2, 4, 8)
@@ -151,7 +151,7 @@ def _sources() -> list[str]:
         "",
         "- Model shapes: Qwen3's published configs (jobs/models/builtin.py `QWEN3_SHAPES`, vocabulary "
         "151,936).",
-        "- Learner memory (learners/memory.py): DeepSpeed's own ZeRO-2/3 model-state estimator; activations ≈ "
+        "- Learner memory (learners/compute/memory.py): DeepSpeed's own ZeRO-2/3 model-state estimator; activations ≈ "
         "8h + 6(n_q+n_kv)d + 8I bytes per token and layer in bf16 with flash-attention, with checkpointing 2h "
         "per token and layer plus one layer; the LM head in chunks of `learner.logits_chunk_tokens` at 12 "
         "bytes per position and vocabulary entry; the attention masks transformers builds: padded rows "
@@ -162,7 +162,7 @@ def _sources() -> list[str]:
         "the paper's 40,960 (benchmarks/results/2026-12-04-gpu-check-h200.md); torch's caching allocator "
         "reserved 1.13-1.25 times "
         f"the allocated peak there, so each learner's peak counts a pool of {GPU_ALLOCATOR_POOL:g} times its "
-        "allocated terms (the refusal margin, learners.memory.GPU_ALLOCATOR_POOL). The CPU coefficients are "
+        "allocated terms (the refusal margin, learners.compute.memory.GPU_ALLOCATOR_POOL). The CPU coefficients are "
         "calibrated (tests/learners/test_memory_calibration.py).",
         "- Engine memory (jobs/plan/rollout_estimate.py): bf16 weights, multi-LoRA slots, a "
         f"{ENGINE_RESERVE / GIB:g} GiB reserve (estimate), the rest KV cache at 2·L·n_kv·d·2 bytes per token; "

@@ -1,5 +1,6 @@
 """The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
-at its peak (learners/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and whether every
+at its peak (learners/compute/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and
+whether every
 GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The run layout
 (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it (`resolve_checkpointing`), and
 `python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit (`refuse_unfit`) before anything
@@ -29,8 +30,8 @@ from jobs.plan.rollout_estimate import (
     rollout_seconds,
 )
 from jobs.plan.run_layout_record import RunLayout
-from learners.backends import capabilities
-from learners.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from learners.compute.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
@@ -145,7 +146,7 @@ def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], pol
 
 def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
     """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one),
-    padded or packed alike; packing changes the attention masks (learners.memory.mask_entries)."""
+    padded or packed alike; packing changes the attention masks (learners.compute.memory.mask_entries)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(

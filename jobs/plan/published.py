@@ -3,7 +3,7 @@
 prime-rl's committed benchmark baselines (PrimeIntellect-ai/prime-rl, benchmarks/baselines/): Qwen3-0.6B and
 Qwen3-4B(-Instruct-2507, the Qwen3-4B architecture) on H100 80 GB, flash-attention 3, activation recomputation,
 each step 2 micro-batches of one sequence of the stated length (throughput × step = 2 × tokens per micro-batch per
-GPU). The planner plans the same work with its own learner terms (learners/memory.py, jobs/plan/planner.py):
+GPU). The planner plans the same work with its own learner terms (learners/compute/memory.py, jobs/plan/planner.py):
 DeepSpeed in bf16, checkpointing on, the paper cells' LM-head chunks, one sequence per micro-batch (no padding,
 so no attention mask); FSDP's full sharding (the 8-GPU rows) through ZeRO-3, the stage that shards weights,
 gradients and optimizer states alike; one GPU through ZeRO-2 (nothing to shard over one rank).
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from jobs.models.shape import shape_of
 from jobs.plan.planner import BF16_PEAK_FLOPS, learner_seconds, train_flops_per_token
-from learners.memory import GIB, LearnerMemory, LearnerSetup, learner_memory
+from learners.compute.memory import GIB, LearnerMemory, LearnerSetup, learner_memory
 
 LOGITS_CHUNK = 1024  # the paper cells' learner.logits_chunk_tokens (jobs/configs/sweeps/paper_base.yaml)
 MICRO_BATCHES = 2  # per step and GPU, as in every baseline

@@ -6,7 +6,7 @@ from __future__ import annotations
 from jobs.config.schema import TrainConfig
 from jobs.plan.planner import FIT_FRACTION, Member, Plan, longest_sequence, member_share
 from jobs.plan.rollout_estimate import EXPECTED_FILL
-from learners.memory import GIB
+from learners.compute.memory import GIB
 
 
 def gib(x: float) -> str:

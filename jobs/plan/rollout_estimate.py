@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from learners.memory import GIB, ModelShape
+from learners.compute.memory import GIB, ModelShape
 
 # NVIDIA H100 SXM5 80 GB datasheet: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16.
 H100_HBM_BYTES_S = 3.35e12

@@ -83,9 +83,10 @@ def test_choices_are_the_enums_beside_their_registries():
     registered in both); a bad value names the key and the choices, a good one reads back as its string."""
     from cluster.bundles import STRATEGIES
     from jobs.config.schema import PlacementStrategy
-    from learners.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
-    from learners.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
-    from learners.schedule import SCHEDULES, Schedule
+    from learners.choices import Schedule
+    from learners.schedule import SCHEDULES
+    from learners.update.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
+    from learners.update.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
     from marl.engine_map import ENGINE_SCOPES, EngineScope
     from marl.tasks import FAMILIES, TaskName
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import ray
 
-import learners.state_io
+import learners.state.state_io
 from cluster.group import GroupError
 from jobs.config import load_config
 from jobs.driver import run_checkpoints as ckpt
@@ -100,20 +100,20 @@ class StopAt:
 
 def test_failed_checkpoint_write_keeps_latest_and_resume_works(ray_cluster, tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, "steps=3", "checkpoint.every=1", "learner.ranks=0", "rollout.engines_per_role=0")
-    real = learners.state_io.write_fsynced
+    real = learners.state.state_io.write_fsynced
 
     def disk_full_at_step_2(file, obj):  # the model file of step 2 is written, then the disk is full
         if "step_2.tmp" in str(file) and file.name != "model.pt":
             raise OSError(errno.ENOSPC, "No space left on device")
         real(file, obj)
 
-    monkeypatch.setattr(learners.state_io, "write_fsynced", disk_full_at_step_2)
+    monkeypatch.setattr(learners.state.state_io, "write_fsynced", disk_full_at_step_2)
     with pytest.raises(ckpt.CheckpointError, match=r"step_2 not written .*No space left on device"):
         train(cfg)
     root = tmp_path / "tiny" / "checkpoints"
     assert (root / "latest").read_text() == "step_1" and ckpt.newest(root) == root / "step_1"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_1"]
-    monkeypatch.setattr(learners.state_io, "write_fsynced", real)
+    monkeypatch.setattr(learners.state.state_io, "write_fsynced", real)
     train(cfg)
     assert [r["step"] for r in read_metrics(tmp_path / "tiny")] == [0, 1, 2, 3]
     assert (root / "latest").read_text() == "step_3"

@@ -10,7 +10,7 @@ from jobs.plan.layout import run_layout
 from jobs.plan.planner import FIT_FRACTION, Member, PlanError, learner_setup, make_plan, pack, refuse_unfit
 from jobs.plan.rollout_estimate import DECODE_BANDWIDTH_EFFICIENCY, H100_HBM_BYTES_S, decode_iteration_s
 from jobs.train import main
-from learners.memory import GIB
+from learners.compute.memory import GIB
 from tests.learners.test_memory import qwen3_shape
 
 TINY = "jobs/configs/tiny.yaml"
@@ -95,7 +95,7 @@ def test_a_policy_of_its_own_gets_its_own_resolution():
 
 def test_the_plan_follows_padding_free():
     """learner.padding_free reaches the memory model: the same token budget (4 rows x algo.max_len), and padded
-    rows' attention masks (learners.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a bf16 copy
+    rows' attention masks (learners.compute.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a bf16 copy
     per layer) where packed rows on a GPU have none."""
     def planned(flag: str):
         cfg = load_config(TINY, [*GPU, "learner.logits_chunk_tokens=1024", f"learner.padding_free={flag}",

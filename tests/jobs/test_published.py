@@ -8,7 +8,7 @@ import pytest
 
 from jobs.pages.baselines import BAND, EXPLAINED, explained, ratios
 from jobs.plan.published import MEASURED_H200, PUBLISHED, estimate, memory
-from learners.memory import GPU_ALLOCATOR_POOL
+from learners.compute.memory import GPU_ALLOCATOR_POOL
 
 
 def _page_rows() -> list[list[str]]:
@@ -33,7 +33,7 @@ def test_every_ratio_is_explained_and_a_moved_ratio_refuses_the_page(monkeypatch
     for (mem, time, why), p in zip(EXPLAINED, PUBLISHED, strict=True):
         inside = BAND[0] <= mem <= BAND[1] and BAND[0] <= time <= BAND[1]
         assert inside or len(why) > 40, p
-    monkeypatch.setattr("learners.memory.GPU_ALLOCATOR_POOL", 1.5)
+    monkeypatch.setattr("learners.compute.memory.GPU_ALLOCATOR_POOL", 1.5)
     with pytest.raises(ValueError, match="rewrite jobs/pages/baselines.py EXPLAINED"):
         explained()
 

@@ -16,7 +16,7 @@ from jobs.config.sweep_spec import WHERE, SweepError, as_overrides, cell_label, 
 from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
 from jobs.sweep import POINTER, TrialSetup, TuneReporter, setup_of, trial_config, trial_resources
-from learners.memory import GIB
+from learners.compute.memory import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "jobs/configs/sweeps/tiny_matrix.yaml"

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from learners.advantages import (
+from learners.update.advantages import (
     ADVANTAGE_ESTIMATORS,
     group_keys,
     grpo_advantages,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from jobs.config.loading import _GROUP_FIELDS, _GROUP_PRESETS, ConfigError, load_config
-from learners.advantages import GROUP_FIELDS, GROUP_PRESETS, group_keys, grpo_advantages, keys_to_ids
+from learners.update.advantages import GROUP_FIELDS, GROUP_PRESETS, group_keys, grpo_advantages, keys_to_ids
 from marl.episode import run_episode
 from marl.tasks import MathFamily
 from marl.types import Episode, Task

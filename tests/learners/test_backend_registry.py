@@ -1,5 +1,5 @@
 """A learner backend from outside the package, defined in this file alone: registered with
-`learners.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks
+`learners.gradients.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks
 and the planner read its declared capabilities, and a rank trains with it. No other source file names it."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
-from learners.backends import BACKENDS, BackendCapabilities, LearnerBackendName
+from learners.choices import LearnerBackendName
+from learners.gradients.backends import BACKENDS, BackendCapabilities
+from learners.gradients.torch_backend import TorchBackend
 from learners.learner import Learner
 from learners.member import LearnerSpec
-from learners.torch_backend import TorchBackend
 from tests.learners.test_deepspeed import update
 from tests.learners.test_learner import BASE, ROWS, make_batch
 

@@ -1,4 +1,5 @@
-"""verl's length-balanced order (learners/balance.py) and verl's mini-batch cutting (learners/ppo_plan.Cut): hand
+"""verl's length-balanced order (learners/update/balance.py) and verl's mini-batch cutting
+(learners/update/ppo_plan.Cut): hand
 computed examples, and references written from the algorithms' descriptions (differencing on numbers, the
 light-heavy-light walk, verl's dispatch-then-split)."""
 
@@ -7,8 +8,8 @@ import random
 import pytest
 import torch
 
-from learners.balance import balanced_order, largest_differencing, light_heavy_light, verl_workload
-from learners.ppo_plan import Cut, plan_update
+from learners.update.balance import balanced_order, largest_differencing, light_heavy_light, verl_workload
+from learners.update.ppo_plan import Cut, plan_update
 
 
 def test_workload_by_hand():

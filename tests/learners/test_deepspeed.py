@@ -14,15 +14,15 @@ import torch
 
 from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
-from learners.backends import BACKENDS
 from learners.batch import empty_batch
-from learners.deepspeed_backend import DeepSpeedBackend, deepspeed_config
+from learners.gradients.backends import BACKENDS
+from learners.gradients.deepspeed_backend import DeepSpeedBackend, deepspeed_config
+from learners.gradients.torch_backend import TorchBackend
 from learners.learner import Learner
-from learners.losses import local_normalizer
 from learners.member import LearnerSpec
-from learners.ppo_plan import UpdatePlan
 from learners.rank_metrics import RankMetrics, merge_rank_metrics
-from learners.torch_backend import TorchBackend
+from learners.update.losses import local_normalizer
+from learners.update.ppo_plan import UpdatePlan
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
 from tests.process_group import leave_process_group
 
@@ -198,7 +198,8 @@ def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_chunked_head_and_token_budget_match_the_unchunked_torch_update(model_path, stage):
-    # ZeRO-2 holds the tied head's whole weight (learners.logprob_head's custom backward, its gradient reduced by
+    # ZeRO-2 holds the tied head's whole weight (learners.compute.logprob_head's custom backward, its
+    # gradient reduced by
     # the engine's hooks); ZeRO-3 only a partition, gathered by the head module's hooks in forward and in the
     # checkpointed recompute. Chunks of 4 split every micro-batch's loss tokens.
     plain = make(model_path, "torch", "learner.logits_chunk_tokens=0")

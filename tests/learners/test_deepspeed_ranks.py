@@ -16,7 +16,7 @@ from tests.learners.test_learner_group import BASE, ROWS, make_batch, make_group
 
 pytestmark = pytest.mark.slow
 WEIGHT_TOL = 1e-5
-# What ZeRO-3 does not report (learners/deepspeed_backend.py): the per-role gradient buffers.
+# What ZeRO-3 does not report (learners/gradients/deepspeed_backend.py): the per-role gradient buffers.
 ZERO3_ABSENT = tuple(f"{last}grad/{k}/" for last in ("", "last/")
                      for k in ("role_norm", "norm_share", "dominance", "cos"))
 

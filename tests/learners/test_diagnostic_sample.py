@@ -10,8 +10,8 @@ import torch
 
 from jobs.config import ConfigError, load_config
 from learners.diagnostic_sample import role_quotas, sample_diagnostics, sample_size, stratified_sample
-from learners.ppo_plan import UpdatePlan
 from learners.rank_metrics import TokenSums
+from learners.update.ppo_plan import UpdatePlan
 from tests.learners.test_learner_group import make_batch, make_group, weights
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from learners.batch import TrainBatch
-from learners.empty_steps import empty_steps
-from learners.losses import local_normalizer, token_logprobs
 from learners.policy_move import abs_shift_sums
-from learners.ppo_plan import UpdatePlan
 from learners.rank_metrics import merge_rank_metrics
+from learners.update.empty_steps import empty_steps
+from learners.update.losses import local_normalizer, token_logprobs
+from learners.update.ppo_plan import UpdatePlan
 from tests.learners import test_minibatch_update
 from tests.learners.test_learner import ROWS, make_batch, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
-from learners.losses import LOSS_AGGREGATIONS, ppo_clip_loss
-from learners.mitigations import kl_coefficients, uses_kl
 from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
+from learners.update.losses import LOSS_AGGREGATIONS, ppo_clip_loss
+from learners.update.mitigations import kl_coefficients, uses_kl
 from tests.learners.test_learner_group import ROWS, make_batch, make_group
 
 EVAL_OPT = "marl.workflow=eval_opt"  # roles generator and evaluator, as in ROWS

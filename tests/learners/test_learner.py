@@ -12,12 +12,12 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.learner import Learner
-from learners.losses import local_normalizer, token_logprobs
 from learners.member import LearnerSpec
-from learners.ppo_plan import UpdatePlan
 from learners.rank_metrics import RankMetrics
 from learners.schedule import lr_factor
-from learners.weights import merge_for_serving, take_snapshot
+from learners.state.weights import merge_for_serving, take_snapshot
+from learners.update.losses import local_normalizer, token_logprobs
+from learners.update.ppo_plan import UpdatePlan
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [

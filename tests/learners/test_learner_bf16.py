@@ -17,9 +17,9 @@ from cluster.fingerprint import fingerprint
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.learner import Learner
-from learners.losses import token_logprobs
 from learners.member import LearnerSpec
 from learners.rank_metrics import RankMetrics, merge_rank_metrics
+from learners.update.losses import token_logprobs
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, update

@@ -1,4 +1,4 @@
-"""The chunked LM head (learners/logprob_head.py) against full logits: log-probs, entropy and gradients equal to
+"""The chunked LM head (learners/compute/logprob_head.py) against full logits: log-probs, entropy and gradients equal to
 1e-5 in fp32 at several shapes (a chunk that does not divide the positions too), through the custom backward (a
 plain head), the checkpointed module (any other head), tied embeddings, LoRA, and the learner's passes."""
 
@@ -9,11 +9,11 @@ import torch
 
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
+from learners.compute.logprob_head import head_logprobs
 from learners.learner import Learner
-from learners.logprob_head import head_logprobs
-from learners.losses import entropy_from_logits, token_logprobs
 from learners.member import LearnerSpec
 from learners.rank_metrics import TokenSums
+from learners.update.losses import entropy_from_logits, token_logprobs
 from tests.learners.test_learner import BASE, LORA, ROWS, make_batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from learners.losses import (
+from learners.update.losses import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     entropy_from_logits,

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from jobs.models.shape import qwen3_shape
-from learners.memory import GIB, LearnerSetup, learner_memory, mask_entries
+from learners.compute.memory import GIB, LearnerSetup, learner_memory, mask_entries
 
 # Qwen3 model cards: total and non-embedding parameters (billions).
 PUBLISHED = {"0.6b": (0.6, 0.44), "1.7b": (1.7, 1.4), "4b": (4.0, 3.6)}
@@ -74,12 +74,12 @@ def test_attention_masks_follow_padding_free():
 
 def test_the_learner_builds_the_masks_the_model_counts(monkeypatch):
     """The masks mask_entries counts are those transformers hands sdpa for the learner's rows: [rows, 1, T, T]
-    padded, none for rows of one length, [1, 1, N, N] packed (learners.padding_free.pack)."""
+    padded, none for rows of one length, [1, 1, N, N] packed (learners.compute.padding_free.pack)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from jobs.models.resolve import resolve_model
-    from learners.padding_free import pack
+    from learners.compute.padding_free import pack
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"), attn_implementation="sdpa")
     sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []

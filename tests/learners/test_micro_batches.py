@@ -1,12 +1,12 @@
-"""Micro-batches by token budget (learners/micro_batches.py): the hard cap, the fewest groups, balance, padding,
+"""Micro-batches by token budget (learners/update/micro_batches.py): the hard cap, the fewest groups, balance, padding,
 the error naming the key, the config check, and the same update as row-count micro-batches."""
 
 import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
-from learners.micro_batches import micro_batch_rows, padding
-from learners.padding_free import pack, packed_index
+from learners.compute.padding_free import pack, packed_index
+from learners.update.micro_batches import micro_batch_rows, padding
 from tests.learners.test_learner import ROWS, grads, make_batch, update
 from tests.learners.test_logprob_head import _learner
 
@@ -100,7 +100,7 @@ def test_padding_free_rows_give_the_padded_update():
 def test_packed_rows_on_a_gpu_without_flash_attention_are_refused_naming_the_key():
     """The plan charges no [N, N] mask for packed rows on a GPU (flash-attention's varlen kernel): a GPU node
     without flash_attn must fail at load, not out of memory mid-update."""
-    from learners.padding_free import attention_implementation
+    from learners.compute.padding_free import attention_implementation
 
     assert attention_implementation(False, cuda=True, flash_attn=False) is None
     assert attention_implementation(True, cuda=False, flash_attn=False) is None  # CPU: the [N, N] mask is planned

@@ -12,9 +12,9 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
 from learners.learner import Learner
-from learners.losses import local_normalizer, ppo_clip_loss, token_logprobs
 from learners.member import LearnerSpec
-from learners.ppo_plan import UpdatePlan
+from learners.update.losses import local_normalizer, ppo_clip_loss, token_logprobs
+from learners.update.ppo_plan import UpdatePlan
 from tests.learners.test_learner import BASE, ROWS, make_batch, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights
 

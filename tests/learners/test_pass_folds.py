@@ -12,7 +12,7 @@ from jobs.models.resolve import resolve_model
 from learners.learner import Learner
 from learners.member import LearnerSpec
 from learners.policy_move import abs_shift_sums
-from learners.ppo_plan import UpdatePlan
+from learners.update.ppo_plan import UpdatePlan
 from tests.learners.test_learner_group import BASE, ROWS, make_batch
 
 TOL = 1e-6

@@ -1,4 +1,4 @@
-"""learners.policy_loss by hand: two rows (roles a and b), three shifted positions, every log-prob 0.5's, so each
+"""learners.update.policy_loss by hand: two rows (roles a and b), three shifted positions, every log-prob 0.5's, so each
 ratio, clip, weight and KL term below is a number one can check on paper."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from learners.policy_loss import policy_loss
+from learners.update.policy_loss import policy_loss
 
 ROLES = ["a", "b"]
 MASK = torch.tensor([[True, True, False], [True, False, False]])  # a: 2 loss tokens, b: 1; N = 3

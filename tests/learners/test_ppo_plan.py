@@ -1,11 +1,11 @@
-"""PPO mini-batch planning (learners/ppo_plan.py), checked by hand: step counts, per-rank chunks, normalisers
+"""PPO mini-batch planning (learners/update/ppo_plan.py), checked by hand: step counts, per-rank chunks, normalisers
 counted before zero-advantage rows are dropped, seeded shuffles, and the parallel-agent mini-batch size."""
 
 import pytest
 import torch
 
-from learners.losses import LOSS_AGGREGATIONS
-from learners.ppo_plan import (
+from learners.update.losses import LOSS_AGGREGATIONS
+from learners.update.ppo_plan import (
     Cut,
     UpdatePlan,
     contiguous_shards,

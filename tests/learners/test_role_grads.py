@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from learners.losses import tis_weights
-from learners.mitigations import parallel_agent_weights, role_balance_weights
 from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
+from learners.update.losses import tis_weights
+from learners.update.mitigations import parallel_agent_weights, role_balance_weights
 from tests.learners.test_learner_group import ROWS, make_batch, make_group, max_abs_diff, weights
 
 

@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from learners.state_io import MODEL, OPTIMIZER, SCHEDULER, StateError, rng_file
+from learners.state.state_io import MODEL, OPTIMIZER, SCHEDULER, StateError, rng_file
 from tests.learners.test_learner_group import ROWS, make_batch, make_group, weights
 
 

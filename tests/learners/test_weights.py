@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 from cluster.sketch import sketch, sketch_error
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
-from learners.weights import (
+from learners.state.weights import (
     MergedSketch,
     is_lora,
     load_policy_model,

@@ -12,7 +12,7 @@ from jobs.config import load_config
 from jobs.driver.handles import build_handles
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
-from learners.weights import merge_layer
+from learners.state.weights import merge_layer
 from marl.tasks import get_family
 from rollout.lora import BaseWeights, merge_into, stack_of
 from rollout.vllm.repack import _adjacent
@@ -92,7 +92,7 @@ def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
 @pytest.mark.parametrize("scale", [2.0, 0.5, 1.7, 16 / 12])
 def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
     """The engine's merge (fused addmm for power-of-two scales, else the learner's steps in place) is bit for bit
-    learners.weights.merge_layer's, whose fingerprint the engine must reproduce."""
+    learners.state.weights.merge_layer's, whose fingerprint the engine must reproduce."""
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(192, 576, generator=g) * 0.02
     b, a = torch.randn(192, 16, generator=g) * 0.01, torch.randn(16, 576, generator=g) * 0.01

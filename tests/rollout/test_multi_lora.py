@@ -13,7 +13,7 @@ import torch
 
 from cluster.payloads import AdapterPayload
 from jobs.models.resolve import resolve_model
-from learners.weights import adapter_payload, load_policy_model
+from learners.state.weights import adapter_payload, load_policy_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
 from rollout.lora import adapter_fingerprint

@@ -29,7 +29,7 @@ from cluster.payloads import LoraDelta
 from cluster.sketch import sketch_mismatch
 from cluster.transport import SyncError, broadcast
 from jobs.models.resolve import resolve_model
-from learners.weights import MergedSketch, adapter_payload, load_policy_model, merge_for_serving
+from learners.state.weights import MergedSketch, adapter_payload, load_policy_model, merge_for_serving
 from rollout.engine import EngineMember, Sampling
 from rollout.hf_engine import HFEngine
 from rollout.vllm.engine import VLLMEngine, vllm_kernels

@@ -1,6 +1,6 @@
 """The plain torch gradient backend (`learner.backend=torch`): each rank's gradient is summed over the data-parallel
 ranks with one all-reduce per optimizer step, clipped by its global norm and applied by the learner's torch AdamW.
-Checkpoints are learners/state_io.py's files.
+Checkpoints are learners/state/state_io.py's files.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from cluster import collective
-from learners.backends import BackendCapabilities, LearnerParts
 from learners.batch import TrainBatch
+from learners.gradients.backends import BackendCapabilities, LearnerParts
 from learners.role_grads import assign_flat_grads, flat_grads
-from learners.state_io import load_learner_state, save_learner_state
+from learners.state.state_io import load_learner_state, save_learner_state
 
 if TYPE_CHECKING:
-    from learners.weights import WeightSnapshot
+    from learners.state.weights import WeightSnapshot
 
 
 class TorchBackend:
-    """learners.backends.GradientBackend on plain torch modules (CPU)."""
+    """learners.gradients.backends.GradientBackend on plain torch modules (CPU)."""
 
     capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(gpus=False)  # CPU only, no ZeRO
     min_backward_passes: ClassVar[int] = 0  # ranks never communicate inside forward or backward

@@ -140,13 +140,14 @@ def activations(s: ModelShape, setup: LearnerSetup) -> float:
 
 def mask_entries(setup: LearnerSetup) -> int:
     """Entries of the attention mask a micro-batch's forward builds (transformers' sdpa path; `tokens` bounds its
-    positions either way: rows × width padded, Σ row lengths packed, learners/micro_batches.py).
+    positions either way: rows × width padded, Σ row lengths packed, learners/update/micro_batches.py).
     - padded rows (padding_free off): [rows, 1, T, T], rows·T ≤ tokens. Rows of one length need none (a causal
       kernel), nor does one row, so the most is two rows or more of the widest T ≤ min(longest_row, tokens/2):
       tokens · T entries.
-    - packed rows without flash-attention (the CPU): one [1, 1, N, N] block, N = tokens (learners/padding_free.py).
+    - packed rows without flash-attention (the CPU): one [1, 1, N, N] block, N = tokens
+    (learners/compute/padding_free.py).
     - packed rows on a GPU: flash-attention's varlen kernel, no mask (a learner on a GPU without
-      flash_attn refuses packed rows: learners.padding_free.attention_implementation)."""
+      flash_attn refuses packed rows: learners.compute.padding_free.attention_implementation)."""
     if setup.padding_free:
         return 0 if setup.device == "gpu" else setup.tokens**2
     return setup.tokens * min(setup.longest_row, setup.tokens // 2)
@@ -213,7 +214,8 @@ def with_pool(m: LearnerMemory, device: str) -> LearnerMemory:
 
 
 def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
-    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated.py): the frozen base
+    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/gradients/colocated.py):
+        the frozen base
     once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest policy's
     activations and logits (the policies update in turn, one graph alive at a time). Torch backend or DeepSpeed
     ZeRO-2 (one engine per policy): each part is that policy's separate rank, its gradients and optimizer states

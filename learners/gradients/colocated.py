@@ -84,9 +84,9 @@ class ColocatedLearners:
     """One rank of every colocated policy: one base, one Learner per policy on its own adapter."""
 
     def __init__(self, specs: Sequence[LearnerSpec], rank: int = 0):
+        from learners.compute.padding_free import attention_implementation
         from learners.learner import Learner  # on the rank: importing this module (jobs) loads no model code
-        from learners.padding_free import attention_implementation
-        from learners.weights import load_policy_model
+        from learners.state.weights import load_policy_model
 
         first = specs[0]
         torch.manual_seed(first.seed)  # each separate learner seeds before its load: the same adapter init

@@ -20,8 +20,8 @@ from cluster.nccl import WeightChannel
 from cluster.packing import PackedTensors, pack, share
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
-from learners.backends import GradientBackend
-from learners.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
+from learners.gradients.backends import GradientBackend
+from learners.state.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
 
 
 class WeightServer:
@@ -46,7 +46,7 @@ class WeightServer:
 
     def sync_metrics(self) -> dict[str, float]:
         """What the weights last handed out by get_weights lost: with LoRA merged into the serving dtype,
-        `sync/merge_rounding/<policy>` (learners.weights.update_lost); nothing for full weights."""
+        `sync/merge_rounding/<policy>` (learners.state.weights.update_lost); nothing for full weights."""
         rounding = self.merge_rounding
         return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
 
@@ -66,7 +66,7 @@ class WeightServer:
 
     def merged_sketch(self) -> PackedTensors:
         """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
-        into its own base, taken without merging (learners.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
+        into its own base, taken without merging (learners.state.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
         merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
         fp32 serving skips it (its rounding is fp32's own, ~1e-7 of the weights) and reports none."""
         snapshot = self.backend.snapshot()

@@ -39,7 +39,7 @@ def attention_implementation(padding_free: bool, cuda: bool | None = None,
 
     Packed rows on a GPU without flash_attn raise: the default attention would build an [N, N] mask per layer
     (N = the token budget: ~3 GiB a layer in bf16 at 40,960 tokens), which the memory plan
-    (learners.memory.mask_entries) does not charge, so the run would fail out of memory far from its cause. On
+    (learners.compute.memory.mask_entries) does not charge, so the run would fail out of memory far from its cause. On
     CPU the [N, N] mask is planned."""
     import importlib.util
 

@@ -5,7 +5,7 @@
 - parallel_agent_norm: a role's loss is divided by its number of parallel instances (generator0..2 on
   identical prompts get identical advantages and would triple that role's gradient). Under an isolated policy
   every row is scaled alike, which Adam undoes; there the mitigation acts through the mini-batch size instead
-  (learners/ppo_plan.effective_mini_batch_size: the role takes the optimizer steps of one agent).
+  (learners/update/ppo_plan.effective_mini_batch_size: the role takes the optimizer steps of one agent).
 Weights multiply the advantages (the loss is linear in them for ratio-1 PPO and positive weights keep
 the clip's sign logic), so they compose with any aggregation.
 """

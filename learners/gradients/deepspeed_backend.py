@@ -11,7 +11,8 @@ backend changes how gradients are reduced and applied:
   outside the engine (it advances per training step or per optimizer step) and travels in the checkpoint's
   client state.
 - The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
-  nccl on GPU); a lone rank makes a one-member group of its own. Colocated LoRA policies (learners/colocated.py)
+  nccl on GPU); a lone rank makes a one-member group of its own. Colocated LoRA policies
+  (learners/gradients/colocated.py)
   build one engine each over their shared module, their own adapter bound.
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
   divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
@@ -42,11 +43,11 @@ import torch
 import torch.distributed as dist
 
 from cluster import collective
-from learners.backends import BackendCapabilities, LearnerParts
 from learners.batch import TrainBatch
+from learners.gradients.backends import BackendCapabilities, LearnerParts
 from learners.sections import LearnerSection
-from learners.state_io import StateError, read_state, rng_file, write_fsynced
-from learners.weights import WeightSnapshot, is_lora, take_snapshot
+from learners.state.state_io import StateError, read_state, rng_file, write_fsynced
+from learners.state.weights import WeightSnapshot, is_lora, take_snapshot
 from marl.types import JsonRecord
 
 CHECKPOINT_TAG = "deepspeed"
@@ -76,7 +77,7 @@ def deepspeed_config(learner: LearnerSection, dtype: str) -> JsonRecord:
 
 
 class DeepSpeedBackend:
-    """learners.backends.GradientBackend through a DeepSpeed engine, built on first use."""
+    """learners.gradients.backends.GradientBackend through a DeepSpeed engine, built on first use."""
 
     # GPUs and CPU (gloo); float16 would need DeepSpeed's dynamic loss scaling, which rescales the caller's
     # normalised loss; bf16 weights, with fp32 partitions in ZeRO's optimizer (its `bf16`).
@@ -176,7 +177,7 @@ class DeepSpeedBackend:
             raise RuntimeError(f"learner rank {self.rank} holds a ZeRO-3 partition; rank 0 serves the weights")
         return self._snapshot
 
-    # -- checkpoint state (contract: learners/state_io.py; the engine writes its own partitioned layout) --
+    # -- checkpoint state (contract: learners/state/state_io.py; the engine writes its own partitioned layout) --
     def save_state(self, path: str, step: int) -> None:
         """Collective: the engine writes weights (the adapter alone for LoRA), each rank's optimizer partition
         and the scheduler under `<path>/deepspeed/`; every rank writes its RNG state; all of it fsynced."""

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from learners.losses import entropy_from_logits, response_start, token_logprobs
-from learners.padding_free import pack, packed_index
+from learners.compute.padding_free import pack, packed_index
+from learners.update.losses import entropy_from_logits, response_start, token_logprobs
 
 
 def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, *,
@@ -41,7 +41,7 @@ def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask
     """(log-probs [B, T−1] of input_ids[:, 1:], entropy [B, T−1] or None), 0 where loss_mask[:, 1:] is False
     (chunk = 0: the unchunked path, values there too). `runner` is called (the model, an engine around it, or the
     reference); `model` is the HF module (or peft wrapper) whose decoder and head it runs. Entropy is detached.
-    padding_free: the rows run end to end in one row (learners.padding_free; needs chunk > 0). agree: the global
+    padding_free: the rows run end to end in one row (learners.compute.padding_free; needs chunk > 0). agree: the global
     maximum of a count over ranks (head_logprobs; used only for a head partitioned across ranks)."""
     if chunk <= 0:
         return _unchunked(runner, input_ids, attention_mask, loss_mask, temperature, entropy)

@@ -3,8 +3,8 @@ reduces and applies its gradients.
 
 Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
 training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen at setup:
-`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/torch_backend.py: one
-all-reduce, AdamW, clipping) and DeepSpeed (learners/deepspeed_backend.py: the ZeRO engine, its idle passes,
+`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/gradients/torch_backend.py: one
+all-reduce, AdamW, clipping) and DeepSpeed (learners/gradients/deepspeed_backend.py: the ZeRO engine, its idle passes,
 ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
 (`BackendCapabilities`); the config checks and the planner read that, never the backend's name. The registry
 names the built-ins' classes as strings and imports one on first use, so the config reads BACKENDS on a
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from learners.choices import LearnerBackendName
 from marl.registry import Registry
 
 if TYPE_CHECKING:  # the config imports this module; models and optimizers are the ranks' business
@@ -27,20 +27,13 @@ if TYPE_CHECKING:  # the config imports this module; models and optimizers are t
 
     from learners.batch import TrainBatch
     from learners.member import LearnerSpec
-    from learners.weights import WeightSnapshot
-
-class LearnerBackendName(StrEnum):
-    """`learner.backend`: the keys of BACKENDS (the config schema's type for the key)."""
-
-    torch = "torch"
-    deepspeed = "deepspeed"
-
+    from learners.state.weights import WeightSnapshot
 
 @dataclass(frozen=True, kw_only=True)
 class BackendCapabilities:
     """What a gradient backend can run, declared on its class (`capabilities`): the config checks
     (jobs/config/loading.py, colocation.py, precision.py) and the planner's memory terms
-    (jobs/plan/planner.py, learners/memory.py) read these instead of comparing backend names."""
+    (jobs/plan/planner.py, learners/compute/memory.py) read these instead of comparing backend names."""
 
     gpus: bool  # trains on GPUs (learner.rank_num_gpus > 0); False: a CPU backend, whatever the ranks ask for
     # learner.deepspeed.zero_stage values it runs; (): no ZeRO, every rank holds whole weights, gradients and
@@ -98,7 +91,7 @@ class GradientBackend(Protocol):
     def build(self) -> None:
         """Build what reduces and applies the gradients (DeepSpeed: its engine) on the joined process group, or on a
         one-rank group of this process's own; a no-op once built. A rank builds on `join` or on first use;
-        colocated policies build at once, each with its adapter bound (learners/colocated.py)."""
+        colocated policies build at once, each with its adapter bound (learners/gradients/colocated.py)."""
         ...
 
     def prepare(self, data: TrainBatch) -> TrainBatch:
@@ -136,7 +129,7 @@ class GradientBackend(Protocol):
         ...
 
     def save_state(self, path: str, step: int) -> None:
-        """This rank's part of the policy's state (contract: learners/state_io.py), with the update counter."""
+        """This rank's part of the policy's state (contract: learners/state/state_io.py), with the update counter."""
         ...
 
     def load_state(self, path: str) -> int:
@@ -146,8 +139,8 @@ class GradientBackend(Protocol):
 
 
 BACKENDS: Registry[LearnerBackendName, GradientBackend] = Registry(LearnerBackendName, "learner.backend", {
-    LearnerBackendName.torch: "learners.torch_backend:TorchBackend",
-    LearnerBackendName.deepspeed: "learners.deepspeed_backend:DeepSpeedBackend",
+    LearnerBackendName.torch: "learners.gradients.torch_backend:TorchBackend",
+    LearnerBackendName.deepspeed: "learners.gradients.deepspeed_backend:DeepSpeedBackend",
 })
 
 

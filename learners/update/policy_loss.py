@@ -14,10 +14,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from learners.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
-from learners.mitigations import kl_coefficients
 from learners.rank_metrics import RoleSums, TokenSums
 from learners.sections import AlgoSection
+from learners.update.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
+from learners.update.mitigations import kl_coefficients
 
 
 def policy_loss(
@@ -34,7 +34,7 @@ def policy_loss(
     normalizer: float,
 ) -> tuple[Tensor, TokenSums]:
     """(scalar loss, its sums over the loss tokens) of one micro-batch; the loss is normalised by the GLOBAL
-    `normalizer` (learners.losses.local_normalizer summed over micro-batches and ranks), so micro-batch
+    `normalizer` (learners.update.losses.local_normalizer summed over micro-batches and ranks), so micro-batch
     losses add up.
 
     logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's for the PPO ratio, or
@@ -56,7 +56,7 @@ def policy_loss(
     kl_terms: list[tuple[str, float]] = []
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
-        # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.mitigations.kl_coefficients).
+        # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.update.mitigations.kl_coefficients).
         coef = kl_coefficients(roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
         loss = loss + LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
         kl_terms = per_role_terms(kl.detach(), mask, roles)

@@ -27,7 +27,7 @@ from enum import StrEnum
 
 from torch import Tensor
 
-from learners.losses import local_normalizer
+from learners.update.losses import local_normalizer
 from marl.seeds import derive_seed
 
 
@@ -40,7 +40,7 @@ class UpdatePlan:
     `metric_rows`: the rows (indices into the shard) that train in no step, a zero advantage's, measured by a
     no-grad pass for the per-role diagnostics only; None on every rank when no rank has such rows (no pass at
     all). `skip[i]`: optimizer step i carries no gradient on any rank and is not taken
-    (learners/empty_steps.py); empty = take every step. `metric_weights[j]`: metric row j's weight in the
+    (learners/update/empty_steps.py); empty = take every step. `metric_weights[j]`: metric row j's weight in the
     diagnostics' sums, `move_weights[i]`: row i's in the policy movement's (0: not measured), both from the
     diagnostics' sample (learners/diagnostic_sample.py); None = every row at weight 1."""
 

@@ -1,0 +1,1 @@
+"""Gradient backends: the registry, plain torch (data-parallel), DeepSpeed ZeRO and the colocated one."""

@@ -1,0 +1,1 @@
+"""The update rule: advantages, losses, the PPO plan of minibatches and micro-batches, and its mitigations."""

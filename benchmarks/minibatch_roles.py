@@ -8,8 +8,8 @@ problem prompt (100-400 tokens) with responses of 200-5,120 tokens, and one aggr
 the problem and the three answers (a 5-200 token verdict), so the aggregator's rows are the longest. A GRPO
 advantage sign per episode (the final reward is broadcast to every turn). The orders and mini-batches come from
 the functions a run uses (learners.update.balance.balanced_order, learners.update.ppo_plan.plan_update), on
-lengths alone.
-Ways, each under the shared policy (all 2,048 rows one policy) and the isolated generator policy (1,536 rows):
+lengths alone. Ways, each under the shared policy (all 2,048 rows one policy) and the isolated generator
+policy (1,536 rows):
 - given, even: the episodes' order, ceil(B / M) even chunks in order (the project before verl_balanced);
 - given, shuffled: the project's default (a seeded shuffle per step);
 - verl: balanced over `ranks` ranks, fixed chunks of M / W rows per rank (minibatch_order=verl_balanced,

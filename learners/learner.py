@@ -5,14 +5,14 @@ learners/update/ppo_plan.py). In each optimizer step gradients accumulate over m
 (learners.update.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and
 micro-batches sum to the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps:
 how, is the rank's `backend` (learners/gradients/backends.py: plain torch or DeepSpeed, by
-`learner.backend`). The PPO ratio
-is taken against the old log-probs: a no-grad pass before the first step (`algo.old_logprobs=recompute`; the
-first mini-batch uses its current log-probs, detached, which are the same) or the engines' (`rollout`). The
-LR schedule advances once per training step or once per optimizer step (`learner.optim.schedule_unit`;
-learners/schedule.py maps update_call's shared schedule onto the training step). Handing the weights out (sync
-payloads, the NCCL channel, export) is its `weights`, a learners.state.weight_server.WeightServer; the learner's
-remote methods for them delegate to it. Its forward passes (micro-batches, log-probs through the chunked head, the
-reference, the no-grad passes before the first step, idle passes) are its `passes`, a learners.passes.PolicyPasses.
+`learner.backend`). The PPO ratio is taken against the old log-probs: a no-grad pass before the first step
+(`algo.old_logprobs=recompute`; the first mini-batch uses its current log-probs, detached, which are the same)
+or the engines' (`rollout`). The LR schedule advances once per training step or once per optimizer step
+(`learner.optim.schedule_unit`; learners/schedule.py maps update_call's shared schedule onto the training
+step). Handing the weights out (sync payloads, the NCCL channel, export) is its `weights`, a
+learners.state.weight_server.WeightServer; the learner's remote methods for them delegate to it. Its forward
+passes (micro-batches, log-probs through the chunked head, the reference, the no-grad passes before the first
+step, idle passes) are its `passes`, a learners.passes.PolicyPasses.
 
 bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
 fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,

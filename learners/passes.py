@@ -2,12 +2,11 @@
 
 It owns how a rank's rows become micro-batches (`learner.micro_batch_size` rows, or a token budget:
 learners.update.micro_batches), how log-probs and entropy come out of them (the chunked LM head,
-learners.compute.logprob_head,
-under bf16 autocast when the rank trains mixed precision), the reference's log-probs (a separate frozen copy, or
-the LoRA policy with its adapter disabled), the no-grad passes that run before the first optimizer step (the
-behaviour policy's log-probs for the PPO ratio; the diagnostics of rows no step trains), and the idle passes a
-rank runs when ranks must agree on their number (the backend's `matched_passes`). The Learner (learners/learner.py)
-takes the gradient of what these passes return.
+learners.compute.logprob_head, under bf16 autocast when the rank trains mixed precision), the reference's
+log-probs (a separate frozen copy, or the LoRA policy with its adapter disabled), the no-grad passes that run
+before the first optimizer step (the behaviour policy's log-probs for the PPO ratio; the diagnostics of rows
+no step trains), and the idle passes a rank runs when ranks must agree on their number (the backend's
+`matched_passes`). The Learner (learners/learner.py) takes the gradient of what these passes return.
 """
 
 from __future__ import annotations
@@ -116,8 +115,7 @@ class PolicyPasses:
         """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
         policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
         positions (learners.compute.logprob_head). `plain`: through the module itself, outside the backend's
-        engine (per-
-        role gradients). Only positions under loss_mask[:, 1:] are meaningful."""
+        engine (per-role gradients). Only positions under loss_mask[:, 1:] are meaningful."""
         runner = self.backend.runner(plain) if model is None else model
         return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
                                        mb.attention_mask, mb.loss_mask, entropy=entropy)

@@ -1,6 +1,6 @@
 """Colocated LoRA policies (`learner.lora_colocate`, learners/gradients/colocated.py) as the run sees them:
-when the option
-applies, what the policies must share, and the name of the one learner group that replaces their separate ones."""
+when the option applies, what the policies must share, and the name of the one learner group that replaces
+their separate ones."""
 
 from __future__ import annotations
 

@@ -403,10 +403,10 @@ class LearnerConfig:
     # role's rows (no extra forward); turn off for very large full fine-tuning.
     role_grad_diagnostics: bool = True
     # Log-probs and entropy go through the LM head this many loss positions at a time
-    # (learners/compute/logprob_head.py),
-    # so no [rows, length, vocabulary] tensor exists: with Qwen3's 151,936-token vocabulary a [512, V] fp32 chunk
-    # is 0.31 GB and forward holds two (where 4 x 1,024 tokens unchunked peaked at 9.8 GB). Backward recomputes
-    # each chunk's logits (one more head matmul). 0 = the model's own full logits (for comparison).
+    # (learners/compute/logprob_head.py), so no [rows, length, vocabulary] tensor exists: with Qwen3's
+    # 151,936-token vocabulary a [512, V] fp32 chunk is 0.31 GB and forward holds two (where 4 x 1,024 tokens
+    # unchunked peaked at 9.8 GB). Backward recomputes each chunk's logits (one more head matmul). 0 = the
+    # model's own full logits (for comparison).
     logits_chunk_tokens: int = non_negative(512)
     # Micro-batches by token budget: rows are packed longest first into micro-batches of at most this many
     # tokens (rows x widest row, padding included: what memory sees), balanced, so memory is planned from tokens,
@@ -427,12 +427,12 @@ class LearnerConfig:
     policy_move: bool = True
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     # Isolated LoRA policies colocated on one base (learners/gradients/colocated.py): one learner group holds
-    # the base model
-    # once and every policy's adapter, each with its own optimizer, LR schedule and gradients, where separate
-    # learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal separate learners';
-    # the policies' updates run in turn on the shared ranks. Needs model.lora.enabled, marl.sharing=isolated and
-    # the torch backend or DeepSpeed ZeRO-2 (one engine per policy; ZeRO-3 partitions the shared base); every
-    # policy shares the base and the ranks (jobs/config/colocation.py: colocate_problem).
+    # the base model once and every policy's adapter, each with its own optimizer, LR schedule and gradients,
+    # where separate learners hold R copies of the base (8 GB each for a 4B model in bf16). Results equal
+    # separate learners'; the policies' updates run in turn on the shared ranks. Needs model.lora.enabled,
+    # marl.sharing=isolated and the torch backend or DeepSpeed ZeRO-2 (one engine per policy; ZeRO-3
+    # partitions the shared base); every policy shares the base and the ranks (jobs/config/colocation.py:
+    # colocate_problem).
     lora_colocate: bool = False
 
 

@@ -1,11 +1,10 @@
 """The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
 at its peak (learners/compute/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and
-whether every
-GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The run layout
-(jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it (`resolve_checkpointing`), and
-`python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit (`refuse_unfit`) before anything
-starts;
-`python -m jobs.train --plan` and `python -m jobs.sweep --dry-run` print it (jobs/plan/report.py).
+whether every GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The
+run layout (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it
+(`resolve_checkpointing`), and `python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit
+(`refuse_unfit`) before anything starts; `python -m jobs.train --plan` and `python -m jobs.sweep --dry-run`
+print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
 order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs.

@@ -12,8 +12,7 @@ backend changes how gradients are reduced and applied:
   client state.
 - The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
   nccl on GPU); a lone rank makes a one-member group of its own. Colocated LoRA policies
-  (learners/gradients/colocated.py)
-  build one engine each over their shared module, their own adapter bound.
+  (learners/gradients/colocated.py) build one engine each over their shared module, their own adapter bound.
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
   divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
   normaliser wants their sum, so each rank's loss is multiplied by the world size.

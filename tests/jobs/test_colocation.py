@@ -1,6 +1,6 @@
 """learner.lora_colocate (jobs/config/colocation.py, learners/gradients/colocated.py): what the option
-refuses, the one learner
-group it places, and a run through the driver that equals separate learners and resumes across the option."""
+refuses, the one learner group it places, and a run through the driver that equals separate learners and
+resumes across the option."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """verl's length-balanced order (learners/update/balance.py) and verl's mini-batch cutting
-(learners/update/ppo_plan.Cut): hand
-computed examples, and references written from the algorithms' descriptions (differencing on numbers, the
-light-heavy-light walk, verl's dispatch-then-split)."""
+(learners/update/ppo_plan.Cut): hand computed examples, and references written from the algorithms'
+descriptions (differencing on numbers, the light-heavy-light walk, verl's dispatch-then-split)."""
 
 import random
 

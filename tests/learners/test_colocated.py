@@ -1,9 +1,8 @@
 """Colocated LoRA policies (learners/gradients/colocated.py): the same batches through R separate
-LearnerGroups and through
-one colocated group (one base, R adapters) give the same losses, metrics, adapters and served weights, and a
-checkpoint written by either layout restores the other; on the torch backend and on DeepSpeed ZeRO-2 (one engine
-per policy over the shared module, in-process on a one-rank gloo group here; two ranks in
-tests/learners/test_colocated_ranks.py)."""
+LearnerGroups and through one colocated group (one base, R adapters) give the same losses, metrics, adapters
+and served weights, and a checkpoint written by either layout restores the other; on the torch backend and on
+DeepSpeed ZeRO-2 (one engine per policy over the shared module, in-process on a one-rank gloo group here; two
+ranks in tests/learners/test_colocated_ranks.py)."""
 
 import pytest
 import torch

@@ -199,9 +199,8 @@ def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_chunked_head_and_token_budget_match_the_unchunked_torch_update(model_path, stage):
     # ZeRO-2 holds the tied head's whole weight (learners.compute.logprob_head's custom backward, its
-    # gradient reduced by
-    # the engine's hooks); ZeRO-3 only a partition, gathered by the head module's hooks in forward and in the
-    # checkpointed recompute. Chunks of 4 split every micro-batch's loss tokens.
+    # gradient reduced by the engine's hooks); ZeRO-3 only a partition, gathered by the head module's hooks in
+    # forward and in the checkpointed recompute. Chunks of 4 split every micro-batch's loss tokens.
     plain = make(model_path, "torch", "learner.logits_chunk_tokens=0")
     ds = make(model_path, "deepspeed", f"learner.deepspeed.zero_stage={stage}", "learner.logits_chunk_tokens=4",
               "algo.max_len=16", "learner.max_tokens_per_micro_batch=16")

@@ -1,12 +1,13 @@
-"""Study 3's committed results: `python -m studies.cpu_smollm2_v3.collect [--sweep DIR ...] [--gate DIR] [--check]`.
+"""Study 3's committed results:
+`python -m studies.cpu_smollm2_v3.collect [--sweep DIR ...] [--gate DIR] [--check]`.
 
-1. Copies every run from the sweeps' storage into studies/cpu_smollm2_v3/runs/<arm>/seed<seed>/ (gate runs into
-   gate/<workflow>-<role>-<cap>/): metrics.jsonl, config.yaml, eval_tasks.csv, its held-out curve as
-   eval_curve.csv and its evaluations' turns as eval_turns.parquet (what each role wrote, its length and finish
-   reason, the rewards; no prompts, ids or log-probs). **A run whose start rows record another commit than
-   STUDY_COMMIT, or uncommitted changes, is refused**: the study runs from one pinned commit.
-2. Rewrites the README's measured tables (between `<!-- table:NAME -->` and `<!-- /table -->`) from the committed
-   runs.
+1. Copies every run from the sweeps' storage into studies/cpu_smollm2_v3/runs/<arm>/seed<seed>/ (gate runs
+   into gate/<workflow>-<role>-<cap>/): metrics.jsonl, config.yaml, eval_tasks.csv, its held-out curve as
+   eval_curve.csv and its evaluations' turns as eval_turns.parquet (what each role wrote, its length and
+   finish reason, the rewards; no prompts, ids or log-probs). **A run whose start rows record another commit
+   than STUDY_COMMIT, or uncommitted changes, is refused**: the study runs from one pinned commit.
+2. Rewrites the README's measured tables (between `<!-- table:NAME -->` and
+   `<!-- /table -->`) from the committed runs.
 
 `--check` changes nothing and exits 1 when the README's tables differ from the committed runs'.
 """
@@ -51,8 +52,8 @@ class ProvenanceError(ValueError):
 
 
 def check_provenance(path: Path, commit: str = STUDY_COMMIT) -> int:
-    """How many times the run at `path` started (its rows carrying `code/commit`); ProvenanceError when any start
-    recorded another commit, uncommitted changes, or no commit at all."""
+    """How many times the run at `path` started (its rows carrying `code/commit`); ProvenanceError when any
+    start recorded another commit, uncommitted changes, or no commit at all."""
     # Raw lines: load_run merges a re-logged step's rows, and with them two starts' commit keys.
     lines = (path / "metrics.jsonl").read_text().splitlines()
     starts = [row for line in lines if line.strip() and "code/commit" in (row := json.loads(line))]
@@ -66,8 +67,8 @@ def check_provenance(path: Path, commit: str = STUDY_COMMIT) -> int:
 
 
 def slim_turns(run_dir: Path) -> pa.Table | None:
-    """Every evaluation's turns of a run, in one table of TURN_COLUMNS (`step`: steps done at that evaluation),
-    with each response's length in tokens; None without evaluation turns."""
+    """Every evaluation's turns of a run, in one table of TURN_COLUMNS (`step`: steps done at that
+    evaluation), with each response's length in tokens; None without evaluation turns."""
     files = sorted((run_dir / TURNS_DIR).glob("eval_*.parquet"))
     if not files:
         return None
@@ -100,8 +101,8 @@ def finals(runs: list[Run]) -> list[float]:
 
 
 def tests_table(runs: list[Run]) -> str:
-    """Per comparison: the seeds each arm ran, mean final accuracy difference, the exact permutation p over seeds
-    (the test), Welch's t, and pooled McNemar on tasks x seeds (shown, not the test)."""
+    """Per comparison: the seeds each arm ran, mean final accuracy difference, the exact permutation p over
+    seeds (the test), Welch's t, and pooled McNemar on tasks x seeds (shown, not the test)."""
     arms, rows = by_arm(runs), []
     for x, y in COMPARISONS:
         if x not in arms or y not in arms:
@@ -109,16 +110,25 @@ def tests_table(runs: list[Run]) -> str:
         a, b = finals(arms[x]), finals(arms[y])
         t, df, p_welch = welch(a, b)
         pairs, only_a, only_b = paired_counts(arms[x], arms[y])
-        rows.append([f"{x} vs {y}", f"{len(a)} / {len(b)}", f"{statistics.fmean(a) - statistics.fmean(b):+.3f}",
-                     _fmt(permutation_p(a, b)), f"{_fmt(t, 2)} (df {_fmt(df, 1)})", _fmt(p_welch),
-                     f"{only_a} / {only_b} of {pairs}", _fmt(mcnemar_exact(only_a, only_b)) if pairs else "–"])
+        rows.append(
+            [
+                f"{x} vs {y}",
+                f"{len(a)} / {len(b)}",
+                f"{statistics.fmean(a) - statistics.fmean(b):+.3f}",
+                _fmt(permutation_p(a, b)),
+                f"{_fmt(t, 2)} (df {_fmt(df, 1)})",
+                _fmt(p_welch),
+                f"{only_a} / {only_b} of {pairs}",
+                _fmt(mcnemar_exact(only_a, only_b)) if pairs else "–",
+            ]
+        )
     return _table(["comparison", "seeds", "final difference", "permutation p", "Welch t", "Welch p",
                    "pooled tasks right only in first / second", "McNemar p (not the test)"], rows)
 
 
 def eval_series(rows: list[dict[str, Any]], key: str) -> list[float]:
-    """`key` (an eval/ metric) at each evaluation: the base's from eval/before/* in step 0's row, then every row
-    holding an evaluation; NaN where an evaluation did not log it."""
+    """`key` (an eval/ metric) at each evaluation: the base's from eval/before/* in step 0's row, then every
+    row holding an evaluation; NaN where an evaluation did not log it."""
     before = "eval/before/" + key.removeprefix("eval/")
     out = [float(rows[0].get(before, math.nan))] if rows and "eval/accuracy_before" in rows[0] else []
     return out + [float(r.get(key, math.nan)) for r in rows if "eval/accuracy" in r]
@@ -202,7 +212,9 @@ def committed_tables() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2_v3.collect",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=Path, nargs="*", default=list(SWEEPS), help="the arms' sweeps (copied)")
+    parser.add_argument(
+        "--sweep", type=Path, nargs="*", default=list(SWEEPS), help="the arms' sweeps (copied)"
+    )
     parser.add_argument("--gate", type=Path, nargs="*", default=[], help="the gate's sweep (copied)")
     parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
     args = parser.parse_args(argv)

@@ -96,7 +96,9 @@ def base_lengths(run_dir: Path, role: str = "solver") -> list[tuple[int, str]]:
     slim = run_dir / "eval_turns.parquet"
     if slim.is_file():
         rows = pq.read_table(slim, columns=["step", "role", "response_tokens", "finish_reason"]).to_pylist()
-        return [(r["response_tokens"], r["finish_reason"]) for r in rows if r["step"] == 0 and r["role"] == role]
+        return [
+            (r["response_tokens"], r["finish_reason"]) for r in rows if r["step"] == 0 and r["role"] == role
+        ]
     episodes = read_episodes(run_dir / TURNS_DIR / "eval_000000.parquet")
     return [(len(t.completion.response_ids), t.completion.finish_reason) for e in episodes for t in e.turns
             if t.role == role]
@@ -128,7 +130,14 @@ def lengths_table(paths: list[Path]) -> tuple[str, int | None]:
     cap = _cap_of(runs[0])
     rows = [[str(cap), str(len(ns)), str(ns[len(ns) // 2]), str(ns[int(0.9 * (len(ns) - 1))]), str(ns[-1]),
              *(_fmt(ended_within(lengths, c)) for c in ANSWER_CAPS)]]
-    head = ["cap", "responses", "median tokens", "90th pct", "longest", *(f"end within {c}" for c in ANSWER_CAPS)]
+    head = [
+        "cap",
+        "responses",
+        "median tokens",
+        "90th pct",
+        "longest",
+        *(f"end within {c}" for c in ANSWER_CAPS),
+    ]
     return _table(head, rows), answer_cap(lengths)
 
 

@@ -1,15 +1,16 @@
-"""Study 3's runner, resumable across machines: `python -m studies.cpu_smollm2_v3.run gate --export DIR` runs the
-viability gate, and `python -m studies.cpu_smollm2_v3.run arms --answer-cap N --aggregator-cap M --export DIR`
-the arms, one cell (seed x arm) at a time, seed by seed with the arms interleaved (SA s0, SP s0, IP s0, SA s1, ...).
+"""Study 3's runner, resumable across machines: `python -m studies.cpu_smollm2_v3.run gate --export DIR` runs
+the viability gate, and
+`python -m studies.cpu_smollm2_v3.run arms --answer-cap N --aggregator-cap M --export DIR` the arms, one cell
+(seed x arm) at a time, seed by seed with the arms interleaved (SA s0, SP s0, IP s0, SA s1, ...).
 
 Every sweep runs from the commit the tag `study-v3` names, on a clean tree, or not at all: the study's runs
-must all record that one commit (collect.py refuses any other). Each finished cell is exported at once, slimmed
-by collect.py (metrics, config, held-out curve, evaluation turns), to `DIR/runs/<arm>/seed<s>/` (the gate to
-`DIR/gate/`): DIR is the study's folder in a checkout of main, where the exports are committed. A cell whose
-export is already there is skipped, so the study resumes on a new machine from what was committed; a cell
-interrupted on the same machine resumes from its newest checkpoint. `--until HH:MM` (UTC) starts a cell only
-when its estimated time fits before then, so a session's end does not cut a cell. Each cell's sweep file is
-written beside its folder (`runs/sweeps/<name>.yaml`), so what ran can be read back.
+must all record that one commit (collect.py refuses any other). Each finished cell is exported at once,
+slimmed by collect.py (metrics, config, held-out curve, evaluation turns), to `DIR/runs/<arm>/seed<s>/` (the
+gate to `DIR/gate/`): DIR is the study's folder in a checkout of main, where the exports are committed. A cell
+whose export is already there is skipped, so the study resumes on a new machine from what was committed; a
+cell interrupted on the same machine resumes from its newest checkpoint. `--until HH:MM` (UTC) starts a cell
+only when its estimated time fits before then, so a session's end does not cut a cell. Each cell's sweep file
+is written beside its folder (`runs/sweeps/<name>.yaml`), so what ran can be read back.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def check_commit() -> str:
         raise StudyError(f"no tag {TAG}: the study runs only from its pinned commit") from None
     head = _git("rev-parse", "HEAD")
     if head != pinned:
-        raise StudyError(f"HEAD is {head[:12]}, the study's commit ({TAG}) is {pinned[:12]}: run it from a worktree "
-                         f"at the tag (git worktree add <dir> {TAG})")
+        raise StudyError(
+            f"HEAD is {head[:12]}, the study's commit ({TAG}) is {pinned[:12]}: run it from a worktree "
+            f"at the tag (git worktree add <dir> {TAG})"
+        )
     if _git("status", "--porcelain", "--untracked-files=no"):
         raise StudyError("the tree has uncommitted changes: the runs would not record the pinned commit")
     return pinned
@@ -69,8 +72,8 @@ def arm_key(arm: dict) -> str:
 
 
 def cell_sweep(seed: int, arm: dict, answer_cap: int, aggregator_cap: int) -> dict:
-    """The sweep file of one cell, the caps added: the answering roles' cap for every arm, the aggregator's for
-    the voting arms (a role cap names a role of the workflow)."""
+    """The sweep file of one cell, the caps added: the answering roles' cap for every arm, the aggregator's
+    for the voting arms (a role cap names a role of the workflow)."""
     spec = OmegaConf.to_container(OmegaConf.load(ARMS))
     assert isinstance(spec, dict)
     spec["name"] = f"cpu_study_v3_s{seed}_{arm_key(arm)}"
@@ -83,8 +86,9 @@ def cell_sweep(seed: int, arm: dict, answer_cap: int, aggregator_cap: int) -> di
 
 def exported(export: Path, seed: int, arm: dict) -> bool:
     """Whether the cell's run is already in the study's folder (collect.py's destination: <arm>/seed<s>/)."""
-    return (export / "runs" / f"{arm['marl.workflow']}-{arm['marl.sharing']}" / f"seed{seed}" / "metrics.jsonl"
-            ).is_file()
+    return (
+        export / "runs" / f"{arm['marl.workflow']}-{arm['marl.sharing']}" / f"seed{seed}" / "metrics.jsonl"
+    ).is_file()
 
 
 def fits(until: dt.datetime | None, minutes: float) -> bool:
@@ -110,7 +114,8 @@ def run_sweep_file(path: Path, name: str, nice: int) -> None:
 def export_sweep(name: str, export: Path | None, commit: str, gate: bool) -> None:
     if export is None:
         return
-    from studies.cpu_smollm2_v3.collect import copy_runs  # imports pyarrow and the report: only when exporting
+    # imports pyarrow and the report: only when exporting
+    from studies.cpu_smollm2_v3.collect import copy_runs
 
     names = copy_runs(STORAGE / name, export / ("gate" if gate else "runs"), gate, commit)
     print(f"[study] {name}: exported {', '.join(names)} to {export}", flush=True)
@@ -127,12 +132,16 @@ def parse_until(text: str | None) -> dt.datetime | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2_v3.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m studies.cpu_smollm2_v3.run", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("what", choices=["gate", "arms"])
     parser.add_argument("--answer-cap", type=int, help="arms: the answering roles' cap (the gate's rule)")
     parser.add_argument("--aggregator-cap", type=int, help="arms: voting's aggregator cap (the gate's rule)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--export", type=Path, help="the study's folder in a checkout of main (exports, skips)")
+    parser.add_argument(
+        "--export", type=Path, help="the study's folder in a checkout of main (exports, skips)"
+    )
     parser.add_argument("--until", help="HH:MM UTC: start no cell whose estimate ends later")
     parser.add_argument("--nice", type=int, default=10, help="the sweeps' niceness (the box is shared)")
     args = parser.parse_args(argv)
@@ -148,11 +157,16 @@ def main(argv: list[str] | None = None) -> int:
                 run_sweep_file(Path(GATE), "cpu_study_v3_gate", args.nice)
                 export_sweep("cpu_study_v3_gate", args.export, commit, gate=True)
             else:
-                print(f"[study] the gate (~{ESTIMATE_MIN['gate']:.0f} min) does not fit before {args.until} UTC",
-                      flush=True)
+                print(
+                    f"[study] the gate (~{ESTIMATE_MIN['gate']:.0f} min) does not fit before {args.until} "
+                    "UTC",
+                    flush=True,
+                )
             return 0
         if args.answer_cap is None or args.aggregator_cap is None:
-            raise StudyError("arms need --answer-cap and --aggregator-cap (python -m studies.cpu_smollm2_v3.gate)")
+            raise StudyError(
+                "arms need --answer-cap and --aggregator-cap (python -m studies.cpu_smollm2_v3.gate)"
+            )
         measured: dict[str, float] = {}
         for seed, arm in cells(args.seeds):
             key = arm_key(arm)

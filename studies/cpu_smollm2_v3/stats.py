@@ -1,8 +1,10 @@
-"""Study 3's seed-level tests as small pure functions: an exact permutation test of the difference of two arms'
-mean per-seed values, and Welch's t beside it (its p from Student's t by the regularized incomplete beta).
+"""Study 3's seed-level tests as small pure functions: an exact permutation test of the
+difference of two arms' mean per-seed values, and Welch's t beside it (its p from Student's t by
+the regularized incomplete beta).
 
-Seeds, not tasks, are the unit: most of the variance in final accuracy is between seeds (study 2: SD 0.115
-over seeds against 0.058 binomial at 64 tasks), so a test that pools tasks across seeds overstates the evidence.
+Seeds, not tasks, are the unit: most of the variance in final accuracy is between seeds (study
+2: SD 0.115 over seeds against 0.058 binomial at 64 tasks), so a test that pools tasks across
+seeds overstates the evidence.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ _TIES = 1e-12
 
 
 def permutation_p(a: list[float], b: list[float]) -> float:
-    """Two-sided exact p of the difference of means: the share of all C(n_a + n_b, n_a) relabelings of the pooled
-    values whose |mean difference| is at least the observed one (the observed split included). NaN when
-    either side is empty."""
+    """Two-sided exact p of the difference of means: the share of all C(n_a + n_b, n_a) relabelings of
+    the pooled values whose |mean difference| is at least the observed one (the observed split included).
+    NaN when either side is empty."""
     if not a or not b:
         return math.nan
     pooled, n = [*a, *b], len(a)
@@ -52,8 +54,8 @@ def student_two_sided(t: float, df: float) -> float:
 
 
 def incomplete_beta(x: float, a: float, b: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method), on the side
-    where it converges fast."""
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method), on the
+    side where it converges fast."""
     if x <= 0:
         return 0.0
     if x >= 1:
@@ -65,7 +67,8 @@ def incomplete_beta(x: float, a: float, b: float) -> float:
 
 
 def _beta_fraction(x: float, a: float, b: float, tiny: float = 1e-300, eps: float = 1e-15) -> float:
-    # The continued fraction 1 / (1 + d1 / (1 + d2 / ...)) of I_x(a, b), terms d_{2m+1} and d_{2m} alternating.
+    # The continued fraction 1 / (1 + d1 / (1 + d2 / ...)) of I_x(a, b), terms
+    # d_{2m+1} and d_{2m} alternating.
     c, d = 1.0, 1 - (a + b) * x / (a + 1)
     d = 1 / (d if abs(d) > tiny else tiny)
     h = d

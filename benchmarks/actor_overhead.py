@@ -1,9 +1,10 @@
-"""The layout users run against the in-process one: the vs_trl workload with engines and learners in the driver's
-process, then as Ray actors (one engine actor, one learner actor), then with a LoRA r16 policy (the quickstart's
-layout), then voting with isolated LoRA policies (actors), then bf16 where the CPU has it. One invocation, each
-mode in its own subprocess; medians after warm-up, ratios side by side.
+"""The layout users run against the in-process one: the vs_trl workload with engines and learners in the
+driver's process, then as Ray actors (one engine actor, one learner actor), then with a LoRA r16 policy (the
+quickstart's layout), then voting with isolated LoRA policies (actors), then bf16 where the CPU has it. One
+invocation, each mode in its own subprocess; medians after warm-up, ratios side by side.
 
-    .venv/bin/python -m benchmarks.actor_overhead [--steps 4] [--warmup 1] [--prompts 16] [--n 4] [--tokens 128]
+    .venv/bin/python -m benchmarks.actor_overhead [--steps 4] [--warmup 1]
+    [--prompts 16] [--n 4] [--tokens 128]
 
 Actors get 2 CPUs each on an embedded cluster of 2 x the cores (engines and learners take turns: an engine
 waits passively while its learner updates), so each has as many threads as the in-process run.
@@ -21,8 +22,13 @@ from pathlib import Path
 
 from benchmarks.vs_trl import breakdown, run_ours, workload_parser
 
-ACTORS = ("rollout.engines_per_role=1", "learner.ranks=1", "rollout.engine_num_cpus=2", "learner.rank_num_cpus=2",
-          "ray.num_cpus=8")
+ACTORS = (
+    "rollout.engines_per_role=1",
+    "learner.ranks=1",
+    "rollout.engine_num_cpus=2",
+    "learner.rank_num_cpus=2",
+    "ray.num_cpus=8",
+)
 LORA = ("model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32", "learner.optim.lr=1e-3")
 MODES = {
     "in-process": (),

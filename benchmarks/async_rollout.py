@@ -1,6 +1,7 @@
 """One-step-off-policy rollout vs synchronous, same workload, in one run.
 
-    .venv/bin/python -m benchmarks.async_rollout [--model builtin:smollm2-135m-instruct] [--steps 4] [--warmup 1]
+    .venv/bin/python -m benchmarks.async_rollout [--model
+    builtin:smollm2-135m-instruct] [--steps 4] [--warmup 1]
         [--prompts 16] [--n 4] [--tokens 128] [--backend vllm] [--actors]
 
 The workload and configuration of `benchmarks.vs_trl` (single_agent, GRPO, fp32, 2 threads per engine and per
@@ -23,7 +24,10 @@ from pathlib import Path
 
 from benchmarks.vs_trl import breakdown, run_ours, workload_parser
 
-MODES = {"synchronous": (), "one-step off-policy": ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout")}
+MODES = {
+    "synchronous": (),
+    "one-step off-policy": ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout"),
+}
 
 
 def main() -> None:
@@ -49,9 +53,11 @@ def main() -> None:
 
 
 def report(a: argparse.Namespace, results: dict[str, dict]) -> None:
-    print(f"\nworkload: {a.prompts} prompts x {a.n} samples x <= {a.tokens} tokens, {a.model}, rollout.backend="
-          f"{a.backend}, {'actors' if a.actors else 'in-process groups'}; {a.steps} measured steps after "
-          f"{a.warmup} warm-up")
+    print(
+        f"\nworkload: {a.prompts} prompts x {a.n} samples x <= {a.tokens} tokens, {a.model}, rollout.backend="
+        f"{a.backend}, {'actors' if a.actors else 'in-process groups'}; {a.steps} measured steps after "
+        f"{a.warmup} warm-up"
+    )
     med = {}
     for mode, r in results.items():
         walls, phases = r["step_s"][a.warmup:], r["phases"][a.warmup:]

@@ -1,14 +1,14 @@
-"""The build walk and the shape of jobs/, before (a git ref, checked out into a temporary folder) and after (this
-tree), side by side: `python benchmarks/build_walk.py [--ref f4022bb]`.
+"""The build walk and the shape of jobs/, before (a git ref, checked out into a temporary folder) and after
+(this tree), side by side: `python benchmarks/build_walk.py [--ref f4022bb]`.
 
-The walk follows the config through system building: a profile hook records every call into the project's modules
-(marl, rollout, learners, cluster, jobs) that receives the config (the run's, a policy's own, a section of either) or
-the run layout holding it, while the tiny config (jobs/configs/tiny.yaml, in-process groups, the HF stand-in) is
-built into its running system; what the run prepares beforehand (policy map or layout, model folders) is done outside
-the walk, as the driver does. Consecutive calls within one module count as one visit; `returns` counts the visits to
-a module the walk has already left once. `reader` is the same walk over every call jobs/ code makes during the build,
-whatever its arguments (what a reader following the build from the driver opens). Numbers are counts, not times: the
-box's load does not move them.
+The walk follows the config through system building: a profile hook records every call into the project's
+modules (marl, rollout, learners, cluster, jobs) that receives the config (the run's, a policy's own, a
+section of either) or the run layout holding it, while the tiny config (jobs/configs/tiny.yaml, in-process
+groups, the HF stand-in) is built into its running system; what the run prepares beforehand (policy map or
+layout, model folders) is done outside the walk, as the driver does. Consecutive calls within one module count
+as one visit; `returns` counts the visits to a module the walk has already left once. `reader` is the same
+walk over every call jobs/ code makes during the build, whatever its arguments (what a reader following the
+build from the driver opens). Numbers are counts, not times: the box's load does not move them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Run in the measured tree (its root is the working directory and on sys.path): builds the tiny system once under a
-# profile hook and prints the two walks as JSON.
+# Run in the measured tree (its root is the working directory and on sys.path): builds the tiny system once
+# under a profile hook and prints the two walks as JSON.
 CHILD = r'''
 import json, sys
 from pathlib import Path
@@ -36,7 +36,8 @@ ROOT = Path.cwd().resolve()
 PKGS = ("marl", "rollout", "learners", "cluster", "jobs")
 from jobs.config import load_config
 from marl.tasks import get_family
-cfg = load_config("jobs/configs/tiny.yaml", ["rollout.engines_per_role=0", "learner.ranks=0", "out_dir=/tmp/walk"])
+OVERRIDES = ["rollout.engines_per_role=0", "learner.ranks=0", "out_dir=/tmp/walk"]
+cfg = load_config("jobs/configs/tiny.yaml", OVERRIDES)
 family = get_family("digit")
 try:  # the layout of jobs/ by concern
     from jobs.driver.handles import build_handles as build
@@ -90,7 +91,8 @@ class Walk:
 
 
 def walk_of(calls: list[str]) -> Walk:
-    """Distinct modules of a walk and how often it comes back to one it left (consecutive calls: one visit)."""
+    """Distinct modules of a walk and how often it comes back to one it left
+    (consecutive calls: one visit)."""
     visits = [m for i, m in enumerate(calls) if i == 0 or calls[i - 1] != m]
     seen: set[str] = set()
     returns = 0
@@ -136,7 +138,9 @@ def main() -> int:
         b, a = shapes["before"].get(folder, (0, 0)), shapes["after"].get(folder, (0, 0))
         print(f"{folder:<18}{b[0]:>16}{b[1]:>8}{a[0]:>16}{a[1]:>8}")
     total = {k: tuple(map(sum, zip(*v.values(), strict=True))) for k, v in shapes.items()}
-    print(f"{'total':<18}{total['before'][0]:>16}{total['before'][1]:>8}{total['after'][0]:>16}{total['after'][1]:>8}")
+    print(
+        f"{'total':<18}{total['before'][0]:>16}{total['before'][1]:>8}{total['after'][0]:>16}{total['after'][1]:>8}"
+    )
     print(f"\n{'build walk':<18}{'before modules':>16}{'returns':>8}{'after modules':>16}{'returns':>8}")
     for kind in ("config", "reader"):
         wb, wa = walks["before"][kind], walks["after"][kind]

@@ -1,10 +1,11 @@
 """Checkpoint write / read cost of one policy: seconds and bytes, full weights and LoRA.
 
-    .venv/bin/python -m benchmarks.checkpoint_io [--model builtin:tiny] [--lora-rank 0] [--reps 3] [--dir /tmp/x]
+    .venv/bin/python -m benchmarks.checkpoint_io [--model builtin:tiny]
+    [--lora-rank 0] [--reps 3] [--dir /tmp/x]
 
 One in-process learner takes one (empty) update so its optimizer holds its moments, then the driver's commit
-path (jobs/driver/run_checkpoints.write: learner files + driver state + manifest, every file fsynced, rename, `latest`)
-and the restore (LearnerGroup.load) are timed. Prints the median seconds and the bytes on disk.
+path (jobs/driver/run_checkpoints.write: learner files + driver state + manifest, every file fsynced, rename,
+`latest`) and the restore (LearnerGroup.load) are timed. Prints the median seconds and the bytes on disk.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ learner group (`learner.lora_colocate`: one base, R adapters; learners/gradients
 Each layout and R runs in a fresh subprocess (`--one`), so one layout's allocations do not hide another's: it
 builds the R policies' in-process learner groups, runs one update of each on the same small batch (so every
 adapter has gradients and AdamW state), and reports the process's peak RSS (VmHWM) and its RSS after imports.
-`python -m benchmarks.colocated_lora` prints the table; run it under the heavy lock (R=3 separate on SmolLM2-135M
-in fp32 peaks near 3 GB). `--backend deepspeed`: every learner on DeepSpeed ZeRO-2 (colocated: one engine per
-policy over the shared module), in-process on a one-rank gloo group.
+`python -m benchmarks.colocated_lora` prints the table; run it under the heavy lock (R=3 separate on
+SmolLM2-135M in fp32 peaks near 3 GB). `--backend deepspeed`: every learner on DeepSpeed ZeRO-2 (colocated:
+one engine per policy over the shared module), in-process on a one-rank gloo group.
 """
 
 from __future__ import annotations
@@ -43,10 +43,22 @@ def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch
     from learners.member import LearnerSpec
 
     torch.set_num_threads(1)
-    cfg = load_config("jobs/configs/tiny.yaml", [
-        f"model.path={MODEL}", f"model.dtype={dtype}", "model.lora.enabled=true", "model.lora.rank=64",
-        "model.lora.alpha=32", "learner.ranks=0", "learner.torch_threads=1", f"learner.micro_batch_size={ROWS}",
-        "learner.role_grad_diagnostics=false", "learner.policy_move=false", *BACKENDS[backend]])
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            f"model.path={MODEL}",
+            f"model.dtype={dtype}",
+            "model.lora.enabled=true",
+            "model.lora.rank=64",
+            "model.lora.alpha=32",
+            "learner.ranks=0",
+            "learner.torch_threads=1",
+            f"learner.micro_batch_size={ROWS}",
+            "learner.role_grad_diagnostics=false",
+            "learner.policy_move=false",
+            *BACKENDS[backend],
+        ],
+    )
     path = resolve_model(MODEL)
     imported = _rss_kib("VmRSS:")
     specs = [LearnerSpec(policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
@@ -62,9 +74,20 @@ def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch
     mask[:, PROMPT:] = True
     t0 = time.perf_counter()
     for pid, group in groups.items():
-        group.update(TrainBatch(policy_id=pid, input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
-                                rollout_logprobs=torch.zeros(ROWS, WIDTH), advantages=torch.linspace(-1, 1, ROWS),
-                                rewards=torch.zeros(ROWS), roles=[pid] * ROWS, agents=[pid + "0"] * ROWS, pad_id=0))
+        group.update(
+            TrainBatch(
+                policy_id=pid,
+                input_ids=ids,
+                attention_mask=torch.ones_like(mask),
+                loss_mask=mask,
+                rollout_logprobs=torch.zeros(ROWS, WIDTH),
+                advantages=torch.linspace(-1, 1, ROWS),
+                rewards=torch.zeros(ROWS),
+                roles=[pid] * ROWS,
+                agents=[pid + "0"] * ROWS,
+                pad_id=0,
+            )
+        )
     update_s = time.perf_counter() - t0
     return {"peak": _rss_kib("VmHWM:") * 1024.0, "imported": imported * 1024.0, "build_s": built_s,
             "update_s": update_s}
@@ -80,8 +103,12 @@ def measure(policies: int, colocate: bool, dtype: str, backend: str = "torch") -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.colocated_lora", description=__doc__.splitlines()[0])
-    parser.add_argument("--one", type=int, help="R: measure one layout with R policies in this process, print JSON")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.colocated_lora", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--one", type=int, help="R: measure one layout with R policies in this process, print JSON"
+    )
     parser.add_argument("--colocate", action="store_true")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-policies", type=int, default=3)
@@ -92,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{MODEL} {args.dtype}, LoRA r64 all-linear, one update of {ROWS}x{WIDTH} per policy, in-process "
           f"{args.backend} learners")
-    # Peak RSS in MB: the whole process, then above its RSS after imports. Separate learners as Ray actors are R
-    # processes, each like R=1's: `R procs` is R x R=1's separate peak above imports (arithmetic, not measured).
+    # Peak RSS in MB: the whole process, then above its RSS after imports. Separate learners as
+    # Ray actors are R processes, each like R=1's: `R procs` is R x R=1's separate peak above
+    # imports (arithmetic, not measured).
     print(f"{'R':>2} {'separate':>9} {'colocated':>10} {'ratio':>6} | above imports: {'separate':>9} "
           f"{'colocated':>10} {'ratio':>6} {'R procs':>8} | update s: {'separate':>9} {'colocated':>10}")
     one = 0.0
@@ -101,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         sep, col = measure(r, False, args.dtype, args.backend), measure(r, True, args.dtype, args.backend)
         above = [m["peak"] - m["imported"] for m in (sep, col)]
         one = one or above[0]
-        print(f"{r:>2} {sep['peak'] / 1e6:9.0f} {col['peak'] / 1e6:10.0f} {col['peak'] / sep['peak']:6.2f} | "
-              f"{'':15}{above[0] / 1e6:9.0f} {above[1] / 1e6:10.0f} {above[1] / above[0]:6.2f} {r * one / 1e6:8.0f} | "
-              f"{'':10}{sep['update_s']:9.2f} {col['update_s']:10.2f}", flush=True)
+        print(
+            f"{r:>2} {sep['peak'] / 1e6:9.0f} {col['peak'] / 1e6:10.0f} {col['peak'] / sep['peak']:6.2f} | "
+            f"{'':15}{above[0] / 1e6:9.0f} {above[1] / 1e6:10.0f} {above[1] / above[0]:6.2f} "
+            f"{r * one / 1e6:8.0f} | "
+            f"{'':10}{sep['update_s']:9.2f} {col['update_s']:10.2f}",
+            flush=True,
+        )
     return 0
 
 

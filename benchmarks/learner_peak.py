@@ -1,13 +1,14 @@
-"""The CPU learner's measured peak against the planner's estimate (learners/compute/memory.py), at a few shapes of a
-Qwen3-shaped body with Qwen3's real vocabulary: one `Learner.update` (fp32, full fine-tuning, the whole batch
-one micro-batch, role diagnostics off), its peak RSS above the loaded model's, next to the estimate of the
-terms that rise during the update (gradients, optimizer state, activations, logits).
+"""The CPU learner's measured peak against the planner's estimate (learners/compute/memory.py), at a few
+shapes of a Qwen3-shaped body with Qwen3's real vocabulary: one `Learner.update` (fp32, full fine-tuning, the
+whole batch one micro-batch, role diagnostics off), its peak RSS above the loaded model's, next to the
+estimate of the terms that rise during the update (gradients, optimizer state, activations, logits).
 
-`python -m benchmarks.learner_peak` prints the table; each shape runs in a fresh subprocess (`--one`), so one
-shape's allocations do not hide another's. Run it under the heavy lock: the largest default shape peaks near 2 GB.
-`--layouts` prints, at 8 x 2,048, rows of one length (no attention mask) beside padded rows (the last one 64 tokens
-short: a [rows, T, T] mask) and packed rows (learner.padding_free: an [N, N] mask on CPU), measured and estimated
-(learners.compute.memory.mask_entries); the packed 8x2048 peaks near 4 GB.
+`python -m benchmarks.learner_peak` prints the table; each shape runs in a fresh subprocess
+(`--one`), so one shape's allocations do not hide another's. Run it under the heavy lock: the largest
+default shape peaks near 2 GB.
+`--layouts` prints, at 8 x 2,048, rows of one length (no attention mask) beside padded rows (the last one 64
+tokens short: a [rows, T, T] mask) and packed rows (learner.padding_free: an [N, N] mask on CPU), measured and
+estimated (learners.compute.memory.mask_entries); the packed 8x2048 peaks near 4 GB.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def _rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def measure_one(rows: int, width: int, checkpointing: bool, chunk: int, layout: str = "even") -> dict[str, float]:
+def measure_one(
+    rows: int, width: int, checkpointing: bool, chunk: int, layout: str = "even"
+) -> dict[str, float]:
     """In this process: build the body, one update, the peak RSS rise over the loaded learner (bytes)."""
     import torch
 
@@ -68,8 +71,18 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int, layout: 
                  f"learner.logits_chunk_tokens={chunk}", f"model.path={MODEL}",
                  f"learner.padding_free={layout == 'packed'}"]
     cfg = load_config("jobs/configs/tiny.yaml", overrides)
-    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model(MODEL), model=cfg.model,
-                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    learner = Learner(
+        LearnerSpec(
+            policy_id="p",
+            model_path=resolve_model(MODEL),
+            model=cfg.model,
+            learner=cfg.learner,
+            algo=cfg.algo,
+            temperature=1.0,
+            total_steps=10,
+            seed=0,
+        )
+    )
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, shape_of(MODEL).vocab, (rows, width), generator=gen)
     mask = torch.zeros(rows, width, dtype=torch.bool)
@@ -77,9 +90,18 @@ def measure_one(rows: int, width: int, checkpointing: bool, chunk: int, layout: 
     attended = torch.ones_like(mask)
     if layout != "even":
         attended[-1, width - SHORT:] = mask[-1, width - SHORT:] = False
-    batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=attended, loss_mask=mask,
-                       rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
-                       rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
+    batch = TrainBatch(
+        policy_id="p",
+        input_ids=ids,
+        attention_mask=attended,
+        loss_mask=mask,
+        rollout_logprobs=torch.zeros(rows, width),
+        advantages=torch.linspace(-1, 1, rows),
+        rewards=torch.zeros(rows),
+        roles=["solver"] * rows,
+        agents=["solver0"] * rows,
+        pad_id=0,
+    )
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS (Linux)
         f.write("5")
     before = _rss_kib("VmRSS:")
@@ -100,7 +122,8 @@ def measure(rows: int, width: int, checkpointing: bool = False, chunk: int = CHU
 
 
 def layouts_table(chunk: int) -> None:
-    """Per shape and checkpointing: each layout's measured and estimated rise, and both less the even rows'."""
+    """Per shape and checkpointing: each layout's measured and estimated rise,
+    and both less the even rows'."""
     print(f"{MODEL}, learner.logits_chunk_tokens={chunk}")
     print(f"{'shape':>10} {'ckpt':>5} {'layout':>7} {'measured MB':>12} {'estimate MB':>12} {'est/meas':>9} "
           f"{'mask meas MB':>13} {'mask est MB':>12}")
@@ -117,10 +140,14 @@ def layouts_table(chunk: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.learner_peak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.learner_peak", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--one", help="ROWSxWIDTH: measure one shape in this process, print JSON")
     parser.add_argument("--checkpointing", action="store_true")
-    parser.add_argument("--chunk", type=int, default=CHUNK, help="learner.logits_chunk_tokens (0: the full logits)")
+    parser.add_argument(
+        "--chunk", type=int, default=CHUNK, help="learner.logits_chunk_tokens (0: the full logits)"
+    )
     parser.add_argument("--layout", choices=LAYOUTS, default="even", help="with --one: the rows' layout")
     parser.add_argument("--layouts", action="store_true", help="even, padded and packed rows side by side")
     args = parser.parse_args(argv)

@@ -6,16 +6,16 @@ the whole batch as row-count micro-batches) against the chunked head with token-
 
 Each configuration runs one in-process Learner.update (torch backend, fp32, temperature 1) in a fresh
 subprocess, which reports its peak RSS (VmHWM), so one configuration cannot pollute another and an
-out-of-memory kill ends only that one. Workload: `rows` rows of `tokens` random ids in [0, vocab), the first 64
-(or `prompt`) of them prompt, advantages ±1, old log-probs recomputed (one no-grad pass when there are two
+out-of-memory kill ends only that one. Workload: `rows` rows of `tokens` random ids in [0, vocab), the first
+64 (or `prompt`) of them prompt, advantages ±1, old log-probs recomputed (one no-grad pass when there are two
 mini-batches: not here, one optimizer step). Cases:
 - qwen3 body at vocabulary 151,936 (builtin:qwen3-0.6b-shape with 2 layers, hidden 64), full fine-tuning, at
   4 × 1,024, 8 × 2,048 and 8 × 5,120 tokens. The unchunked path is run where it fits this shared 24 GiB box;
   elsewhere its peak is predicted from the 4 × 1,024 one (it grows with rows × tokens) and it is not started.
 - SmolLM2-135M at 8 × 1,024 (LoRA r16 as the quickstart; the unchunked path in micro-batches of 2 rows, the
   chunked one within the token budget).
-- the quickstart's shape (jobs/configs/quickstart.yaml: SmolLM2 LoRA r16, 64 rows of ~96 tokens, micro-batches of
-  8 rows, budget off): the default chunked head against the unchunked one, median of `repeats` updates.
+- the quickstart's shape (jobs/configs/quickstart.yaml: SmolLM2 LoRA r16, 64 rows of ~96 tokens, micro-batches
+  of 8 rows, budget off): the default chunked head against the unchunked one, median of `repeats` updates.
 Prints per case and path: peak RSS, seconds per 1,000 trained tokens (the median update), loss and grad norm,
 then the new/old ratios and the loss and grad-norm differences.
 """
@@ -86,7 +86,8 @@ def paths(case: Case, chunks: list[int], budget: int) -> dict[str, list[str]]:
 
 
 def child(run: Run) -> dict[str, object]:
-    """In the subprocess: build the learner, run `repeats` updates, report times, loss, grad norm, peak RSS."""
+    """In the subprocess: build the learner, run `repeats` updates, report
+    times, loss, grad norm, peak RSS."""
     from benchmarks.update import make_batch
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
@@ -127,7 +128,9 @@ def spawn(run: Run, timeout_s: float) -> dict[str, object] | str:
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout_s:.0f} s"
     if done.returncode != 0:
-        return f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}"
+        return (
+            f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -143,9 +146,12 @@ def compare(path: str, old: dict[str, object] | str, new: dict[str, object] | st
     if isinstance(old, str) or isinstance(new, str):
         return ""
     time_ratio = statistics.median(new["s"]) / statistics.median(old["s"])  # type: ignore[arg-type]
-    return (f"{'':22s} {path}/old: peak {new['peak_gb'] / old['peak_gb']:.3f}x  time {time_ratio:.3f}x  "  # type: ignore
-            f"|Δloss| {abs(new['loss'] - old['loss']):.2e}  "  # type: ignore[operator]
-            f"|Δgrad norm|/norm {abs(new['grad_norm'] - old['grad_norm']) / old['grad_norm']:.2e}")  # type: ignore
+    peak, loss, norm = (float(new[k]) for k in ("peak_gb", "loss", "grad_norm"))  # type: ignore[arg-type]
+    old_peak, old_loss, old_norm = (float(old[k]) for k in ("peak_gb", "loss", "grad_norm"))  # type: ignore[arg-type]
+    return (
+        f"{'':22s} {path}/old: peak {peak / old_peak:.3f}x  time {time_ratio:.3f}x  "
+        f"|Δloss| {abs(loss - old_loss):.2e}  |Δgrad norm|/norm {abs(norm - old_norm) / old_norm:.2e}"
+    )
 
 
 def main() -> None:
@@ -169,11 +175,15 @@ def main() -> None:
         for path, overrides in paths(case, [int(c) for c in args.chunks.split(",")], args.budget).items():
             predicted = base_old_gb * tokens / base_tokens if base_old_gb and path == "old" else 0.0
             if case.model == QWEN_BODY and predicted > BOX_GB / 2:
-                results[path] = (f"not run: predicted peak ≈ {predicted:.0f} GB (4x1024's, scaled by tokens), "
-                                 f"on a shared {BOX_GB:.0f} GB box")
+                results[path] = (
+                    f"not run: predicted peak ≈ {predicted:.0f} GB (4x1024's, scaled by tokens), "
+                    f"on a shared {BOX_GB:.0f} GB box"
+                )
             else:
-                results[path] = spawn(Run(case.model, case.rows, case.tokens, case.prompt, overrides, case.repeats),
-                                      args.timeout_s)
+                results[path] = spawn(
+                    Run(case.model, case.rows, case.tokens, case.prompt, overrides, case.repeats),
+                    args.timeout_s,
+                )
             print(row(case.name, path, results[path], tokens), flush=True)
         if case.model == QWEN_BODY and base_old_gb is None and not isinstance(results["old"], str):
             base_old_gb, base_tokens = float(results["old"]["peak_gb"]), tokens  # type: ignore[arg-type]

@@ -1,22 +1,24 @@
-"""Where a LoRA policy's adapter-delta sync (merged serving, `sync.lora_delta`) spends its time, checked the way it
-was (before) and the way it is (after), side by side in one run: the quickstart's policy (SmolLM2-135M-Instruct,
-LoRA r16 on every linear layer) and one vLLM engine, in-process, every adapter matrix moved before each sync so
-that every layer is merged and reloaded, the two ways taking turns sync by sync on the same learner and engine.
+"""Where a LoRA policy's adapter-delta sync (merged serving, `sync.lora_delta`) spends its time, checked the
+way it was (before) and the way it is (after), side by side in one run: the quickstart's policy
+(SmolLM2-135M-Instruct, LoRA r16 on every linear layer) and one vLLM engine, in-process, every adapter
+matrix moved before each sync so that every layer is merged and reloaded, the two ways taking turns sync by
+sync on the same learner and engine.
 
     .venv/bin/python -m benchmarks.lora_sync [--reps 7] [--model builtin:smollm2-135m-instruct] [--rank 16]
         [--sync-path fast|reload] [--actors]
 
-- before: the learner merges every layer (W0 + scale·B@A) to fingerprint the merge (`merged_fingerprint`, while
-  the engine loads); the engine merges the changed layers, loads them, checks that what they serve is its merge
-  (a sketch of each loaded tensor through its kernel and one of the tensor itself) and fingerprints every
-  served name;
-- after (jobs.driver.weight_sync): the learner sketches its merge without merging (`merged_sketch`: sketch(W0) kept,
-  plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded tensors only
-  through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
+- before: the learner merges every layer (W0 + scale·B@A) to fingerprint the merge (`merged_fingerprint`,
+  while the engine loads); the engine merges the changed layers, loads them, checks that what they serve is
+  its merge (a sketch of each loaded tensor through its kernel and one of the tensor itself) and
+  fingerprints every served name;
+- after (jobs.driver.weight_sync): the learner sketches its merge without merging (`merged_sketch`: sketch(W0)
+  kept, plus scale·B@(A@P)); the engine merges and loads as before, reads back the sketches of the loaded
+  tensors only through their kernels (the others' kept, `_served_sketches`), and the driver compares the two.
 The learner's part overlaps the engine's, so the parts add up to more than the sync.
-`--actors`: the sync's phases with the source (benchmarks.rollout_throughput's stand-in for a LoRA learner) and
-the engine in Ray actors (benchmarks.sync_phases), two ways taking turns: the adapter and both sides' sketches as
-dicts of tensors pickled one by one (before), and each as one packed buffer (cluster.packing, after).
+`--actors`: the sync's phases with the source (benchmarks.rollout_throughput's stand-in for a LoRA
+learner) and the engine in Ray actors (benchmarks.sync_phases), two ways taking turns: the adapter
+and both sides' sketches as dicts of tensors pickled one by one (before), and each as one packed
+buffer (cluster.packing, after).
 """
 
 from __future__ import annotations
@@ -46,9 +48,16 @@ from rollout.lora import BaseWeights
 from rollout.vllm.engine import _PROCESS_LOCK, _quiet_partial_reload
 from rollout.vllm.readback import whole_modules
 
-PARTS = {"before": ["learner merged_fingerprint", "engine load_lora_delta", "  merge", "  load + sketch check",
-                    "    sketch check"],
-         "after": ["learner merged_sketch", "engine load_lora_delta", "  merge", "  load", "  served sketches"]}
+PARTS = {
+    "before": [
+        "learner merged_fingerprint",
+        "engine load_lora_delta",
+        "  merge",
+        "  load + sketch check",
+        "    sketch check",
+    ],
+    "after": ["learner merged_sketch", "engine load_lora_delta", "  merge", "  load", "  served sketches"],
+}
 
 
 class Before(Protocol):
@@ -105,10 +114,11 @@ def _instrument(learner: Any, engine: Any, times: dict[str, dict[str, list[float
 
 
 def actor_phases(args: argparse.Namespace) -> None:
-    """An adapter-delta sync between actors (the source: benchmarks.rollout_throughput's stand-in for a LoRA learner;
-    one vLLM engine), phase by phase (benchmarks.sync_phases), two ways taking turns sync by sync: the adapter, the
-    learner's sketch and the engine's sketches as dicts of tensors, each pickled apart (before), and each as one
-    packed buffer (cluster.packing, after)."""
+    """An adapter-delta sync between actors (the source:
+    benchmarks.rollout_throughput's stand-in for a LoRA learner;
+    one vLLM engine), phase by phase (benchmarks.sync_phases), two ways taking turns sync by sync: the
+    adapter, the learner's sketch and the engine's sketches as dicts of tensors, each pickled apart (before),
+    and each as one packed buffer (cluster.packing, after)."""
     import ray
 
     from benchmarks.rollout_throughput import _LoraSource, _rollout_cfg
@@ -128,7 +138,8 @@ def actor_phases(args: argparse.Namespace) -> None:
     ways = {"dicts (before)": (_LoraSource.get_lora_delta_dict, _LoraSource.merged_sketch_dict),
             "packed (after)": (_LoraSource.get_lora_delta, _LoraSource.merged_sketch)}
     phases: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
-    for version in range(1, 3 + 2 * args.reps):  # the first of each way: the engine reads its base, sketches all
+    # the first of each way: the engine reads its base, sketches all
+    for version in range(1, 3 + 2 * args.reps):
         way = list(ways)[version % 2]
         get, sketch = ways[way]
         expect = functools.partial(_source_sketch, src, sketch)
@@ -184,8 +195,15 @@ def main() -> None:
             else:
                 load: Any = Before.load_lora_delta_before  # set on the in-process engine (`_instrument`)
                 expect: Any = Before.merged_fingerprint  # and on the learner
-                out = broadcast(learners.group, LearnerMember.get_lora_delta, [engines.group], load, version, 600.0,
-                                expect=expect)
+                out = broadcast(
+                    learners.group,
+                    LearnerMember.get_lora_delta,
+                    [engines.group],
+                    load,
+                    version,
+                    600.0,
+                    expect=expect,
+                )
                 assert out["verified"] == 1.0
             total[mode[0]].append(time.perf_counter() - t0)
         _print(args, times, total)
@@ -193,10 +211,16 @@ def main() -> None:
         handles.shutdown()
 
 
-def _print(args: argparse.Namespace, times: dict[str, dict[str, list[float]]], total: dict[str, list[float]]) -> None:
+def _print(
+    args: argparse.Namespace, times: dict[str, dict[str, list[float]]], total: dict[str, list[float]]
+) -> None:
     whole = {m: statistics.median(total[m]) for m in total}
-    print(f"adapter-delta sync, {args.model} LoRA r{args.rank}, {args.sync_path} path, median of {args.reps} each: "
-          f"before {whole['before']:.3f} s, after {whole['after']:.3f} s ({whole['before'] / whole['after']:.2f}x)")
+    print(
+        f"adapter-delta sync, {args.model} LoRA r{args.rank}, {args.sync_path} path, median of {args.reps} "
+        "each: "
+        f"before {whole['before']:.3f} s, after {whole['after']:.3f} s "
+        f"({whole['before'] / whole['after']:.2f}x)"
+    )
     for m in ("before", "after"):
         print(f"  {m}:")
         for name in PARTS[m]:

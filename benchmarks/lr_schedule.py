@@ -1,18 +1,19 @@
-"""The learning rate each policy trains at, per training step, under each `learner.optim.schedule_unit`, for an
-isolated orch_workers run (three policies; the worker policy holds three parallel agents' rows, so with PPO
+"""The learning rate each policy trains at, per training step, under each `learner.optim.schedule_unit`, for
+an isolated orch_workers run (three policies; the worker policy holds three parallel agents' rows, so with PPO
 mini-batches of one agent's rows it takes three optimizer steps per training step).
 
-    .venv/bin/python -m benchmarks.lr_schedule [--steps 60] [--warmup 5] [--every 3] [--clamp] [--no-start-zero]
+    .venv/bin/python -m benchmarks.lr_schedule [--steps 60] [--warmup 5] [--every
+    3] [--clamp] [--no-start-zero]
         [--schedule cosine|constant] [--real]
 
 The schedule is verl's (the paper's stack) unless asked otherwise: warmup from lr 0 (`warmup_start_zero`) and
 the unclamped cosine (`cosine_clamp=false`); `--schedule constant` is what verl 0.6.1 built for the paper's
 runs (paper_base.yaml), where the units differ only in how fast each policy warms up. Each row prints, per
-unit and policy, the lr of that step's update call as the run logs it (`lr/<policy>`: the mean over the call's
-optimizer steps). The expected values come from learners.schedule and the PPO plan's optimizer-step counts
-(learners.update.ppo_plan); `--real` also runs the three policies' learners in-process on builtin:tiny (a tiny update
-per call on synthetic rows, no rollout), reads the `lr/<policy>` they log, and prints the largest gap to the
-expected values.
+unit and policy, the lr of that step's update call as the run logs it (`lr/<policy>`: the mean over the
+call's optimizer steps). The expected values come from learners.schedule and the PPO plan's optimizer-step
+counts (learners.update.ppo_plan); `--real` also runs the three policies' learners in-process on builtin:tiny
+(a tiny update per call on synthetic rows, no rollout), reads the `lr/<policy>` they log, and prints the
+largest gap to the expected values.
 """
 
 from __future__ import annotations
@@ -36,12 +37,24 @@ EPISODES = 4  # per training step; the PPO mini-batch is one agent's rows, as th
 
 
 def config(unit: str, args: argparse.Namespace) -> Any:
-    return load_config("jobs/configs/tiny.yaml", [
-        "marl.workflow=orch_workers", "marl.sharing=isolated", f"steps={args.steps}", "learner.ranks=0",
-        f"learner.optim.warmup_steps={args.warmup}", f"learner.optim.schedule={args.schedule}",
-        f"learner.optim.schedule_unit={unit}", f"learner.optim.warmup_start_zero={str(args.start_zero).lower()}",
-        f"learner.optim.cosine_clamp={str(args.clamp).lower()}", f"algo.ppo_mini_batch_size={EPISODES}",
-        "learner.role_grad_diagnostics=false", "model.dtype=float32", "model.lora.enabled=false"])
+    return load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            "marl.workflow=orch_workers",
+            "marl.sharing=isolated",
+            f"steps={args.steps}",
+            "learner.ranks=0",
+            f"learner.optim.warmup_steps={args.warmup}",
+            f"learner.optim.schedule={args.schedule}",
+            f"learner.optim.schedule_unit={unit}",
+            f"learner.optim.warmup_start_zero={str(args.start_zero).lower()}",
+            f"learner.optim.cosine_clamp={str(args.clamp).lower()}",
+            f"algo.ppo_mini_batch_size={EPISODES}",
+            "learner.role_grad_diagnostics=false",
+            "model.dtype=float32",
+            "model.lora.enabled=false",
+        ],
+    )
 
 
 def expected_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
@@ -50,7 +63,8 @@ def expected_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for index, pid in enumerate(policies):
         k = num_mini_batches(AGENTS[pid] * EPISODES, cfg.algo.ppo_mini_batch_size)
-        per_call = k if opt.schedule_unit == "optimizer_step" else 1  # scheduler ticks per optimizer step, or none
+        # scheduler ticks per optimizer step, or none
+        per_call = k if opt.schedule_unit == "optimizer_step" else 1
         lrs = []
         for t in range(cfg.steps):
             ticks = [t * k + i if per_call > 1 else t for i in range(k)]
@@ -68,10 +82,17 @@ def rows_of(pid: str, vocab: int) -> TrainBatch:
     g = torch.Generator().manual_seed(0)
     loss_mask = torch.zeros(n, seq, dtype=torch.bool)
     loss_mask[:, 3:] = True
-    return TrainBatch(policy_id=pid, input_ids=torch.randint(0, vocab, (n, seq), generator=g),
-                      attention_mask=torch.ones(n, seq, dtype=torch.bool), loss_mask=loss_mask,
-                      rollout_logprobs=torch.zeros(n, seq), advantages=torch.tensor([1.0, -1.0] * (n // 2)),
-                      rewards=torch.zeros(n), roles=[pid] * n, agents=[f"{pid}{i // EPISODES}" for i in range(n)])
+    return TrainBatch(
+        policy_id=pid,
+        input_ids=torch.randint(0, vocab, (n, seq), generator=g),
+        attention_mask=torch.ones(n, seq, dtype=torch.bool),
+        loss_mask=loss_mask,
+        rollout_logprobs=torch.zeros(n, seq),
+        advantages=torch.tensor([1.0, -1.0] * (n // 2)),
+        rewards=torch.zeros(n),
+        roles=[pid] * n,
+        agents=[f"{pid}{i // EPISODES}" for i in range(n)],
+    )
 
 
 def logged_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
@@ -106,8 +127,11 @@ def print_table(curves: dict[str, dict[str, list[float]]], every: int) -> None:
 
 
 def print_summary(curves: dict[str, dict[str, list[float]]], lr: float) -> None:
-    """Per unit and policy: the first step whose lr is below 1 % of the base lr, and the largest lr after it."""
-    print("\nfirst step at < 1 % of the base lr, and the largest lr after it (a climb back: unclamped cosine)")
+    """Per unit and policy: the first step whose lr is below 1 % of the base lr,
+    and the largest lr after it."""
+    print(
+        "\nfirst step at < 1 % of the base lr, and the largest lr after it (a climb back: unclamped cosine)"
+    )
     for unit, per_policy in curves.items():
         for pid, lrs in per_policy.items():
             low = next((t for t, x in enumerate(lrs) if t > 0 and x < 0.01 * lr), None)

@@ -1,15 +1,17 @@
 """How much of a LoRA update merged serving loses to the serving dtype: `sync/merge_rounding/<policy>` after
 real optimizer steps, per model dtype and learning rate.
 
-    .venv/bin/python -m benchmarks.merge_rounding [--model builtin:smollm2-135m-instruct] [--lrs 2e-5,2e-4,2e-3]
+    .venv/bin/python -m benchmarks.merge_rounding [--model
+    builtin:smollm2-135m-instruct] [--lrs 2e-5,2e-4,2e-3]
         [--dtypes bfloat16,float32] [--steps 3] [--rows 8] [--seq 128]
 
-Workload: the project's torch Learner with LoRA r64/α32 on all linear layers (the paper's setting), AdamW at a
-constant lr (no warmup), `rows` sequences of `seq` random tokens with advantages ±1, one optimizer step per
-training step; after each step the weights a sync would ship are merged (learners.state.weights.merge_for_serving)
-and the share of the LoRA update lost to rounding is printed (learners.state.weights.update_lost: 1 = the engines
-serve the base model, 0 = the update arrives whole). Adam's first step moves every entry of B by about lr
-whatever the gradient's scale, so random data stands for real data here.
+Workload: the project's torch Learner with LoRA r64/α32 on all linear layers (the paper's setting),
+AdamW at a constant lr (no warmup), `rows` sequences of `seq` random tokens with advantages ±1, one
+optimizer step per training step; after each step the weights a sync would ship are merged
+(learners.state.weights.merge_for_serving) and the share of the LoRA update lost to rounding is printed
+(learners.state.weights.update_lost: 1 = the engines serve the base model, 0 = the update arrives
+whole). Adam's first step moves every entry of B by about lr whatever the gradient's scale, so random
+data stands for real data here.
 """
 
 from __future__ import annotations
@@ -27,12 +29,25 @@ from learners.update.losses import local_normalizer
 from learners.update.ppo_plan import UpdatePlan
 
 
-def lost_per_step(path: str, dtype: str, lr: float, steps: int, rows: int, seq: int, vocab: int) -> list[float]:
-    cfg = load_config("jobs/configs/tiny.yaml", [
-        f"model.dtype={dtype}", "model.lora.enabled=true", "model.lora.rank=64", "model.lora.alpha=32",
-        "model.lora.target_modules=all-linear", f"learner.optim.lr={lr}", "learner.optim.warmup_steps=0",
-        "learner.optim.schedule=constant", f"learner.micro_batch_size={rows}", "learner.role_grad_diagnostics=false",
-        f"learner.torch_threads={torch.get_num_threads()}"])
+def lost_per_step(
+    path: str, dtype: str, lr: float, steps: int, rows: int, seq: int, vocab: int
+) -> list[float]:
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            f"model.dtype={dtype}",
+            "model.lora.enabled=true",
+            "model.lora.rank=64",
+            "model.lora.alpha=32",
+            "model.lora.target_modules=all-linear",
+            f"learner.optim.lr={lr}",
+            "learner.optim.warmup_steps=0",
+            "learner.optim.schedule=constant",
+            f"learner.micro_batch_size={rows}",
+            "learner.role_grad_diagnostics=false",
+            f"learner.torch_threads={torch.get_num_threads()}",
+        ],
+    )
     learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
                                   algo=cfg.algo, temperature=1.0, total_steps=steps, seed=0))
     lost = []

@@ -1,15 +1,15 @@
-"""Which roles share an optimizer step: the per-mini-batch role shares of one synthetic voting step, with the rows
-in the episodes' order and in verl's length-balanced order (paper_base.yaml), side by side.
+"""Which roles share an optimizer step: the per-mini-batch role shares of one synthetic voting step, with the
+rows in the episodes' order and in verl's length-balanced order (paper_base.yaml), side by side.
 
     .venv/bin/python -m benchmarks.minibatch_roles [--episodes 512] [--mini 512] [--ranks 2] [--seed 0]
 
 Workload: `episodes` voting episodes (64 prompts x 8 samples in the paper), each three generator turns on one
-problem prompt (100-400 tokens) with responses of 200-5,120 tokens, and one aggregator turn whose prompt holds
-the problem and the three answers (a 5-200 token verdict), so the aggregator's rows are the longest. A GRPO
-advantage sign per episode (the final reward is broadcast to every turn). The orders and mini-batches come from
-the functions a run uses (learners.update.balance.balanced_order, learners.update.ppo_plan.plan_update), on
-lengths alone. Ways, each under the shared policy (all 2,048 rows one policy) and the isolated generator
-policy (1,536 rows):
+problem prompt (100-400 tokens) with responses of 200-5,120 tokens, and one aggregator turn whose prompt
+holds the problem and the three answers (a 5-200 token verdict), so the aggregator's rows are the longest. A
+GRPO advantage sign per episode (the final reward is broadcast to every turn). The orders and mini-batches
+come from the functions a run uses (learners.update.balance.balanced_order,
+learners.update.ppo_plan.plan_update), on lengths alone. Ways, each under the shared policy (all 2,048 rows
+one policy) and the isolated generator policy (1,536 rows):
 - given, even: the episodes' order, ceil(B / M) even chunks in order (the project before verl_balanced);
 - given, shuffled: the project's default (a seeded shuffle per step);
 - verl: balanced over `ranks` ranks, fixed chunks of M / W rows per rank (minibatch_order=verl_balanced,
@@ -50,7 +50,9 @@ def mini_batches(rows: int, mini: int, shuffle: bool, cut: Cut, seed: int) -> li
     return [[got[i] for i in step] for step in plan.steps]
 
 
-def report(name: str, steps: list[list[int]], roles: list[str], lengths: list[int], positive: list[bool]) -> None:
+def report(
+    name: str, steps: list[list[int]], roles: list[str], lengths: list[int], positive: list[bool]
+) -> None:
     cells = []
     for step in steps:
         agg = sum(roles[i] == "aggregator" for i in step) / max(len(step), 1)
@@ -62,7 +64,8 @@ def report(name: str, steps: list[list[int]], roles: list[str], lengths: list[in
 
 def compare(title: str, rows: list[int], roles: list[str], lengths: list[int], positive: list[bool],
             args: argparse.Namespace) -> None:
-    """Each way's mini-batches of the policy holding `rows` (indices into the step's turns, in the given order)."""
+    """Each way's mini-batches of the policy holding `rows` (indices into the step's
+    turns, in the given order)."""
     print(f"\n{title}: {len(rows)} rows, M {args.mini}; per mini-batch: rows, aggregator share, mean length, "
           f"positive share")
     pick = [roles[i] for i in rows], [lengths[i] for i in rows], [positive[i] for i in rows]

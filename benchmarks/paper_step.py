@@ -1,8 +1,9 @@
-"""One learner step at the paper's math shape, measured against the planner: a randomly initialised Qwen3-shaped
-model built from its config (no download), Qwen3's vocabulary (151,936), LoRA r64/α32 on all linear layers, bf16
-DeepSpeed ZeRO-2, the LM head in chunks, one micro-batch of the paper's 40,960 tokens per GPU. Prints the peak
-GPU memory torch allocated next to the planner's estimate of the same rank (learners/compute/memory.py, gpu
-coefficients) and the step's seconds. Run by benchmarks/gpu_check.sh on a GPU machine.
+"""One learner step at the paper's math shape, measured against the planner: a randomly initialised
+Qwen3-shaped model built from its config (no download), Qwen3's vocabulary (151,936), LoRA r64/α32 on
+all linear layers, bf16 DeepSpeed ZeRO-2, the LM head in chunks, one micro-batch of the paper's 40,960
+tokens per GPU. Prints the peak GPU memory torch allocated next to the planner's estimate of the same
+rank (learners/compute/memory.py, gpu coefficients) and the step's seconds. Run by
+benchmarks/gpu_check.sh on a GPU machine.
 
 `--cpu-smoke` runs the same path at a tiny shape on CPU (torch backend, fp32, peak RSS rise against the cpu
 coefficients), so the script is exercised where no GPU is (tests/benchmarks/test_paper_step.py).
@@ -19,7 +20,9 @@ from jobs.models.shape import shape_of
 from learners.compute.memory import GIB, LearnerSetup, learner_memory
 
 GPU_MODEL = "builtin:qwen3-4b-shape?vocab=151936&max_positions=40960"
-SMOKE_MODEL = "builtin:qwen3-0.6b-shape?vocab=4096&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
+SMOKE_MODEL = (
+    "builtin:qwen3-0.6b-shape?vocab=4096&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
+)
 
 
 def overrides(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> list[str]:
@@ -29,13 +32,26 @@ def overrides(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool
               f"learner.gradient_checkpointing={checkpointing}", "learner.logits_chunk_tokens=1024",
               "learner.role_grad_diagnostics=false"]
     if gpu:
-        return [*common, "model.dtype=bfloat16", "learner.backend=deepspeed", "learner.deepspeed.zero_stage=2"]
+        return [
+            *common,
+            "model.dtype=bfloat16",
+            "learner.backend=deepspeed",
+            "learner.deepspeed.zero_stage=2",
+        ]
     return [*common, "model.dtype=float32", "learner.backend=torch"]
 
 
 def estimate(model: str, tokens: int, gpu: bool, checkpointing: bool) -> dict[str, float]:
-    setup = LearnerSetup(tokens=tokens, lora_rank=64, zero_stage=2 if gpu else 0, ranks=1,
-                         checkpointing=checkpointing, logits_chunk=1024, role_rows=0, device="gpu" if gpu else "cpu")
+    setup = LearnerSetup(
+        tokens=tokens,
+        lora_rank=64,
+        zero_stage=2 if gpu else 0,
+        ranks=1,
+        checkpointing=checkpointing,
+        logits_chunk=1024,
+        role_rows=0,
+        device="gpu" if gpu else "cpu",
+    )
     m = learner_memory(shape_of(model), setup)
     return {"estimate_gib": m.allocated() / GIB, "estimate_rise_gib": (m.allocated() - m.weights) / GIB}
 
@@ -69,9 +85,18 @@ def random_batch(model: str, rows: int, width: int):
     ids = torch.randint(0, shape_of(model).vocab, (rows, width), generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(rows, width, dtype=torch.bool)
     mask[:, width // 5:] = True
-    batch = TrainBatch(policy_id="p", input_ids=ids, attention_mask=torch.ones_like(mask), loss_mask=mask,
-                       rollout_logprobs=torch.zeros(rows, width), advantages=torch.linspace(-1, 1, rows),
-                       rewards=torch.zeros(rows), roles=["solver"] * rows, agents=["solver0"] * rows, pad_id=0)
+    batch = TrainBatch(
+        policy_id="p",
+        input_ids=ids,
+        attention_mask=torch.ones_like(mask),
+        loss_mask=mask,
+        rollout_logprobs=torch.zeros(rows, width),
+        advantages=torch.linspace(-1, 1, rows),
+        rewards=torch.zeros(rows),
+        roles=["solver"] * rows,
+        agents=["solver0"] * rows,
+        pad_id=0,
+    )
     return batch, UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
 
 
@@ -99,10 +124,14 @@ def run(model: str, tokens: int, rows: int, gpu: bool, checkpointing: bool) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paper_step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.paper_step", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="a tiny shape on CPU (no GPU needed)")
     parser.add_argument("--model", default=None, help=f"default {GPU_MODEL} (--cpu-smoke: {SMOKE_MODEL})")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens of the micro-batch (default 40960; 512)")
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="tokens of the micro-batch (default 40960; 512)"
+    )
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--checkpointing", choices=("true", "false"), default="true")
     args = parser.parse_args(argv)

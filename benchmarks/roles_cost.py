@@ -1,4 +1,5 @@
-"""What roles cost: step time and peak memory for 1, 2 and 4 roles under shared, isolated and multi-LoRA policies.
+"""What roles cost: step time and peak memory for 1, 2 and 4 roles under shared,
+isolated and multi-LoRA policies.
 
     .venv/bin/python -m benchmarks.roles_cost [--model builtin:smollm2-135m-instruct] [--backend vllm]
         [--steps 3] [--prompts 4] [--n 2] [--tokens 32] [--roles 1,2,4] [--turns 4] [--modes ...]
@@ -11,9 +12,9 @@ what changes is how many policies, engines and weight syncs serve them. The work
 benchmark's child processes only; the package does not ship it.
 
 Each cell is one `jobs.train` run in its own subprocess with every group in-process (engines_per_role=0,
-ranks=0), so the child's peak RSS is the whole system's memory; the step time is the median `time/step_s` after
-the first step. Modes: shared (one full policy, an engine per role), shared 1-engine (one engine serving every
-role: rollout.engine_scope=policy), isolated (a full model per role, one engine per role),
+ranks=0), so the child's peak RSS is the whole system's memory; the step time is the median `time/step_s`
+after the first step. Modes: shared (one full policy, an engine per role), shared 1-engine (one engine
+serving every role: rollout.engine_scope=policy), isolated (a full model per role, one engine per role),
 isolated LoRA (an adapter per role, one engine per role) and multi-LoRA (an adapter per role, ONE engine
 serving all adapters). Prints a table and, per mode, how step time and memory grow from the fewest to the
 most roles (linear in roles = 4.0x for 1 → 4). A cell that does not fit the machine's memory is stopped and
@@ -53,7 +54,8 @@ RELAY_SYSTEM = "You are a careful problem solver. Reason step by step, then give
 
 
 def register_relay(roles: int, turns: int) -> None:
-    """Adds the `relay` workflow (`turns` sequential turns, turn t by role `r{t mod roles}`) to the registry."""
+    """Adds the `relay` workflow (`turns` sequential turns, turn t by role
+    `r{t mod roles}`) to the registry."""
     from marl.types import Episode
     from marl.workflows import WORKFLOWS
     from marl.workflows.common import ask, set_final_answer, system, user, with_instruction
@@ -64,8 +66,14 @@ def register_relay(roles: int, turns: int) -> None:
         episode = Episode(task=task, sample_index=sample_index, workflow="relay")
         text = ""
         for t in range(turns):
-            ask_for = task.prompt if t == 0 else (
-                f"Problem:\n{task.prompt}\n\nA previous solution:\n{text}\n\nCheck it and write the final solution.")
+            ask_for = (
+                task.prompt
+                if t == 0
+                else (
+                    f"Problem:\n{task.prompt}\n\nA previous solution:\n{text}\n\nCheck it and write the "
+                    "final solution."
+                )
+            )
             role = names[t % roles]
             turn = await ask(client, role, role, t, [system(RELAY_SYSTEM),
                                                      user(with_instruction(ask_for, family.instruction()))])
@@ -85,9 +93,9 @@ def _available_gb() -> float:
 
 
 def _run_guarded(cmd: list[str], timeout_s: float, min_free_gb: float) -> tuple[int | str, str, str]:
-    """Runs one cell; (exit code, stdout, stderr), or (reason, ...) when it was stopped. A cell that needs more
-    memory than the machine has does not fail: without swap it thrashes on its own code pages for as long as
-    one lets it. So the cell is stopped, and reported as not fitting, once free memory falls below
+    """Runs one cell; (exit code, stdout, stderr), or (reason, ...) when it was stopped. A cell that needs
+    more memory than the machine has does not fail: without swap it thrashes on its own code pages for as long
+    as one lets it. So the cell is stopped, and reported as not fitting, once free memory falls below
     `min_free_gb`, or when it runs past `timeout_s`."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
@@ -109,15 +117,28 @@ def _run_guarded(cmd: list[str], timeout_s: float, min_free_gb: float) -> tuple[
 def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
     name = f"r{roles}_{mode.replace(' ', '_').replace('-', '_')}"
     overrides = [
-        f"model.path={a.model}", "data.task=math", "data.answer_fallback=last_number", "data.eval_size=0",
+        f"model.path={a.model}",
+        "data.task=math",
+        "data.answer_fallback=last_number",
+        "data.eval_size=0",
         "data.train=reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=1",
-        "data.train_size=64", "marl.workflow=relay", f"rollout.backend={a.backend}", "rollout.engines_per_role=0",
-        f"rollout.prompts_per_step={a.prompts}", f"rollout.samples_per_prompt={a.n}",
-        f"rollout.sampling.max_new_tokens={a.tokens}", "rollout.kv_cache_gb=0.5", "learner.ranks=0",
-        "learner.micro_batch_size=8", f"steps={a.steps}", f"out_dir={out}", f"run_name={name}",
+        "data.train_size=64",
+        "marl.workflow=relay",
+        f"rollout.backend={a.backend}",
+        "rollout.engines_per_role=0",
+        f"rollout.prompts_per_step={a.prompts}",
+        f"rollout.samples_per_prompt={a.n}",
+        f"rollout.sampling.max_new_tokens={a.tokens}",
+        "rollout.kv_cache_gb=0.5",
+        "learner.ranks=0",
+        "learner.micro_batch_size=8",
+        f"steps={a.steps}",
+        f"out_dir={out}",
+        f"run_name={name}",
         # Every row trains, whatever the rewards: otherwise the update's work is the number of rows with a
         # non-zero advantage, which the reward draws (different per role name) decide, not the roles.
-        "algo.skip_zero_advantage=false", *MODES[mode],
+        "algo.skip_zero_advantage=false",
+        *MODES[mode],
     ]
     rc, stdout, stderr = _run_guarded([sys.executable, "-c", CHILD, str(roles), str(a.turns), *overrides],
                                       a.cell_timeout, a.min_free_gb)
@@ -159,9 +180,13 @@ def main() -> None:
     report(a, modes, counts, results)
 
 
-def report(a: argparse.Namespace, modes: list[str], counts: list[int], results: dict[tuple[int, str], dict]) -> None:
-    print(f"\n{a.model}, backend {a.backend}, relay of {a.turns} turns, {a.prompts} prompts x {a.n} samples x "
-          f"<= {a.tokens} tokens; median of {a.steps - 1} steps after the first")
+def report(
+    a: argparse.Namespace, modes: list[str], counts: list[int], results: dict[tuple[int, str], dict]
+) -> None:
+    print(
+        f"\n{a.model}, backend {a.backend}, relay of {a.turns} turns, {a.prompts} prompts x {a.n} samples x "
+        f"<= {a.tokens} tokens; median of {a.steps - 1} steps after the first"
+    )
     print(f"{'mode':<15}{'roles':>6}{'step s':>9}{'generate':>10}{'update':>9}{'sync':>8}{'peak GB':>9}")
     for mode in modes:
         for r in counts:

@@ -4,14 +4,14 @@
         [--tokens 256] [--reps 1] [--engines 1] [--threads 1] [--workflows eval_opt,voting,single_agent]
         [--backend vllm]
 
-GSM8K test questions, `prompts` x `n` episodes per collection, at most `tokens` new tokens per turn at temperature
-1.0, through the real Collector. The default layout: an engine group per role (rollout.engine_scope=role), each of
-`engines` vLLM engines as Ray actors, bound to cores of their own, or 0 for in-process engines; a workflow's
-engines start before its runs and stop after them. Each repetition runs lockstep then streaming (alternating, so
-drift on a shared machine hits both); medians over `reps`. Printed per workflow and mode: the collection's wall
-time, tokens generated (the two modes draw different samples, so equal in expectation only), tokens/s, each
-engine group's busy fraction (rollout/engine_busy_frac: wall time with a call in flight) and each role's p50/p99
-turn latency; then the streaming/lockstep ratios.
+GSM8K test questions, `prompts` x `n` episodes per collection, at most `tokens` new tokens per turn at
+temperature 1.0, through the real Collector. The default layout: an engine group per role
+(rollout.engine_scope=role), each of `engines` vLLM engines as Ray actors, bound to cores of their own, or 0
+for in-process engines; a workflow's engines start before its runs and stop after them. Each repetition runs
+lockstep then streaming (alternating, so drift on a shared machine hits both); medians over `reps`. Printed
+per workflow and mode: the collection's wall time, tokens generated (the two modes draw different samples, so
+equal in expectation only), tokens/s, each engine group's busy fraction (rollout/engine_busy_frac: wall time
+with a call in flight) and each role's p50/p99 turn latency; then the streaming/lockstep ratios.
 """
 
 from __future__ import annotations
@@ -42,10 +42,21 @@ MODES = ("lockstep", "streaming")
 
 
 def _engines(args: argparse.Namespace, path: str, workflow: str) -> dict[str, EngineGroup]:
-    cfg = load_config(None, [
-        f"model.path={args.model}", f"rollout.backend={args.backend}", f"rollout.engines_per_role={args.engines}",
-        f"rollout.torch_threads={args.threads}", "rollout.kv_cache_gb=1", "rollout.engine_num_cpus=0",
-        "rollout.max_batch_size=64", "data.train=digit", "data.train_size=1", "data.eval_size=0"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={args.model}",
+            f"rollout.backend={args.backend}",
+            f"rollout.engines_per_role={args.engines}",
+            f"rollout.torch_threads={args.threads}",
+            "rollout.kv_cache_gb=1",
+            "rollout.engine_num_cpus=0",
+            "rollout.max_batch_size=64",
+            "data.train=digit",
+            "data.train_size=1",
+            "data.eval_size=0",
+        ],
+    )
     specs = EngineMap.build(PolicyMap.shared(roles_of(workflow), "pi"), "modes").groups
     return {spec.roles[0]: EngineGroup(spec, path, cfg.rollout, "float32", first_slot=k * args.engines)
             for k, spec in enumerate(specs)}
@@ -58,8 +69,13 @@ def _collect(engines: dict[str, EngineGroup], workflow: str, mode: str, tasks: l
     episodes, timings = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed))
     wall = time.perf_counter() - t0
     tokens = sum(len(t.completion.response_ids) for e in episodes for t in e.turns)
-    return {"wall_s": wall, "tokens": float(tokens), "tokens_per_s": tokens / wall, "turns": float(
-        sum(len(e.turns) for e in episodes)), **{k: v for k, v in timings.items() if k.startswith("rollout/")}}
+    return {
+        "wall_s": wall,
+        "tokens": float(tokens),
+        "tokens_per_s": tokens / wall,
+        "turns": float(sum(len(e.turns) for e in episodes)),
+        **{k: v for k, v in timings.items() if k.startswith("rollout/")},
+    }
 
 
 def _median(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -106,8 +122,10 @@ def main() -> None:
         rows = {w: _runs(args, path, w, tasks) for w in workflows}
         layout = (f"{args.engines} {args.backend} engine actor(s)" if args.engines
                   else f"1 in-process {args.backend} engine")
-        print(f"\n{args.model}, {layout}, {args.prompts} prompts x {args.n} samples, <= {args.tokens} tokens, "
-              f"temperature 1.0, medians of {args.reps}")
+        print(
+            f"\n{args.model}, {layout}, {args.prompts} prompts x {args.n} samples, <= {args.tokens} tokens, "
+            f"temperature 1.0, medians of {args.reps}"
+        )
         print(f"{'workflow':<13}{'mode':<11}{'wall s':>8}{'tokens':>8}{'turns':>7}{'tok/s':>9}   "
               f"{'busy fraction by group':<34}turn latency p50/p99 s by role")
         for workflow in workflows:
@@ -116,7 +134,9 @@ def main() -> None:
         _shutdown(args)
 
 
-def _runs(args: argparse.Namespace, path: str, workflow: str, tasks: list) -> dict[str, list[dict[str, float]]]:
+def _runs(
+    args: argparse.Namespace, path: str, workflow: str, tasks: list
+) -> dict[str, list[dict[str, float]]]:
     """`reps` collections per mode, alternating, on engines started for `workflow` (after one warm-up)."""
     engines = _engines(args, path, workflow)
     try:
@@ -125,7 +145,8 @@ def _runs(args: argparse.Namespace, path: str, workflow: str, tasks: list) -> di
         for rep in range(args.reps):
             for mode in MODES:
                 rows[mode].append(_collect(engines, workflow, mode, tasks, args, seed=rep))
-                print(f"# rep {rep} {workflow} {mode}: " + " ".join(  # partial results, should a run be cut short
+                # partial results, should a run be cut short
+                print(f"# rep {rep} {workflow} {mode}: " + " ".join(
                     f"{k.removeprefix('rollout/')}={v:.3g}" for k, v in rows[mode][-1].items()), flush=True)
         return rows
     finally:

@@ -12,10 +12,11 @@ temperature 1, logprobs of the sampled tokens:
 Every engine gets the same cores. Medians over `reps` after one warm-up call. Engines run one at a time.
 Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
 actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
-`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload (rollout.vllm_sync_path=reload)
-and in place (fast), the payload packed into one buffer first (before) or shared, each tensor's bytes copied into
-the object store once (after), into the HF stand-in, a LoRA adapter-delta sync (merged serving) both ways, and the
-parts of a load inside an in-process vLLM engine, in one run.
+`--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload
+(rollout.vllm_sync_path=reload) and in place (fast), the payload packed into one buffer first
+(before) or shared, each tensor's bytes copied into the object store once (after), into the HF
+stand-in, a LoRA adapter-delta sync (merged serving) both ways, and the parts of a load inside an
+in-process vLLM engine, in one run.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def _rollout_cfg(args: argparse.Namespace, lora: bool, backend: str = "vllm", sy
                  f"rollout.vllm_sync_path={sync_path}",
                  f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
                  "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0",
-                 "data.train=digit", "data.train_size=1", "data.eval_size=0"]  # no tasks drawn; the schema needs one
+                 # no tasks drawn; the schema needs one
+                 "data.train=digit", "data.train_size=1", "data.eval_size=0"]
     if lora:
         overrides += ["model.lora.enabled=true", f"model.lora.rank={args.lora_rank}",
                       f"rollout.lora_serving={lora_serving}"]
@@ -84,8 +86,9 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
     try:
         def run(seed: int) -> int:
             batch = requests[:2] if seed < 0 else requests
-            out = asyncio.run(group.generate(batch, Sampling(sampling.temperature, 1.0, sampling.max_new_tokens,
-                                                             seed=seed)))
+            out = asyncio.run(
+                group.generate(batch, Sampling(sampling.temperature, 1.0, sampling.max_new_tokens, seed=seed))
+            )
             return sum(len(c.response_ids) for c in out)
 
         rate = _median_rate(run, args.reps, "ours")
@@ -100,18 +103,21 @@ def bench_ours(path: str, args: argparse.Namespace, requests: list, sampling: Sa
 def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> tuple[dict[str, dict], dict]:
     """Full-weight syncs into one engine actor, side by side: into a vLLM engine through vLLM's reload_weights
     and in place (rollout.vllm.repack); shared (cluster.packing.share: the tensors' own bytes copied into the
-    object store once, what learners send now), packed into one buffer first (cluster.packing.pack: a copy, then
-    the store's copy, as learners sent before) and as a dict of tensors; and into the HF stand-in (a copy into its
-    parameters, no kernel repacking). Then, on the in-place engine, packed and shared taking turns, phase by phase
-    (benchmarks.sync_phases)."""
+    object store once, what learners send now), packed into one buffer first (cluster.packing.pack: a copy,
+    then the store's copy, as learners sent before) and as a dict of tensors; and into the HF stand-in (a copy
+    into its parameters, no kernel repacking). Then, on the in-place engine, packed and shared taking turns,
+    phase by phase (benchmarks.sync_phases)."""
     from benchmarks.sync_phases import StampedEngine
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
     gets = {"shared": _Source.get_shared, "packed": _Source.get_packed, "dict": _Source.get_weights}
     out, phases = {}, {}
-    for backend, sync_path, payloads in (("vllm", "reload", ("shared",)), ("vllm", "fast", ("packed", "shared")),
-                                          ("hf", "fast", ("packed", "shared", "dict"))):
+    for backend, sync_path, payloads in (
+        ("vllm", "reload", ("shared",)),
+        ("vllm", "fast", ("packed", "shared")),
+        ("hf", "fast", ("packed", "shared", "dict")),
+    ):
         cfg = _rollout_cfg(args, lora=False, backend=backend, sync_path=sync_path).rollout
         stamped = backend == "vllm" and sync_path == "fast"
         group = EngineGroup(spec, path, cfg, "float32", engine_cls=StampedEngine if stamped else None)
@@ -128,7 +134,8 @@ def bench_full_sync(path: str, weights: dict, args: argparse.Namespace) -> tuple
 
 
 def _full_sync_phases(group: Any, weights: dict, reps: int) -> dict[str, list[dict[str, float]]]:
-    """Packed (before) and shared (after) full-weight syncs taking turns on `group`'s StampedEngine, phases each."""
+    """Packed (before) and shared (after) full-weight syncs taking turns on `group`'s
+    StampedEngine, phases each."""
     from benchmarks.sync_phases import one_sync
     from cluster.fingerprint import fingerprint
     from cluster.group import Group
@@ -138,9 +145,17 @@ def _full_sync_phases(group: Any, weights: dict, reps: int) -> dict[str, list[di
     phases: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
     for version in range(1, 3 + 2 * reps):
         way = list(ways)[version % 2]
-        phases[way].append(one_sync(src, ways[way], group.group, EngineMember.load_weights,
-                                    lambda ref: src.run(0, fingerprint, ref).result(600)[0], _same_fingerprint,
-                                    100 + version))
+        phases[way].append(
+            one_sync(
+                src,
+                ways[way],
+                group.group,
+                EngineMember.load_weights,
+                lambda ref: src.run(0, fingerprint, ref).result(600)[0],
+                _same_fingerprint,
+                100 + version,
+            )
+        )
     src.shutdown()
     return phases
 
@@ -152,8 +167,8 @@ def _same_fingerprint(report: dict, expected: float) -> None:
 def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
     """Merged serving of a LoRA policy (sync.lora_delta): the adapter travels, the engine actor merges it into
     its base and loads the merged layers; every layer's adapter changes before each sync. vLLM's reload and in
-    place; checked as jobs.driver.weight_sync does, the sender's sketch taken as Learner.merged_sketch's (the parts, and
-    the check as it was, side by side: benchmarks/lora_sync.py)."""
+    place; checked as jobs.driver.weight_sync does, the sender's sketch taken as Learner.merged_sketch's (the
+    parts, and the check as it was, side by side: benchmarks/lora_sync.py)."""
     from rollout.engine_group import EngineGroup
 
     (spec,) = EngineMap.build(PolicyMap.shared(["bench"], "pi"), "bench").groups
@@ -162,7 +177,9 @@ def bench_lora_delta(path: str, args: argparse.Namespace) -> dict[str, dict]:
         cfg = _rollout_cfg(args, lora=True, sync_path=sync_path, lora_serving="single")
         group = EngineGroup(spec, path, cfg.rollout, "float32")
         try:
-            out[f"vllm {sync_path}, LoRA r{args.lora_rank} delta"] = _delta_sync_seconds(group, path, cfg, args.reps)
+            out[f"vllm {sync_path}, LoRA r{args.lora_rank} delta"] = _delta_sync_seconds(
+                group, path, cfg, args.reps
+            )
         finally:
             group.shutdown()
     return out
@@ -173,9 +190,21 @@ def _delta_sync_seconds(group: Any, path: str, cfg: TrainConfig, reps: int) -> d
     from cluster.transport import broadcast
 
     src = Group(_LoraSource, 0, "bench:source", per_member_kwargs=[{"path": path, "lora": cfg.model.lora}])
-    outs = [_with_load(broadcast(src, _LoraSource.get_lora_delta, [group.group], EngineMember.load_lora_delta, v + 1,
-                                 600.0, expect=_LoraSource.merged_sketch, compare=served_as_merged))
-            for v in range(reps + 1)][1:]
+    outs = [
+        _with_load(
+            broadcast(
+                src,
+                _LoraSource.get_lora_delta,
+                [group.group],
+                EngineMember.load_lora_delta,
+                v + 1,
+                600.0,
+                expect=_LoraSource.merged_sketch,
+                compare=served_as_merged,
+            )
+        )
+        for v in range(reps + 1)
+    ][1:]
     src.shutdown()
     return _medians(outs)
 
@@ -251,12 +280,14 @@ class _Source:
     def get_packed(self):
         from cluster.packing import pack
 
-        return pack(self.payload)  # as Learner.get_packed_weights did: one copy into one buffer, on every call
+        # as Learner.get_packed_weights did: one copy into one buffer, on every call
+        return pack(self.payload)
 
     def get_shared(self):
         from cluster.packing import share
 
-        return share(self.payload)  # as Learner.get_packed_weights: the tensors' own bytes, the store's copy only
+        # as Learner.get_packed_weights: the tensors' own bytes, the store's copy only
+        return share(self.payload)
 
 
 def _sync_seconds(group, src_method, dst_method, payload, reps: int) -> dict:
@@ -286,15 +317,23 @@ def _medians(outs: list[dict]) -> dict:
 def bench_bare_vllm(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> float:
     from transformers import AutoTokenizer
 
-    for key, value in engine_env(cpu_bind(0, args.threads, os.cpu_count() or 1), default_cache_root()).items():
+    for key, value in engine_env(
+        cpu_bind(0, args.threads, os.cpu_count() or 1), default_cache_root()
+    ).items():
         os.environ.setdefault(key, value)  # the engine actor's environment, for the same cores and settings
     from vllm import LLM, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     llm = LLM(model=path, dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
               kv_cache_memory_bytes=int(args.kv_cache_gb * 2**30))
-    prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
-                                                                   return_dict=False)} for m in requests]
+    prompts = [
+        {
+            "prompt_token_ids": tokenizer.apply_chat_template(
+                m, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        }
+        for m in requests
+    ]
 
     def run(seed: int) -> int:
         batch = prompts[:2] if seed < 0 else prompts
@@ -302,7 +341,8 @@ def bench_bare_vllm(path: str, args: argparse.Namespace, requests: list, samplin
                                  seed=max(seed, 0) * 100_003 + i, logprobs=0) for i in range(len(batch))]
         return sum(len(o.outputs[0].token_ids) for o in llm.generate(batch, params, use_tqdm=False))
 
-    return _median_rate(run, args.reps, "vllm.LLM")  # the engine goes with this frame, before the HF engine loads
+    # the engine goes with this frame, before the HF engine loads
+    return _median_rate(run, args.reps, "vllm.LLM")
 
 
 def bench_hf(path: str, args: argparse.Namespace, requests: list, sampling: Sampling) -> float:
@@ -373,10 +413,17 @@ def _sync_only(args: argparse.Namespace) -> None:
     for name, s in syncs.items():
         _print_sync(name, s)
     stored = sum(b.nbytes for b in share(weights).buffers)
-    print(f"  (shared: {stored / 2**20:.1f} MiB cross the object store, a tied weight once; MiB/s counts every "
-          "weight delivered)")
-    reload, packed, shared = (syncs[f"vllm {k}"]["sync_s"] for k in ("reload, shared", "fast, packed", "fast, shared"))
-    print(f"  vllm full weights: reload / fast = {reload / shared:.2f}x, packed / shared = {packed / shared:.2f}x")
+    print(
+        f"  (shared: {stored / 2**20:.1f} MiB cross the object store, a tied weight once; MiB/s counts every "
+        "weight delivered)"
+    )
+    reload, packed, shared = (
+        syncs[f"vllm {k}"]["sync_s"] for k in ("reload, shared", "fast, packed", "fast, shared")
+    )
+    print(
+        f"  vllm full weights: reload / fast = {reload / shared:.2f}x, packed / shared = "
+        f"{packed / shared:.2f}x"
+    )
     delta = [s["sync_s"] for name, s in syncs.items() if "delta" in name]
     print(f"  vllm LoRA delta: reload / fast = {delta[0] / delta[1]:.2f}x")
     print_phases(f"full weights into the vLLM engine actor (fast path), the two ways taking turns, median of "
@@ -385,8 +432,11 @@ def _sync_only(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace, rates: dict[str, float], full: dict, lora: dict) -> None:
     bare, hf = rates["vllm.LLM (bare)"], rates.get("HFEngine", float("nan"))
-    print(f"{args.model}: {args.prompts} prompts x {args.n} samples x <= {args.tokens} new tokens, logprobs on, "
-          f"{args.threads} threads, median of {args.reps} after warm-up")
+    print(
+        f"{args.model}: {args.prompts} prompts x {args.n} samples x <= {args.tokens} new tokens, logprobs "
+        "on, "
+        f"{args.threads} threads, median of {args.reps} after warm-up"
+    )
     print(f"  {'engine':<20} {'tokens/s':>10} {'x bare vLLM':>12} {'x HFEngine':>11}")
     for name, rate in rates.items():
         print(f"  {name:<20} {rate:10.1f} {rate / bare:12.2f} {rate / hf:11.2f}")

@@ -62,9 +62,12 @@ def report(workers: int, bare: list[float], bare_isolated: list[float], sequenti
         ("sandbox, sequential", n / sequential_s, median_exec),
         (f"sandbox, pool of {workers}", n / pooled_s, statistics.median(r.wall_s for r in pooled)),
     ]
-    print(f"HumanEval canonical solutions: {n} programs, passed {sum(r.passed for r in sequential)} sequential / "
-          f"{sum(r.passed for r in pooled)} pooled; {os.cpu_count()} CPUs; isolation "
-          f"network={sequential[0].network_isolation} user={sequential[0].user_isolation}")
+    print(
+        f"HumanEval canonical solutions: {n} programs, passed {sum(r.passed for r in sequential)} sequential "
+        "/ "
+        f"{sum(r.passed for r in pooled)} pooled; {os.cpu_count()} CPUs; isolation "
+        f"network={sequential[0].network_isolation} user={sequential[0].user_isolation}"
+    )
     print(f"{'':28s}{'executions/s':>14s}{'median wall ms':>16s}")
     for name, rate, median in rows:
         print(f"{name:28s}{rate:14.1f}{median * 1000:16.1f}")

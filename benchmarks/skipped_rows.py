@@ -1,12 +1,14 @@
 """The cost of measuring the diagnostics on rows skipped for a zero advantage, side by side in one run.
 
-    .venv/bin/python -m benchmarks.skipped_rows [--model builtin:smollm2-135m-instruct] [--rows 32] [--seq 128]
+    .venv/bin/python -m benchmarks.skipped_rows [--model
+    builtin:smollm2-135m-instruct] [--rows 32] [--seq 128]
         [--prompt 32] [--micro 16] [--zero 0.5] [--warmup 1] [--steps 3]
 
-Workload (benchmarks/update.py's make_batch): `rows` sequences of `seq` random tokens, loss on the last
-`seq - prompt`, a fraction `zero` of the rows with advantage 0 (GRPO groups whose samples all scored alike), LoRA
-r64/α32 (`--lora-rank`) on all linear layers, fp32, one optimizer step, one in-process torch rank, per-role
-gradients and the policy movement on (the defaults). Variants, each the project's Learner.update on its own
+Workload (benchmarks/update.py's make_batch): `rows` sequences of `seq` random tokens, loss on the
+last `seq - prompt`, a fraction `zero` of the rows with advantage 0 (GRPO groups whose samples all
+scored alike), LoRA r64/α32 (`--lora-rank`) on all linear layers, fp32, one optimizer step, one
+in-process torch rank, per-role gradients and the policy movement on (the defaults). Variants, each
+the project's Learner.update on its own
 learner:
 - no pass: the zero-advantage rows never reach the learner (their entropy and engine gap go unmeasured), the
   policy movement over every trained row (the learner before the metrics pass);
@@ -39,7 +41,9 @@ from learners.state.weights import load_policy_model
 from learners.update.ppo_plan import plan_update
 
 
-def step_of(path: str, overrides: list[str], batch, keep: torch.Tensor, metrics_pass: bool) -> Callable[[], object]:
+def step_of(
+    path: str, overrides: list[str], batch, keep: torch.Tensor, metrics_pass: bool
+) -> Callable[[], object]:
     cfg = load_config("jobs/configs/tiny.yaml", overrides)
     learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
                                   algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
@@ -69,10 +73,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
     path = resolve_model(args.model)
-    common = [f"learner.micro_batch_size={args.micro}", "model.dtype=float32", "model.lora.enabled=true",
-              f"model.lora.rank={args.lora_rank}", "model.lora.alpha=32",
-              "model.lora.target_modules=all-linear",
-              "learner.optim.warmup_steps=0", "algo.kl_coef=0.0", f"learner.torch_threads={torch.get_num_threads()}"]
+    common = [
+        f"learner.micro_batch_size={args.micro}",
+        "model.dtype=float32",
+        "model.lora.enabled=true",
+        f"model.lora.rank={args.lora_rank}",
+        "model.lora.alpha=32",
+        "model.lora.target_modules=all-linear",
+        "learner.optim.warmup_steps=0",
+        "algo.kl_coef=0.0",
+        f"learner.torch_threads={torch.get_num_threads()}",
+    ]
     vocab = load_policy_model(path, "float32", load_config("jobs/configs/tiny.yaml", common).model.lora
                               ).config.vocab_size
     batch = make_batch(args.rows, args.seq, args.prompt, vocab)

@@ -3,12 +3,12 @@
     .venv/bin/python -m benchmarks.soak [--steps 300] [--window 200] [key=value ...]
 
 The tiny config (voting, isolated: an engine per role and a learner rank per policy, all Ray actors in one
-placement group) syncs weights every step and checkpoints every 10 steps keeping 2. After every step a callback
-samples the RSS and open descriptors of the driver and of every actor (pids from Ray's state API, read with
-psutil on this node), the object store's bytes and objects in use (after the step's sync has released its
-payloads), the cluster's live actors and placement groups, the run directory's size without rollouts/, and the
-checkpoint folders on disk. Each figure's growth per 100 steps is the least-squares slope over the last
-`--window` steps; the targets:
+placement group) syncs weights every step and checkpoints every 10 steps keeping 2. After every step a
+callback samples the RSS and open descriptors of the driver and of every actor (pids from Ray's state API,
+read with psutil on this node), the object store's bytes and objects in use (after the step's sync has
+released its payloads), the cluster's live actors and placement groups, the run directory's size without
+rollouts/, and the checkpoint folders on disk. Each figure's growth per 100 steps is the least-squares slope
+over the last `--window` steps; the targets:
 
 - RSS: < 1% per 100 steps, every process, fitted to the minimum of every 10 steps (what a process keeps: a
   learner's RSS right after an update swings by tens of MiB with the step's batch, allocator high-water marks
@@ -142,7 +142,9 @@ class Census:
         self.baseline = self.baseline or store
         actors, groups = live_members()
         rss, fds = process_figures({"driver": os.getpid(), **actors})
-        folders = [p for p in self.checkpoints.glob("step_*") if p.is_dir()] if self.checkpoints.is_dir() else []
+        folders = (
+            [p for p in self.checkpoints.glob("step_*") if p.is_dir()] if self.checkpoints.is_dir() else []
+        )
         self.samples.append(Sample(step, rss, fds, *store, sorted(actors), groups,
                                    dir_bytes(self.run_dir, skip="rollouts"), dir_bytes(self.checkpoints),
                                    len(folders), workers_started()))
@@ -161,7 +163,9 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
-def block_minima(xs: Sequence[float], ys: Sequence[float], block: int = RSS_BLOCK) -> tuple[list[float], list[float]]:
+def block_minima(
+    xs: Sequence[float], ys: Sequence[float], block: int = RSS_BLOCK
+) -> tuple[list[float], list[float]]:
     """The lowest y of every `block` consecutive points, at the block's middle x: the memory a process keeps.
     An update's transient peak (allocator high-water marks that vary with the step's batch) is not growth."""
     starts = range(0, len(xs) - block + 1, block) if len(xs) >= 2 * block else range(len(xs))
@@ -188,17 +192,28 @@ def growth_rows(samples: list[Sample], window: int) -> list[tuple[str, str, bool
                      fd_growth < 1.0))
     run_growth = 100 * slope(steps, [float(s.run_dir_bytes) for s in tail])
     ckpt_growth = 100 * slope(steps, [float(s.checkpoint_bytes) for s in tail])
-    rows.append(("run dir without rollouts", f"{run_growth / 2**10:+.1f} KiB (now {tail[-1].run_dir_bytes / 2**20:.1f}"
-                 " MiB; metrics.jsonl and tb/ take a line per step by design)", True))
+    rows.append(
+        (
+            "run dir without rollouts",
+            f"{run_growth / 2**10:+.1f} KiB (now {tail[-1].run_dir_bytes / 2**20:.1f}"
+            " MiB; metrics.jsonl and tb/ take a line per step by design)",
+            True,
+        )
+    )
     rows.append(("  of which checkpoints", f"{ckpt_growth / 2**10:+.1f} KiB (now "
                  f"{tail[-1].checkpoint_bytes / 2**20:.1f} MiB)", True))
     workers = 100 * slope(steps, [float(s.workers_started) for s in tail])
-    rows.append(("worker processes started", f"{workers:+.2f} (so far {tail[-1].workers_started})", workers < 1.0))
+    rows.append(
+        ("worker processes started", f"{workers:+.2f} (so far {tail[-1].workers_started})", workers < 1.0)
+    )
     return rows
 
 
-def invariant_rows(samples: list[Sample], actors: list[str], run_name: str, keep: int) -> list[tuple[str, str, bool]]:
-    """Every-step checks: the object store's level, the actor and placement-group census, checkpoints on disk."""
+def invariant_rows(
+    samples: list[Sample], actors: list[str], run_name: str, keep: int
+) -> list[tuple[str, str, bool]]:
+    """Every-step checks: the object store's level, the actor and placement-group
+    census, checkpoints on disk."""
     base = (samples[0].store_bytes, samples[0].store_objects)
     off = [s.step for s in samples if (s.store_bytes, s.store_objects) != base]
     wrong = [s.step for s in samples if s.actors != actors or s.groups != [f"{run_name}:placement"]]
@@ -221,11 +236,15 @@ def report(samples: list[Sample], cfg: TrainConfig, window: int) -> tuple[str, b
     return "\n".join(lines), all(ok for _, _, ok in rows)
 
 
-def soak(steps: int, overrides: list[str], out_dir: str, samples: Path | None = None) -> tuple[list[Sample], Any]:
+def soak(
+    steps: int, overrides: list[str], out_dir: str, samples: Path | None = None
+) -> tuple[list[Sample], Any]:
     """Run the soak; every step's Sample is also appended to `samples` (JSONL) as it is taken."""
     cfg = load_config("jobs/configs/tiny.yaml", [*SOAK, f"steps={steps}", f"out_dir={out_dir}", *overrides])
     run_dir = Path(cfg.out_dir) / cfg.run_name
-    census = Census(run_dir, Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints", samples)
+    census = Census(
+        run_dir, Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints", samples
+    )
     train(cfg, callbacks=(census,))
     return census.samples, cfg
 
@@ -233,7 +252,9 @@ def soak(steps: int, overrides: list[str], out_dir: str, samples: Path | None = 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--window", type=int, default=200, help="steps the growth is fitted over (the last ones)")
+    parser.add_argument(
+        "--window", type=int, default=200, help="steps the growth is fitted over (the last ones)"
+    )
     parser.add_argument("--samples", help="write every step's sample to this JSONL file")
     parser.add_argument("--report", help="no run: report on the samples of an earlier one (a --samples file)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the tiny config")

@@ -1,10 +1,11 @@
-"""Where one weight sync between Ray actors spends its time, phase by phase: the driver stamps when it asks the
-source for the payload, when the payload is in the object store and when the engine's report is back; the engine
-(`StampedEngine`, a vLLM engine whose sync methods say when they started and ended, wall clock, comparable across
-the node's processes, and how long their parts took) stamps the rest. So fetching and unpickling the payload
-(call sent → method started) and sending the report back (method ended → report in the driver) show apart from
-the load itself. Used by benchmarks.lora_sync --actors (an adapter delta) and benchmarks.rollout_throughput
---sync-only (full weights), each way of syncing taking turns with the other, sync by sync, on the same actors.
+"""Where one weight sync between Ray actors spends its time, phase by phase: the driver stamps when it asks
+the source for the payload, when the payload is in the object store and when the engine's report is back; the
+engine (`StampedEngine`, a vLLM engine whose sync methods say when they started and ended, wall clock,
+comparable across the node's processes, and how long their parts took) stamps the rest. So fetching and
+unpickling the payload (call sent → method started) and sending the report back (method ended → report in the
+driver) show apart from the load itself. Used by benchmarks.lora_sync --actors (an adapter delta) and
+benchmarks.rollout_throughput --sync-only (full weights), each way of syncing taking turns with the other,
+sync by sync, on the same actors.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from rollout.vllm.engine import VLLMEngine
 
 
 class StampedEngine(VLLMEngine):
-    """A vLLM engine whose reports of load_weights and load_lora_delta carry "start" and "end" (time.time()) and
-    "parts": seconds of the load's parts in this call (merge, load, sketch check or served sketches)."""
+    """A vLLM engine whose reports of load_weights and load_lora_delta carry "start" and "end" (time.time())
+    and "parts": seconds of the load's parts in this call (merge, load, sketch check or served sketches)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -53,7 +54,12 @@ class StampedEngine(VLLMEngine):
         self.parts.clear()
         start = time.time()
         report = load(payload, version)
-        return {**report, "start": start, "end": time.time(), "parts": {k: sum(v) for k, v in self.parts.items()}}
+        return {
+            **report,
+            "start": start,
+            "end": time.time(),
+            "parts": {k: sum(v) for k, v in self.parts.items()},
+        }
 
 
 def as_dict(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -63,8 +69,9 @@ def as_dict(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def one_sync(src: Any, get: Callable, engines: Any, load: Callable, expect: Callable[[Any], Any],
              check: Callable[[dict, Any], None], version: int) -> dict[str, float]:
-    """One sync, phase by phase (seconds), and the box's load average after it: get(source member) → the payload
-    in the store; load(engine member, payload, version) on member 0 of `engines` (a cluster.Group of StampedEngine);
+    """One sync, phase by phase (seconds), and the box's load average after it: get(source member) → the
+    payload in the store; load(engine member, payload, version) on member 0 of `engines` (a
+    cluster.Group of StampedEngine);
     expect(payload as the driver holds it, an object ref) computed in the source while the engine loads;
     check(report, expected)."""
     t0 = time.time()

@@ -3,15 +3,15 @@
     .venv/bin/python -m benchmarks.update [--model builtin:smollm2-135m-instruct] [--rows 64] [--seq 128]
         [--prompt 32] [--micro 16] [--full] [--warmup 1] [--steps 3] [--stages 2[,3]] [--dtype float32]
 
-Workload, identical for every variant: `rows` sequences of `seq` random tokens (prompt `prompt` tokens, loss on
-the rest), two roles (generator / evaluator, alternating rows), advantages ±1, fp32, micro-batches of `micro`
-rows, LoRA r64/α32 on all linear layers (the paper's setting; `--full` for full fine-tuning), one optimizer
-step per training step, one in-process rank (learner.ranks=0). On a machine with CUDA everything runs on the GPU
-(`--dtype bfloat16` there) and the torch backend, which is CPU-only, is left out. Variants:
+Workload, identical for every variant: `rows` sequences of `seq` random tokens (prompt `prompt` tokens, loss
+on the rest), two roles (generator / evaluator, alternating rows), advantages ±1, fp32, micro-batches of
+`micro` rows, LoRA r64/α32 on all linear layers (the paper's setting; `--full` for full fine-tuning), one
+optimizer step per training step, one in-process rank (learner.ranks=0). On a machine with CUDA everything
+runs on the GPU (`--dtype bfloat16` there) and the torch backend, which is CPU-only, is left out. Variants:
 - plain: model(...) → masked token-mean policy-gradient loss → backward per micro-batch → one AdamW step
   (the floor: no metrics, no normaliser plumbing, no reference, no engine);
-- torch / deepspeed (ZeRO-`stage` for each of `--stages`): the project's Learner.update, with per-role gradient
-  diagnostics off and on (ZeRO-2; ZeRO-3 without them).
+- torch / deepspeed (ZeRO-`stage` for each of `--stages`): the project's Learner.update, with per-role
+  gradient diagnostics off and on (ZeRO-2; ZeRO-3 without them).
 All variants are built first and then stepped in turn, round after round, so a change in the machine's load
 during the run hits every variant alike. Prints the median seconds per training step after `warmup` rounds,
 and ratios.
@@ -101,7 +101,9 @@ def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> C
     return lambda: learner.update(payload, plan)
 
 
-def median_step_s(steps: dict[str, Callable[[], object]], warmup: int, rounds: int) -> dict[str, tuple[float, float]]:
+def median_step_s(
+    steps: dict[str, Callable[[], object]], warmup: int, rounds: int
+) -> dict[str, tuple[float, float]]:
     """name → (median wall s, median CPU s of this process) per step. On a shared machine the CPU time is the
     steadier measure of the work done; the wall time is what a run on that machine sees."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
@@ -113,7 +115,9 @@ def median_step_s(steps: dict[str, Callable[[], object]], warmup: int, rounds: i
                 times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
         done = ", ".join(f"{n} {t[-1][0]:.1f}s" for n, t in times.items() if t)
         print(f"  round {r + 1}/{warmup + rounds}: {done}", flush=True)
-    return {n: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for n, t in times.items()}
+    return {
+        n: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for n, t in times.items()
+    }
 
 
 def main() -> None:
@@ -149,9 +153,11 @@ def main() -> None:
     for s in stages:
         variants[f"deepspeed ZeRO-{s}"] = lambda s=s: learner_step(path, cfg["deepspeed", s], batch, False)
         if s == 2:  # per-role gradients under ZeRO-3 gather every shard per role: not a configuration to time
-            variants["deepspeed ZeRO-2 + role grads"] = lambda: learner_step(path, cfg["deepspeed", 2], batch, True)
-    # The matmul rate is probed before and after the rounds and the faster probe kept: the machine's capability,
-    # not whatever load happened to coincide with one probe.
+            variants["deepspeed ZeRO-2 + role grads"] = lambda: learner_step(
+                path, cfg["deepspeed", 2], batch, True
+            )
+    # The matmul rate is probed before and after the rounds and the faster probe kept: the machine's
+    # capability, not whatever load happened to coincide with one probe.
     rate = matmul_flops_per_s(args.dtype)
     steps = {name: synchronized(build()) for name, build in variants.items()}
     results = median_step_s(steps, args.warmup, args.steps)
@@ -162,7 +168,8 @@ def main() -> None:
 
 
 def matmul_flops_per_s(dtype: str = "float32", reps: int = 20) -> float:
-    """The machine's measured matmul rate in `dtype` (median of `reps` n×n products), the roof for the bound."""
+    """The machine's measured matmul rate in `dtype` (median of `reps` n×n
+    products), the roof for the bound."""
     dev = device()
     n = 8192 if dev.type == "cuda" else 1024
     a, b = (torch.randn(n, n, device=dev, dtype=getattr(torch, dtype)) for _ in range(2))
@@ -179,9 +186,11 @@ def matmul_flops_per_s(dtype: str = "float32", reps: int = 20) -> float:
 
 
 def flop_bound_s(path: str, args, flops_per_s: float) -> tuple[float, float]:
-    """(FLOPs, seconds at the measured matmul rate) of one step: 2·N per token forward, plus 2·N backward to the
-    activations and, for full fine-tuning, 2·N more for the weight gradients (N = non-embedding parameters;
-    LoRA's own parameters are negligible next to N). Attention's sequence-squared term is left out (short seqs)."""
+    """(FLOPs, seconds at the measured matmul rate) of one step: 2·N per token forward, plus
+    2·N backward to the activations and, for full fine-tuning, 2·N more for the weight
+    gradients (N = non-embedding parameters;
+    LoRA's own parameters are negligible next to N). Attention's sequence-squared
+    term is left out (short seqs)."""
     model = load_policy_model(path, "float32", load_config("jobs/configs/tiny.yaml").model.lora)
     embed = model.get_input_embeddings().weight.numel()
     n = sum(p.numel() for p in model.parameters()) - embed
@@ -191,9 +200,12 @@ def flop_bound_s(path: str, args, flops_per_s: float) -> tuple[float, float]:
 
 def report(results: dict[str, tuple[float, float]], args, vocab: int, bound: tuple[float, float]) -> None:
     names = list(results)
-    print(f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}, {args.dtype} on {device()}), "
-          f"{args.rows} rows × {args.seq} tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, "
-          f"vocab {vocab}, {torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
+    print(
+        f"\n{args.model} ({'full fine-tuning' if args.full else 'LoRA r64'}, {args.dtype} on {device()}), "
+        f"{args.rows} rows × {args.seq} tokens (loss on {args.seq - args.prompt}), micro-batch {args.micro}, "
+        f"vocab {vocab}, {torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} "
+        "warm-up"
+    )
     print(f"FLOP bound: {bound[0] / 1e12:.2f} TFLOP per step at the measured matmul rate "
           f"({bound[0] / bound[1] / 1e12:.2f} TFLOP/s) = {bound[1]:.3f} s")
     print(f"{'variant':<34}{'wall s':>8}{'vs plain':>10}{'CPU s':>8}{'vs plain':>10}{'vs bound':>10}")

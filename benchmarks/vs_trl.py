@@ -3,9 +3,10 @@
     .venv/bin/python -m benchmarks.vs_trl [--model builtin:smollm2-135m-instruct] [--steps 4] [--warmup 1]
         [--prompts 16] [--n 4] [--tokens 128] [--backend vllm]
 
-Workload per optimizer step, identical for both: `prompts` prompts × `n` samples × at most `tokens` new tokens,
-the same prompts (reasoning-gym chain_sum, seeded), the same system/user messages and the same reward (our math
-family's scorer), GRPO without KL, clip (0.2, 0.28), micro-batches of 16 sequences, fp32 on CPU, 2 torch threads.
+Workload per optimizer step, identical for both: `prompts` prompts × `n` samples × at most `tokens`
+new tokens, the same prompts (reasoning-gym chain_sum, seeded), the same system/user messages and the
+same reward (our math family's scorer), GRPO without KL, clip (0.2, 0.28), micro-batches of 16
+sequences, fp32 on CPU, 2 torch threads.
 TRL generates with transformers `generate` (its default without a vLLM server); ours with the configured
 rollout backend. Each side runs in its own subprocess of this one invocation (so neither inherits the other's
 memory or threads); a step's time is the wall time between consecutive step-end callbacks, and the medians
@@ -29,13 +30,30 @@ DATA = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=
 
 def _overrides(a: argparse.Namespace, out: str) -> list[str]:
     return [
-        f"model.path={a.model}", "data.task=math", f"data.train={DATA}", "data.train_size=256", "data.eval_size=0",
-        "data.answer_fallback=last_number", "marl.workflow=single_agent", "marl.sharing=shared",
-        f"rollout.backend={a.backend}", "rollout.engines_per_role=0", f"rollout.prompts_per_step={a.prompts}",
-        f"rollout.samples_per_prompt={a.n}", f"rollout.sampling.max_new_tokens={a.tokens}",
-        "rollout.sampling.temperature=1.0", "rollout.kv_cache_gb=1.0", "algo.kl_coef=0.0", "learner.ranks=0",
-        "learner.micro_batch_size=16", "learner.role_grad_diagnostics=false", "learner.optim.lr=1e-6",
-        "learner.optim.warmup_steps=0", f"steps={a.warmup + a.steps}", f"out_dir={out}", "run_name=bench_ours",
+        f"model.path={a.model}",
+        "data.task=math",
+        f"data.train={DATA}",
+        "data.train_size=256",
+        "data.eval_size=0",
+        "data.answer_fallback=last_number",
+        "marl.workflow=single_agent",
+        "marl.sharing=shared",
+        f"rollout.backend={a.backend}",
+        "rollout.engines_per_role=0",
+        f"rollout.prompts_per_step={a.prompts}",
+        f"rollout.samples_per_prompt={a.n}",
+        f"rollout.sampling.max_new_tokens={a.tokens}",
+        "rollout.sampling.temperature=1.0",
+        "rollout.kv_cache_gb=1.0",
+        "algo.kl_coef=0.0",
+        "learner.ranks=0",
+        "learner.micro_batch_size=16",
+        "learner.role_grad_diagnostics=false",
+        "learner.optim.lr=1e-6",
+        "learner.optim.warmup_steps=0",
+        f"steps={a.warmup + a.steps}",
+        f"out_dir={out}",
+        "run_name=bench_ours",
     ]
 
 
@@ -102,14 +120,35 @@ def run_trl(a: argparse.Namespace) -> dict:
     micro = min(16, a.prompts * a.n)
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, fp16=False, learning_rate=1e-6, beta=0.0,
-            epsilon=0.2, epsilon_high=0.28, num_iterations=1, num_generations=a.n,
-            per_device_train_batch_size=micro, gradient_accumulation_steps=a.prompts * a.n // micro,
-            max_completion_length=a.tokens, temperature=1.0, max_steps=a.warmup + a.steps, shuffle_dataset=False,
-            logging_steps=1, report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0,
+            output_dir=out,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            learning_rate=1e-6,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            num_iterations=1,
+            num_generations=a.n,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=a.prompts * a.n // micro,
+            max_completion_length=a.tokens,
+            temperature=1.0,
+            max_steps=a.warmup + a.steps,
+            shuffle_dataset=False,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            seed=0,
+            dataloader_num_workers=0,
         )
-        trainer = GRPOTrainer(model=resolve_model(a.model), reward_funcs=reward, args=args, train_dataset=dataset,
-                              callbacks=[_Clock()])
+        trainer = GRPOTrainer(
+            model=resolve_model(a.model),
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset,
+            callbacks=[_Clock()],
+        )
         t0 = time.perf_counter()
         trainer.train()
     return {"step_s": [b - a_ for a_, b in zip([t0, *stamps], stamps, strict=False)]}
@@ -123,8 +162,8 @@ def _child(which: str, argv: list[str]) -> dict:
 
 
 def breakdown(step_walls: list[float], phases: list[dict]) -> list[tuple[str, float]]:
-    """(part, median seconds) of our step. The parts add up to the step's wall time: generation (an engine call
-    in flight), the rest of the rollout (episode logic, scoring, batching), store, advantage, update (the
+    """(part, median seconds) of our step. The parts add up to the step's wall time: generation (an engine
+    call in flight), the rest of the rollout (episode logic, scoring, batching), store, advantage, update (the
     learners' step, Ray hop included), sync (verified weight broadcast), and the driver outside the phases."""
     parts: dict[str, list[float]] = {}
     for wall, p in zip(step_walls, phases, strict=True):

@@ -27,7 +27,9 @@ class CollectiveMember(Protocol):
         """A reachable address and free port on this member's node (asked of member 0)."""
         ...
 
-    def join(self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None:
+    def join(
+        self, backend: str, host: str, port: int, rank: int, world_size: int, timeout_s: float, /
+    ) -> None:
         """Join the process group as `rank` of `world_size`."""
         ...
 

@@ -25,7 +25,11 @@ from typing import Any
 import ray
 
 LOCAL = "local"
-CONFIG, ENVIRONMENT, MARKER = "config (ray.address)", "environment (RAY_ADDRESS)", "the `ray start` marker file"
+CONFIG, ENVIRONMENT, MARKER = (
+    "config (ray.address)",
+    "environment (RAY_ADDRESS)",
+    "the `ray start` marker file",
+)
 
 
 class ConnectError(RuntimeError):
@@ -111,9 +115,12 @@ def dead_message(target: Target, timeout_s: float) -> str:
         CONFIG: "fix ray.address (or drop it to run an embedded cluster)",
         ENVIRONMENT: "fix or unset RAY_ADDRESS (unset, the run starts an embedded cluster)",
     }
-    fix = fixes.get(target.source, "its head died without `ray stop`: run `ray stop` or delete the marker "
-                                   "file, then start a head with `ray start --head`, or drop ray.address=auto "
-                                   "to run an embedded cluster")
+    fix = fixes.get(
+        target.source,
+        "its head died without `ray stop`: run `ray stop` or delete the marker "
+        "file, then start a head with `ray start --head`, or drop ray.address=auto "
+        "to run an embedded cluster",
+    )
     return (f"ray: no Ray cluster answers at {target.address} (from {target.source}) within {timeout_s:g}s "
             f"(ray.connect_timeout_s); {fix}")
 
@@ -150,7 +157,9 @@ def open_cluster(address: str = "", num_cpus: int = 0, include_dashboard: bool =
     target = choose(address, os.environ, marker)
     if target.embedded:
         cpus = f"{num_cpus} CPUs" if num_cpus else "all CPUs"
-        why = "no ray.address or RAY_ADDRESS" if target.source == "default" else f"'local' from {target.source}"
+        why = (
+            "no ray.address or RAY_ADDRESS" if target.source == "default" else f"'local' from {target.source}"
+        )
         print(f"ray: starting an embedded cluster ({cpus}; {why}){local_note(marker)}", flush=True)
     else:
         print(f"ray: joining the cluster at {target.address} (from {target.source})", flush=True)

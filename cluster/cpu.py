@@ -23,7 +23,8 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 
 
 def has_bf16(cpuinfo: str) -> bool:
-    """Whether the CPU described by /proc/cpuinfo text computes bfloat16 natively (AVX512-BF16, AMX, arm BF16)."""
+    """Whether the CPU described by /proc/cpuinfo text computes bfloat16 natively
+    (AVX512-BF16, AMX, arm BF16)."""
     return not cpu_flags(cpuinfo).isdisjoint(BF16_FLAGS)
 
 

@@ -35,8 +35,9 @@ def fingerprint_terms(name: str, tensor: Any, k: int = SAMPLES_PER_TENSOR) -> li
 
 
 def sampled_terms(name: str, values: torch.Tensor) -> list[float]:
-    """The terms of tensor `name` from its elements at `sample_indices(name, numel)`, in that order ([k]): what a
-    receiver that reads back only those elements (a fused or packed layer, element by element) reports."""
+    """The terms of tensor `name` from its elements at `sample_indices(name, numel)`, in that
+    order ([k]): what a receiver that reads back only those elements (a fused or packed layer,
+    element by element) reports."""
     salt = zlib.crc32(name.encode())
     return [v * (1.0 + ((salt + j) % 101) / 101.0) for j, v in enumerate(values.double().cpu().tolist())]
 

@@ -105,11 +105,20 @@ class Pending(Generic[R_co]):
 class Group(Generic[M]):
     """N members of `cls`. Members of a remote group are named `<name>:<index>` in the Ray dashboard."""
 
-    def __init__(self, cls: type[M], n: int, name: str, args: Sequence[Any] = (),
-                 options: MemberOptions | None = None, per_member_kwargs: Sequence[dict[str, Any]] | None = None,
-                 per_member_env: Sequence[dict[str, str]] | None = None, placement: GroupPlacement | None = None):
-        """`placement`: the placement-group bundle of each member (remote groups); members then take their
-        bundle's resources instead of `options`' counts, so they always fit the bundle they are scheduled into."""
+    def __init__(
+        self,
+        cls: type[M],
+        n: int,
+        name: str,
+        args: Sequence[Any] = (),
+        options: MemberOptions | None = None,
+        per_member_kwargs: Sequence[dict[str, Any]] | None = None,
+        per_member_env: Sequence[dict[str, str]] | None = None,
+        placement: GroupPlacement | None = None,
+    ):
+        """`placement`: the placement-group bundle of each member (remote groups); members then
+        take their bundle's resources instead of `options`' counts, so they always fit the
+        bundle they are scheduled into."""
         self.name, self.n = name, n
         kwargs = list(per_member_kwargs or [{} for _ in range(max(n, 1))])
         if n == 0:
@@ -125,7 +134,9 @@ class Group(Generic[M]):
         if placement is not None and len(placement.indices) != n:
             raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
         # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
-        envs = [{**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)]
+        envs = [
+            {**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)
+        ]
         remote_cls: Any = ray.remote(cls)
 
         def spawn(i: int) -> Any:
@@ -145,7 +156,9 @@ class Group(Generic[M]):
     def size(self) -> int:
         return len(self._members)
 
-    def submit(self, method: Callable[Concatenate[M, P], R], /, *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+    def submit(
+        self, method: Callable[Concatenate[M, P], R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Pending[R]:
         """method(member, *args, **kwargs) on every member; `method` is `Member.method`."""
         return self._submit(range(self.size), [Call(method, *args, **kwargs)] * self.size)
 
@@ -157,7 +170,9 @@ class Group(Generic[M]):
     def submit_each(self, calls: Sequence[Call[M, R]]) -> Pending[R]:
         """Member i runs calls[i] (scatter); every call names the same method."""
         if len({c.method for c in calls}) > 1:
-            raise GroupError(f"{self.name}: submit_each takes one method, got {sorted({c.method for c in calls})}")
+            raise GroupError(
+                f"{self.name}: submit_each takes one method, got {sorted({c.method for c in calls})}"
+            )
         return self._submit(range(len(calls)), calls)
 
     def _submit(self, indices: Sequence[int], calls: Sequence[Call[Any, R]]) -> Pending[R]:
@@ -171,9 +186,9 @@ class Group(Generic[M]):
 
     async def acall(self, index: int, method: Callable[Concatenate[M, P], Coroutine[Any, Any, R]], /,
                     *args: P.args, **kwargs: P.kwargs) -> R:
-        """An async member method (`Member.method`) on member `index`, awaited with no deadline of its own: the
-        caller bounds it (by the member's progress, say). Many such calls may be in flight on one member at
-        once: a Ray actor with an async method runs them concurrently on its event loop, and an in-process
+        """An async member method (`Member.method`) on member `index`, awaited with no deadline of its own:
+        the caller bounds it (by the member's progress, say). Many such calls may be in flight on one member
+        at once: a Ray actor with an async method runs them concurrently on its event loop, and an in-process
         member's coroutine runs on the caller's loop (it must hand blocking work to threads of its own)."""
         call = Call(method, *args, **kwargs)
         try:
@@ -193,7 +208,9 @@ class Group(Generic[M]):
         name = getattr(fn, "__name__", "run")
         if self.local:
             return Pending(self, name, [index], [self._executors[index].submit(fn, *args, **kwargs)])
-        return Pending(self, name, [index], [self._members[index].__ray_call__.remote(_apply, fn, *args, **kwargs)])
+        return Pending(
+            self, name, [index], [self._members[index].__ray_call__.remote(_apply, fn, *args, **kwargs)]
+        )
 
     def replace(self, index: int, timeout: float) -> None:
         """Kill member `index` (dead or hung) and start a new one under the same name and slot. Ray frees a
@@ -211,13 +228,19 @@ class Group(Generic[M]):
                 return
             except ValueError as e:  # "The name ... is already taken"
                 if time.monotonic() > deadline:
-                    raise GroupTimeout(f"{self.name}:{index} could not be replaced within {timeout:g}s: {e}") from e
+                    raise GroupTimeout(
+                        f"{self.name}:{index} could not be replaced within {timeout:g}s: {e}"
+                    ) from e
                 time.sleep(0.05)
 
-    def _call_local(self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+    def _call_local(
+        self, index: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Future[Any]:
         return self._executors[index].submit(getattr(self._members[index], method), *args, **kwargs)
 
-    def _get_local(self, futures: list[Future[Any]], indices: list[int], method: str, timeout: float) -> list[Any]:
+    def _get_local(
+        self, futures: list[Future[Any]], indices: list[int], method: str, timeout: float
+    ) -> list[Any]:
         _, not_done = wait_futures(futures, timeout=timeout)
         if not_done:
             late = [f"{self.name}:{i}" for i, f in zip(indices, futures, strict=True) if f in not_done]

@@ -62,11 +62,14 @@ class WeightReceiver(Protocol):
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None: ...
 
     def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:
-        """Receive one broadcast and serve it; returns {"version", "bytes", "fingerprint"} of what it serves."""
+        """Receive one broadcast and serve it; returns {"version", "bytes",
+        "fingerprint"} of what it serves."""
         ...
 
 
-def plan_buckets(layout: Sequence[tuple[str, tuple[int, ...], str, int]], bucket_bytes: int) -> list[list[Slot]]:
+def plan_buckets(
+    layout: Sequence[tuple[str, tuple[int, ...], str, int]], bucket_bytes: int
+) -> list[list[Slot]]:
     """Pack (name, shape, dtype, nbytes) entries, in order, into buckets of at most `bucket_bytes`."""
     buckets: list[list[Slot]] = [[]]
     used = 0
@@ -92,7 +95,9 @@ def layout_of(weights: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ..
 class WeightChannel:
     """One member's end of the channel. Rank 0 sends; every other rank receives."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str = "nccl"):
+    def __init__(
+        self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str = "nccl"
+    ):
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.store = dist.PrefixStore("marl/weights", store)
@@ -152,10 +157,16 @@ def form_channel(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]]
     return world
 
 
-def broadcast_nccl(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], version: int, timeout: float,
-                   fingerprint: Callable[[Mapping[str, Any]], float], bucket_bytes: int) -> dict[str, float]:
-    """cluster.transport.broadcast over a channel formed by `form_channel`: every member of `dsts` receives src
-    member 0's weights as `version` and must report that version and the sender's fingerprint."""
+def broadcast_nccl(
+    src: Group[WeightSender],
+    dsts: Sequence[Group[WeightReceiver]],
+    version: int,
+    timeout: float,
+    fingerprint: Callable[[Mapping[str, Any]], float],
+    bucket_bytes: int,
+) -> dict[str, float]:
+    """cluster.transport.broadcast over a channel formed by `form_channel`: every member of `dsts` receives
+    src member 0's weights as `version` and must report that version and the sender's fingerprint."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     sent = src.submit_to([0], WeightSender.nccl_send, version, bucket_bytes, fingerprint)

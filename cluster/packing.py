@@ -1,16 +1,16 @@
 """Named tensors as byte buffers plus a manifest, the one wire format of weights between processes.
 
-A dict of tensors crosses Ray as one pickled object per tensor (torch pickles each storage on its own), copied and
-unpickled one by one on both sides. A `PackedTensors` is a manifest (name, dtype, shape, buffer, offset per tensor)
-and numpy byte buffers, which Ray's object store keeps out of band: the sender's buffers are copied into the store
-once, and a receiver on the same node reads them zero-copy from shared memory, its tensors being views of the
-stored bytes. Two ways to build one:
+A dict of tensors crosses Ray as one pickled object per tensor (torch pickles each storage on its own), copied
+and unpickled one by one on both sides. A `PackedTensors` is a manifest (name, dtype, shape, buffer, offset
+per tensor) and numpy byte buffers, which Ray's object store keeps out of band: the sender's buffers are
+copied into the store once, and a receiver on the same node reads them zero-copy from shared memory, its
+tensors being views of the stored bytes. Two ways to build one:
 - `pack`: every tensor copied into one contiguous buffer (one copy on the sender). For many small tensors (an
   adapter, sketches): one buffer to store and to map, and fused parts lying back to back read as one view;
-- `share`: every tensor's own bytes as a buffer of its own, no copy (the object store's copy is then the only one
-  on the sender's side). For full weights, where the pack copy would double the sender's memory traffic.
-It is a read-only Mapping of name → tensor, so whatever takes a dict of weights (loaders, fingerprints) takes it as
-it is.
+- `share`: every tensor's own bytes as a buffer of its own, no copy (the object store's copy is then the only
+  one on the sender's side). For full weights, where the pack copy would double the sender's memory traffic.
+It is a read-only Mapping of name → tensor, so whatever takes a dict of weights (loaders,
+fingerprints) takes it as it is.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class PackedTensors(Mapping[str, Tensor]):
         return index
 
     def _tensors(self) -> dict[str, Tensor]:
-        """Every tensor's view, made once: readers (a load, its check, fingerprints, a sketch comparison) look each
-        tensor up several times, and a view costs a frombuffer under a warnings guard."""
+        """Every tensor's view, made once: readers (a load, its check, fingerprints, a sketch comparison) look
+        each tensor up several times, and a view costs a frombuffer under a warnings guard."""
         views = self.__dict__.get("_views")
         if views is None:
             views = {s.name: self._tensor(s) for s in self.specs}
@@ -85,12 +85,15 @@ class PackedTensors(Mapping[str, Tensor]):
     def _view(self, buffer: int, dtype: str, offset: int, count: int) -> Tensor:
         with warnings.catch_warnings():  # a view of read-only shared memory: loaders only read it
             warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(self.buffers[buffer], dtype=getattr(torch, dtype), count=count, offset=offset)
+            return torch.frombuffer(
+                self.buffers[buffer], dtype=getattr(torch, dtype), count=count, offset=offset
+            )
 
     def stacked(self, names: Sequence[str]) -> Tensor | None:
-        """The named tensors stacked along dim 0 ([Σ rows, *trailing]) as one view of a buffer, no copy, when they
-        lie back to back in this order in one buffer with one dtype and one trailing shape (as `pack` lays out
-        tensors whose sizes are multiples of its alignment); None otherwise (the caller concatenates)."""
+        """The named tensors stacked along dim 0 ([Σ rows, *trailing]) as one view of a buffer, no
+        copy, when they lie back to back in this order in one buffer with one dtype and one trailing
+        shape (as `pack` lays out tensors whose sizes are multiples of its alignment); None
+        otherwise (the caller concatenates)."""
         specs = [self._index()[n] for n in names]
         first, end = specs[0], specs[0].offset
         itemsize = torch.empty((), dtype=getattr(torch, first.dtype)).element_size()
@@ -129,8 +132,8 @@ def pack(tensors: Mapping[str, Tensor]) -> PackedTensors:
 
 def share(tensors: Mapping[str, Tensor]) -> PackedTensors:
     """`tensors` (host tensors) as they are, each one's bytes a buffer of its own: no copy (a non-contiguous
-    tensor is made contiguous). A tensor that is another one's alias (a tied LM head) shares its buffer, so its
-    bytes travel once. The buffers are views of the tensors: hand the payload over before they change."""
+    tensor is made contiguous). A tensor that is another one's alias (a tied LM head) shares its buffer, so
+    its bytes travel once. The buffers are views of the tensors: hand the payload over before they change."""
     buffers: list[np.ndarray] = []
     seen: dict[tuple[int, int, str, tuple[int, ...]], int] = {}  # (address, bytes, dtype, shape) -> buffer
     specs = []

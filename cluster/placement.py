@@ -140,7 +140,9 @@ def shortfall(demands: Sequence[Demand], plan: Layout, strategy: str, timeout_s:
     lines = [f"placement: the cluster cannot hold placement group {name!r} ({len(plan.bundles)} bundles, "
              f"strategy {strategy}) within {timeout_s:g}s."]
     for k in short or sorted(total):
-        askers = [f"{d.name} ({d.n} x {d.resources.get(k, 0.0):g})" for d in demands if d.resources.get(k, 0.0) > 0]
+        askers = [
+            f"{d.name} ({d.n} x {d.resources.get(k, 0.0):g})" for d in demands if d.resources.get(k, 0.0) > 0
+        ]
         lines.append(f"  {k}: needs {total[k]:g}, cluster has {cluster.get(k, 0.0):g} "
                      f"({free.get(k, 0.0):g} free); asked by {', '.join(askers) or 'token shares'}")
     if not short:

@@ -3,8 +3,8 @@ tensor's name, so that whoever holds W in some form (a plain tensor, a packed GE
 through the logits path) can compute the same [rows, k] product and compare.
 
 Unlike the sampled fingerprint (cluster.fingerprint), the sketch touches every element: a wrong row, a stale
-layer or a head left on old weights moves it. The two products are taken by different kernels (a oneDNN GEMM, a
-torch matmul), so they agree to rounding only, and are compared relative to their scale (`sketch_error`). ±1
+layer or a head left on old weights moves it. The two products are taken by different kernels (a oneDNN GEMM,
+a torch matmul), so they agree to rounding only, and are compared relative to their scale (`sketch_error`). ±1
 probes are exact in every float dtype, so the only difference is the kernels' summation.
 """
 
@@ -16,26 +16,29 @@ from collections.abc import Mapping
 
 import torch
 
-# A nonzero error row escapes one ±1 probe with probability ≤ 1/2, all four with ≤ 1/16. Both sides of the check
-# read every weight once whatever k is (memory-bound): k = 1, 2, 4 took 0.03-0.05 s each for SmolLM2-135M's 0.5 GiB
-# (benchmarks/sketch_probes.py), so fewer probes would weaken the check for nothing.
+# A nonzero error row escapes one ±1 probe with probability ≤ 1/2, all four with ≤ 1/16. Both sides of the
+# check read every weight once whatever k is (memory-bound): k = 1, 2, 4 took 0.03-0.05 s each for
+# SmolLM2-135M's 0.5 GiB (benchmarks/sketch_probes.py), so fewer probes would weaken the check for nothing.
 SKETCH_PROBES = 4
-# Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32 sums in
-# another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model, within this bound on
-# SmolLM2-135M); bf16/fp16 kernels round their outputs to 8/11 bits. A stale or wrong matrix moves the sketch by
-# its relative change (an optimizer step of lr 2e-5 moves weights of size ~0.02 by ~1e-3; a skipped layer by ~1).
+# Largest relative sketch error (`sketch_error`) of a weight served as sent, by the served dtype: fp32
+# sums in another order differ by ~1e-7 relative (oneDNN and torch agreed exactly on the tiny model,
+# within this bound on SmolLM2-135M); bf16/fp16 kernels round their outputs to 8/11 bits. A stale or wrong
+# matrix moves the sketch by its relative change (an optimizer step of lr 2e-5 moves weights of size ~0.02
+# by ~1e-3; a skipped layer by ~1).
 SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
 @functools.lru_cache(maxsize=1024)  # a model's tensors (Qwen3-4B: ~400 of cols × k fp32, ≤ 160 KB)
 def probes(name: str, cols: int, k: int = SKETCH_PROBES) -> torch.Tensor:
-    """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device). Stored column by
-    column (a transposed view): W @ P then takes a matrix-times-vectors kernel, 2.7-3.5x faster on CPU than with
-    row-major probes (median 0.24 -> 0.09 s for SmolLM2-135M's 272 tensors, 2 threads). Kept per (name, cols, k),
-    since every sync sketches the same tensors (drawing them was ~0.03 s of a full-weight check): the same tensor
-    object is handed to every caller, which must not write into it."""
+    """[cols, k] fp32 ±1 entries, seeded by `name` alone (the same on every process and device). Stored column
+    by column (a transposed view): W @ P then takes a matrix-times-vectors kernel, 2.7-3.5x faster on CPU than
+    with row-major probes (median 0.24 -> 0.09 s for SmolLM2-135M's 272 tensors, 2 threads). Kept per (name,
+    cols, k), since every sync sketches the same tensors (drawing them was ~0.03 s of a full-weight check):
+    the same tensor object is handed to every caller, which must not write into it."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    return torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1).T.contiguous().T
+    return (
+        torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1).T.contiguous().T
+    )
 
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
@@ -44,7 +47,8 @@ def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def sketch(name: str, tensor: torch.Tensor, k: int = SKETCH_PROBES) -> torch.Tensor:
-    """[rows, k] fp32: as_matrix(tensor) @ probes(name, cols), taken in fp32 on the tensor's device, returned on CPU."""
+    """[rows, k] fp32: as_matrix(tensor) @ probes(name, cols), taken in fp32 on the
+    tensor's device, returned on CPU."""
     w = as_matrix(tensor.detach())
     return (w.float() @ probes(name, w.shape[1], k).to(w.device)).cpu()
 
@@ -61,20 +65,23 @@ def sketch_error(served: torch.Tensor, expected: torch.Tensor) -> float:
 
 def low_rank_sketch(base: torch.Tensor, b: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
                     scale: float) -> torch.Tensor:
-    """[rows, k] fp32 sketch of W0 + scale·B@A without forming it: base = sketch(name, W0) [rows, k], B [rows, r],
-    A [r, cols], p = probes(name, cols) [cols, k]: base + scale·B@(A@P), O((rows + cols)·r·k) work instead of a
-    [rows, cols] merge."""
+    """[rows, k] fp32 sketch of W0 + scale·B@A without forming it: base = sketch(name, W0) [rows, k], B
+    [rows, r], A [r, cols], p = probes(name, cols) [cols, k]: base + scale·B@(A@P), O((rows + cols)·r·k) work
+    instead of a [rows, cols] merge."""
     a, b = a.detach().float(), b.detach().float()
     return base + (b @ (a @ p.to(a.device))).mul_(scale).cpu()
 
 
 def sketch_mismatch(served: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
                     rtol: float) -> str | None:
-    """None when every expected tensor's served sketch is within `rtol` (`sketch_error`); else what is off, worst
-    first. A name the server did not report counts as off: every expected tensor must be read back."""
+    """None when every expected tensor's served sketch is within `rtol` (`sketch_error`); else what is off,
+    worst first. A name the server did not report counts as off: every expected tensor must be read back."""
     errors = {n: sketch_error(served[n], s) if n in served else float("inf") for n, s in expected.items()}
     off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)
     if not off:
         return None
     worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
-    return f"{len(off)} of {len(errors)} tensors serve other values (relative sketch error above {rtol:.0e}): {worst}"
+    return (
+        f"{len(off)} of {len(errors)} tensors serve other values "
+        f"(relative sketch error above {rtol:.0e}): {worst}"
+    )

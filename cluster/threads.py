@@ -19,4 +19,9 @@ def threads_for(num_cpus: float, configured: int = 0) -> int:
 def thread_env(threads: int) -> dict[str, str]:
     """The environment that sizes every numeric thread pool of a fresh process to `threads`."""
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "OMP_WAIT_POLICY": "PASSIVE"}
+    return {
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "OPENBLAS_NUM_THREADS": n,
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }

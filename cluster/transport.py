@@ -23,17 +23,26 @@ X = TypeVar("X")  # the payload
 # A destination's report of a load, a JSON-like record: {"version", "bytes"[, "fingerprint"]}, or what
 # `compare` reads (a packed sketch and its tolerance).
 Report = Mapping[str, Any]
-Compare = Callable[[Report, Any], "str | None"]  # (a destination's report, the sender's expectation) -> what is off
+# (a destination's report, the sender's expectation) -> what is off
+Compare = Callable[[Report, Any], "str | None"]
 
 
 class SyncError(RuntimeError):
     """A destination did not end up on the version that was sent."""
 
 
-def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], load: Callable[[D, X, int], Report],
-              version: int, timeout: float, fingerprint: Callable[[X], float] | None = None,
-              indices: Sequence[int] | None = None, expect: Callable[[S], Any] | None = None,
-              compare: Compare | None = None) -> dict[str, float]:
+def broadcast(
+    src: Group[S],
+    get: Callable[[S], X],
+    dsts: Sequence[Group[D]],
+    load: Callable[[D, X, int], Report],
+    version: int,
+    timeout: float,
+    fingerprint: Callable[[X], float] | None = None,
+    indices: Sequence[int] | None = None,
+    expect: Callable[[S], Any] | None = None,
+    compare: Compare | None = None,
+) -> dict[str, float]:
     """Send get(src[0]) to every dst member's load(payload, version); `get` and `load` are member methods
     (`Source.method`, `Destination.method`).
 
@@ -70,14 +79,16 @@ def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]], lo
 
 def collect_reports(pendings: Sequence[tuple[Group[Any], Pending[Report]]], version: int, expected: Any,
                     deadline: float, compare: Compare | None = None) -> tuple[int, int]:
-    """Wait for every destination's report; (bytes moved, members verified). Raises SyncError naming the
-    first member on another version or, when `expected` is given, with another fingerprint (or, with `compare`,
+    """Wait for every destination's report; (bytes moved, members verified). Raises SyncError naming the first
+    member on another version or, when `expected` is given, with another fingerprint (or, with `compare`,
     whose report it finds off)."""
     moved, verified = 0, 0
     for dst, pending in pendings:
         for i, report in zip(pending.indices, pending.result(_left(deadline)), strict=True):
             if report["version"] != version:
-                raise SyncError(f"{dst.name}:{i} reports weight version {report['version']}, expected {version}")
+                raise SyncError(
+                    f"{dst.name}:{i} reports weight version {report['version']}, expected {version}"
+                )
             if expected is not None:
                 _check(f"{dst.name}:{i}", report, expected, version, compare)
                 verified += 1
@@ -90,9 +101,11 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.01)
 
 
-def _expected_fingerprint(fingerprint: Callable[[X], float], src: Group[Any], payload: Any, deadline: float) -> float:
-    """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted inside the
-    source member that produced it, never fetched to the driver. (A task of its own would start a worker
+def _expected_fingerprint(
+    fingerprint: Callable[[X], float], src: Group[Any], payload: Any, deadline: float
+) -> float:
+    """The sender's fingerprint, computed where the payload lives: a remote payload is fingerprinted inside
+    the source member that produced it, never fetched to the driver. (A task of its own would start a worker
     process for every sync wherever the actors hold the node's CPUs, seconds each, leaving its log files.)"""
     if not isinstance(payload, ray.ObjectRef):
         return fingerprint(payload)

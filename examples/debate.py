@@ -83,7 +83,9 @@ async def _debate(
             for i, history in enumerate(histories):
                 others = "\n\n".join(text for j, text in enumerate(latest) if j != i)
                 history += [assistant(latest[i]), user(d.fill("revise", other=others))]
-        said = await asyncio.gather(*(ask(client, "debater", n, r, h) for n, h in zip(names, histories, strict=True)))
+        said = await asyncio.gather(
+            *(ask(client, "debater", n, r, h) for n, h in zip(names, histories, strict=True))
+        )
         for mine, turn in zip(turns, said, strict=True):
             mine.append(turn)
     return turns

@@ -6,9 +6,9 @@ Multi-Agent RL Improve LLM Workflows?" as Parquet files the training config poin
   answer) and the original one (BytedTsinghua-SIA: `prompt` chat messages with DAPO's "Answer:" instructions,
   which are stripped, the answer in `reward_model.ground_truth`, every problem repeated many times).
 - code: DeepCoder's primeintellect subset → `<out>/deepcoder_{train,test}.parquet` (`id`, `prompt`, `tests`: a
-  JSON list of stdin/stdout cases, the DeepCoder layout marl/tasks/code_data.py reads). Problems whose tests the
-  sandbox cannot run (none, unparsable, call-based) are dropped; of the rest, shuffled with seed 42, the first
-  1,000 are the test split.
+  JSON list of stdin/stdout cases, the DeepCoder layout marl/tasks/code_data.py reads). Problems whose tests
+  the sandbox cannot run (none, unparsable, call-based) are dropped; of the rest, shuffled with seed 42, the
+  first 1,000 are the test split.
 
 Both drop unusable rows and repeated problems (same normalised prompt text, so train and test are disjoint),
 print the counts by reason, and split as HF `datasets` does (`train_test_split(test_size=0.1, seed=42)`,
@@ -17,12 +17,12 @@ with nothing dropped splits exactly as it would there.
 
 --src: a .parquet / .arrow / .jsonl / .json file, or a folder as `huggingface-cli download` or `save_to_disk`
 leaves it (every *.parquet under it, else *.arrow, else *.jsonl; of a folder with split-named files only the
-`--split` ones). Of a folder holding configs (all/, cn/, en/) only `--config`'s are read: the paper's, `en` for
-math and `primeintellect` for code, by default. Never downloads.
+`--split` ones). Of a folder holding configs (all/, cn/, en/) only `--config`'s are read: the paper's, `en`
+for math and `primeintellect` for code, by default. Never downloads.
 
---tokenizer M --max-prompt-tokens N: after the split, drop every problem whose prompt (one user turn of M's chat
-template) is over N tokens, as the paper's stack filters over-long prompts before training, and print how many
-each split lost. Without them nothing is measured.
+--tokenizer M --max-prompt-tokens N: after the split, drop every problem whose prompt (one user turn of M's
+chat template) is over N tokens, as the paper's stack filters over-long prompts before training, and print how
+many each split lost. Without them nothing is measured.
 """
 
 from __future__ import annotations
@@ -43,12 +43,15 @@ from marl.tasks.rows import read_rows, row_problem
 from marl.types import JsonRecord
 
 NAMES = {"math": "dapo_math_17k", "code": "deepcoder"}
-CONFIGS = {"math": "en", "code": "primeintellect"}  # the paper's config of each source (DAPO-Math-17k: ~14.1k en)
+# the paper's config of each source (DAPO-Math-17k: ~14.1k en)
+CONFIGS = {"math": "en", "code": "primeintellect"}
 COLUMNS = {"math": ("id", "prompt", "answer"), "code": ("id", "prompt", "tests")}
 SPLITS = ("train", "test", "validation", "valid", "dev")
 SHARD = re.compile(r"^(?P<split>[A-Za-z]+)-\d+-of-\d+$")  # HF shard names: train-00000-of-00003
-DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
-               "Answer: $Answer (without quotes) where $Answer is the answer to the problem.")
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+)
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 EXIT_USAGE, EXIT_DATA = 2, 3
 
@@ -64,8 +67,8 @@ def split_of(path: Path, src: Path) -> str | None:
 
 
 def source_files(src: Path, split: str, config: str = "") -> list[Path]:
-    """The data files of `src` (a file, or a folder's files of one config and split), sorted. A folder of several
-    configs is narrowed to `config`."""
+    """The data files of `src` (a file, or a folder's files of one config and split), sorted. A folder of
+    several configs is narrowed to `config`."""
     if src.is_file():
         return [src]
     if not src.is_dir():
@@ -151,11 +154,15 @@ def code_example(row: dict[str, Any]) -> tuple[str, str] | str:
     return problem_text(row), json.dumps(task.meta["cases"])
 
 
-CONVERT: dict[str, Callable[[dict[str, Any]], tuple[str, str] | str]] = {"math": math_example, "code": code_example}
+CONVERT: dict[str, Callable[[dict[str, Any]], tuple[str, str] | str]] = {
+    "math": math_example,
+    "code": code_example,
+}
 
 
 def collect(rows: Iterator[object], kind: str) -> tuple[list[Example], Counter[str], int]:
-    """The usable, first-seen examples (id = source row index), the dropped rows by reason, and the rows read."""
+    """The usable, first-seen examples (id = source row index), the dropped rows
+    by reason, and the rows read."""
     kept: list[Example] = []
     dropped: Counter[str] = Counter()
     seen: set[str] = set()
@@ -204,14 +211,24 @@ def within_cap(examples: list[Example], count: TokenCount | None, cap: int) -> t
     return kept, len(examples) - len(kept)
 
 
-def prepare(kind: str, src: Path, out: Path, seed: int = 42, test_fraction: float = 0.1, test_size: int = 1000,
-            split: str = "train", config: str = "", count: TokenCount | None = None,
-            max_prompt_tokens: int = 0) -> JsonRecord:
+def prepare(
+    kind: str,
+    src: Path,
+    out: Path,
+    seed: int = 42,
+    test_fraction: float = 0.1,
+    test_size: int = 1000,
+    split: str = "train",
+    config: str = "",
+    count: TokenCount | None = None,
+    max_prompt_tokens: int = 0,
+) -> JsonRecord:
     """Read, filter, split, drop over-cap prompts (after the split, so the split stays the HF one) and write
     one dataset; returns the counts and the paths written."""
     files = source_files(src, split, config)
     kept, dropped, read = collect(iter_rows(files), kind)
-    n_test = math.ceil(test_fraction * len(kept)) if kind == "math" else test_size  # ceil: as train_test_split
+    # ceil: as train_test_split
+    n_test = math.ceil(test_fraction * len(kept)) if kind == "math" else test_size
     train_at, test_at = hf_split(len(kept), n_test, seed)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / f"{NAMES[kind]}_{name}.parquet" for name in ("train", "test")}
@@ -259,8 +276,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="the source split to read from a folder with several")
     p.add_argument("--config", help="the config folder to read from a folder with several (default: the "
                    "paper's, en for math, primeintellect for code)")
-    p.add_argument("--tokenizer", help="a model folder whose tokenizer measures prompts (with --max-prompt-tokens)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="drop prompts longer than this (0 = keep all)")
+    p.add_argument(
+        "--tokenizer", help="a model folder whose tokenizer measures prompts (with --max-prompt-tokens)"
+    )
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=0, help="drop prompts longer than this (0 = keep all)"
+    )
     return p
 
 
@@ -275,9 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         count = chat_token_count(args.tokenizer) if args.tokenizer else None
-        result = prepare(args.kind, args.src, args.out, args.seed, args.test_fraction, args.test_size, args.split,
-                         args.config if args.config is not None else CONFIGS[args.kind], count,
-                         args.max_prompt_tokens)
+        result = prepare(
+            args.kind,
+            args.src,
+            args.out,
+            args.seed,
+            args.test_fraction,
+            args.test_size,
+            args.split,
+            args.config if args.config is not None else CONFIGS[args.kind],
+            count,
+            args.max_prompt_tokens,
+        )
     except (ValueError, OSError) as e:
         print(f"prepare_data {args.kind}: {e}", file=sys.stderr)
         return EXIT_DATA

@@ -3,8 +3,8 @@
 Writes PNGs and one index.html: held-out accuracy vs step of every run overlaid (line style by sharing, peak
 and final marked, cliffs flagged by marl.cliff's detector, each noted as terminal or recovered from), and per
 run the reward, gradient norm, gradient mass share and response length of each role. A run dir is any folder
-holding metrics.jsonl (labels come from its config.yaml); any other folder, e.g. a Tune experiment, is searched
-recursively for run dirs. Metrics a run did not record are skipped with a note in the page.
+holding metrics.jsonl (labels come from its config.yaml); any other folder, e.g. a Tune experiment, is
+searched recursively for run dirs. Metrics a run did not record are skipped with a note in the page.
 """
 
 from __future__ import annotations
@@ -89,12 +89,22 @@ def load_run(path: Path, default_cliff: tuple[float, float] = (0.1, 2)) -> RunRe
     for line in (path / "metrics.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            by_step.setdefault(row["step"], {}).update(row)  # a re-logged step (restart) updates the older row
+            # a re-logged step (restart) updates the older row
+            by_step.setdefault(row["step"], {}).update(row)
     marl, cliff = saved.get("marl", {}), saved.get("cliff", {})
-    return RunRecord(path, saved.get("run_name", path.name), marl.get("workflow", "?"), marl.get("sharing", "?"),
-               (cliff.get("drop", default_cliff[0]), cliff.get("window", default_cliff[1]),
-                cliff.get("relative_drop", 0.0)),
-               [by_step[s] for s in sorted(by_step)], notes)
+    return RunRecord(
+        path,
+        saved.get("run_name", path.name),
+        marl.get("workflow", "?"),
+        marl.get("sharing", "?"),
+        (
+            cliff.get("drop", default_cliff[0]),
+            cliff.get("window", default_cliff[1]),
+            cliff.get("relative_drop", 0.0),
+        ),
+        [by_step[s] for s in sorted(by_step)],
+        notes,
+    )
 
 
 def eval_curve(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
@@ -166,8 +176,12 @@ def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
             cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
             ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
             notes.append(_cliff_note(run, xs, ys, event))
-    ax.set(title="Held-out accuracy\n(★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
-           xlabel="training steps done", ylabel="accuracy")
+    ax.set(
+        title="Held-out accuracy\n"
+        "(★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",
+        xlabel="training steps done",
+        ylabel="accuracy",
+    )
     _decorate(ax)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
@@ -229,8 +243,8 @@ def _summary_row(run: RunRecord) -> str:
 
 
 def _shown(path: Path) -> str:
-    """A run dir as the page shows it: relative to the working directory when under it (a committed report then
-    names its runs as the repository does), else absolute."""
+    """A run dir as the page shows it: relative to the working directory when under it (a committed report
+    then names its runs as the repository does), else absolute."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -259,7 +273,9 @@ def report(paths: list[Path], out: Path) -> Path:
     """Writes the plots and index.html for every run at or under `paths`; returns the index path."""
     runs = [load_run(p) for p in find_runs(paths)]
     if not runs:
-        raise FileNotFoundError(f"no run dirs (folders with metrics.jsonl) at or under {', '.join(map(str, paths))}")
+        raise FileNotFoundError(
+            f"no run dirs (folders with metrics.jsonl) at or under {', '.join(map(str, paths))}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     notes = [f"{r.label}: {n}" for r in runs for n in r.notes]
     notes += plot_accuracy(runs, out)

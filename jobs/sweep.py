@@ -83,8 +83,13 @@ class TrialSetup:
 
 def trial_config(setup: TrialSetup, config: dict[str, Any], run_name: str) -> TrainConfig:
     """The train config of one trial: base ← sweep overrides ← its cell ← its search sample."""
-    overrides = [*setup.overrides, *as_overrides(config.get("grid", {})), *as_overrides(config.get("search", {})),
-                 f"run_name={run_name}", f"out_dir={setup.out_dir}"]
+    overrides = [
+        *setup.overrides,
+        *as_overrides(config.get("grid", {})),
+        *as_overrides(config.get("search", {})),
+        f"run_name={run_name}",
+        f"out_dir={setup.out_dir}",
+    ]
     return load_config(setup.base, overrides)
 
 
@@ -106,9 +111,11 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     cfg = trial_config(setup, config, f"{setup.name}_{tune.get_context().get_trial_id()}")
     reporter = TuneReporter(Path(cfg.out_dir) / cfg.run_name)
     summary = train(cfg, callbacks=(reporter,))
-    # A trial resumed after its run's last step had committed trains no step here: its final result carries the
-    # run's last logged step instead, so the sweep's metric (reward/mean) is still in it.
-    tune.report({**(reporter.last or last_step_metrics(Path(cfg.out_dir) / cfg.run_name)), **summary, FINISHED: 1.0})
+    # A trial resumed after its run's last step had committed trains no step here: its final result carries
+    # the run's last logged step instead, so the sweep's metric (reward/mean) is still in it.
+    tune.report(
+        {**(reporter.last or last_step_metrics(Path(cfg.out_dir) / cfg.run_name)), **summary, FINISHED: 1.0}
+    )
 
 
 def last_step_metrics(run_dir: Path) -> dict[str, float]:
@@ -167,7 +174,9 @@ def _refuse_unfit(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     setup = setup_of(spec)
     for cell, sampled in checked_configs(spec, all_cells):
         try:
-            refuse_unfit(run_layout(trial_config(setup, {"grid": cell, "search": sampled}, f"{setup.name}_plan")))
+            refuse_unfit(
+                run_layout(trial_config(setup, {"grid": cell, "search": sampled}, f"{setup.name}_plan"))
+            )
         except ValueError as e:  # PlanError, or a model the planner cannot size
             where = cell_label(cell) + (f"; search {cell_label(sampled)}" if sampled else "")
             raise SweepError(f"sweep {spec.name}: cell [{where}]: config: {e}") from None
@@ -178,7 +187,10 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
     for cell in all_cells:
         sets = "".join(f" {k}={v}" for k, v in cell.get(WHERE, {}).items())
         layout = run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_resources"))
-        print(f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles {resources_of(setup, layout).bundles}")
+        print(
+            f"[{cell_label(cell)}]{' where' + sets if sets else ''} bundles "
+            f"{resources_of(setup, layout).bundles}"
+        )
         print(f"  {arithmetic(layout, dict(setup.driver))}")
         print("  " + format_plan(layout.cfg, make_plan(layout)).replace("\n", "\n  "))
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
@@ -188,8 +200,13 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
 def scaling_page(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> str:
     """docs/scaling.md's page: one layout per configuration of the sweep (its seeds counted, not planned)."""
     setup = setup_of(spec)
-    return scaling_markdown(spec, [(run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_plan")), seeds)
-                                   for cell, seeds in configurations(all_cells)])
+    return scaling_markdown(
+        spec,
+        [
+            (run_layout(trial_config(setup, {"grid": cell}, f"{setup.name}_plan")), seeds)
+            for cell, seeds in configurations(all_cells)
+        ],
+    )
 
 
 def _summary(results: tune.ResultGrid, spec: SweepConfig) -> int:
@@ -214,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate, print every cell's bundles and memory plan per GPU, exit")
-    parser.add_argument("--markdown", action="store_true",
-                        help="with --dry-run: the scaling tables (docs/scaling.md) instead of the per-cell plans")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --dry-run: the scaling tables (docs/scaling.md) instead of the per-cell plans",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
     args = parser.parse_intermixed_args(argv)
     try:

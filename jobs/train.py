@@ -36,11 +36,13 @@ from marl.cliff import CliffTracker
 
 def quiet_logs(verbose: bool) -> None:
     """Unless `verbose`, the console shows the run's own lines: vLLM at ERROR (its start-up emits ~20 advisory
-    WARNING lines per engine), torch's C++ warnings at ERROR, no FutureWarnings. Read by every engine at import
-    (forwarded to engine actors by rollout.vllm.support.engine_env); the user's own settings win."""
+    WARNING lines per engine), torch's C++ warnings at ERROR, no FutureWarnings. Read by every engine at
+    import (forwarded to engine actors by rollout.vllm.support.engine_env); the user's own settings win."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
-    if not torch.cuda.is_available():  # DeepSpeed (imported by HF saving code) otherwise warns it found no GPU;
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # actors of the embedded cluster inherit the driver's env
+    # DeepSpeed (imported by HF saving code) otherwise warns it found no GPU;
+    if not torch.cuda.is_available():
+        # actors of the embedded cluster inherit the driver's env
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not verbose:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
@@ -74,13 +76,27 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     return summary
 
 
-def _attempts(cfg: TrainConfig, assets: RunAssets, run_dir: Path, log: RunLog, callbacks: tuple[StepCallback, ...],
-              resume: Path | None) -> tuple[dict[str, float], int, int]:
+def _attempts(
+    cfg: TrainConfig,
+    assets: RunAssets,
+    run_dir: Path,
+    log: RunLog,
+    callbacks: tuple[StepCallback, ...],
+    resume: Path | None,
+) -> tuple[dict[str, float], int, int]:
     """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
     fresh, failures, lost = assets.sampler.state(), 0, 0
     while True:
-        run = RunState(cfg, assets, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, Progress(sampler=fresh),
-                       CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop))
+        run = RunState(
+            cfg,
+            assets,
+            run_dir,
+            ckpt.root_dir(cfg, run_dir),
+            log,
+            callbacks,
+            Progress(sampler=fresh),
+            CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop),
+        )
         try:
             return attempt(run, resume), failures, lost
         except GroupError as e:
@@ -90,9 +106,11 @@ def _attempts(cfg: TrainConfig, assets: RunAssets, run_dir: Path, log: RunLog, c
         except PlacementError as e:
             if not failures:
                 raise
-            raise PlacementError(f"{e}\n  (after training failure {failures}; the last checkpoint, "
-                                 f"{resume or 'none'}, is kept: the same command resumes from it once the cluster "
-                                 "holds the run)") from None
+            raise PlacementError(
+                f"{e}\n  (after training failure {failures}; the last checkpoint, "
+                f"{resume or 'none'}, is kept: the same command resumes from it once the cluster "
+                "holds the run)"
+            ) from None
 
 
 def _initial_resume(cfg: TrainConfig, run_dir: Path) -> Path | None:
@@ -115,9 +133,14 @@ def _restart_point(run: RunState, error: GroupError, failures: int, resume: Path
         raise error
     resume = ckpt.newest(run.root) or resume
     gone = f"; lost with their node: {', '.join(run.lost)}" if run.lost else ""
-    print(f"[{cfg.run_name}] training failure {failures}/{cfg.checkpoint.max_failures}: {error}{gone}; system torn "
-          f"down, restarting from {resume or 'the start'} once the cluster holds the run (ray.placement_timeout_s="
-          f"{cfg.ray.placement_timeout_s:g})", flush=True)
+    print(
+        f"[{cfg.run_name}] training failure {failures}/{cfg.checkpoint.max_failures}: {error}{gone}; system "
+        "torn "
+        f"down, restarting from {resume or 'the start'} once the cluster holds the run "
+        "(ray.placement_timeout_s="
+        f"{cfg.ray.placement_timeout_s:g})",
+        flush=True,
+    )
     return resume
 
 
@@ -164,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (jobs/configs/*.yaml)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument("--plan", action="store_true",
-                        help="print the memory plan per GPU and the step-time estimates, exit (2 if it does not fit)")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan per GPU and the step-time estimates, exit (2 if it does not fit)",
+    )
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args(argv)
     try:

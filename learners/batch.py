@@ -40,8 +40,8 @@ class TrainBatch:
     roles: list[str]  # role of each row
     agents: list[str]  # agent instance of each row
     pad_id: int = 0  # the token id filling input_ids where attention_mask is False
-    # [B, T] float or None: the behaviour policy's logprobs for the PPO ratio, aligned as rollout_logprobs; set
-    # by a learner for its optimizer steps (learners/learner.py), never by build_batches.
+    # [B, T] float or None: the behaviour policy's logprobs for the PPO ratio, aligned as rollout_logprobs;
+    # set by a learner for its optimizer steps (learners/learner.py), never by build_batches.
     old_logprobs: Tensor | None = None
     # [B] float or None: a row's weight in the policy movement's sample (learners/diagnostic_sample.py), 0 =
     # not measured; set by a learner from its plan, never by build_batches. None = every row at weight 1.
@@ -206,7 +206,8 @@ def _row(turn: Turn, advantage: float, max_len: int | None, max_prompt_len: int 
     if c.response_ids and not c.prompt_ids:
         raise ValueError(f"{turn.agent}: empty prompt_ids; the first response token has no predictor")
     if max_prompt_len is not None and len(c.prompt_ids) > max_prompt_len:
-        # The engine saw the whole prompt; a row cut to the cap would train on a context that was never sampled.
+        # The engine saw the whole prompt; a row cut to the cap would train on a
+        # context that was never sampled.
         return _Row(turn, [], len(c.prompt_ids), [], True, advantage)
     tokens = list(c.prompt_ids) + list(c.response_ids)
     cut = tokens[:max_len] if max_len is not None else tokens
@@ -252,19 +253,17 @@ def build_batches(
 ) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
-    advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes
-    a row of batch policy_map[turn.role] (padded with `pad_id`, or with that policy's entry when it is a
-    mapping policy -> pad id: policies on different base models have their own tokenizers): prompt_ids +
-    response_ids, cut to the first `max_len`
-    tokens if given (loss mask and logprobs cut with them). Turns with no response token left
-    (empty response, or cut away entirely) are dropped, and so are turns whose prompt is longer than
-    `max_prompt_len` (if given). Batches are keyed in policy_map.policies order; a policy with no rows
-    is absent. stats (flat, stable keys, for the driver to log; every key also per role as
-    `<key>/<role>` for each of policy_map.roles): 'batch/rows', 'batch/dropped_empty',
-    'batch/dropped_truncated' (lost to the length caps), 'batch/truncated' (rows kept with part of
-    their response cut). `balance_ranks` > 0: the kept rows of every policy together take verl's balanced order
-    over that many ranks (learners/update/balance.py) before they are split per policy. Raises ValueError on a length
-    mismatch or an empty prompt.
+    advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes a row of
+    batch policy_map[turn.role] (padded with `pad_id`, or with that policy's entry when it is a mapping policy
+    -> pad id: policies on different base models have their own tokenizers): prompt_ids + response_ids, cut to
+    the first `max_len` tokens if given (loss mask and logprobs cut with them). Turns with no response token
+    left (empty response, or cut away entirely) are dropped, and so are turns whose prompt is longer than
+    `max_prompt_len` (if given). Batches are keyed in policy_map.policies order; a policy with no rows is
+    absent. stats (flat, stable keys, for the driver to log; every key also per role as `<key>/<role>` for
+    each of policy_map.roles): 'batch/rows', 'batch/dropped_empty', 'batch/dropped_truncated' (lost to the
+    length caps), 'batch/truncated' (rows kept with part of their response cut). `balance_ranks` > 0: the kept
+    rows of every policy together take verl's balanced order over that many ranks (learners/update/balance.py)
+    before they are split per policy. Raises ValueError on a length mismatch or an empty prompt.
     """
     turns = [t for ep in episodes for t in ep.turns]
     if tuple(advantages.shape) != (len(turns),):

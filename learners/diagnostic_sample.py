@@ -41,8 +41,8 @@ def sample_size(value: str) -> int | None:
 
 
 def role_quotas(counts: dict[str, int], size: int) -> dict[str, int]:
-    """Rows to draw per role (roles in sorted order): one each while any role has rows, then round-robin up
-    to `size` in all (or every row); never more than a role has. counts: role -> its rows in the population."""
+    """Rows to draw per role (roles in sorted order): one each while any role has rows, then round-robin up to
+    `size` in all (or every row); never more than a role has. counts: role -> its rows in the population."""
     quotas = {role: 0 for role in sorted(counts) if counts[role] > 0}
     total, first = 0, True
     while quotas and (first or total < size):
@@ -92,9 +92,9 @@ class SampledRows:
 
 def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int]], plans: list[UpdatePlan],
                        size: int | None, seeds: tuple[int, int], recompute: bool) -> SampledRows:
-    """The scatter of learners.update.ppo_plan.plan_update (rows[r]: trained rows, then skipped ones; plans[r] with
-    `skip` already set) with the diagnostics measured on a stratified sample of `size` rows (None: every row,
-    the plans as given; 0: no skipped row sent, no movement measured).
+    """The scatter of learners.update.ppo_plan.plan_update (rows[r]: trained rows, then skipped ones; plans[r]
+    with `skip` already set) with the diagnostics measured on a stratified sample of `size` rows (None: every
+    row, the plans as given; 0: no skipped row sent, no movement measured).
 
     roles: the B global rows' roles; tokens [B] their loss tokens; seeds: (skipped rows', movement's) draws;
     recompute: algo.old_logprobs=recompute (the movement then covers later steps' rows too)."""

@@ -54,7 +54,9 @@ class LearnerGroup:
         self.policy_id, self.algo_agg = policy_id, algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
-        self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
+        self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(
+            algo.kl_coef, algo.kl_anchor_roles
+        )
         self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
         # With a KL term a zero-advantage row still has a gradient: no step is empty.
         self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
@@ -65,7 +67,8 @@ class LearnerGroup:
         if group is not None:
             self.group: Group[LearnerMember] = group
             return
-        from learners.learner import Learner  # here: importing this module (jobs, the config) loads no model code
+        # here: importing this module (jobs, the config) loads no model code
+        from learners.learner import Learner
 
         self.group = Group(
             Learner, learner.ranks, name=group_name(run_name, "learner", policy_id), args=(spec,),
@@ -75,8 +78,8 @@ class LearnerGroup:
         init_collective(self.group, "gloo", self.timeout)
 
     def submit_update(self, batch: TrainBatch, step: int = 0) -> UpdateResult:
-        """Weights the advantages (mitigations), plans training step `step`'s optimizer steps (PPO mini-batches,
-        learners/update/ppo_plan.py), scatters each rank its rows and plan, and starts them."""
+        """Weights the advantages (mitigations), plans training step `step`'s optimizer steps (PPO
+        mini-batches, learners/update/ppo_plan.py), scatters each rank its rows and plan, and starts them."""
         tokens = batch.loss_mask[:, 1:].sum(-1)
         weights = self._mitigation_weights(batch, tokens)
         # A weighted copy: the caller's batch is left as it was handed in.

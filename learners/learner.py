@@ -1,22 +1,23 @@
 """Learner: one data-parallel rank owning a policy's model, its forward passes and its optimizer-step loop.
 
 One `update` call = one training step = the optimizer steps of an `UpdatePlan` (PPO mini-batches × epochs,
-learners/update/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every micro-batch's loss
-(learners.update.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in by the caller (so ranks and
-micro-batches sum to the mini-batch loss), gradients are summed across ranks, clipped, and the optimizer steps:
-how, is the rank's `backend` (learners/gradients/backends.py: plain torch or DeepSpeed, by
-`learner.backend`). The PPO ratio is taken against the old log-probs: a no-grad pass before the first step
-(`algo.old_logprobs=recompute`; the first mini-batch uses its current log-probs, detached, which are the same)
-or the engines' (`rollout`). The LR schedule advances once per training step or once per optimizer step
-(`learner.optim.schedule_unit`; learners/schedule.py maps update_call's shared schedule onto the training
-step). Handing the weights out (sync payloads, the NCCL channel, export) is its `weights`, a
+learners/update/ppo_plan.py). In each optimizer step gradients accumulate over micro-batches, every
+micro-batch's loss (learners.update.policy_loss) is normalised by the mini-batch's GLOBAL normaliser handed in
+by the caller (so ranks and micro-batches sum to the mini-batch loss), gradients are summed across ranks,
+clipped, and the optimizer steps: how, is the rank's `backend` (learners/gradients/backends.py: plain torch or
+DeepSpeed, by `learner.backend`). The PPO ratio is taken against the old log-probs: a no-grad pass before the
+first step (`algo.old_logprobs=recompute`; the first mini-batch uses its current log-probs, detached, which
+are the same) or the engines' (`rollout`). The LR schedule advances once per training step or once per
+optimizer step (`learner.optim.schedule_unit`; learners/schedule.py maps update_call's shared schedule onto
+the training step). Handing the weights out (sync payloads, the NCCL channel, export) is its `weights`, a
 learners.state.weight_server.WeightServer; the learner's remote methods for them delegate to it. Its forward
 passes (micro-batches, log-probs through the chunked head, the reference, the no-grad passes before the first
 step, idle passes) are its `passes`, a learners.passes.PolicyPasses.
 
-bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW state (LoRA:
-fp32 adapters on the frozen bf16 base), every forward under `torch.autocast("cpu", bfloat16)` (matmuls in bf16,
-reductions and the loss in fp32), and the weights rounded to bf16 once per sync, as the engines serve them.
+bfloat16 (`model.dtype`) on the torch backend is mixed precision: fp32 master weights and fp32 AdamW
+state (LoRA: fp32 adapters on the frozen bf16 base), every forward under
+`torch.autocast("cpu", bfloat16)` (matmuls in bf16, reductions and the loss in fp32), and the weights
+rounded to bf16 once per sync, as the engines serve them.
 (DeepSpeed keeps its own bf16 scheme.)
 """
 
@@ -50,7 +51,8 @@ from learners.update.ppo_plan import UpdatePlan, mean_and_last
 
 
 class Learner:
-    """A rank of policy `spec.policy_id` (learners.member.LearnerMember), its gradients applied by `backend`."""
+    """A rank of policy `spec.policy_id` (learners.member.LearnerMember), its
+    gradients applied by `backend`."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0, module: PolicyModel | None = None):
         """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
@@ -64,8 +66,9 @@ class Learner:
         backend = BACKENDS[learner.backend]
         bf16 = backend.capabilities.autocast_bf16 and model.dtype == "bfloat16"
         autocast = torch.bfloat16 if bf16 else None
-        # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays in the serving dtype
-        # (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from the very base the engines hold.
+        # Trained weights are fp32 masters under autocast; a LoRA policy's frozen base stays
+        # in the serving dtype (peft keeps adapters in fp32), so its merge rounds W0 + ΔW from
+        # the very base the engines hold.
         self.master_dtype = "float32" if autocast and not model.lora.enabled else model.dtype
         attention = attention_implementation(learner.padding_free)
         self.model = _policy_module(spec, self.master_dtype, attention, module)
@@ -76,14 +79,25 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(opt, spec.total_steps, spec.num_policies, spec.policy_index))
         # A LoRA policy's reference is its base with the adapter disabled: no second copy in memory.
-        self.reference = (load_policy_model(self.model_path, self.master_dtype, model.lora, attention).eval()
-                          .requires_grad_(False)
-                          if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model) else None)
+        self.reference = (
+            load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
+            .eval()
+            .requires_grad_(False)
+            if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model)
+            else None
+        )
         self.backend: GradientBackend = backend(LearnerParts(
             spec=spec, rank=rank, model=self.model, params=self.params, optimizer=self.optimizer,
             scheduler=self.scheduler, reference=self.reference))
-        self.passes = PolicyPasses(self.model, self.reference, self.backend, learner, algo,
-                                   temperature=spec.temperature if spec.temperature > 0 else 1.0, autocast=autocast)
+        self.passes = PolicyPasses(
+            self.model,
+            self.reference,
+            self.backend,
+            learner,
+            algo,
+            temperature=spec.temperature if spec.temperature > 0 else 1.0,
+            autocast=autocast,
+        )
         self.move = PolicyMove(learner.policy_move and sample_size(learner.diagnostics.sample_rows) != 0)
         self.step = 0
         self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
@@ -96,11 +110,11 @@ class Learner:
         self.backend.join(backend, host, port, rank, world, timeout_s)
 
     def update(self, batch: TrainBatch, plan: UpdatePlan) -> RankMetrics:
-        """The optimizer steps of one training step on this rank's shard (learners/update/ppo_plan.py). Returns its
-        sums (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py) and step
-        metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an optimizer-step
-        schedule advances), the taken steps' mean and last grad norm, lr and (with `plan.roles`) per-role
-        gradient metrics (the step uses their sum)."""
+        """The optimizer steps of one training step on this rank's shard (learners/update/ppo_plan.py).
+        Returns its sums (loss: the mean over optimizer steps; the policy's movement, learners/policy_move.py)
+        and step metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an
+        optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with
+        `plan.roles`) per-role gradient metrics (the step uses their sum)."""
         self.model.train()
         self.passes.pad_id = batch.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
@@ -139,8 +153,8 @@ class Learner:
 
     def _measure_move(self, data: TrainBatch, plan: UpdatePlan,
                       taken: list[int]) -> tuple[float, float] | None:
-        """The step's policy-movement sums: the first taken step's captured micro-batches and, when recomputed,
-        the rows of later steps against their old log-probs (learners/policy_move.py)."""
+        """The step's policy-movement sums: the first taken step's captured micro-batches and, when
+        recomputed, the rows of later steps against their old log-probs (learners/policy_move.py)."""
         if self.move.enabled and taken and self.algo.old_logprobs == "recompute":
             rest = sorted({j for rows in plan.steps[1:] for j in rows} - set(plan.steps[taken[0]]))
             for mb in self.passes.micro_batches(data.select(data.longest_first(rest))) if rest else []:
@@ -150,12 +164,12 @@ class Learner:
 
     def _optimizer_step(self, mb: TrainBatch, normalizer: float, roles: list[str] | None,
                         sums: TokenSums) -> tuple[dict[str, float], TokenSums]:
-        """One optimizer step on mini-batch `mb`: its gradient summed over ranks, clipping, the step. Returns (the
-        step's metrics: lr, grad norm and the per-role gradient metrics, if taken; `sums` plus its micro-batches'
-        metric sums).
+        """One optimizer step on mini-batch `mb`: its gradient summed over ranks, clipping, the step.
+        Returns (the step's metrics: lr, grad norm and the per-role gradient metrics, if taken; `sums` plus
+        its micro-batches' metric sums).
 
-        With `roles` (and a backend holding whole weights outside forward) each role's gradient is taken apart and
-        the step uses their sum, which is the plain gradient. Otherwise the backend runs one backward per
+        With `roles` (and a backend holding whole weights outside forward) each role's gradient is taken apart
+        and the step uses their sum, which is the plain gradient. Otherwise the backend runs one backward per
         micro-batch, and idle ones up to the passes it matches across ranks."""
         metrics: dict[str, float] = {}
         if roles and self.backend.per_role_gradients:
@@ -168,8 +182,9 @@ class Learner:
         return metrics, total
 
     def _backward(self, data: TrainBatch, normalizer: float, sums: TokenSums) -> TokenSums:
-        """The backend's backward through each micro-batch's loss, built as the backend consumes it (one graph alive
-        at a time), then idle ones; returns `sums` plus the micro-batches' metric sums, in the order they ran."""
+        """The backend's backward through each micro-batch's loss, built as the backend consumes it
+        (one graph alive at a time), then idle ones; returns `sums` plus the micro-batches' metric
+        sums, in the order they ran."""
         total = sums
 
         def losses() -> Iterator[torch.Tensor]:
@@ -199,7 +214,9 @@ class Learner:
             for mb in self.passes.micro_batches(data.select(rows)) if rows else []:
                 loss, metrics = self._micro_step(mb, normalizer, plain=True)
                 total = total.plus(metrics)
-                out[r] += flat_autograd(torch.autograd.grad(loss, self.params, allow_unused=True), self.params)
+                out[r] += flat_autograd(
+                    torch.autograd.grad(loss, self.params, allow_unused=True), self.params
+                )
         collective.all_reduce_sum(out)
         return out, total
 
@@ -208,14 +225,16 @@ class Learner:
         """(One micro-batch's loss (learners.update.policy_loss, normalised by the global `normalizer`), its
             metric sums:
         padded_positions, positions and policy_loss's). The PPO ratio is taken against `mb.old_logprobs` (the
-        behaviour policy), or against the current log-probs, detached, when there are none (the first optimizer
-        step of a recomputed plan)."""
+        behaviour policy), or against the current log-probs, detached, when there are none (the first
+        optimizer step of a recomputed plan)."""
         lp, entropy = self.passes.logprobs(mb, plain, entropy=True)
         entropy = cast(torch.Tensor, entropy)  # asked for, so present
         self.move.capture(mb, lp)
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
         algo = self.algo
-        reference = self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+        reference = (
+            self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+        )
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
         loss, sums = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
                                     mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,
@@ -261,10 +280,15 @@ class Learner:
 
 def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None,
                    module: PolicyModel | None) -> PolicyModel:
-    """The module a rank trains: `module` when given, else the policy loaded from `spec.model_path` in `dtype`;
+    """The module a rank trains: `module` when given, else the policy loaded
+    from `spec.model_path` in `dtype`;
     with gradient checkpointing where the run layout turned it on (LearnerSpec.gradient_checkpointing).
     Non-reentrant: per-role gradients use torch.autograd.grad."""
-    model = module if module is not None else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
+    model = (
+        module
+        if module is not None
+        else load_policy_model(spec.model_path, dtype, spec.model.lora, attention)
+    )
     resolved = spec.gradient_checkpointing
     if resolved if resolved is not None else bool(spec.learner.gradient_checkpointing):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -1,6 +1,7 @@
-"""The contract between a LearnerGroup and the ranks it hosts: `LearnerSpec`, what every rank is built from
-(one keyword dataclass crosses to the Ray actors), and `LearnerMember`, the methods the group and the weight sync
-call on a rank (learners/learner.py, whatever its gradient backend), named as `LearnerMember.<method>`."""
+"""The contract between a LearnerGroup and the ranks it hosts: `LearnerSpec`, what every rank is
+built from (one keyword dataclass crosses to the Ray actors), and `LearnerMember`, the methods the
+group and the weight sync call on a rank (learners/learner.py, whatever its gradient backend), named
+as `LearnerMember.<method>`."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerSpec:
-    """One policy's learner: its model folder and the config sections its ranks read (plain values and read-only
-    config sections, typed by learners.sections, so it pickles to the rank actors)."""
+    """One policy's learner: its model folder and the config sections its ranks read (plain values and
+    read-only config sections, typed by learners.sections, so it pickles to the rank actors)."""
 
     policy_id: str
     model_path: str
     model: ModelSection  # the policy's `model` config section (dtype, lora)
     learner: LearnerSection  # its `learner` section (optim, micro-batch, backend, ...)
     algo: AlgoSection  # the `algo` section (clipping, KL, loss aggregation, ...)
-    temperature: float  # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
+    # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
+    temperature: float
     total_steps: int  # training steps of the run (the LR schedule's length)
     seed: int
     # The run's number of policies and this one's position among them (the policy map's order): under
@@ -45,8 +47,8 @@ class LearnerSpec:
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):
     """One data-parallel rank of a policy: trains on its shard, hands out weights (its WeightServer,
-    learners/state/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores state; ranks
-    form a process group (CollectiveMember)."""
+    learners/state/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores
+    state; ranks form a process group (CollectiveMember)."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...
 
@@ -72,7 +74,8 @@ class LearnerMember(CollectiveMember, WeightSender, Protocol):
         ...
 
     def merged_sketch(self) -> PackedTensors:
-        """The probe sketch (cluster.sketch) of the merged weights each engine must serve from the adapter alone."""
+        """The probe sketch (cluster.sketch) of the merged weights each engine must
+        serve from the adapter alone."""
         ...
 
     def sync_metrics(self) -> dict[str, float]:

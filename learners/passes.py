@@ -36,7 +36,8 @@ class PolicyPasses:
     """The forward passes of one rank's policy `model`, run through `backend` (its device, its forward runner,
     the passes it matches across ranks).
 
-    reference: a frozen copy for the KL term, or None (a LoRA policy's reference is its base, the adapter off).
+    reference: a frozen copy for the KL term, or None (a LoRA policy's reference
+    is its base, the adapter off).
     temperature: the rollout's sampling temperature (> 0) the log-probs are scaled by, as the engines sampled.
     autocast: torch.bfloat16 for mixed precision on the torch backend, else None."""
 
@@ -50,8 +51,9 @@ class PolicyPasses:
     pad_id: int = 0  # a token id for idle passes; the batch's own once one arrives
 
     def micro_rows(self, lengths: list[int]) -> list[list[int]]:
-        """Row positions per micro-batch: `learner.micro_batch_size` rows, or learner.max_tokens_per_micro_batch
-        tokens (rows × widest row; padding-free: their sum) when set (learners.update.micro_batches)."""
+        """Row positions per micro-batch: `learner.micro_batch_size` rows, or
+        learner.max_tokens_per_micro_batch tokens (rows × widest row; padding-free: their sum) when set
+        (learners.update.micro_batches)."""
         return micro_batch_rows(lengths, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch,
                                 packed=self.cfg.padding_free)
 
@@ -59,9 +61,11 @@ class PolicyPasses:
         return [data.select(rows) for rows in self.micro_rows(data.attention_mask.sum(-1).tolist())]
 
     def passes(self, data: TrainBatch, rows: list[int]) -> Iterator[tuple[list[int], TrainBatch]]:
-        """(row positions, micro-batch) of `rows` (longest first) in micro-batches for one pass each, then the idle
-        passes the backend matches across ranks (run here, yielding nothing)."""
-        chunks = [[rows[i] for i in group] for group in self.micro_rows(data.attention_mask[rows].sum(-1).tolist())]
+        """(row positions, micro-batch) of `rows` (longest first) in micro-batches for one pass each, then the
+        idle passes the backend matches across ranks (run here, yielding nothing)."""
+        chunks = [
+            [rows[i] for i in group] for group in self.micro_rows(data.attention_mask[rows].sum(-1).tolist())
+        ]
         for j in range(self.backend.matched_passes(len(chunks))):
             if j < len(chunks):
                 yield chunks[j], data.select(chunks[j])
@@ -70,7 +74,8 @@ class PolicyPasses:
 
     @torch.no_grad()
     def with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
-        """`data` with the behaviour policy's log-probs for the PPO ratio ([B, T], aligned as rollout_logprobs).
+        """`data` with the behaviour policy's log-probs for the PPO ratio ([B,
+        T], aligned as rollout_logprobs).
 
         rollout: the engines' own. recompute: one no-grad pass of this learner, before the first optimizer
         step, over the rows a later step trains (the first step's rows use their current log-probs)."""
@@ -86,10 +91,10 @@ class PolicyPasses:
     @torch.no_grad()
     def skipped_row_metrics(self, data: TrainBatch, rows: list[int],
                             weights: tuple[float, ...] | None = None) -> TokenSums:
-        """The diagnostics' sums (learners.update.policy_loss.diagnostic_terms, and the tokens the clip fraction
-        counts) of the rows that train in no step, a zero advantage's, from one no-grad pass before the first
-        step: the per-role entropy and engine gap then cover every row, as if they had trained (their loss and
-        gradient are exactly zero). `weights[j]`: rows[j]'s weight when they are a sample
+        """The diagnostics' sums (learners.update.policy_loss.diagnostic_terms, and the tokens the clip
+        fraction counts) of the rows that train in no step, a zero advantage's, from one no-grad pass before
+        the first step: the per-role entropy and engine gap then cover every row, as if they had trained
+        (their loss and gradient are exactly zero). `weights[j]`: rows[j]'s weight when they are a sample
         (learners/diagnostic_sample.py)."""
         sums = TokenSums()
         weight_of = dict(zip(rows, weights, strict=True)) if weights is not None else None
@@ -104,18 +109,22 @@ class PolicyPasses:
         return sums
 
     def idle_loss(self) -> torch.Tensor:
-        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows for. It runs the
-        same head path as a real pass (no loss token: a ZeRO-3 head runs the chunks the other ranks run)."""
+        """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows
+        for. It runs the same head path as a real pass (no loss token: a ZeRO-3 head runs the
+        chunks the other ranks run)."""
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.backend.device)
         ones = torch.ones_like(ids, dtype=torch.bool)
-        return self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
+        return (
+            self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0
+        )
 
     def logprobs(self, mb: TrainBatch, plain: bool = False, model: PolicyModel | None = None,
                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the temperature-scaled
-        policy, or of `model` (the reference), through the LM head in chunks of `learner.logits_chunk_tokens`
-        positions (learners.compute.logprob_head). `plain`: through the module itself, outside the backend's
-        engine (per-role gradients). Only positions under loss_mask[:, 1:] are meaningful."""
+        """(log-probs [B, T−1] of mb's tokens 1.., entropy [B, T−1] detached or None) of the
+        temperature-scaled policy, or of `model` (the reference), through the LM head in chunks of
+        `learner.logits_chunk_tokens` positions (learners.compute.logprob_head). `plain`: through the
+        module itself, outside the backend's engine (per-role gradients). Only positions under
+        loss_mask[:, 1:] are meaningful."""
         runner = self.backend.runner(plain) if model is None else model
         return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
                                        mb.attention_mask, mb.loss_mask, entropy=entropy)
@@ -133,9 +142,15 @@ class PolicyPasses:
                 return self.logprobs(mb, model=self.model)[0]
         return self.logprobs(mb, model=self.reference)[0]
 
-    def _sequence_logprobs(self, model: PolicyModel, runner: Any, input_ids: torch.Tensor,
-                           attention_mask: torch.Tensor,
-                           loss_mask: torch.Tensor, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sequence_logprobs(
+        self,
+        model: PolicyModel,
+        runner: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        loss_mask: torch.Tensor,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,
                                      temperature=self.temperature, chunk=self.cfg.logits_chunk_tokens,

@@ -1,11 +1,12 @@
 """How far one training step moved a policy: the mean |Δ log-prob| per response token of the step's rows,
 after the update against before it (`update/policy_move/<policy>`, `learner.policy_move`).
 
-"Before" is what the learner computed anyway before the weights moved: the log-probs of the first optimizer step
-it takes (its forward runs on the weights of before the update) and, with `algo.old_logprobs=recompute`, the
-no-grad pass over the later steps' rows. "After" is one extra no-grad forward over those rows once the step's last
-optimizer step is taken. With `old_logprobs=rollout` only the first step's rows have learner log-probs from
-before the update, so only they are measured (the engines' log-probs would add the engine/learner mismatch).
+"Before" is what the learner computed anyway before the weights moved: the log-probs of the first optimizer
+step it takes (its forward runs on the weights of before the update) and, with
+`algo.old_logprobs=recompute`, the no-grad pass over the later steps' rows. "After" is one extra no-grad
+forward over those rows once the step's last optimizer step is taken. With `old_logprobs=rollout` only the
+first step's rows have learner log-probs from before the update, so only they are measured (the engines'
+log-probs would add the engine/learner mismatch).
 
 With the diagnostics sampled (`learner.diagnostics.sample_rows`, learners/diagnostic_sample.py) the rows carry
 `move_weights`: only the sampled rows get the "after" forward, their |Δ| sums scaled by their weight, while
@@ -41,7 +42,8 @@ def abs_shift_sums(after: Tensor, before: Tensor, mask: Tensor) -> tuple[float, 
 
 
 class PolicyMove:
-    """Collects (micro-batch, log-probs before the update) pairs during an update and measures them after it."""
+    """Collects (micro-batch, log-probs before the update) pairs during an update
+    and measures them after it."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled

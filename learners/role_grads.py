@@ -21,7 +21,8 @@ def flat_grads(params: list[torch.nn.Parameter]) -> Tensor:
 
 
 def flat_autograd(grads: Sequence[Tensor | None], params: list[torch.nn.Parameter]) -> Tensor:
-    """[P] fp32 concatenation of torch.autograd.grad's result (zeros for parameters the loss did not reach)."""
+    """[P] fp32 concatenation of torch.autograd.grad's result (zeros for
+    parameters the loss did not reach)."""
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
                       for g, p in zip(grads, params, strict=True)])
 
@@ -48,8 +49,8 @@ def role_grad_metrics(role_grads: Tensor, roles: list[str], policy_id: str) -> d
 def gram(role_grads: Tensor, chunk: int = 1 << 24) -> Tensor:
     """[R, R] float64 on the CPU: G[a, b] = <g_a, g_b> for role_grads [R, P], on role_grads' own device.
 
-    Computed in column chunks so the float64 copy is at most R × chunk: a GPU learner's [R, P] buffer (P in the
-    billions) never travels to the host, only the R × R result does.
+    Computed in column chunks so the float64 copy is at most R × chunk: a GPU learner's [R, P] buffer (P in
+    the billions) never travels to the host, only the R × R result does.
     """
     out = torch.zeros(role_grads.shape[0], role_grads.shape[0], dtype=torch.float64, device=role_grads.device)
     for part in role_grads.split(chunk, dim=1):
@@ -87,9 +88,9 @@ def advantage_mass(roles: list[str], advantages: Tensor, loss_tokens: Tensor) ->
 
 
 def step_role_shares(metrics: dict[str, float], roles: list[str]) -> dict[str, float]:
-    """Each role's share of the whole step across policies, from the merged per-policy metrics: of the gradient
-    mass (grad/step_mass_share/<role>, from grad/mass/<role>) and of the sum of the roles' gradient norms
-    (grad/step_norm_share/<role>, from grad/role_norm/<role>, where diagnostics recorded them).
+    """Each role's share of the whole step across policies, from the merged per-policy metrics: of the
+    gradient mass (grad/step_mass_share/<role>, from grad/mass/<role>) and of the sum of the roles' gradient
+    norms (grad/step_norm_share/<role>, from grad/role_norm/<role>, where diagnostics recorded them).
 
     Under a shared policy these equal the per-policy shares; under isolated policies the per-policy share of a
     policy's only role is 1 by construction, and only these say which role drives the step."""

@@ -1,5 +1,6 @@
-"""Learning-rate schedules as pure functions of the schedule's position, and the position a learner's scheduler
-is at (learner.optim.schedule_unit): training steps, optimizer steps, or every policy's update calls."""
+"""Learning-rate schedules as pure functions of the schedule's position, and the position a
+learner's scheduler is at (learner.optim.schedule_unit): training steps, optimizer steps, or
+every policy's update calls."""
 
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
 
 
 def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) -> int:
-    """The schedule position after `ticks` scheduler steps of a learner: one tick per training step (step,
-    update_call) or per optimizer step (optimizer_step). update_call: one schedule shared by the `policies`
-    policies' update calls, policy `index` being called index-th in each training step: ticks·policies + index."""
+    """The schedule position after `ticks` scheduler steps of a learner: one tick per training step
+    (step, update_call) or per optimizer step (optimizer_step). update_call: one schedule shared by
+    the `policies` policies' update calls, policy `index` being called index-th in each training
+    step: ticks·policies + index."""
     return ticks * policies + index if unit == "update_call" else ticks
 
 
 def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
-    """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section (schedule, warmup_steps,
-    min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the run's `total` training steps."""
+    """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section
+    (schedule, warmup_steps, min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the
+    run's `total` training steps."""
 
     def factor(ticks: int) -> float:
         position = schedule_position(ticks, optim.schedule_unit, policies, index)

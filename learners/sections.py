@@ -1,7 +1,9 @@
-"""The config sections a learner reads, as Protocols: `LearnerSpec` carries them to the ranks, typed, and every
-learner module takes the one it needs. jobs/config/schema.py's dataclasses (ModelConfig, LearnerConfig, AlgoConfig, ...)
-satisfy them, which mypy checks where a LearnerSpec is built; learners cannot import jobs, so the contract is
-stated here, on the side that reads it. Also the choices of the keys whose values only the learners interpret."""
+"""The config sections a learner reads, as Protocols: `LearnerSpec` carries them to the ranks, typed, and
+every learner module takes the one it needs. jobs/config/schema.py's dataclasses (ModelConfig,
+LearnerConfig, AlgoConfig, ...)
+satisfy them, which mypy checks where a LearnerSpec is built; learners cannot import jobs, so the
+contract is stated here, on the side that reads it. Also the choices of the keys whose values
+only the learners interpret."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
 
 
 class Dtype(StrEnum):
-    """`model.dtype`: what engines serve and learners load (learners.state.weights.DTYPES maps them to torch's)."""
+    """`model.dtype`: what engines serve and learners load
+    (learners.state.weights.DTYPES maps them to torch's)."""
 
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -23,7 +26,8 @@ class Dtype(StrEnum):
 
 
 class OldLogprobs(StrEnum):
-    """`algo.old_logprobs`: the PPO ratio's denominator, the learner's recomputed log-probs or the engines'."""
+    """`algo.old_logprobs`: the PPO ratio's denominator, the learner's
+    recomputed log-probs or the engines'."""
 
     recompute = "recompute"
     rollout = "rollout"

@@ -40,10 +40,12 @@ class CliffTracker:
         return self.relative_drop > 0 and self.peak > 0 and accuracy <= (1 - self.relative_drop) * self.peak
 
     def _held(self, condition: Callable[[float], bool]) -> bool:
-        """Whether `condition` held at each of the last `window` evaluations of a flagged run of them. The peak
-        is the same throughout such a run (a new peak restarts it), so the history alone tells."""
+        """Whether `condition` held at each of the last `window` evaluations of a flagged run of them. The
+        peak is the same throughout such a run (a new peak restarts it), so the history alone tells."""
         recent = self.history[-self.window:]
-        return self.below >= self.window and len(recent) == self.window and all(condition(a) for _, a in recent)
+        return (
+            self.below >= self.window and len(recent) == self.window and all(condition(a) for _, a in recent)
+        )
 
     def metrics(self) -> dict[str, float]:
         """Peak, evaluations below it, and which condition flags the cliff: `cliff/flagged_absolute` and
@@ -78,8 +80,8 @@ class CliffEvent:
 
 def first_cliff(curve: list[float], drop: float = 0.1, window: int = 2,
                 relative_drop: float = 0.0) -> CliffEvent | None:
-    """The first cliff flagged on `curve` (None if none), and whether the curve came back from it: a flag says a
-    drop persisted for `window` evaluations, not that the run never recovered."""
+    """The first cliff flagged on `curve` (None if none), and whether the curve came back from it: a flag says
+    a drop persisted for `window` evaluations, not that the run never recovered."""
     tracker = CliffTracker(drop, window, relative_drop)
     first: tuple[int, float, int] | None = None
     for i, acc in enumerate(curve):

@@ -2,8 +2,8 @@
 
 Built once from the policy map (pure, beside it): one group per role (`rollout.engine_scope=role`), one per
 policy (`policy`), or one group serving every policy as LoRA adapters on one base model
-(`rollout.lora_serving=multi`). The run's placement demands, the System and each EngineGroup read the same map,
-so a group always finds the placement bundles reserved under its name (marl.names.group_name).
+(`rollout.lora_serving=multi`). The run's placement demands, the System and each EngineGroup read the same
+map, so a group always finds the placement bundles reserved under its name (marl.names.group_name).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class EngineScope(StrEnum):
 
 
 class LoraServing(StrEnum):
-    """`rollout.lora_serving`: single (engines serve merged weights) or multi (EngineMap.build's multi_lora)."""
+    """`rollout.lora_serving`: single (engines serve merged weights) or multi
+    (EngineMap.build's multi_lora)."""
 
     single = "single"
     multi = "multi"
@@ -70,7 +71,9 @@ class EngineMap:
     groups: tuple[EngineGroupSpec, ...]
 
     @classmethod
-    def build(cls, policy_map: PolicyMap, run_name: str, scope: str = "role", multi_lora: bool = False) -> EngineMap:
+    def build(
+        cls, policy_map: PolicyMap, run_name: str, scope: str = "role", multi_lora: bool = False
+    ) -> EngineMap:
         """`scope`: rollout.engine_scope (role | policy); `multi_lora`: rollout.lora_serving=multi (one group
         for every role, whatever the scope)."""
         if scope not in ENGINE_SCOPES:
@@ -81,8 +84,14 @@ class EngineMap:
             keyed = {pid: policy_map.roles_of(pid) for pid in policy_map.policies}
         else:
             keyed = {role: [role] for role in policy_map.roles}
-        return cls(tuple(
-            EngineGroupSpec(key, group_name(run_name, "engine", key), tuple((r, policy_map[r]) for r in roles),
-                            multi_lora)
-            for key, roles in keyed.items()
-        ))
+        return cls(
+            tuple(
+                EngineGroupSpec(
+                    key,
+                    group_name(run_name, "engine", key),
+                    tuple((r, policy_map[r]) for r in roles),
+                    multi_lora,
+                )
+                for key, roles in keyed.items()
+            )
+        )

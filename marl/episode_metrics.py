@@ -46,7 +46,8 @@ CODE_TOTALS = {**CODE_PER_ROLE, "syntax_errors": ("syntax_error",), "output_limi
 def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
     """Episode counts by how their code answer ended: code/<name> over all episodes, and code/<name>/<role>
     for the four CODE_PER_ROLE names, by the role that wrote the final answer (score_info 'answer_role';
-    0 for roles that never answer). Present only when a step holds code tasks, so math runs keep their keys."""
+    0 for roles that never answer). Present only when a step holds code tasks,
+    so math runs keep their keys."""
     out: dict[str, float] = {}
     reasons = [(e.score_info.get("reason"), e.score_info.get("answer_role")) for e in episodes]
     for name, counted in CODE_TOTALS.items():

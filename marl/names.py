@@ -1,5 +1,5 @@
-"""The names of a run's actor groups, shared by whoever builds, places or looks up a group (the engine map, the
-learner groups, placement), so that one function spells them."""
+"""The names of a run's actor groups, shared by whoever builds, places or looks up a group (the engine map,
+the learner groups, placement), so that one function spells them."""
 
 from __future__ import annotations
 

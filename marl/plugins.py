@@ -23,8 +23,9 @@ def is_file_spec(spec: str) -> bool:
 
 
 def load_module(spec: str) -> ModuleType:
-    """The module `spec` names: a dotted path is imported; a file path is read relative to the working directory,
-    else to the first sys.path entry that holds it (a Ray job's working_dir is one on every node)."""
+    """The module `spec` names: a dotted path is imported; a file path is read relative to
+    the working directory, else to the first sys.path entry that holds it (a Ray job's
+    working_dir is one on every node)."""
     if not is_file_spec(spec):
         try:
             return importlib.import_module(spec)
@@ -54,14 +55,18 @@ def _find_file(spec: str) -> Path:
     for path in candidates:
         if path.is_file():
             return path.resolve()
-    raise PluginError(f"file {spec!r} not found (looked in the working directory {Path.cwd()} and on sys.path)")
+    raise PluginError(
+        f"file {spec!r} not found (looked in the working directory {Path.cwd()} and on sys.path)"
+    )
 
 
 def load_function(spec: str) -> Any:
     """The callable `spec` names: `module.function`, `module:function` or `path/file.py:function`."""
     module_spec, sep, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     if not sep or not module_spec or not attr:
-        raise PluginError(f"{spec!r} is not a function path (`pkg.module.function` or `path/file.py:function`)")
+        raise PluginError(
+            f"{spec!r} is not a function path (`pkg.module.function` or `path/file.py:function`)"
+        )
     module = load_module(module_spec)
     if not hasattr(module, attr):
         raise PluginError(f"module {module_spec!r} has no attribute {attr!r}")

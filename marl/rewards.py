@@ -25,10 +25,12 @@ def assign(episode: Episode, shaping: RewardShaping | None = None) -> Episode:
     return episode
 
 
-def load_shaping(paths: Mapping[str, str], roles: Iterable[str]) -> dict[str, Callable[[Episode, Turn], float]]:
-    """role -> function path (`pkg.module.function`, `path/file.py:function`) → role -> hook. Raises ValueError
-    naming the role when a role is not the workflow's, a path does not load, or the function cannot be called
-    as hook(episode, turn)."""
+def load_shaping(
+    paths: Mapping[str, str], roles: Iterable[str]
+) -> dict[str, Callable[[Episode, Turn], float]]:
+    """role -> function path (`pkg.module.function`, `path/file.py:function`) → role -> hook. Raises
+    ValueError naming the role when a role is not the workflow's, a path does not load, or the function cannot
+    be called as hook(episode, turn)."""
     roles = list(roles)
     hooks = {}
     for role, path in paths.items():

@@ -1,11 +1,11 @@
 """Every seed of a run, derived in one place from a base seed and what the seed is for.
 
-Seeds made by adding small offsets collide: with `run seed * C + step` per step and `+ i` per request, request i
-of step t + 1 got the sampling seed of request i + 1 of step t, so consecutive steps replayed each other's draws
-shifted by one request. A hash of all the parts gives unrelated seeds to unrelated draws, at every level
-(step, role batch, engine chunk, request, PPO shuffle). A streamed turn's seed is derived from what the turn is
-(step, episode, agent, the agent's turn), never from when it reaches an engine, so a run repeats itself whatever
-order its requests arrive in.
+Seeds made by adding small offsets collide: with `run seed * C + step` per step and `+ i` per request, request
+i of step t + 1 got the sampling seed of request i + 1 of step t, so consecutive steps replayed each other's
+draws shifted by one request. A hash of all the parts gives unrelated seeds to unrelated draws, at every level
+(step, role batch, engine chunk, request, PPO shuffle). A streamed turn's seed is derived from what the turn
+is (step, episode, agent, the agent's turn), never from when it reaches an engine, so a run repeats itself
+whatever order its requests arrive in.
 """
 
 from __future__ import annotations

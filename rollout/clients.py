@@ -1,14 +1,14 @@
 """The PolicyClients a Collector hands its episodes: how each turn reaches its role's EngineGroup.
 
 streaming (rollout.mode=streaming): each turn goes to its engine group the moment its episode reaches it
-(`EngineGroup.complete`), seeded by what it is (step, episode, agent, the agent's turn), so the engines' continuous
-batching fills each round's tail with the next rounds of other episodes and a run repeats itself whatever the
-order requests arrive in.
+(`EngineGroup.complete`), seeded by what it is (step, episode, agent, the agent's turn), so the engines'
+continuous batching fills each round's tail with the next rounds of other episodes and a run repeats itself
+whatever the order requests arrive in.
 
-lockstep (rollout.mode=lockstep): each role's queued turns are flushed as one batched call once the event loop is
-quiescent (a full pass added no request), so every episode that can speak has spoken. The batch composition is
-a function of the workflow, not of timing, and no sleep is involved; every episode waits for its round's
-slowest turn.
+lockstep (rollout.mode=lockstep): each role's queued turns are flushed as one batched call once the
+event loop is quiescent (a full pass added no request), so every episode that can speak has spoken. The
+batch composition is a function of the workflow, not of timing, and no sleep is involved; every episode
+waits for its round's slowest turn.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class Engines(Protocol):
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
                        role: str | None = None) -> list[Completion]: ...
 
-    async def complete(self, request: list[Message], sampling: Sampling, role: str | None = None) -> Completion: ...
+    async def complete(
+        self, request: list[Message], sampling: Sampling, role: str | None = None
+    ) -> Completion: ...
 
 
 class TurnClient(Protocol):
@@ -40,12 +42,14 @@ class TurnClient(Protocol):
 
     clock: RolloutClock
 
-    async def turn(self, role: str, messages: list[Message], seed_parts: tuple[int | str, ...]) -> Completion: ...
+    async def turn(
+        self, role: str, messages: list[Message], seed_parts: tuple[int | str, ...]
+    ) -> Completion: ...
 
 
 class EpisodeClient:
-    """The PolicyClient of one episode (`episode`: its task's position in the step and its sample): numbers each
-    agent's turns and times each turn for its role."""
+    """The PolicyClient of one episode (`episode`: its task's position in the step and its sample): numbers
+    each agent's turns and times each turn for its role."""
 
     def __init__(self, shared: TurnClient, episode: tuple[int, int]):
         self.shared, self.episode = shared, episode
@@ -79,8 +83,9 @@ class StreamingClient:
 
 
 class BatchingClient:
-    """Queues each turn and flushes every role's queue as one batched call once the loop is quiescent; a role's
-    k-th batch is seeded `sampling.derive(role, k)` (seed_parts are not used: the batch fixes the draws)."""
+    """Queues each turn and flushes every role's queue as one batched call once the loop is
+    quiescent; a role's k-th batch is seeded `sampling.derive(role, k)` (seed_parts are not used:
+    the batch fixes the draws)."""
 
     def __init__(self, engines: Mapping[str, Engines], sampling: Sampling):
         self.engines, self.sampling, self.clock = engines, sampling, RolloutClock()
@@ -123,8 +128,9 @@ class BatchingClient:
         try:
             with self.clock.busy(group.key):
                 # Distinct, reproducible seeds per role and per batch within the step.
-                outs = await group.generate([m for m, _ in queue], self.sampling.for_role(role).derive(role, k),
-                                            role=role)
+                outs = await group.generate(
+                    [m for m, _ in queue], self.sampling.for_role(role).derive(role, k), role=role
+                )
         except Exception as e:  # noqa: BLE001 - every waiting episode must see the engine's failure
             for _, fut in queue:
                 if not fut.done():

@@ -18,8 +18,8 @@ from rollout.engine import Sampling
 
 
 class Collected(NamedTuple):
-    """A collection's episodes, and its metrics: `generate_s` (the wall time during which at least one engine call
-    was in flight) and the engine metrics (rollout.rollout_stats)."""
+    """A collection's episodes, and its metrics: `generate_s` (the wall time during which at least one engine
+    call was in flight) and the engine metrics (rollout.rollout_stats)."""
 
     episodes: list[Episode]
     metrics: dict[str, float]
@@ -55,5 +55,7 @@ class Collector:
                 on_episode(done, total)
             return episode
 
-        episodes = await asyncio.gather(*(tracked(t, task, i) for t, task in enumerate(tasks) for i in range(n)))
+        episodes = await asyncio.gather(
+            *(tracked(t, task, i) for t, task in enumerate(tasks) for i in range(n))
+        )
         return Collected(list(episodes), {"generate_s": client.clock.generate_s, **client.clock.metrics()})

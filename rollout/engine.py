@@ -59,8 +59,8 @@ class Sampling:
         return self if cap is None else dataclasses.replace(self, max_new_tokens=cap)
 
     def derive(self, *parts: int | str) -> Sampling:
-        """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk, one
-        streamed turn: episode, agent and the agent's turn)."""
+        """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk,
+        one streamed turn: episode, agent and the agent's turn)."""
         return dataclasses.replace(self, seed=derive_seed(self.seed, *parts))
 
     def request_seed(self, index: int) -> int:
@@ -98,8 +98,8 @@ class EngineMember(Protocol):
         ...
 
     async def progress(self) -> int:
-        """Tokens generated so far, all calls together: an EngineGroup declares the engine hung when this stays
-        flat for rollout.stall_timeout_s while it holds calls."""
+        """Tokens generated so far, all calls together: an EngineGroup declares the engine hung when this
+        stays flat for rollout.stall_timeout_s while it holds calls."""
         ...
 
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> dict[str, float]:

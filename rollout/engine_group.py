@@ -7,8 +7,8 @@ Two ways in: `generate` (lockstep: a role's batch in chunks of max_batch_size, r
 and `complete` (streaming: one request, on the replica with the fewest calls in flight, at most max_batch_size
 each). Either way calls are deadlined by progress (rollout.stall): a member that dies, or holds calls while
 generating no token for rollout.stall_timeout_s, is replaced (same name and slot), caught up to the current
-weights through the `resync` callable the group was built with, and every call it held is retried on it exactly
-once. Members satisfy rollout.engine.EngineMember; the group names their methods through it.
+weights through the `resync` callable the group was built with, and every call it held is retried on it
+exactly once. Members satisfy rollout.engine.EngineMember; the group names their methods through it.
 """
 
 from __future__ import annotations
@@ -37,9 +37,16 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
     if not ENGINES[rollout.backend].capabilities.memory_settings:
         return chat
-    return {**chat, "kv_cache_gb": rollout.kv_cache_gb, "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "max_model_len": rollout.max_model_len, "max_loras": adapters, "max_lora_rank": lora_rank,
-            "weight_channel": weight_channel, "sync_path": rollout.vllm_sync_path}
+    return {
+        **chat,
+        "kv_cache_gb": rollout.kv_cache_gb,
+        "gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "max_model_len": rollout.max_model_len,
+        "max_loras": adapters,
+        "max_lora_rank": lora_rank,
+        "weight_channel": weight_channel,
+        "sync_path": rollout.vllm_sync_path,
+    }
 
 
 def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
@@ -52,10 +59,20 @@ class EngineGroup:
     """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `spec` (marl.engine_map):
     one policy's weights, or every policy's LoRA adapter on one base model (multi-LoRA)."""
 
-    def __init__(self, spec: EngineGroupSpec, model_path: str, rollout: RolloutSection, dtype: str, first_slot: int = 0,
-                 placement: GroupPlacement | None = None, lora_rank: int = 0, weight_channel: bool = False,
-                 engine_cls: type[EngineMember] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
-                 resync: Resync | None = None):
+    def __init__(
+        self,
+        spec: EngineGroupSpec,
+        model_path: str,
+        rollout: RolloutSection,
+        dtype: str,
+        first_slot: int = 0,
+        placement: GroupPlacement | None = None,
+        lora_rank: int = 0,
+        weight_channel: bool = False,
+        engine_cls: type[EngineMember] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        resync: Resync | None = None,
+    ):
         """`first_slot`: this group's first engine's index among all engines of the run (CPU core binding);
         `lora_rank`: adapters' rank (multi-LoRA); `weight_channel`: engines receive weights over NCCL;
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
@@ -73,21 +90,33 @@ class EngineGroup:
         self._replacements: dict[int, int] = {}  # member -> its replacements so far (one per failure)
         self._locks: dict[int, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the state below belongs to (_for_loop)
-        self._watches: dict[int, StallWatch] = {}  # member -> its progress watch (a replacement gets a new one)
+        # member -> its progress watch (a replacement gets a new one)
+        self._watches: dict[int, StallWatch] = {}
         self._slots: _Slots | None = None
         n = rollout.engines_per_role
-        # vLLM drops torch to one thread unless told: engines get their count explicitly (an in-process one, the
-        # caller's cores).
-        threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads) if n else rollout.torch_threads or (
-            os.cpu_count() or 1)
-        kwargs = _engine_kwargs(rollout, len(spec.policies) if self.multi_lora else 0, lora_rank, weight_channel,
-                                chat_template_kwargs or {})
+        # vLLM drops torch to one thread unless told: engines get their count explicitly (an
+        # in-process one, the caller's cores).
+        threads = (
+            threads_for(rollout.engine_num_cpus, rollout.torch_threads)
+            if n
+            else rollout.torch_threads or (os.cpu_count() or 1)
+        )
+        kwargs = _engine_kwargs(
+            rollout,
+            len(spec.policies) if self.multi_lora else 0,
+            lora_rank,
+            weight_channel,
+            chat_template_kwargs or {},
+        )
         self.group: Group[EngineMember] = Group(
-            engine_cls or ENGINES[rollout.backend], n, name=spec.name,
+            engine_cls or ENGINES[rollout.backend],
+            n,
+            name=spec.name,
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
             per_member_kwargs=[kwargs] * max(n, 1),
-            per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None, placement=placement,
+            per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None,
+            placement=placement,
         )
 
     @property
@@ -96,9 +125,9 @@ class EngineGroup:
 
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
                        role: str | None = None) -> list[Completion]:
-        """Lockstep: `requests` in chunks of at most max_batch_size, spread round-robin over the replicas, chunk k
-        sampled with its own seed. `role`: whose requests these are (routes to the role's adapter under
-        multi-LoRA)."""
+        """Lockstep: `requests` in chunks of at most max_batch_size, spread round-robin over the
+        replicas, chunk k sampled with its own seed. `role`: whose requests these are (routes to the
+        role's adapter under multi-LoRA)."""
         adapter = self._adapter(role)
         size = self.max_batch_size
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
@@ -107,9 +136,11 @@ class EngineGroup:
         results = await asyncio.gather(*calls)
         return [c for chunk in results for c in chunk]
 
-    async def complete(self, request: list[Message], sampling: Sampling, role: str | None = None) -> Completion:
-        """Streaming: one request, sent now to the replica with the fewest calls in flight (waiting while every
-        replica holds max_batch_size); its engine batches it with whatever else it is serving."""
+    async def complete(
+        self, request: list[Message], sampling: Sampling, role: str | None = None
+    ) -> Completion:
+        """Streaming: one request, sent now to the replica with the fewest calls in flight (waiting while
+        every replica holds max_batch_size); its engine batches it with whatever else it is serving."""
         adapter = self._adapter(role)
         slots = self._for_loop()[1]
         index = await slots.take()
@@ -146,7 +177,9 @@ class EngineGroup:
         if index not in watches:
             watches[index] = StallWatch(lambda: self.group.acall(index, EngineMember.progress), self.timeout,
                                         f"{self.group.name}:{index}.generate", self.start_timeout)
-        return watches[index].run(self.group.acall(index, EngineMember.generate_async, requests, sampling, adapter))
+        return watches[index].run(
+            self.group.acall(index, EngineMember.generate_async, requests, sampling, adapter)
+        )
 
     def _for_loop(self) -> tuple[dict[int, StallWatch], _Slots]:
         """The watches and slots of the running event loop: asyncio objects belong to one loop, and each

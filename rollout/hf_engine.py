@@ -1,10 +1,11 @@
-"""The transformers-generate stand-in engine: same interface (rollout.engine.EngineMember) as the vLLM adapter, for
-CPU tests and laptops.
+"""The transformers-generate stand-in engine: same interface (rollout.engine.EngineMember) as the vLLM
+adapter, for CPU tests and laptops.
 
-Calls are served on the engine's serving loop (rollout.serving). A call of several requests (a lockstep chunk) is
-one batched `generate`; single-request calls queued together (streaming) are merged into one batch. Every row
-samples from its own generator seeded `sampling.request_seed(i)`, as vLLM seeds each request, so a request's
-draws do not depend on what it was batched with, nor on another engine's thread reseeding torch's global one.
+Calls are served on the engine's serving loop (rollout.serving). A call of several requests (a
+lockstep chunk) is one batched `generate`; single-request calls queued together (streaming) are merged
+into one batch. Every row samples from its own generator seeded `sampling.request_seed(i)`, as vLLM
+seeds each request, so a request's draws do not depend on what it was batched with, nor on another
+engine's thread reseeding torch's global one.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class HFEngine(ChatServing):
         lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         return [self._completion(p, row, lp, adapter) for p, row, lp in zip(prompts, new, lps, strict=True)]
 
-    def _completion(self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, adapter: str | None) -> Completion:
+    def _completion(
+        self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, adapter: str | None
+    ) -> Completion:
         tokens = row.tolist()
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.eos_ids), None)
         n = end if end is not None else len(tokens)
@@ -163,8 +166,8 @@ class HFEngine(ChatServing):
     @between_calls
     def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
         """Merged serving with adapter-only syncs: merge the delta's LoRA adapter into the base weights (held
-        once) and load the layers whose adapter changed. Reports the sketch (cluster.sketch) of every weight the
-        learner named, read back from the model, for the learner's own to be compared with."""
+        once) and load the layers whose adapter changed. Reports the sketch (cluster.sketch) of every weight
+        the learner named, read back from the model, for the learner's own to be compared with."""
         if self._base is None:
             self._base = BaseWeights(self.model_path, self.model.dtype)
         own = self.model.state_dict()
@@ -209,7 +212,8 @@ class _RowSampler(LogitsProcessor):
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """probs: [B, V] -> [B, V] renormalised over the smallest set of top tokens holding `top_p` of the mass."""
+    """probs: [B, V] -> [B, V] renormalised over the smallest set of top tokens
+    holding `top_p` of the mass."""
     if top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True)

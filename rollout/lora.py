@@ -1,8 +1,9 @@
 """LoRA adapters as sync payloads: what a learner ships in multi-LoRA serving and how engines receive it.
 
-A payload is a cluster.payloads.AdapterPayload (learners.state.weights.adapter_payload): its tensors under peft's
-saved names, packed into one buffer, and its adapter_config. Engines write it as a peft adapter folder (what
-both vLLM and peft load) and report the fingerprint of the adapter tensors they serve, under the same names.
+A payload is a cluster.payloads.AdapterPayload (learners.state.weights.adapter_payload): its
+tensors under peft's saved names, packed into one buffer, and its adapter_config. Engines write it
+as a peft adapter folder (what both vLLM and peft load) and report the fingerprint of the adapter
+tensors they serve, under the same names.
 """
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ def lora_scaling(config: JsonConfig) -> float:
 
 
 def module_of(peft_name: str) -> tuple[str, str]:
-    """'base_model.model.model.layers.0.mlp.down_proj.lora_A.weight' -> ('model.layers.0.mlp.down_proj', 'A')."""
+    """'base_model.model.model.layers.0.mlp.down_proj.lora_A.weight' ->
+    ('model.layers.0.mlp.down_proj', 'A')."""
     body = peft_name.removeprefix("base_model.model.")
     module, kind, _ = body.rsplit(".", 2)
     return module, kind.removeprefix("lora_")
 
 
 def merge_into(out: Tensor, w0: Tensor, b: Tensor, a: Tensor, scale: float) -> Tensor:
-    """out [o, i] = W0 [o, i] + scale · B [o, r] @ A [r, i], all fp32, rounded as the learner's
-    W0 + (B@A)·scale (learners.state.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
+    """out [o, i] = W0 [o, i] + scale · B [o, r] @ A [r, i], all fp32, rounded as the learner's W0 +
+    (B@A)·scale (learners.state.weights.merge_layer) bit for bit, into `out` (no allocation). One fused addmm
     when scale is a power of two (its scaling is then exact, so the single rounding of the sum is the same;
     measured bit-equal); else the learner's own steps in place: product, scaling, sum (addmm's fused scaling
     rounds differently there)."""
@@ -81,11 +83,12 @@ class BaseWeights:
     """An engine's copy of the base model's weights, read once from the model folder in the serving dtype, and
     the merge of a LoRA adapter into them: what an engine serves when only adapters travel (merged serving).
 
-    The merge is the learner's (learners.state.weights.merge_layer): W0 + scale·B@A summed in fp32 and rounded once to
-    the serving dtype, so the engine's merged weights are bit for bit those the learner fingerprinted. Each layer
-    merges into an fp32 buffer of its own, reused by every sync (`merge_into`); the parts of a fused stack
-    (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v) into row blocks of one buffer, in
-    stacking order, so that the engine loads the stack as one view instead of concatenating it."""
+    The merge is the learner's (learners.state.weights.merge_layer): W0 + scale·B@A summed in fp32 and
+    rounded once to the serving dtype, so the engine's merged weights are bit for bit those the learner
+    fingerprinted. Each layer merges into an fp32 buffer of its own, reused by every sync (`merge_into`);
+    the parts of a fused stack (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v)
+    into row blocks of one buffer, in stacking order, so that the engine loads the stack as one view
+    instead of concatenating it."""
 
     def __init__(self, model_path: str, dtype: torch.dtype, stacks: dict[str, list[str]] | None = None):
         import glob
@@ -108,8 +111,8 @@ class BaseWeights:
         self._torch = torch
 
     def merged_layers(self, adapter: AdapterPayload, changed_only: bool) -> dict[str, Tensor]:
-        """{layer weight name: merged weight} for `adapter` (learners.state.weights.adapter_payload): the layers
-        whose A or B changed since the last call, or all."""
+        """{layer weight name: merged weight} for `adapter` (learners.state.weights.adapter_payload): the
+        layers whose A or B changed since the last call, or all."""
         config = adapter.config
         if config.get("fan_in_fan_out") or config.get("use_dora"):
             raise ValueError("adapter-delta sync merges plain LoRA linears only (no fan_in_fan_out, no DoRA)")
@@ -122,7 +125,12 @@ class BaseWeights:
         for weight, ab in pairs.items():
             a, b = ab["A"], ab["B"]
             last = self._last.get(weight)
-            if changed_only and last is not None and self._torch.equal(last[0], a) and self._torch.equal(last[1], b):
+            if (
+                changed_only
+                and last is not None
+                and self._torch.equal(last[0], a)
+                and self._torch.equal(last[1], b)
+            ):
                 continue
             if weight not in self._buffers:
                 self._allocate(weight)
@@ -132,11 +140,12 @@ class BaseWeights:
         return out
 
     def _allocate(self, weight: str) -> None:
-        """The fp32 merge buffer of `weight`: its own, or one for the whole stack it is a part of, split by rows.
-        Stored column-major ([cols, Σ rows] in memory, the parts' rows still back to back along dim 0), and the
-        parts' base weights with it: vLLM's CPU GEMM packs W.t() ([cols, rows]), and oneDNN's reorder takes it
-        ~1.4x faster from contiguous memory than from a transposed view (SmolLM2-135M's 210 linears 0.12 -> 0.09 s,
-        the merge into them as fast, bit for bit the same values)."""
+        """The fp32 merge buffer of `weight`: its own, or one for the whole stack
+        it is a part of, split by rows.
+        Stored column-major ([cols, Σ rows] in memory, the parts' rows still back to back along dim 0), and
+        the parts' base weights with it: vLLM's CPU GEMM packs W.t() ([cols, rows]), and oneDNN's reorder
+        takes it ~1.4x faster from contiguous memory than from a transposed view (SmolLM2-135M's 210 linears
+        0.12 -> 0.09 s, the merge into them as fast, bit for bit the same values)."""
         group = stack_of(weight, self._stacks)
         if not all(n in self.base and self.base[n].shape[1:] == self.base[weight].shape[1:] for n in group):
             group = [weight]

@@ -1,6 +1,7 @@
-"""How a collection used its engines, as flat metrics: the share of its wall time each engine group had at least
-one call in flight (`rollout/engine_busy_frac/<group key>`), the wall time any did (`generate_s`), and each role's
-turn latency, from the moment its episode asked to the answer (`rollout/turn_latency_p50_s/<role>`, `..._p99_s`).
+"""How a collection used its engines, as flat metrics: the share of its wall time each engine group had at
+least one call in flight (`rollout/engine_busy_frac/<group key>`), the wall time any did (`generate_s`), and
+each role's turn latency, from the moment its episode asked to the answer
+(`rollout/turn_latency_p50_s/<role>`, `..._p99_s`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The config section an engine group reads, as a Protocol: jobs/config/schema.py's RolloutConfig satisfies it (mypy
-checks it where an EngineGroup is built); rollout cannot import jobs, so the contract is stated here, on the side
-that reads it. Also the choices of the keys only the engines interpret."""
+"""The config section an engine group reads, as a Protocol: jobs/config/schema.py's RolloutConfig satisfies it
+(mypy checks it where an EngineGroup is built); rollout cannot import jobs, so the contract is stated here, on
+the side that reads it. Also the choices of the keys only the engines interpret."""
 
 from __future__ import annotations
 

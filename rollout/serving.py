@@ -1,14 +1,14 @@
-"""An engine's serving loop: calls arrive from any thread or event loop and are served on one thread the engine
-owns, so many can be in flight at once (continuous batching in vLLM, small dynamic batches in the HF stand-in)
-while the engine still answers `progress` and weight loads.
+"""An engine's serving loop: calls arrive from any thread or event loop and are served on one thread the
+engine owns, so many can be in flight at once (continuous batching in vLLM, small dynamic batches in the HF
+stand-in) while the engine still answers `progress` and weight loads.
 
 A backend supplies a `Stepper`: `admit(jobs)` takes new calls, `step(count)` does one unit of work (one vLLM
 engine step; one HF batch) and resolves the calls it finished, reporting each token it generates through
 `count`, and `busy()` says whether an admitted call is unfinished. The loop's token counter is what an
 EngineGroup watches to tell a slow engine (counter moving) from a hung one (counter flat).
 
-Weight loads run under `paused()`: new calls wait in the queue, the loop finishes every admitted call, and only
-then does the load start, so no request is ever served by two weight versions.
+Weight loads run under `paused()`: new calls wait in the queue, the loop finishes every admitted call, and
+only then does the load start, so no request is ever served by two weight versions.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ _IDLE_WAKE_S = 1.0  # an idle loop rechecks this often whether its engine is gon
 
 @dataclass(eq=False)
 class Job:
-    """One engine call: its prompts (token ids), their sampling (request i is seeded `sampling.request_seed(i)`),
-    the adapter to serve them through, and where their completions go, in order."""
+    """One engine call: its prompts (token ids), their sampling (request i is
+    seeded `sampling.request_seed(i)`), the adapter to serve them through, and
+    where their completions go, in order."""
 
     prompts: list[list[int]]
     sampling: Sampling
@@ -56,8 +57,9 @@ class Stepper(Protocol):
 
 
 class ChatServing:
-    """The chat front both engines share: messages -> token ids through the model's chat template, then a `Job` on
-    the engine's serving loop. An engine sets `tokenizer`, `chat_kwargs` (extra chat-template arguments, e.g.
+    """The chat front both engines share: messages -> token ids through the model's chat
+    template, then a `Job` on the engine's serving loop. An engine sets `tokenizer`,
+    `chat_kwargs` (extra chat-template arguments, e.g.
     thinking off) and `loop` in its constructor."""
 
     tokenizer: Any
@@ -72,8 +74,8 @@ class ChatServing:
 
     def generate(self, requests: list[list[Message]], sampling: Sampling,
                  adapter: str | None = None) -> list[Completion]:
-        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request i
-        is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
+        """`adapter`: serve through that policy's LoRA adapter (the base model until one was loaded). Request
+        i is seeded `sampling.request_seed(i)`; the call's requests enter the engine together."""
         return self.loop.submit(Job([self.encode(m) for m in requests], sampling, adapter)).result()
 
     async def generate_async(self, requests: list[list[Message]], sampling: Sampling,
@@ -105,7 +107,8 @@ class ServingLoop:
         return job.future
 
     def _count(self, n: int) -> None:
-        self.tokens += n  # only the loop's thread writes; readers see some recent value, which is all they need
+        # only the loop's thread writes; readers see some recent value, which is all they need
+        self.tokens += n
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

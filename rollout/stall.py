@@ -3,10 +3,10 @@
 
 One `StallWatch` per engine (per incarnation: a replacement gets a new one). While any call runs under it, it
 polls the engine's `progress()`; once the engine has answered, a poll that is not answered counts as no
-progress. Until its first answer the engine is starting (a new actor loads its model, and queues calls and polls
-meanwhile), which `start_s` bounds instead. When the counter has not moved for the deadline, every call under
-the watch fails with GroupTimeout (the member is lost), which the EngineGroup turns into one replacement and one
-retry of each affected call.
+progress. Until its first answer the engine is starting (a new actor loads its model, and queues calls and
+polls meanwhile), which `start_s` bounds instead. When the counter has not moved for the deadline, every call
+under the watch fails with GroupTimeout (the member is lost), which the EngineGroup turns into one replacement
+and one retry of each affected call.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def poll_interval(stall_s: float) -> float:
 
 
 class StallWatch:
-    """Runs calls on one engine and fails them all once `progress` (its token counter) stays flat for `stall_s`
-    while at least one is running. `name`: the engine and method, for the error (`<group>:<i>.generate`)."""
+    """Runs calls on one engine and fails them all once `progress` (its token counter) stays
+    flat for `stall_s` while at least one is running. `name`: the engine and method, for the
+    error (`<group>:<i>.generate`)."""
 
     def __init__(self, progress: Callable[[], Awaitable[int]], stall_s: float, name: str, start_s: float):
         self.progress, self.stall_s, self.name, self.start_s = progress, stall_s, name, start_s
@@ -53,8 +54,12 @@ class StallWatch:
                 return task.result()
             task.cancel()
             if not self.answered:
-                raise GroupTimeout(f"{self.name} did not start within {self.start_s:g}s (rollout.start_timeout_s)")
-            raise GroupTimeout(f"{self.name} made no progress for {self.stall_s:g}s (rollout.stall_timeout_s)")
+                raise GroupTimeout(
+                    f"{self.name} did not start within {self.start_s:g}s (rollout.start_timeout_s)"
+                )
+            raise GroupTimeout(
+                f"{self.name} made no progress for {self.stall_s:g}s (rollout.stall_timeout_s)"
+            )
         finally:
             self.running -= 1
 
@@ -65,7 +70,9 @@ class StallWatch:
         last, since = -1, time.monotonic()
         while self.running and self._stalled is not None and not self._stalled.done():
             try:  # unanswered for the whole deadline is a stall too, however slow the answer path
-                value = await asyncio.wait_for(self.progress(), self.stall_s if self.answered else self.start_s)
+                value = await asyncio.wait_for(
+                    self.progress(), self.stall_s if self.answered else self.start_s
+                )
                 self.answered = True
             except (asyncio.TimeoutError, GroupError):
                 value = last  # an engine that cannot answer is making no progress either

@@ -74,11 +74,18 @@ def read_episodes(path: str | Path) -> list[Episode]:
         if ep is None:
             task = Task(r["task_id"], r["task_prompt"], r["task_answer"], r["task_kind"])
             ep = episodes[r["episode"]] = Episode(
-                task, r["sample_index"], r["workflow"], final_answer=r["final_answer"],
-                reward=r["episode_reward"], failure=r["failure"], parse_failures=json.loads(r["parse_failures"]),
+                task,
+                r["sample_index"],
+                r["workflow"],
+                final_answer=r["final_answer"],
+                reward=r["episode_reward"],
+                failure=r["failure"],
+                parse_failures=json.loads(r["parse_failures"]),
                 score_info=json.loads(r["score_info"] or "{}"),
             )
         completion = Completion(r["response"], r["prompt_ids"], r["response_ids"], r["logprobs"],
                                 r["finish_reason"], r["version"], r["policy_id"])
-        ep.turns.append(Turn(r["role"], r["agent"], r["round"], json.loads(r["messages"]), completion, r["reward"]))
+        ep.turns.append(
+            Turn(r["role"], r["agent"], r["round"], json.loads(r["messages"]), completion, r["reward"])
+        )
     return [episodes[k] for k in sorted(episodes)]

@@ -75,8 +75,9 @@ _SHAPES = pytest.StashKey[dict[str, "Shape | None"]]()
 
 
 def _module_shapes(items: list[pytest.Item]) -> dict[str, Shape | None]:
-    """Per module file, in collection order: the cluster shape its tests ask for, None when none asks for
-    `ray_cluster` (a test may also ask through `request.getfixturevalue`, if another test of its module names it)."""
+    """Per module file, in collection order: the cluster shape its tests ask for, None when none
+    asks for `ray_cluster` (a test may also ask through `request.getfixturevalue`, if another
+    test of its module names it)."""
     shapes: dict[str, Shape | None] = {}
     for item in items:
         shapes.setdefault(str(item.path), None)
@@ -118,10 +119,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """End the test process with pytest's own exit status once every result and summary is written, skipping
-    the interpreter's teardown. This process has hosted in-process vLLM engines, DeepSpeed process groups and a
-    Ray driver; their native finalizers crashed it intermittently after the slow tier had passed (exit 139 after
-    "56 passed", 1 of 2 runs), which would fail a green run. Only the test process is spared: the commands a user
-    runs are tested as subprocesses, and those tests check their exit codes."""
+    the interpreter's teardown. This process has hosted in-process vLLM engines, DeepSpeed process groups and
+    a Ray driver; their native finalizers crashed it intermittently after the slow tier had passed (exit 139
+    after "56 passed", 1 of 2 runs), which would fail a green run. Only the test process is spared: the
+    commands a user runs are tested as subprocesses, and those tests check their exit codes."""
     if _EXIT_STATUS:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -131,8 +132,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="module")
 def ray_cluster(request: pytest.FixtureRequest):
     """A local Ray cluster of the module's shape (`RAY_CPUS`, default 4; `RAY_RESOURCES`) for one test module,
-    shared with the modules next to it that ask for the same shape, and restarted for the next module when this
-    one leaves a CPU, a custom resource or a named actor behind."""
+    shared with the modules next to it that ask for the same shape, and restarted for the next module when
+    this one leaves a CPU, a custom resource or a named actor behind."""
     _CLUSTER.use(module_shape(request.module))
     yield
     if not _CLUSTER.left_clean():

@@ -1,5 +1,5 @@
-"""The learning checks shared by the end-to-end tests: a trivially learnable task ("write the digit 7") and what
-counts as having learned it; what a run's logged updates, rewards and accuracy must agree with."""
+"""The learning checks shared by the end-to-end tests: a trivially learnable task ("write the digit 7") and
+what counts as having learned it; what a run's logged updates, rewards and accuracy must agree with."""
 
 from __future__ import annotations
 
@@ -31,17 +31,20 @@ def assert_learned(rows: list[dict], summary: dict[str, float]) -> None:
 
 
 def first_token_parity(episode, turn) -> float:
-    """A reward-shaping hook (marl.reward_shaping.<role>=tests.learning.first_token_parity) that gives a random
-    model's turns differing rewards, so every policy gets a nonzero gradient from its first step."""
+    """A reward-shaping hook (marl.reward_shaping.<role>=tests.learning.first_token_parity) that gives a
+    random model's turns differing rewards, so every policy gets a nonzero gradient from its first step."""
     ids = turn.completion.response_ids
     return float(ids[0] % 2) if ids else 0.0
 
 
-def assert_updates_follow_advantages(run_dir: Path, rows: list[dict], policy_map: Any, base_model: str) -> None:
-    """Per policy and training step: a step whose rows carry advantage (grad/mass/<role> > 0 for one of its roles)
-    has a finite, non-zero gradient norm and a finite loss; a step without has both exactly 0 (its rows never
-    reach the learner). The exported weights differ from the base model's iff some step carried advantage at a
-    non-zero lr (AdamW without weight decay does not move on zero gradients, nor at lr 0: the cosine's last step).
+def assert_updates_follow_advantages(
+    run_dir: Path, rows: list[dict], policy_map: Any, base_model: str
+) -> None:
+    """Per policy and training step: a step whose rows carry advantage (grad/mass/<role> > 0 for one of
+    its roles) has a finite, non-zero gradient norm and a finite loss; a step without has both exactly 0
+    (its rows never reach the learner). The exported weights differ from the base model's iff some step
+    carried advantage at a non-zero lr (AdamW without weight decay does not move on zero gradients, nor at
+    lr 0: the cosine's last step).
     Returns nothing; fails naming the policy and step."""
     base = load_file(str(Path(base_model) / "model.safetensors"))
     for pid in policy_map.policies:
@@ -61,8 +64,8 @@ def assert_updates_follow_advantages(run_dir: Path, rows: list[dict], policy_map
 
 
 def assert_rewards_match_episodes(run_dir: Path, row: dict) -> None:
-    """The logged reward/mean and reward/mean/<role> of `row`'s step, recomputed from the episodes the run wrote
-    for that step (rollouts/step_<step>.parquet: one row per turn)."""
+    """The logged reward/mean and reward/mean/<role> of `row`'s step, recomputed from the episodes the run
+    wrote for that step (rollouts/step_<step>.parquet: one row per turn)."""
     turns = pq.read_table(run_dir / "rollouts" / f"step_{row['step']:06d}.parquet").to_pylist()
     episodes = {t["episode"]: t["episode_reward"] for t in turns}
     assert row["rollout/episodes"] == len(episodes)
@@ -73,7 +76,10 @@ def assert_rewards_match_episodes(run_dir: Path, row: dict) -> None:
 
 
 def assert_accuracy_is_a_count(summary: dict[str, float], rows: list[dict], eval_size: int) -> None:
-    """The held-out accuracy after training is the last logged evaluation, a whole number of the eval tasks."""
+    """The held-out accuracy after training is the last logged evaluation, a
+    whole number of the eval tasks."""
     acc = summary["eval/accuracy_after"]
     assert acc == rows[-1]["eval/accuracy"]
-    assert acc * eval_size == pytest.approx(round(acc * eval_size)) and 0 <= round(acc * eval_size) <= eval_size
+    assert (
+        acc * eval_size == pytest.approx(round(acc * eval_size)) and 0 <= round(acc * eval_size) <= eval_size
+    )

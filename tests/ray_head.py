@@ -1,5 +1,5 @@
-"""A real Ray head on loopback, started by `ray start` in its own session with free ports, for tests that need a
-cluster that outlives the driver (`ray job submit`, a driver joining by address, a SIGKILLed driver)."""
+"""A real Ray head on loopback, started by `ray start` in its own session with free ports, for tests that need
+a cluster that outlives the driver (`ray job submit`, a driver joining by address, a SIGKILLed driver)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ class HeadExited(RuntimeError):
 class Head:
     """A Ray head this test started (its own session, so every process of it can be ended by group id).
 
-    Its files live in `tmp`, which is also where `ray start` writes its marker file (`tmp/ray_current_cluster`):
-    a driver with RAY_TMPDIR=<tmp's parent> finds it there, and /tmp/ray is left alone."""
+    Its files live in `tmp`, which is also where `ray start` writes its marker file
+    (`tmp/ray_current_cluster`): a driver with RAY_TMPDIR=<tmp's parent> finds it there,
+    and /tmp/ray is left alone."""
 
     def __init__(self, tmp: Path, num_cpus: int = 2):
         tmp.mkdir(parents=True, exist_ok=True)
@@ -50,10 +51,26 @@ class Head:
             "runtime-env-agent-port", "ray-client-server-port", "node-manager-port", "object-manager-port")]
         with self.log.open("wb") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={num_cpus}",
-                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash}",
-                 *ports, f"--temp-dir={tmp}", "--disable-usage-stats"],
-                env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(BIN / "ray"),
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--port={self.port}",
+                    f"--num-cpus={num_cpus}",
+                    "--include-dashboard=true",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={self.dash}",
+                    *ports,
+                    f"--temp-dir={tmp}",
+                    "--disable-usage-stats",
+                ],
+                env=self.env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def marker(self) -> Path:
@@ -66,8 +83,9 @@ class Head:
             return "(no log)"
 
     def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "ray"), *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [str(BIN / "ray"), *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
 
     def wait_up(self, deadline_s: float = 120) -> None:
         end = time.monotonic() + deadline_s
@@ -103,9 +121,10 @@ class Head:
 
 
 def start_head(attempts: int = 3, tmp: Path | None = None, num_cpus: int = 2) -> Head:
-    """A head that answers. Ports are picked free, then released before `ray start` binds them: another process
-    may take one in between, and `ray start` then exits. Such a start is retried with fresh ports; the last
-    failure is raised with its log. `tmp`: the head's temp dir (short: Ray's socket paths have a length limit)."""
+    """A head that answers. Ports are picked free, then released before `ray start` binds them: another
+    process may take one in between, and `ray start` then exits. Such a start is retried with fresh
+    ports; the last failure is raised with its log. `tmp`: the head's temp dir (short: Ray's socket
+    paths have a length limit)."""
     for attempt in range(1, attempts + 1):
         h = Head(tmp or Path("/tmp") / f"rayjob_{uuid.uuid4().hex[:6]}", num_cpus)
         try:

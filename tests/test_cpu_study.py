@@ -1,6 +1,6 @@
-"""The CPU study (studies/cpu_smollm2): its README's tables are exactly what its committed runs give, its report
-regenerates from them, the table functions compute what they say on runs built by hand, and its sweep keeps the
-settings the README declares."""
+"""The CPU study (studies/cpu_smollm2): its README's tables are exactly what its committed runs give, its
+report regenerates from them, the table functions compute what they say on runs built by hand, and its sweep
+keeps the settings the README declares."""
 
 from __future__ import annotations
 
@@ -37,7 +37,12 @@ def test_every_committed_run_is_whole_and_small():
         assert files == {"metrics.jsonl", "config.yaml", "eval_curve.csv"}, files
         total += sum(p.stat().st_size for p in run.path.iterdir())
         cfg = load_config(str(run.path / "config.yaml"))
-        assert (cfg.steps, cfg.data.eval_size, cfg.eval_every, cfg.rollout.eval_temperature) == (40, 128, 5, 0.7)
+        assert (cfg.steps, cfg.data.eval_size, cfg.eval_every, cfg.rollout.eval_temperature) == (
+            40,
+            128,
+            5,
+            0.7,
+        )
     assert total < 20 * 2**20
 
 
@@ -60,10 +65,16 @@ def test_the_sweep_fixes_the_declared_settings():
     grid = cells(spec)
     assert [(c["marl.workflow"], c["marl.sharing"]) for c in grid] == [
         ("voting", "shared"), ("voting", "isolated"), ("eval_opt", "shared"), ("eval_opt", "isolated"),
-        ("single_agent", "shared"), ("orch_workers", "shared"), ("orch_workers", "isolated")]  # priority order
+        # priority order
+        ("single_agent", "shared"), ("orch_workers", "shared"), ("orch_workers", "isolated")]
     for cell in grid:
         cfg = load_config(spec.base, [*spec.overrides, *as_overrides(cell)])
-        assert (cfg.steps, cfg.eval_every, cfg.data.eval_size, cfg.rollout.eval_temperature) == (40, 5, 128, 0.7)
+        assert (cfg.steps, cfg.eval_every, cfg.data.eval_size, cfg.rollout.eval_temperature) == (
+            40,
+            5,
+            128,
+            0.7,
+        )
         # The paper's mini-batch semantics: one step's samples per optimizer step, in every cell.
         assert cfg.algo.ppo_mini_batch_size == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
         assert cfg.learner.optim.lr == 1e-3 and cfg.seed == 0 and cfg.model.lora.enabled
@@ -71,8 +82,8 @@ def test_the_sweep_fixes_the_declared_settings():
 
 def _run(folder: Path, workflow: str, sharing: str, accuracies: list[float], norms: dict[str, float],
          norms_at: dict[int, dict[str, float]] | None = None) -> Path:
-    """A run dir: config.yaml and metrics.jsonl with one eval after every step, and constant role norms but for
-    the steps in `norms_at`."""
+    """A run dir: config.yaml and metrics.jsonl with one eval after every step, and constant role norms but
+    for the steps in `norms_at`."""
     run = folder / f"{workflow}-{sharing}"
     run.mkdir(parents=True)
     cfg = load_config("jobs/configs/tiny.yaml",
@@ -101,7 +112,11 @@ def test_the_tables_by_hand(tmp_path):
     # Falls from 0.5 to 0.2 and 0.25 (flagged), then climbs back past it: recovered.
     _run(tmp_path, "eval_opt", "shared", [0.1, 0.5, 0.2, 0.25, 0.55], {"generator": 1.0, "evaluator": 1.0})
     runs = collect.committed_runs(tmp_path)
-    assert [collect.cell_name(r) for r in runs] == ["single_agent-shared", "voting-isolated", "eval_opt-shared"]
+    assert [collect.cell_name(r) for r in runs] == [
+        "single_agent-shared",
+        "voting-isolated",
+        "eval_opt-shared",
+    ]
     results = collect.results_table(runs).splitlines()
     assert results[2] == "| single_agent | – | 3 | 0.200 | 0.400 @ 2 | 0.400 @ 3 | +0.000 | +0.000 | no |"
     assert results[3] == ("| voting | isolated | 4 | 0.200 | 0.600 @ 2 | 0.250 @ 4 | +0.200 | -0.150 | "

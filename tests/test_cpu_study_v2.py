@@ -1,5 +1,6 @@
-"""The second CPU study's analysis (studies/cpu_smollm2_v2): its statistics on hand-computed examples, the cliff
-rule, and the collect pipeline on a small runs folder built by hand; its sweeps load and declare the design."""
+"""The second CPU study's analysis (studies/cpu_smollm2_v2): its statistics on hand-computed
+examples, the cliff rule, and the collect pipeline on a small runs folder built by hand; its sweeps
+load and declare the design."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from jobs.config.sweep_spec import flatten, load_sweep, validate
 from jobs.driver.eval_records import append_eval
 from marl.types import Episode, Task
 from studies.cpu_smollm2_v2 import collect
-from studies.cpu_smollm2_v2.stats import binomial_two_sided, fisher_exact, is_cliff, last_mean, mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v2.stats import (
+    binomial_two_sided,
+    fisher_exact,
+    is_cliff,
+    last_mean,
+    mcnemar_exact,
+    mean_sd,
+)
 
 
 def test_the_readme_tables_are_those_of_the_committed_runs():
     in_readme = collect.readme_tables(collect.README.read_text())
-    assert set(in_readme) == {*collect.TABLES, "calibration", "gate"}, "every measured table has its place, once"
-    assert in_readme == collect.committed_tables(), "stale tables: run `python -m studies.cpu_smollm2_v2.collect`"
+    assert set(in_readme) == {*collect.TABLES, "calibration", "gate"}, (
+        "every measured table has its place, once"
+    )
+    assert in_readme == collect.committed_tables(), (
+        "stale tables: run `python -m studies.cpu_smollm2_v2.collect`"
+    )
 
 
 def test_fisher_exact_by_hand():
@@ -51,8 +63,8 @@ def test_cliff_rule_and_summaries():
 
 def write_run(root: Path, name: str, workflow: str, sharing: str, seed: int, curve: list[float], right: int,
               **algo: object) -> Path:
-    """A finished run of 2 steps, evaluated at 0, 2 and at the end, on 10 tasks; `right` of them (t0..) correct
-    in the final evaluation."""
+    """A finished run of 2 steps, evaluated at 0, 2 and at the end, on 10 tasks; `right` of them (t0..)
+    correct in the final evaluation."""
     path = root / name
     path.mkdir(parents=True)
     cfg = {"seed": seed, "marl": {"workflow": workflow, "sharing": sharing}, "data": {"eval_size": 10},
@@ -63,7 +75,9 @@ def write_run(root: Path, name: str, workflow: str, sharing: str, seed: int, cur
             {"step": 1, "time/step_s": 1.0, "eval/accuracy": curve[1], "update/policy_move/p": 0.25},
             {"step": 2, "eval/accuracy": curve[2]}]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    append_eval(path, 2, [Episode(Task(f"t{i}", "q", "a"), 0, workflow, reward=float(i < right)) for i in range(10)])
+    append_eval(
+        path, 2, [Episode(Task(f"t{i}", "q", "a"), 0, workflow, reward=float(i < right)) for i in range(10)]
+    )
     return path
 
 
@@ -91,13 +105,22 @@ def test_collect_pipeline_on_runs_built_by_hand(sweep, tmp_path):
                        "0.367 ± 0.047 | 0.250 ± 0.071 |")
     assert arms[3].startswith("| voting-isolated | 0,1 | 1/2 |")
     tests = collect.tests_table(runs).splitlines()
-    # voting-isolated vs single: cliffs 1/2 vs 0/2 (Fisher p = 1); seed 0's final: single alone right on t1..t4,
-    # seed 1's: the same four tasks right in both -> 20 pairs, 0 / 4 discordant, McNemar p = 2/16.
-    assert tests[2] == "| voting-isolated vs single_agent-shared | 1/2 vs 0/2 | 1.000 | 20 | 0 / 4 | -0.200 | 0.125 |"
+    # voting-isolated vs single: cliffs 1/2 vs 0/2 (Fisher p = 1); seed 0's final: single alone right on
+    # t1..t4, seed 1's: the same four tasks right in both -> 20 pairs, 0 / 4 discordant, McNemar p = 2/16.
+    assert (
+        tests[2]
+        == "| voting-isolated vs single_agent-shared | 1/2 vs 0/2 | 1.000 | 20 | 0 / 4 | -0.200 | 0.125 |"
+    )
     # The ablation against its headline arm, on the one seed both ran: 3 right against 1.
-    assert tests[3] == "| voting-isolated+mb0 vs voting-isolated | 0/1 vs 1/2 | 1.000 | 10 | 2 / 0 | +0.200 | 0.500 |"
+    assert (
+        tests[3]
+        == "| voting-isolated+mb0 vs voting-isolated | 0/1 vs 1/2 | 1.000 | 10 | 2 / 0 | +0.200 | 0.500 |"
+    )
     assert collect.provenance_table(runs).splitlines()[2] == "| abc | 5 | 0 |"
-    assert collect.calibration_table(runs[:1]).splitlines()[2] == "| 0.0003 | 0 | 0.200 | 0.500 | 0.500 | no | 0.500 |"
+    assert (
+        collect.calibration_table(runs[:1]).splitlines()[2]
+        == "| 0.0003 | 0 | 0.200 | 0.500 | 0.500 | no | 0.500 |"
+    )
 
 
 def test_calibration_runs_differing_in_lr_are_committed_apart(tmp_path):
@@ -142,8 +165,12 @@ def test_a_role_with_a_turn_per_round_is_gated_on_an_upper_bound_of_its_rate(tmp
         cfg = {"marl": {"workflow": "eval_opt", "max_rounds": 2},
                "rollout": {"role_max_new_tokens": {"evaluator": cap}}}
         (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-        (run / "metrics.jsonl").write_text(json.dumps(
-            {"step": 0, "eval/before/episodes": 32.0, "eval/before/parse_failures/evaluator": failures}) + "\n")
+        (run / "metrics.jsonl").write_text(
+            json.dumps(
+                {"step": 0, "eval/before/episodes": 32.0, "eval/before/parse_failures/evaluator": failures}
+            )
+            + "\n"
+        )
     rows = collect.gate_table(collect.find_runs([tmp_path])).splitlines()[2:]
     assert rows == ["| eval_opt | evaluator | 32 | 32 | 62 | <= 0.031 | no |",
                     "| eval_opt | evaluator | 64 | 32 | 20 | <= 0.688 | ? |"]
@@ -152,11 +179,18 @@ def test_a_role_with_a_turn_per_round_is_gated_on_an_upper_bound_of_its_rate(tmp
 def test_arm_names_come_from_the_config():
     base = {"marl": {"workflow": "voting", "sharing": "shared"}, "algo": {"ppo_mini_batch_size": 16}}
     assert collect.arm_of(base) == "voting-shared"
-    assert collect.arm_of({**base, "algo": {"ppo_mini_batch_size": 16, "skip_empty_optimizer_steps": True}}) == \
-        "voting-shared+skip"
-    assert collect.comparisons(["single_agent-shared", "voting-shared", "voting-isolated", "voting-shared+mb0"]) == [
-        ("voting-shared", "single_agent-shared"), ("voting-isolated", "single_agent-shared"),
-        ("voting-shared", "voting-isolated"), ("voting-shared+mb0", "voting-shared")]
+    assert (
+        collect.arm_of({**base, "algo": {"ppo_mini_batch_size": 16, "skip_empty_optimizer_steps": True}})
+        == "voting-shared+skip"
+    )
+    assert collect.comparisons(
+        ["single_agent-shared", "voting-shared", "voting-isolated", "voting-shared+mb0"]
+    ) == [
+        ("voting-shared", "single_agent-shared"),
+        ("voting-isolated", "single_agent-shared"),
+        ("voting-shared", "voting-isolated"),
+        ("voting-shared+mb0", "voting-shared"),
+    ]
 
 
 SWEEPS = "jobs/configs/sweeps/"
@@ -166,13 +200,17 @@ def test_calibration_and_gate_sweeps_are_valid():
     lrs = [c["learner.optim.lr"] for c in validate(load_sweep(SWEEPS + "cpu_study_v2_calibration.yaml"))]
     assert lrs == [1e-4, 3e-4, 1e-3]
     gate = [flatten(c) for c in validate(load_sweep(SWEEPS + "cpu_study_v2_gate.yaml"))]
-    caps = {(c["marl.workflow"], next(v for k, v in c.items() if k.startswith("rollout.role_max"))) for c in gate}
+    caps = {
+        (c["marl.workflow"], next(v for k, v in c.items() if k.startswith("rollout.role_max"))) for c in gate
+    }
     assert caps == {(w, n) for w in ("voting", "eval_opt", "orch_workers") for n in (32, 64, 128, 256)}
 
 
 def test_the_study_sweep_runs_single_agent_at_the_calibrated_lr():
     cells = validate(load_sweep(SWEEPS + "cpu_study_v2.yaml"))
-    assert {flatten(c)["learner.optim.lr"] for c in cells} == {3e-4}, "the calibration's outcome (the README's)"
+    assert {flatten(c)["learner.optim.lr"] for c in cells} == {3e-4}, (
+        "the calibration's outcome (the README's)"
+    )
     # The gate removed every voting arm (no workflow passed it): the single-agent seeds remain.
     assert arms_of(cells) == {"single_agent-shared": [0, 1, 2, 3, 4]}
     spec = load_sweep(SWEEPS + "cpu_study_v2.yaml")

@@ -38,7 +38,15 @@ from studies.cpu_smollm2_v3.gate import (
     parsed_turns,
     wilson,
 )
-from studies.cpu_smollm2_v3.run import StudyError, cell_sweep, cells, check_commit, exported, fits, parse_until
+from studies.cpu_smollm2_v3.run import (
+    StudyError,
+    cell_sweep,
+    cells,
+    check_commit,
+    exported,
+    fits,
+    parse_until,
+)
 from studies.cpu_smollm2_v3.stats import incomplete_beta, permutation_p, student_two_sided, welch
 
 
@@ -96,8 +104,11 @@ def test_answer_cap_rule_by_hand():
 
 
 def test_aggregator_cap_is_the_smallest_passing_voting_cap():
-    rows = [["eval_opt", "evaluator", "32", "", "", "", "", "yes"], ["voting", "aggregator", "32", "", "", "", "",
-            "no"], ["voting", "aggregator", "64", "", "", "", "", "yes"]]
+    rows = [
+        ["eval_opt", "evaluator", "32", "", "", "", "", "yes"],
+        ["voting", "aggregator", "32", "", "", "", "", "no"],
+        ["voting", "aggregator", "64", "", "", "", "", "yes"],
+    ]
     assert aggregator_cap(rows) == 64
     assert aggregator_cap(rows[:2]) is None
 
@@ -125,7 +136,11 @@ def test_cells_run_seed_by_seed_each_with_the_caps_on_the_right_roles(tmp_path):
         configs.append(trial_config(setup_of(spec), {"grid": cell}, "t"))
     assert names == ["cpu_study_v3_s3_sa", "cpu_study_v3_s3_sp", "cpu_study_v3_s3_ip"]
     assert all(c.rollout.sampling.max_new_tokens == 48 and c.marl.prompts == "fewshot" for c in configs)
-    assert [dict(c.rollout.role_max_new_tokens) for c in configs] == [{}, {"aggregator": 64}, {"aggregator": 64}]
+    assert [dict(c.rollout.role_max_new_tokens) for c in configs] == [
+        {},
+        {"aggregator": 64},
+        {"aggregator": 64},
+    ]
     assert all((c.learner.optim.lr, str(c.learner.optim.schedule)) == (3e-4, "constant") for c in configs)
 
 
@@ -135,7 +150,11 @@ def test_a_cell_exported_to_the_studys_folder_is_not_run_again(tmp_path):
     dest = tmp_path / "runs" / "voting-shared" / "seed2"  # collect.py's destination of that run
     dest.mkdir(parents=True)
     (dest / "metrics.jsonl").write_text("{}\n")
-    assert exported(tmp_path, seed, arm) and not exported(tmp_path, 3, arm) and not exported(tmp_path, *cells([2])[2])
+    assert (
+        exported(tmp_path, seed, arm)
+        and not exported(tmp_path, 3, arm)
+        and not exported(tmp_path, *cells([2])[2])
+    )
 
 
 def _git(cwd, *args):
@@ -182,7 +201,13 @@ def test_permutation_p_by_hand():
 
 def test_student_t_against_table_values():
     # Two-sided 5 % and 1 % critical values of Student's t (any statistics table).
-    for t, df, p in [(2.776, 4, 0.05), (2.306, 8, 0.05), (3.355, 8, 0.01), (1.960, 1e6, 0.05), (12.706, 1, 0.05)]:
+    for t, df, p in [
+        (2.776, 4, 0.05),
+        (2.306, 8, 0.05),
+        (3.355, 8, 0.01),
+        (1.960, 1e6, 0.05),
+        (12.706, 1, 0.05),
+    ]:
         assert student_two_sided(t, df) == pytest.approx(p, abs=2e-4)
     assert student_two_sided(0.0, 5) == pytest.approx(1.0)
     assert incomplete_beta(0.3, 2, 3) == pytest.approx(0.3483, abs=1e-4)  # 1 - sum_{j<2} C(4,j) .3^j .7^(4-j)
@@ -235,8 +260,12 @@ def test_eval_series_and_parse_rate_read_base_then_evaluations(tmp_path):
 
 def test_slim_turns_keep_what_roles_wrote_and_its_length(tmp_path):
     task = Task("t0", "1 + 1", "2")
-    turns = [Turn("generator", "generator0", 0, [], Completion("2", [1], [5, 6], [-0.1] * 2, "stop")),
-             Turn("aggregator", "aggregator", 0, [], Completion("\\boxed{1}", [1], [7, 8, 9], [-0.1] * 3, "length"))]
+    turns = [
+        Turn("generator", "generator0", 0, [], Completion("2", [1], [5, 6], [-0.1] * 2, "stop")),
+        Turn(
+            "aggregator", "aggregator", 0, [], Completion("\\boxed{1}", [1], [7, 8, 9], [-0.1] * 3, "length")
+        ),
+    ]
     for steps in (0, 10):
         write_eval_turns(tmp_path, steps, [Episode(task, 0, "voting", turns=turns, reward=1.0)])
     table = slim_turns(tmp_path).to_pylist()
@@ -261,6 +290,8 @@ def test_the_readme_tables_are_those_of_the_committed_runs():
 
     in_readme = collect.readme_tables(collect.README.read_text())
     assert set(in_readme) == {*collect.TABLES, "gate", "lengths"}, "every measured table has its place, once"
-    assert in_readme == collect.committed_tables(), "stale tables: run `python -m studies.cpu_smollm2_v3.collect`"
+    assert in_readme == collect.committed_tables(), (
+        "stale tables: run `python -m studies.cpu_smollm2_v3.collect`"
+    )
     for run in collect.committed():  # every committed run ran from the study's one commit, on a clean tree
         assert collect.check_provenance(run.record.path) >= 1

@@ -22,15 +22,16 @@ ALLOWED = {
 # The only modules allowed to import these (lazily, inside an adapter).
 FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/gradients/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
-# Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points; benchmarks,
-# tests and scripts are not layers. Every other top-level folder of Python code (a new one too) must not import it.
+# Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points;
+# benchmarks, tests and scripts are not layers. Every other top-level folder of Python code (a new
+# one too) must not import it.
 RAY_ALLOWED = {"cluster", "jobs"}
 NOT_LAYERS = {"benchmarks", "tests", "scripts"}
-# Inside jobs/: the entry points (jobs/*.py) may import every folder; below them each folder imports only these. The
-# run (driver) assembles what config, models, plan and telemetry provide; the plan reads the config and the models'
-# shapes; nothing below the entry points imports them, except the site's computed pages (commands
-# themselves, `python -m jobs.pages.<page>`), which read the config, the models, the plan and a sweep's
-# trials as `jobs.sweep` resolves them.
+# Inside jobs/: the entry points (jobs/*.py) may import every folder; below them each folder imports only
+# these. The run (driver) assembles what config, models, plan and telemetry provide; the plan reads the config
+# and the models' shapes; nothing below the entry points imports them, except the site's computed pages
+# (commands themselves, `python -m jobs.pages.<page>`), which read the config, the models, the plan and a
+# sweep's trials as `jobs.sweep` resolves them.
 JOBS_ALLOWED = {
     "jobs.models": {"jobs.models"},
     "jobs.config": {"jobs.config"},
@@ -50,7 +51,8 @@ def _modules(path: Path) -> set[str]:
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)  # `from jobs import train` names jobs.train
+            # `from jobs import train` names jobs.train
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
@@ -93,21 +95,33 @@ def test_marl_is_pure_python():
 def test_ray_stays_in_cluster_and_jobs():
     for package in OURS - RAY_ALLOWED:
         for path in _sources(package):
-            assert "ray" not in _imports(path), f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+            assert "ray" not in _imports(path), (
+                f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+            )
 
 
 def test_no_ray_outside_cluster_jobs_and_non_layers():
-    folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and _sources(p.name))
+    folders = sorted(
+        p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and _sources(p.name)
+    )
     checked = [f for f in folders if f not in RAY_ALLOWED | NOT_LAYERS]
     assert {"marl", "rollout", "learners", "examples"} <= set(checked)
     for folder in checked:
         for path in _sources(folder):
-            assert "ray" not in _imports(path), f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+            assert "ray" not in _imports(path), (
+                f"{path.relative_to(ROOT)} imports ray; only {RAY_ALLOWED} may"
+            )
 
 
 def test_the_import_scan_sees_every_form_of_a_ray_import(tmp_path):
-    forms = ["import ray", "import ray.util as u", "from ray import get", "from ray.exceptions import RayActorError",
-             "def f():\n    import ray", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ray"]
+    forms = [
+        "import ray",
+        "import ray.util as u",
+        "from ray import get",
+        "from ray.exceptions import RayActorError",
+        "def f():\n    import ray",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ray",
+    ]
     for i, source in enumerate(forms):
         path = tmp_path / f"m{i}.py"
         path.write_text(source + "\n")
@@ -149,8 +163,8 @@ def _module_imports(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_cycles(root: Path, packages: set[str]) -> set[frozenset[str]]:
-    """The sets of modules under `packages` that import each other in a circle (strongly connected components of
-    the import graph with more than one module, or a module importing itself)."""
+    """The sets of modules under `packages` that import each other in a circle (strongly connected components
+    of the import graph with more than one module, or a module importing itself)."""
     paths = {_module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
     graph = {m: _module_imports(p, set(paths)) for m, p in paths.items()}
     reach = {m: _reachable(graph, m) for m in graph}
@@ -171,7 +185,9 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_no_import_cycles_among_our_modules():
     cycles = import_cycles(ROOT, OURS)
     assert cycles - KNOWN_CYCLES == set(), f"import circles: {[sorted(c) for c in cycles - KNOWN_CYCLES]}"
-    assert KNOWN_CYCLES - cycles == set(), f"no longer circles, drop them from KNOWN_CYCLES: {KNOWN_CYCLES - cycles}"
+    assert KNOWN_CYCLES - cycles == set(), (
+        f"no longer circles, drop them from KNOWN_CYCLES: {KNOWN_CYCLES - cycles}"
+    )
 
 
 def test_the_cycle_scan_sees_lazy_imports_and_skips_type_checking(tmp_path):
@@ -196,29 +212,41 @@ def test_jobs_folders_point_one_way(folder):
         rel = str(path.relative_to(ROOT))
         reached = {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs.") or m == "jobs"}
         allowed = JOBS_ALLOWED[folder]
-        assert reached <= allowed, f"{rel} imports {sorted(reached - allowed)}; {folder} may import {sorted(allowed)}"
+        assert reached <= allowed, (
+            f"{rel} imports {sorted(reached - allowed)}; {folder} may import {sorted(allowed)}"
+        )
 
 
 def test_jobs_holds_entry_points_and_folders_only():
-    """Every module at jobs/'s top level is a command (`python -m jobs.<name>`); the rest lives in a folder."""
+    """Every module at jobs/'s top level is a command (`python -m jobs.<name>`);
+    the rest lives in a folder."""
     entries = {p.stem for p in (ROOT / "jobs").glob("*.py")} - {"__init__"}
     for name in entries:
         source = (ROOT / "jobs" / f"{name}.py").read_text()
-        assert 'if __name__ == "__main__":' in source, f"jobs/{name}.py is no entry point: move it into a folder"
+        assert 'if __name__ == "__main__":' in source, (
+            f"jobs/{name}.py is no entry point: move it into a folder"
+        )
     folders = {p.name for p in (ROOT / "jobs").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert folders == {f.removeprefix("jobs.") for f in JOBS_ALLOWED}
 
 
 def test_the_jobs_arrow_check_sees_entry_points_and_folders(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("from jobs import train\nfrom jobs.driver.loop import attempt\nimport jobs.config.schema\n"
-                    "def f():\n    from jobs.sweep import trial_config\n")
-    assert {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs")} == {"jobs", "jobs.driver", "jobs.config"}
+    path.write_text(
+        "from jobs import train\nfrom jobs.driver.loop import attempt\nimport jobs.config.schema\n"
+        "def f():\n    from jobs.sweep import trial_config\n"
+    )
+    assert {_jobs_folder(m) for m in _modules(path) if m.startswith("jobs")} == {
+        "jobs",
+        "jobs.driver",
+        "jobs.config",
+    }
 
 
-# Each module of ours imported first, in a fresh process: a circle through a package's __init__ (importing
-# jobs.config.x runs jobs/config/__init__.py first) passes the scan above but fails at import in whichever order a
-# fresh Ray worker happens to import. The parent loads the heavy libraries once and forks a child per module.
+# Each module of ours imported first, in a fresh process: a circle through a package's __init__
+# (importing jobs.config.x runs jobs/config/__init__.py first) passes the scan above but fails at
+# import in whichever order a fresh Ray worker happens to import. The parent loads the heavy libraries
+# once and forks a child per module.
 FIRST_IMPORT = """
 import importlib, os, sys
 import omegaconf, ray, torch, transformers  # noqa: F401 - loaded once, shared by the forked children
@@ -242,8 +270,14 @@ sys.exit(1 if failed else 0)
 def test_every_module_imports_first_in_a_fresh_process():
     modules = sorted(_module_name(p, ROOT) for package in ("jobs", "learners", "rollout", "cluster", "marl")
                      for p in (ROOT / package).rglob("*.py"))
-    done = subprocess.run([sys.executable, "-c", FIRST_IMPORT, *modules], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORT, *modules],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -261,6 +295,12 @@ for name in sys.argv[1:]:
 def test_the_learner_config_and_planner_import_without_ray_or_vllm():
     modules = ["jobs.config", "jobs.models.resolve", "jobs.plan.planner", "learners.learner",
                "learners.gradients.deepspeed_backend"]
-    done = subprocess.run([sys.executable, "-c", WITHOUT_RAY, *modules], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY, *modules],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]

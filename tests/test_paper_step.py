@@ -1,6 +1,6 @@
-"""benchmarks/paper_step.py, the GPU check's learner step at the paper's shape, runs its own path on CPU at a tiny
-shape (--cpu-smoke): the learner builds from the built-in's config, trains one step and reports its peak beside
-the plan's estimate."""
+"""benchmarks/paper_step.py, the GPU check's learner step at the paper's shape, runs its own path on CPU at a
+tiny shape (--cpu-smoke): the learner builds from the built-in's config, trains one step and reports its peak
+beside the plan's estimate."""
 
 import pytest
 

@@ -1,6 +1,6 @@
-"""benchmarks/published_steps.py, the GPU check's learner steps at the published baselines: the learner it builds is
-the planned one (two micro-batches of one sequence, checkpointing, bf16 ZeRO-2 on a GPU), and its own path runs on
-CPU at a tiny shape (--cpu-tiny)."""
+"""benchmarks/published_steps.py, the GPU check's learner steps at the published baselines: the learner it
+builds is the planned one (two micro-batches of one sequence, checkpointing, bf16 ZeRO-2 on a GPU), and its
+own path runs on CPU at a tiny shape (--cpu-tiny)."""
 
 import json
 

@@ -21,8 +21,14 @@ def test_cluster_modules_run_after_the_others_grouped_by_shape():
     conftest.pytest_collection_modifyitems(config, items)  # type: ignore[arg-type]
     assert [(i.path, "ray_cluster" in i.fixturenames) for i in items] == [
         ("b", False), ("f", False), ("a", True), ("a", False), ("e", True), ("c", True), ("d", True)]
-    assert config.stash[conftest._SHAPES] == {"a": (4, ()), "b": None, "c": (2, ()), "d": (4, (("slot0", 1),)),
-                                              "e": (4, ()), "f": None}
+    assert config.stash[conftest._SHAPES] == {
+        "a": (4, ()),
+        "b": None,
+        "c": (2, ()),
+        "d": (4, (("slot0", 1),)),
+        "e": (4, ()),
+        "f": None,
+    }
 
 
 class _Idle:

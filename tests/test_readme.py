@@ -1,5 +1,6 @@
-"""README.md: its first screen is the two set-up commands, it stays short (the manual is docs/), and every link
-in it reaches a file, and a heading of that file where it names one (mkdocs build --strict checks docs/ itself)."""
+"""README.md: its first screen is the two set-up commands, it stays short (the manual is docs/), and
+every link in it reaches a file, and a heading of that file where it names one (mkdocs build
+--strict checks docs/ itself)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def anchors(markdown: str) -> set[str]:
-    """The ids GitHub gives the headings of `markdown`: lower case, punctuation other than `-` and `_` dropped,
-    each space a dash (MkDocs' ids are the same unless a heading holds a run of punctuation and spaces)."""
+    """The ids GitHub gives the headings of `markdown`: lower case, punctuation other than `-`
+    and `_` dropped, each space a dash (MkDocs' ids are the same unless a heading holds a run
+    of punctuation and spaces)."""
     headings = re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.S), flags=re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 

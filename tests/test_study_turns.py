@@ -13,8 +13,14 @@ from studies.cpu_smollm2.turns import main
 
 def _turn(role: str, round_: int, text: str, cut: bool = False) -> Turn:
     ids = list(range(len(text.split())))
-    return Turn(role, role, round_, [], Completion(text, [1], ids, [0.0] * len(ids), "length" if cut else "stop",
-                                                   1, role), 0.0)
+    return Turn(
+        role,
+        role,
+        round_,
+        [],
+        Completion(text, [1], ids, [0.0] * len(ids), "length" if cut else "stop", 1, role),
+        0.0,
+    )
 
 
 def _run(tmp_path: Path) -> Path:
@@ -40,7 +46,8 @@ def test_counts_per_role_and_round_with_the_runs_extractor(tmp_path, capsys):
     assert main([str(run), "--steps", "3", "--match", r"\d+ - \d+ =\s*($|\n)"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "step 3: 1/2 episodes rewarded; evaluator parse failures 2"
-    # "7 - 4 =" is read as 4 by the last-number fallback: wrong; the echo matches the pattern, the answer does not.
+    # "7 - 4 =" is read as 4 by the last-number fallback: wrong; the echo matches the
+    # pattern, the answer does not.
     gen0 = next(x for x in lines if "generator     round 0" in x).split()
     assert gen0[gen0.index("turns") + 1] == "2" and gen0[gen0.index("cut") + 1] == "0"
     assert gen0[gen0.index("right") + 1] == "1" and gen0[gen0.index("matched") + 1] == "1"

@@ -1,6 +1,6 @@
-"""Member methods are named by the methods themselves (`Group.submit(EngineMember.generate, ...)`), so the type
-checker catches a misspelt method, wrong arguments, another member's method or a string name before anything
-runs on a remote actor. Each snippet below is checked by mypy; only the correct one passes."""
+"""Member methods are named by the methods themselves (`Group.submit(EngineMember.generate, ...)`), so the
+type checker catches a misspelt method, wrong arguments, another member's method or a string name before
+anything runs on a remote actor. Each snippet below is checked by mypy; only the correct one passes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from rollout.engine import EngineMember, Sampling
 def use(engines: Group[EngineMember], learners: Group[LearnerMember]) -> None:
 """
 SNIPPETS = {
-    "correct": """    engines.submit_to([0], EngineMember.generate, [[{"role": "user", "content": "hi"}]], Sampling())
+    "correct": """    chat = [[{"role": "user", "content": "hi"}]]
+    engines.submit_to([0], EngineMember.generate, chat, Sampling())
     versions: list[int] = engines.submit(EngineMember.weight_version).result(1.0)
     learners.submit_each([Call(LearnerMember.save_state, "/tmp/state")])
     print(versions)

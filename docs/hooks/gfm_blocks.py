@@ -25,7 +25,9 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
             line = NESTED.sub("    ", line, count=1) if NESTED.match(line) else line
             starts_list, starts_table = bool(ITEM.match(line)), line.startswith("|")
             previous = out[-1] if out else ""
-            if previous.strip() and ((starts_list and not in_list) or (starts_table and not previous.startswith("|"))):
+            if previous.strip() and (
+                (starts_list and not in_list) or (starts_table and not previous.startswith("|"))
+            ):
                 out.append("")
             if not line.strip():
                 in_list = False

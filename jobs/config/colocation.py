@@ -22,11 +22,13 @@ def colocated(cfg: TrainConfig) -> bool:
 
 
 def colocate_problem(cfg: TrainConfig) -> str | None:
-    """Why `learner.lora_colocate` cannot hold this config's policies on one base (None: it can, or it is off).
-    Refused: full weights (no base to share), shared and custom maps (shared: one policy already holds one base;
-    custom groupings are left out), DeepSpeed ZeRO-3 (it partitions the module over the ranks inside each engine,
-    which several engines over one module cannot share; ZeRO-2 keeps weights whole: one engine per policy), and
-    per-policy values of what the policies share (SHARED_KEYS)."""
+    """Why `learner.lora_colocate` cannot hold this config's policies on one
+    base (None: it can, or it is off).
+    Refused: full weights (no base to share), shared and custom maps (shared: one
+    policy already holds one base;
+    custom groupings are left out), DeepSpeed ZeRO-3 (it partitions the module over the ranks inside each
+    engine, which several engines over one module cannot share; ZeRO-2 keeps weights whole: one engine per
+    policy), and per-policy values of what the policies share (SHARED_KEYS)."""
     if not colocated(cfg):
         return None
     if not cfg.model.lora.enabled:
@@ -37,13 +39,18 @@ def colocate_problem(cfg: TrainConfig) -> str | None:
     if not caps.lora_colocate:
         return f"learner.backend={cfg.learner.backend} cannot hold learner.lora_colocate policies"
     if caps.zero_stage(cfg.learner.deepspeed.zero_stage) == 3:
-        return ("learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions the "
-                "shared base inside one engine, and each policy has its own; use learner.deepspeed.zero_stage=2")
+        return (
+            "learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions "
+            "the "
+            "shared base inside one engine, and each policy has its own; use learner.deepspeed.zero_stage=2"
+        )
     for pid in cfg.marl.policies:
         for key in override_keys(cfg, pid):
             if any(key == k or (k.endswith(".") and key.startswith(k)) for k in SHARED_KEYS):
-                return (f"marl.policies.{pid}.{key}: learner.lora_colocate policies share the base model and the "
-                        "learner ranks; set it at the top level")
+                return (
+                    f"marl.policies.{pid}.{key}: learner.lora_colocate policies share the base model and the "
+                    "learner ranks; set it at the top level"
+                )
     return None
 
 

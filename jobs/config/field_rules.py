@@ -1,6 +1,6 @@
-"""The per-field rules of the config schema (jobs/config/schema.py): each leaf key's choices (an Enum field's values, or
-`one_of`'s) and bounds (`positive`, `non_negative`), read from the dataclass fields, for config load to check
-and the config reference to list. A rule lives on the field it constrains, nowhere else."""
+"""The per-field rules of the config schema (jobs/config/schema.py): each leaf key's choices (an Enum field's
+values, or `one_of`'s) and bounds (`positive`, `non_negative`), read from the dataclass fields, for config
+load to check and the config reference to list. A rule lives on the field it constrains, nowhere else."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Loading the one config schema (jobs/config/schema.py): YAML + `key=value` overrides, validated once.
 
-`load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail in
-OmegaConf with the key's full path), runs the value checks below (impossible values name their key), and
-returns a read-only config. Each component receives only its own section. Choices are str Enums on the
-schema's fields (defined beside the registries they name: advantage estimators, loss aggregations, KL
-estimators, backends), bounds sit in the fields' metadata (jobs/config/field_rules.py); GRPO group fields are read from
-their registry.
+`load_config` merges the YAML file and the overrides onto the schema (unknown keys and wrong types fail
+in OmegaConf with the key's full path), runs the value checks below (impossible values name their key),
+and returns a read-only config. Each component receives only its own section. Choices are str Enums on
+the schema's fields (defined beside the registries they name: advantage estimators, loss aggregations,
+KL estimators, backends), bounds sit in the fields' metadata (jobs/config/field_rules.py); GRPO group
+fields are read from their registry.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
-from jobs.config.policies import ENGINE_KEYS, POLICY_KEYS, override_keys, per_policy_key, policy_config, policy_map_of
+from jobs.config.policies import (
+    ENGINE_KEYS,
+    POLICY_KEYS,
+    override_keys,
+    per_policy_key,
+    policy_config,
+    policy_map_of,
+)
 from jobs.config.precision import dtype_problem
 from jobs.config.schema import AlgoConfig, RolloutConfig, TrainConfig, as_node
 from learners.gradients.backends import BACKENDS, capabilities
@@ -101,9 +108,21 @@ _GROUP_FIELDS, _GROUP_PRESETS = tuple(GROUP_FIELDS), tuple(GROUP_PRESETS)
 # Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
 # model.chat_template_kwargs holds template variables only (enable_thinking, ...).
 _CHAT_TEMPLATE_ARGS = (
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
 )
 
 
@@ -136,8 +155,9 @@ def _check_lora_colocate(cfg: TrainConfig) -> None:
 
 
 def _check_dtype(cfg: TrainConfig) -> None:
-    """model.dtype where the run computes, for the policies that take the top level's settings (a policy with
-    settings of its own was checked with them by _check_policies, its errors naming marl.policies.<policy>)."""
+    """model.dtype where the run computes, for the policies that take the top level's settings
+    (a policy with settings of its own was checked with them by _check_policies, its errors
+    naming marl.policies.<policy>)."""
     if all(pid in cfg.marl.policies for pid in policy_map_of(cfg).policies):
         return
     problem = dtype_problem(cfg)
@@ -154,15 +174,21 @@ def _check_policies(cfg: TrainConfig) -> None:
         raise ConfigError(f"config: {e}") from None
     for pid in cfg.marl.policies:
         if pid not in policies:
-            raise ConfigError(f"config: marl.policies.{pid}: no such policy; marl.sharing={cfg.marl.sharing} with "
-                              f"{cfg.marl.workflow} has {', '.join(policies)}")
+            raise ConfigError(
+                f"config: marl.policies.{pid}: no such policy; marl.sharing={cfg.marl.sharing} with "
+                f"{cfg.marl.workflow} has {', '.join(policies)}"
+            )
         for key in override_keys(cfg, pid):
             if not per_policy_key(key):
-                raise ConfigError(f"config: marl.policies.{pid}.{key} cannot be set per policy; per-policy keys: "
-                                  f"{', '.join(k + ('*' if k.endswith('.') else '') for k in POLICY_KEYS)}")
+                raise ConfigError(
+                    f"config: marl.policies.{pid}.{key} cannot be set per policy; per-policy keys: "
+                    f"{', '.join(k + ('*' if k.endswith('.') else '') for k in POLICY_KEYS)}"
+                )
             if cfg.rollout.lora_serving == "multi" and key.startswith(ENGINE_KEYS):
-                raise ConfigError(f"config: marl.policies.{pid}.{key}: rollout.lora_serving=multi serves every "
-                                  "policy from one engine group on one base model")
+                raise ConfigError(
+                    f"config: marl.policies.{pid}.{key}: rollout.lora_serving=multi serves every "
+                    "policy from one engine group on one base model"
+                )
         try:
             validate(policy_config(cfg, pid))
         except OmegaConfBaseException as e:
@@ -205,12 +231,15 @@ def _check_learner_options(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, coef in cfg.algo.kl_anchor_roles.items():
         if role not in roles:
-            raise ConfigError(f"config: algo.kl_anchor_roles.{role}: {cfg.marl.workflow} has no role {role!r}; "
-                              f"roles: {', '.join(roles)}")
+            raise ConfigError(
+                f"config: algo.kl_anchor_roles.{role}: {cfg.marl.workflow} has no role {role!r}; "
+                f"roles: {', '.join(roles)}"
+            )
         if not coef >= 0:
             raise ConfigError(f"config: algo.kl_anchor_roles.{role} must be >= 0; got {coef!r}")
     ds = cfg.learner.deepspeed
-    backend = cfg.learner.backend  # what it can run is its class's (learners.gradients.backends.BackendCapabilities)
+    # what it can run is its class's (learners.gradients.backends.BackendCapabilities)
+    backend = cfg.learner.backend
     if cfg.learner.rank_num_gpus > 0 and not capabilities(backend).gpus:
         on_gpus = " or ".join(b for b in BACKENDS if capabilities(b).gpus)
         raise ConfigError(f"config: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
@@ -231,13 +260,15 @@ def _check_learner_options(cfg: TrainConfig) -> None:
 
 
 def _check_verl_update_details(cfg: TrainConfig) -> None:
-    """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the log-ratio clamp
-    is a magnitude."""
+    """The dual-clip bound lies above the ratio's upper clip (verl asserts clip_ratio_c > 1); the
+    log-ratio clamp is a magnitude."""
     c = cfg.algo.dual_clip_c
     if c != 0 and not c > 1:
         raise ConfigError(f"config: algo.dual_clip_c must be 0 (off) or > 1; got {c!r}")
     if not cfg.algo.log_ratio_clamp >= 0:
-        raise ConfigError(f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}")
+        raise ConfigError(
+            f"config: algo.log_ratio_clamp must be >= 0 (0 = off); got {cfg.algo.log_ratio_clamp!r}"
+        )
     _check_verl_minibatches(cfg.algo, cfg.algo.minibatch_ranks or max(cfg.learner.ranks, 1))
     if cfg.algo.singleton_advantage == "reward" and cfg.algo.advantage != "grpo":
         raise ConfigError(f"config: algo.singleton_advantage=reward is verl's GRPO rule; algo.advantage="
@@ -248,16 +279,20 @@ def _check_verl_minibatches(algo: AlgoConfig, ranks: int) -> None:
     """verl's balanced order needs its in-order split; its fixed chunks split M over the ranks; its nominal
     normaliser counts rows of a mini-batch that has a size."""
     if algo.minibatch_order == "verl_balanced" and algo.minibatch_shuffle:
-        raise ConfigError("config: algo.minibatch_order=verl_balanced orders the rows for verl's in-order split; "
-                          "set algo.minibatch_shuffle=false")
+        raise ConfigError(
+            "config: algo.minibatch_order=verl_balanced orders the rows for verl's in-order split; "
+            "set algo.minibatch_shuffle=false"
+        )
     if algo.minibatch_chunks == "fixed" and algo.ppo_mini_batch_size % ranks:
         raise ConfigError(f"config: algo.minibatch_chunks=fixed cuts algo.ppo_mini_batch_size="
                           f"{algo.ppo_mini_batch_size} rows over {ranks} ranks (algo.minibatch_ranks, else "
                           f"learner.ranks): it must be a multiple of them")
     rows_only = algo.loss_agg == "seq_mean_token_mean"
     if algo.loss_normalizer == "nominal" and (algo.ppo_mini_batch_size == 0 or not rows_only):
-        raise ConfigError("config: algo.loss_normalizer=nominal divides by algo.ppo_mini_batch_size rows: it needs "
-                          "algo.ppo_mini_batch_size > 0 and algo.loss_agg=seq_mean_token_mean")
+        raise ConfigError(
+            "config: algo.loss_normalizer=nominal divides by algo.ppo_mini_batch_size rows: it needs "
+            "algo.ppo_mini_batch_size > 0 and algo.loss_agg=seq_mean_token_mean"
+        )
 
 
 def _check_data_fidelity(cfg: TrainConfig) -> None:
@@ -268,8 +303,10 @@ def _check_data_fidelity(cfg: TrainConfig) -> None:
                           f"{cfg.data.eval} generates tasks: set data.eval_full=false")
     for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
         if OmegaConf.select(as_node(cfg), key) < 0:
-            raise ConfigError(f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
-                              f"got {OmegaConf.select(as_node(cfg), key)!r}")
+            raise ConfigError(
+                f"config: {key} must be >= 0 (0 = {'auto' if key.endswith('workers') else 'off'}); "
+                f"got {OmegaConf.select(as_node(cfg), key)!r}"
+            )
 
 
 def _check_checkpoint(cfg: TrainConfig) -> None:
@@ -282,16 +319,20 @@ def _check_checkpoint(cfg: TrainConfig) -> None:
         return
     # Rollback restores the best evaluated checkpoint: every evaluation must land on a kept checkpoint.
     if not (ckpt.every and cfg.eval_every and cfg.eval_every % ckpt.every == 0 and ckpt.keep_best >= 1):
-        raise ConfigError("config: cliff.action=rollback needs checkpoint.every > 0, eval_every a multiple of "
-                          f"it and checkpoint.keep_best >= 1; got checkpoint.every={ckpt.every}, "
-                          f"eval_every={cfg.eval_every}, checkpoint.keep_best={ckpt.keep_best}")
+        raise ConfigError(
+            "config: cliff.action=rollback needs checkpoint.every > 0, eval_every a multiple of "
+            f"it and checkpoint.keep_best >= 1; got checkpoint.every={ckpt.every}, "
+            f"eval_every={cfg.eval_every}, checkpoint.keep_best={ckpt.keep_best}"
+        )
 
 
 def _check_serving(cfg: TrainConfig) -> None:
     for key in cfg.model.chat_template_kwargs:
         if key in _CHAT_TEMPLATE_ARGS:
-            raise ConfigError(f"config: model.chat_template_kwargs.{key} is an argument the engines set "
-                              "themselves; this mapping takes chat template variables only (e.g. enable_thinking)")
+            raise ConfigError(
+                f"config: model.chat_template_kwargs.{key} is an argument the engines set "
+                "themselves; this mapping takes chat template variables only (e.g. enable_thinking)"
+            )
     backend = cfg.rollout.backend  # what it can serve is its class's (rollout.engine.EngineCapabilities)
     if cfg.rollout.lora_serving == "multi":
         if not cfg.model.lora.enabled:
@@ -345,16 +386,22 @@ def _check_ranges(cfg: TrainConfig) -> None:
     group_by = list(cfg.algo.group_by)
     bad = [f for f in group_by if f not in _GROUP_FIELDS]
     if (bad or not group_by) and not (len(group_by) == 1 and group_by[0] in _GROUP_PRESETS):
-        raise ConfigError(f"config: algo.group_by takes a non-empty subset of {_GROUP_FIELDS} or one preset of "
-                          f"{_GROUP_PRESETS} alone; got {group_by}")
+        raise ConfigError(
+            f"config: algo.group_by takes a non-empty subset of {_GROUP_FIELDS} or one preset of "
+            f"{_GROUP_PRESETS} alone; got {group_by}"
+        )
     if not 0 <= cfg.cliff.relative_drop <= 1:
-        raise ConfigError(f"config: cliff.relative_drop must be in [0, 1] (0 = off); got {cfg.cliff.relative_drop}")
+        raise ConfigError(
+            f"config: cliff.relative_drop must be in [0, 1] (0 = off); got {cfg.cliff.relative_drop}"
+        )
     if cfg.marl.sharing == "custom" and not cfg.marl.policy_map:
         raise ConfigError("config: marl.policy_map must map every role when marl.sharing=custom")
     if cfg.marl.sharing != "custom" and cfg.marl.policy_map:
         raise ConfigError("config: marl.policy_map is only used with marl.sharing=custom")
     if len(cfg.learner.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.learner.optim.betas):
-        raise ConfigError(f"config: learner.optim.betas must be two values in [0, 1); got {cfg.learner.optim.betas}")
+        raise ConfigError(
+            f"config: learner.optim.betas must be two values in [0, 1); got {cfg.learner.optim.betas}"
+        )
     if not 0 <= cfg.learner.optim.min_lr_ratio <= 1:
         raise ConfigError("config: learner.optim.min_lr_ratio must be in [0, 1]")
 
@@ -368,8 +415,10 @@ def _check_role_caps(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role, cap in cfg.rollout.role_max_new_tokens.items():
         if role not in roles:
-            raise ConfigError(f"config: rollout.role_max_new_tokens.{role}: {cfg.marl.workflow} has no role {role!r}; "
-                              f"its roles: {', '.join(roles)}")
+            raise ConfigError(
+                f"config: rollout.role_max_new_tokens.{role}: {cfg.marl.workflow} has no role {role!r}; "
+                f"its roles: {', '.join(roles)}"
+            )
         if not 0 < cap <= cfg.algo.max_len:
             raise ConfigError(f"config: rollout.role_max_new_tokens.{role} must be in (0, algo.max_len = "
                               f"{cfg.algo.max_len}]; got {cap!r}")
@@ -377,12 +426,16 @@ def _check_role_caps(cfg: TrainConfig) -> None:
 
 def _check_lengths(cfg: TrainConfig) -> None:
     if not 0 <= cfg.algo.max_role_drop_frac <= 1:
-        raise ConfigError(f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}")
+        raise ConfigError(
+            f"config: algo.max_role_drop_frac must be in [0, 1]; got {cfg.algo.max_role_drop_frac}"
+        )
     budget = cfg.learner.max_tokens_per_micro_batch
     if budget and budget < cfg.algo.max_len:
         # A row may be algo.max_len tokens long and a micro-batch holds at least one whole row.
-        raise ConfigError(f"config: learner.max_tokens_per_micro_batch must be 0 (off) or >= algo.max_len; got "
-                          f"{budget} < {cfg.algo.max_len}")
+        raise ConfigError(
+            f"config: learner.max_tokens_per_micro_batch must be 0 (off) or >= algo.max_len; got "
+            f"{budget} < {cfg.algo.max_len}"
+        )
     if cfg.learner.padding_free and not cfg.learner.logits_chunk_tokens:
         # Packed rows are read at their loss positions through the chunked head; the full logits path pads.
         raise ConfigError("config: learner.padding_free=true needs learner.logits_chunk_tokens > 0")

@@ -1,5 +1,5 @@
-"""Per-policy settings (`marl.policies`): a policy's own model, optimizer, micro-batch size, ranks and resources
-over the top-level sections it otherwise inherits.
+"""Per-policy settings (`marl.policies`): a policy's own model, optimizer, micro-batch size, ranks and
+resources over the top-level sections it otherwise inherits.
 
 `marl.policies.<policy>` holds overrides shaped like the top-level sections (`model.path`, `learner.optim.lr`,
 `rollout.engine_num_gpus`, ...) for a policy of the resolved policy map, whatever `marl.sharing` produced it.
@@ -21,13 +21,27 @@ from marl.workflows import roles_of
 
 # What a policy may set for itself: these keys and everything under the ones ending in `.`.
 POLICY_KEYS = (
-    "model.path", "model.dtype", "model.lora.", "model.chat_template_kwargs.",
-    "learner.optim.", "learner.micro_batch_size", "learner.ranks", "learner.rank_num_cpus", "learner.rank_num_gpus",
-    "learner.rank_resources.", "learner.gradient_checkpointing",
+    "model.path",
+    "model.dtype",
+    "model.lora.",
+    "model.chat_template_kwargs.",
+    "learner.optim.",
+    "learner.micro_batch_size",
+    "learner.ranks",
+    "learner.rank_num_cpus",
+    "learner.rank_num_gpus",
+    "learner.rank_resources.",
+    "learner.gradient_checkpointing",
     # A policy on another model has another vocabulary and row lengths: its own head chunks and token budget.
-    "learner.logits_chunk_tokens", "learner.max_tokens_per_micro_batch", "learner.padding_free",
-    "rollout.engines_per_role", "rollout.engine_num_cpus", "rollout.engine_num_gpus", "rollout.engine_resources.",
-    "rollout.kv_cache_gb", "rollout.gpu_memory_utilization",
+    "learner.logits_chunk_tokens",
+    "learner.max_tokens_per_micro_batch",
+    "learner.padding_free",
+    "rollout.engines_per_role",
+    "rollout.engine_num_cpus",
+    "rollout.engine_num_gpus",
+    "rollout.engine_resources.",
+    "rollout.kv_cache_gb",
+    "rollout.gpu_memory_utilization",
 )
 # Under multi-LoRA serving one engine group serves every policy as an adapter on one base model.
 ENGINE_KEYS = ("model.path", "model.dtype", "model.lora.enabled", "model.chat_template_kwargs.", "rollout.")
@@ -40,10 +54,15 @@ def policy_map_of(cfg: TrainConfig) -> PolicyMap:
 
 
 def engine_map_of(cfg: TrainConfig, policy_map: PolicyMap) -> EngineMap:
-    """The run's role -> engine group map, with every group's name (rollout.engine_scope, rollout.lora_serving)."""
+    """The run's role -> engine group map, with every group's name
+    (rollout.engine_scope, rollout.lora_serving)."""
     node = as_node(cfg)
-    return EngineMap.build(policy_map, cfg.run_name, OmegaConf.select(node, "rollout.engine_scope", default="role"),
-                           OmegaConf.select(node, "rollout.lora_serving", default="single") == "multi")
+    return EngineMap.build(
+        policy_map,
+        cfg.run_name,
+        OmegaConf.select(node, "rollout.engine_scope", default="role"),
+        OmegaConf.select(node, "rollout.lora_serving", default="single") == "multi",
+    )
 
 
 def override_keys(cfg: TrainConfig, policy_id: str) -> list[str]:

@@ -19,8 +19,9 @@ from rollout.engine import engine_capabilities
 
 
 def cpu_parts(cfg: TrainConfig, cuda: Callable[[], bool]) -> list[str]:
-    """The parts of one policy's config (`jobs.config.policies.policy_config`) that compute on CPU, each with the
-    setting that puts it there. `cuda()`: whether this process sees a CUDA device (asked only when needed)."""
+    """The parts of one policy's config (`jobs.config.policies.policy_config`) that compute on
+    CPU, each with the setting that puts it there. `cuda()`: whether this process sees a CUDA
+    device (asked only when needed)."""
     learner, rollout = cfg.learner, cfg.rollout
     parts = []
     if not capabilities(learner.backend).gpus:
@@ -39,9 +40,11 @@ def _on_cpu(members: int, num_gpus: float, cuda: Callable[[], bool]) -> bool:
     return not cuda() if members == 0 else num_gpus == 0
 
 
-def dtype_problem(cfg: TrainConfig, cpuinfo: str | None = None, cuda: Callable[[], bool] | None = None) -> str | None:
-    """Why one policy's config cannot run its model.dtype where its parts compute, or None. `cpuinfo`: the text
-    of /proc/cpuinfo (this machine's by default); `cuda`: as in `cpu_parts` (torch's view by default)."""
+def dtype_problem(
+    cfg: TrainConfig, cpuinfo: str | None = None, cuda: Callable[[], bool] | None = None
+) -> str | None:
+    """Why one policy's config cannot run its model.dtype where its parts compute, or None. `cpuinfo`: the
+    text of /proc/cpuinfo (this machine's by default); `cuda`: as in `cpu_parts` (torch's view by default)."""
     if cfg.model.dtype != "bfloat16" or cfg.model.allow_emulated_bf16:
         return None
     if has_bf16(read_cpuinfo() if cpuinfo is None else cpuinfo):
@@ -49,9 +52,12 @@ def dtype_problem(cfg: TrainConfig, cpuinfo: str | None = None, cuda: Callable[[
     parts = cpu_parts(cfg, cuda or _cuda_available)
     if not parts:
         return None
-    return ("model.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU has "
-            f"neither: use float32 (on CPU here: {', '.join(parts)}), or set model.allow_emulated_bf16=true to run "
-            "bf16 in software (slow; for numerics checks)")
+    return (
+        "model.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU has "
+        f"neither: use float32 (on CPU here: {', '.join(parts)}), or set model.allow_emulated_bf16=true to "
+        "run "
+        "bf16 in software (slow; for numerics checks)"
+    )
 
 
 def _cuda_available() -> bool:

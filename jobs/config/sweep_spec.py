@@ -95,7 +95,9 @@ def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:
     try:
         raw = OmegaConf.load(path)
         _check_rule_keys(raw)
-        spec = OmegaConf.merge(OmegaConf.structured(SweepConfig), raw, OmegaConf.from_dotlist(list(overrides or [])))
+        spec = OmegaConf.merge(
+            OmegaConf.structured(SweepConfig), raw, OmegaConf.from_dotlist(list(overrides or []))
+        )
         missing = sorted(OmegaConf.missing_keys(spec))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
@@ -187,12 +189,19 @@ def _representatives(spec: SweepConfig) -> list[dict[str, Any]]:
 
 
 def validate(spec: SweepConfig) -> list[dict[str, Any]]:
-    """Check the whole sweep before anything runs; returns its cells. Raises SweepError naming key and cell."""
+    """Check the whole sweep before anything runs; returns its cells. Raises
+    SweepError naming key and cell."""
     if spec.mode not in ("min", "max"):
         raise SweepError(f"sweep: mode must be min or max; got {spec.mode!r}")
-    if spec.num_samples < 1 or spec.max_concurrent_trials < 0 or spec.max_failures < 0 or spec.driver_cpus < 0:
-        raise SweepError("sweep: num_samples must be >= 1; max_concurrent_trials, max_failures and driver_cpus "
-                         ">= 0")
+    if (
+        spec.num_samples < 1
+        or spec.max_concurrent_trials < 0
+        or spec.max_failures < 0
+        or spec.driver_cpus < 0
+    ):
+        raise SweepError(
+            "sweep: num_samples must be >= 1; max_concurrent_trials, max_failures and driver_cpus >= 0"
+        )
     if not spec.ray.connect_timeout_s > 0:
         raise SweepError(f"sweep: ray.connect_timeout_s must be > 0; got {spec.ray.connect_timeout_s!r}")
     both = sorted(set(spec.grid) & set(spec.search))
@@ -229,7 +238,8 @@ def _check(spec: SweepConfig, cell: dict[str, Any], sampled: dict[str, Any]) -> 
 
 
 def _check_rules(spec: SweepConfig) -> None:
-    """`exclude` and `where` name keys the grid sets, each matches some cell, and `set` varies nothing else."""
+    """`exclude` and `where` name keys the grid sets, each matches some cell,
+    and `set` varies nothing else."""
     if WHERE in spec.grid:
         raise SweepError(f"sweep: grid.{WHERE} is reserved for what `where` rules set; rename the axis")
     grid_values = [flatten(c) for c in grid_cells(spec)]
@@ -246,9 +256,13 @@ def _check_rules(spec: SweepConfig) -> None:
                              f"{', '.join(grid_keys) or 'none'}")
         if not any(matches(when, values) for values in pool):
             excluded = pool is kept and any(matches(when, values) for values in grid_values)
-            raise SweepError(f"sweep: {where} {when} matches {'only excluded cells' if excluded else 'no cell'}")
+            raise SweepError(
+                f"sweep: {where} {when} matches {'only excluded cells' if excluded else 'no cell'}"
+            )
     for i, rule in enumerate(spec.where):
         varied = [k for k in rule.set if k in grid_keys or k in spec.search]
         if varied:
-            raise SweepError(f"sweep: where[{i}].set.{varied[0]} is a grid or search key; a rule may not change "
-                             "what a cell's label says")
+            raise SweepError(
+                f"sweep: where[{i}].set.{varied[0]} is a grid or search key; a rule may not change "
+                "what a cell's label says"
+            )

@@ -1,6 +1,6 @@
-"""What a run holds before anything runs on the cluster: its layout, each policy's model folder and pad id, the
-task family, the prompt sampler and the held-out tasks. `prepare` gathers them once per run; bad model paths and
-data fail there, as an InputError, before any member starts."""
+"""What a run holds before anything runs on the cluster: its layout, each policy's model folder and pad id,
+the task family, the prompt sampler and the held-out tasks. `prepare` gathers them once per run; bad model
+paths and data fail there, as an InputError, before any member starts."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""Per-task held-out results: every evaluation appends (steps_done, task_id, reward) rows to `<run>/eval_tasks.csv`,
-so that two runs evaluated on the same tasks (data.eval_seed) can be compared task by task (a paired test), and
-reports the evaluation's parse failures per role (`eval/parse_failures/<role>`, of `eval/episodes`).
+"""Per-task held-out results: every evaluation appends (steps_done, task_id, reward) rows to
+`<run>/eval_tasks.csv`, so that two runs evaluated on the same tasks (data.eval_seed) can be compared task
+by task (a paired test), and reports the evaluation's parse failures per role
+(`eval/parse_failures/<role>`, of `eval/episodes`).
 
 Every evaluation's turns (what each role wrote) also go to `<run>/eval_rollouts/eval_<steps_done>.parquet`, in
-the training rollouts' schema (rollout/storage.py, `step` = steps done), so that a claim about what a role wrote
-at evaluation can be checked against the text.
+the training rollouts' schema (rollout/storage.py, `step` = steps done), so that a claim about what a role
+wrote at evaluation can be checked against the text.
 
-A resumed run evaluates again at steps it had already evaluated after its checkpoint: the reader keeps the last
-row written for each (steps_done, task_id), and the turns' file of that evaluation is rewritten.
+A resumed run evaluates again at steps it had already evaluated after its checkpoint: the reader keeps the
+last row written for each (steps_done, task_id), and the turns' file of that evaluation is rewritten.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The whole held-out split, evaluated at the end of a run (`data.eval_full`): the final weights, then the peak
-checkpoint's.
+"""The whole held-out split, evaluated at the end of a run (`data.eval_full`): the final
+weights, then the peak checkpoint's.
 
-Periodic evaluations use a fixed draw of `data.eval_size` tasks, cheap enough for every checkpoint; the numbers a
-run reports as final and peak accuracy come from every row of `data.eval`, as the paper evaluates on its whole
-held-out split. The peak checkpoint is the most accurate one on the draw (jobs.driver.run_checkpoints.best); when
-the final weights score at least as well on the draw, they are the peak and are not evaluated twice.
+Periodic evaluations use a fixed draw of `data.eval_size` tasks, cheap enough for every checkpoint; the
+numbers a run reports as final and peak accuracy come from every row of `data.eval`, as the paper evaluates on
+its whole held-out split. The peak checkpoint is the most accurate one on the draw
+(jobs.driver.run_checkpoints.best); when the final weights score at least as well on the draw, they are the
+peak and are not evaluated twice.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ Restore = Callable[[Path], None]  # load a checkpoint's learner state and serve 
 
 
 def peak_checkpoint(root: Path, final_accuracy: float) -> Path | None:
-    """The checkpoint to evaluate as the peak: the best on the draw, unless the final weights match or beat it."""
+    """The checkpoint to evaluate as the peak: the best on the draw, unless the
+    final weights match or beat it."""
     folder = ckpt.best(root)
     if folder is None:
         return None
@@ -35,8 +37,12 @@ def full_evaluation(tasks: list[Task], evaluate: Evaluate, final_step: int, fina
     Run after the final weights are exported: evaluating the peak leaves the engines serving its weights."""
     t0 = time.perf_counter()
     final = evaluate(tasks)
-    metrics = {"eval/full/accuracy": final, "eval/full/peak_accuracy": final, "eval/full/peak_step": float(final_step),
-               "eval/full/tasks": float(len(tasks))}
+    metrics = {
+        "eval/full/accuracy": final,
+        "eval/full/peak_accuracy": final,
+        "eval/full/peak_step": float(final_step),
+        "eval/full/tasks": float(len(tasks)),
+    }
     folder = peak_checkpoint(root, final_accuracy)
     if folder is not None:
         restore(folder)

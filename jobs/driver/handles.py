@@ -1,7 +1,7 @@
-"""The run's handles, built from its layout (jobs/plan/layout.py): a LearnerGroup per policy, the EngineGroups (one
-per role, one per policy, or one multi-LoRA group for all), the Collector, and the weight sync between them, in the
-run's placement group. Nothing here branches on shared vs isolated: the policy map alone decides which learner feeds
-which engines."""
+"""The run's handles, built from its layout (jobs/plan/layout.py): a LearnerGroup per policy, the EngineGroups
+(one per role, one per policy, or one multi-LoRA group for all), the Collector, and the weight sync between
+them, in the run's placement group. Nothing here branches on shared vs isolated: the policy map alone decides
+which learner feeds which engines."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from rollout.engine_group import EngineGroup, Resync
 
 @dataclass
 class RunHandles:
-    """What a run holds while it runs: its groups, the collector over them, the syncs between them; shut down once."""
+    """What a run holds while it runs: its groups, the collector over them, the syncs
+    between them; shut down once."""
 
     policy_map: PolicyMap  # the layout's own
     learners: dict[str, LearnerGroup]
@@ -45,7 +46,8 @@ class RunHandles:
 
     def sync(self, version: int) -> dict[str, float]:
         """Push every policy's weights (or LoRA adapter) once to each engine group serving its roles; every
-        engine confirms `version` and the fingerprint of the weights it now serves (jobs/driver/weight_sync.py)."""
+        engine confirms `version` and the fingerprint of the weights it now serves
+        (jobs/driver/weight_sync.py)."""
         return sync_all(self.syncs, version)
 
     def shutdown(self) -> None:
@@ -110,7 +112,8 @@ def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
 
 def _learner_groups(layout: RunLayout, paths: dict[str, str],
                     bundles: Callable[[str], GroupPlacement | None]) -> dict[str, LearnerGroup]:
-    """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated base (learner.lora_colocate)."""
+    """policy -> its LearnerGroup: each on ranks of its own, or all on one colocated
+    base (learner.lora_colocate)."""
     cfg = layout.cfg
     specs = [_learner_spec(layout, pid, paths[pid], pc) for pid, pc in layout.configs.items()]
     if layout.colocated:  # every policy names the one shared group
@@ -135,16 +138,26 @@ def _learner_spec(layout: RunLayout, pid: str, model_path: str, pc: TrainConfig)
     """Policy `pid`'s learner, from its own config `pc` (model and learner sections), the run's, and what the
     layout resolved for it."""
     cfg, policy_map = layout.cfg, layout.policy_map
-    return LearnerSpec(policy_id=pid, model_path=model_path, model=pc.model, learner=pc.learner, algo=cfg.algo,
-                       temperature=cfg.rollout.sampling.temperature, total_steps=cfg.steps, seed=cfg.seed,
-                       num_policies=len(policy_map.policies), policy_index=policy_map.policies.index(pid),
-                       gradient_checkpointing=layout.checkpointing[pid])
+    return LearnerSpec(
+        policy_id=pid,
+        model_path=model_path,
+        model=pc.model,
+        learner=pc.learner,
+        algo=cfg.algo,
+        temperature=cfg.rollout.sampling.temperature,
+        total_steps=cfg.steps,
+        seed=cfg.seed,
+        num_policies=len(policy_map.policies),
+        policy_index=policy_map.policies.index(pid),
+        gradient_checkpointing=layout.checkpointing[pid],
+    )
 
 
 def _engine_groups(layout: RunLayout, paths: dict[str, str], bundles: Callable[[str], GroupPlacement | None],
                    resync: Resync) -> dict[str, EngineGroup]:
-    """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the object. Each group
-    serves its policy's model with that policy's engine settings; the multi-LoRA group the top-level model."""
+    """role -> its EngineGroup; roles of one group (engine_scope=policy, multi-LoRA) share the
+    object. Each group serves its policy's model with that policy's engine settings; the
+    multi-LoRA group the top-level model."""
     cfg, configs = layout.cfg, layout.configs
     out: dict[str, EngineGroup] = {}
     slot = 0
@@ -153,10 +166,23 @@ def _engine_groups(layout: RunLayout, paths: dict[str, str], bundles: Callable[[
             pc, path = cfg, paths[spec.policies[0]]
             lora_rank = max(c.model.lora.rank for c in configs.values())
         else:
-            pc, path, lora_rank = configs[spec.policy], paths[spec.policy], configs[spec.policy].model.lora.rank
-        group = EngineGroup(spec, path, pc.rollout, str(pc.model.dtype), first_slot=slot, placement=bundles(spec.name),
-                            lora_rank=lora_rank, weight_channel=cfg.sync.transport == "nccl", resync=resync,
-                            chat_template_kwargs=_plain(pc.model.chat_template_kwargs))
+            pc, path, lora_rank = (
+                configs[spec.policy],
+                paths[spec.policy],
+                configs[spec.policy].model.lora.rank,
+            )
+        group = EngineGroup(
+            spec,
+            path,
+            pc.rollout,
+            str(pc.model.dtype),
+            first_slot=slot,
+            placement=bundles(spec.name),
+            lora_rank=lora_rank,
+            weight_channel=cfg.sync.transport == "nccl",
+            resync=resync,
+            chat_template_kwargs=_plain(pc.model.chat_template_kwargs),
+        )
         slot += max(pc.rollout.engines_per_role, 1)
         out.update(dict.fromkeys(spec.roles, group))
     return out

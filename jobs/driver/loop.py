@@ -1,5 +1,5 @@
-"""One attempt of the driver loop on one set of built handles: start (fresh or from a checkpoint), the steps, the
-cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
+"""One attempt of the driver loop on one set of built handles: start (fresh or from a checkpoint), the steps,
+the cliff guard (warn | stop | rollback), checkpoints, and the final eval and export.
 
 One step = train_step (jobs/driver/step.py: collect → score → assign → advantages → update every policy, one
 optimizer step each → sync weights) → (eval) → log → (checkpoint) → callbacks. Shared vs isolated is only the
@@ -82,15 +82,21 @@ def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[E
     if not tasks:
         return []
     s = cfg.rollout.sampling
-    sampling = Sampling(cfg.rollout.eval_temperature, s.top_p, s.max_new_tokens, seed=derive_seed(cfg.seed, "eval"),
-                        role_caps=role_caps(cfg.rollout))
+    sampling = Sampling(
+        cfg.rollout.eval_temperature,
+        s.top_p,
+        s.max_new_tokens,
+        seed=derive_seed(cfg.seed, "eval"),
+        role_caps=role_caps(cfg.rollout),
+    )
     return handles.collector.collect(tasks, 1, sampling).episodes
 
 
 def timed_evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task], run_dir: Path,
                    steps_done: int) -> dict[str, float]:
-    """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes its evals); the
-    per-task results go to the run dir's eval_tasks.csv, the turns to eval_rollouts/ (one Parquet per evaluation)."""
+    """jobs.driver.eval_records.eval_metrics of `evaluate` and its wall time (a study's cost includes
+    its evals); the per-task results go to the run dir's eval_tasks.csv, the turns to eval_rollouts/
+    (one Parquet per evaluation)."""
     t0 = time.perf_counter()
     episodes = evaluate(handles, cfg, tasks)
     append_eval(run_dir, steps_done, episodes)
@@ -144,11 +150,14 @@ def _evaluate_whole_split(run: RunState, handles: RunHandles, final_accuracy: fl
     def accuracy(tasks: list[Task]) -> float:
         return eval_metrics(evaluate(handles, run.cfg, tasks))["eval/accuracy"]
 
-    return full_evaluation(run.assets.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore)
+    return full_evaluation(
+        run.assets.full_eval_tasks, accuracy, run.cfg.steps, final_accuracy, run.root, restore
+    )
 
 
 def _fresh_start(run: RunState, handles: RunHandles) -> None:
-    run.assets.sampler.load_state(run.progress.sampler)  # a restart without a checkpoint replays the same prompts
+    # a restart without a checkpoint replays the same prompts
+    run.assets.sampler.load_state(run.progress.sampler)
     ckpt.truncate_metrics(run.log.path, 0)
     base = timed_evaluate(handles, run.cfg, run.assets.eval_tasks, run.run_dir, 0)
     acc, run.base_eval_s = base["eval/accuracy"], base["time/eval_s"]
@@ -207,8 +216,15 @@ def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
     if accuracy is not None and math.isnan(accuracy):
         accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
     best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
-    run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version, eval_accuracy=accuracy,
-                                       sampler=source.sampler_state, cliff=run.cliff.state(), best_accuracy=best)
+    run.progress = dataclasses.replace(
+        run.progress,
+        step=step + 1,
+        weight_version=version,
+        eval_accuracy=accuracy,
+        sampler=source.sampler_state,
+        cliff=run.cliff.state(),
+        best_accuracy=best,
+    )
     if flagged and cfg.cliff.action == "rollback":
         metrics.update(_rollback(run, handles, source))
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
@@ -225,7 +241,9 @@ def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
     return stop
 
 
-def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: float) -> tuple[bool, dict[str, float]]:
+def cliff_guard(
+    cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: float
+) -> tuple[bool, dict[str, float]]:
     """Track held-out `accuracy`; on a terminal cliff warn, and with cliff.action=stop end the run. Returns
     (whether the run stops, the tracker's metrics and `cliff/flagged`)."""
     flagged = cliff.update(step, accuracy)
@@ -237,11 +255,13 @@ def cliff_guard(cfg: TrainConfig, cliff: CliffTracker, step: int, accuracy: floa
     return flagged and cfg.cliff.action == "stop", {**cliff.metrics(), "cliff/flagged": float(flagged)}
 
 
-def final_cliff_guard(cfg: TrainConfig, cliff: CliffTracker, steps_done: int, accuracy: float) -> dict[str, float]:
-    """The final evaluation counts toward the cliff flag like the periodic ones, which skip the last step so as not
-    to evaluate it twice. A run that ends early (the guard stopped it) already fed this step's evaluation, and a
-    run without held-out tasks has nothing to feed. Nothing is left to stop or roll back: the guard records (and
-    warns), and the final weights are exported as they are."""
+def final_cliff_guard(
+    cfg: TrainConfig, cliff: CliffTracker, steps_done: int, accuracy: float
+) -> dict[str, float]:
+    """The final evaluation counts toward the cliff flag like the periodic ones, which skip the last step so
+    as not to evaluate it twice. A run that ends early (the guard stopped it) already fed this step's
+    evaluation, and a run without held-out tasks has nothing to feed. Nothing is left to stop or roll back:
+    the guard records (and warns), and the final weights are exported as they are."""
     if steps_done < cfg.steps or math.isnan(accuracy):
         return {}
     return cliff_guard(cfg, cliff, steps_done, accuracy)[1]
@@ -256,7 +276,9 @@ def _rollback(run: RunState, handles: RunHandles, source: RolloutSource) -> dict
     step budget are not rewound, so rollbacks end with the run instead of looping."""
     target = ckpt.best(run.root)
     if target is None:
-        print(f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True)
+        print(
+            f"[{run.cfg.run_name}] cliff rollback skipped: no evaluated checkpoint in {run.root}", flush=True
+        )
         return {}
     _load_learners(handles, target)
     source.rewind(run.progress.sampler)  # episodes prefetched by the weights rolled back are dropped
@@ -274,7 +296,9 @@ def _save(run: RunState, handles: RunHandles) -> Path:
     t0 = time.perf_counter()
     folder = ckpt.write(run.root, run.progress, handles.learners, to_yaml(run.cfg))
     ckpt.prune(run.root, run.cfg.checkpoint.keep_last, run.cfg.checkpoint.keep_best)
-    print(f"[{run.cfg.run_name}] checkpoint {folder} committed in {time.perf_counter() - t0:.1f}s", flush=True)
+    print(
+        f"[{run.cfg.run_name}] checkpoint {folder} committed in {time.perf_counter() - t0:.1f}s", flush=True
+    )
     return folder
 
 
@@ -283,8 +307,11 @@ def _checkpoint_on_stop(run: RunState, handles: RunHandles) -> None:
     if not run.cfg.checkpoint.every or run.progress.step == 0:
         return
     if run.learners_ahead:
-        print(f"[{run.cfg.run_name}] stopped during an update: the learners are past step {run.progress.step}, "
-              "so the last committed checkpoint stands", flush=True)
+        print(
+            f"[{run.cfg.run_name}] stopped during an update: the learners are past step {run.progress.step}, "
+            "so the last committed checkpoint stands",
+            flush=True,
+        )
         return
     try:
         _save(run, handles)

@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder holding jobs/, marl/, l
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True)
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip()

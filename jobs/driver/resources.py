@@ -1,6 +1,7 @@
-"""What a run asks of the cluster, from its layout (jobs/plan/layout.py: one resource demand per engine group and
-learner group), turned into the run's placement group (a standalone run) or a Tune trial's resource request (a
-sweep). Both go through the same layout, so a trial's placement group is exactly what the run inside it looks for;
+"""What a run asks of the cluster, from its layout (jobs/plan/layout.py: one resource demand per engine
+group and learner group), turned into the run's placement group (a standalone run) or a Tune trial's
+resource request (a sweep). Both go through the same layout, so a trial's placement group is exactly
+what the run inside it looks for;
 a Tune trial adds one bundle in front for its driver.
 """
 
@@ -11,9 +12,17 @@ from cluster.placement import PlacementError, RunPlacement, place
 from jobs.plan.layout import RunLayout
 
 # The config keys a placement failure points the user to.
-RESOURCE_KEYS = ("rollout.engines_per_role", "rollout.engine_num_cpus", "rollout.engine_num_gpus",
-                 "rollout.engine_resources", "learner.ranks", "learner.rank_num_cpus", "learner.rank_num_gpus",
-                 "learner.rank_resources", "ray.placement_strategy")
+RESOURCE_KEYS = (
+    "rollout.engines_per_role",
+    "rollout.engine_num_cpus",
+    "rollout.engine_num_gpus",
+    "rollout.engine_resources",
+    "learner.ranks",
+    "learner.rank_num_cpus",
+    "learner.rank_num_gpus",
+    "learner.rank_resources",
+    "ray.placement_strategy",
+)
 
 
 def build_placement(run: RunLayout) -> RunPlacement | None:

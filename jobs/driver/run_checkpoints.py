@@ -51,8 +51,9 @@ def root_dir(cfg: TrainConfig, run_dir: Path) -> Path:
 
 
 def write(root: Path, progress: Progress, learners: dict[str, Any], config_yaml: str) -> Path:
-    """Write and commit `step_<progress.step>`; on any failure the previous checkpoints and `latest` are as
-    they were (CheckpointError). A dead or hung rank's GroupError passes through: the driver may restart on it."""
+    """Write and commit `step_<progress.step>`; on any failure the previous checkpoints and
+    `latest` are as they were (CheckpointError). A dead or hung rank's GroupError passes through:
+    the driver may restart on it."""
     final, tmp = root / f"step_{progress.step}", root / f"step_{progress.step}.tmp"
     if is_complete(final):
         return final  # this exact state is already committed (a stop right after a resume)
@@ -70,7 +71,9 @@ def write(root: Path, progress: Progress, learners: dict[str, Any], config_yaml:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, Exception) and not member_lost(e):
-            raise CheckpointError(f"checkpoint {final} not written ({e}); {root / LATEST} is unchanged") from e
+            raise CheckpointError(
+                f"checkpoint {final} not written ({e}); {root / LATEST} is unchanged"
+            ) from e
         raise
     _write_text(root / f"{LATEST}.tmp", final.name)
     os.rename(root / f"{LATEST}.tmp", root / LATEST)
@@ -87,8 +90,13 @@ def _write_manifest(folder: Path, progress: Progress) -> None:
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
     for sub in {p.parent for p in folder.rglob("*") if p.is_file()}:
         _fsync_dir(sub)
-    manifest = {"format": FORMAT, "complete": True, "step": progress.step, "eval_accuracy": progress.eval_accuracy,
-                "files": files}
+    manifest = {
+        "format": FORMAT,
+        "complete": True,
+        "step": progress.step,
+        "eval_accuracy": progress.eval_accuracy,
+        "files": files,
+    }
     _write_text(folder / MANIFEST, json.dumps(manifest))
     _fsync_dir(folder)
 
@@ -104,7 +112,9 @@ def check(folder: Path) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {folder} has an unreadable {MANIFEST}: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("complete") is not True:
-        raise CheckpointError(f"checkpoint {folder} is incomplete (its manifest lacks the completeness marker)")
+        raise CheckpointError(
+            f"checkpoint {folder} is incomplete (its manifest lacks the completeness marker)"
+        )
     for rel, size in manifest.get("files", {}).items():
         path = folder / rel
         if not path.is_file() or path.stat().st_size != size:
@@ -168,20 +178,25 @@ def prune(root: Path, keep_last: int, keep_best: int) -> list[Path]:
     leftover incomplete ones. Only called after a commit, so what is deleted is never the only good copy."""
     complete = [(step, f, m) for step, f in _steps(root) if (m := _manifest_or_none(f))]
     keep = {f for _, f, _ in complete[:keep_last]}
-    scored = sorted(((m["eval_accuracy"], -step, f) for step, f, m in complete if m.get("eval_accuracy") is not None),
-                    reverse=True)
+    scored = sorted(
+        ((m["eval_accuracy"], -step, f) for step, f, m in complete if m.get("eval_accuracy") is not None),
+        reverse=True,
+    )
     keep |= {f for _, _, f in scored[:keep_best]}
     latest = root / LATEST
     if latest.is_file():
         keep.add(root / latest.read_text().strip())
-    doomed = [f for _, f in _steps(root) if f not in keep] + [p for p in root.glob("step_*.tmp") if p.is_dir()]
+    doomed = [f for _, f in _steps(root) if f not in keep] + [
+        p for p in root.glob("step_*.tmp") if p.is_dir()
+    ]
     for folder in doomed:
         shutil.rmtree(folder, ignore_errors=True)
     return doomed
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Drop metrics.jsonl lines of steps >= `step` (they are about to be rerun); returns how many were dropped."""
+    """Drop metrics.jsonl lines of steps >= `step` (they are about to be rerun);
+    returns how many were dropped."""
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines(keepends=True)

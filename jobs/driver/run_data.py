@@ -39,7 +39,9 @@ def load_run_data(cfg: TrainConfig) -> DataSplits:
     """Train and eval tasks for `cfg.data` with `cfg.seed`. Raises ValueError naming the data sources."""
     d = cfg.data
     # The eval draw does not follow the run's seed: every seed of a study evaluates the same held-out tasks.
-    eval_tasks = load_tasks(d.eval, d.eval_size, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_size else []
+    eval_tasks = (
+        load_tasks(d.eval, d.eval_size, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_size else []
+    )
     train = load_tasks(d.train, d.train_size or None, cfg.seed, d.task)
     train, dropped = hold_out(train, eval_tasks, d.train, d.eval, d.max_overlap)
     prompts = len(prompt_set(train))
@@ -48,10 +50,12 @@ def load_run_data(cfg: TrainConfig) -> DataSplits:
     metrics = {"data/train_tasks": float(len(train)), "data/train_prompts": float(prompts),
                "data/train_dropped": float(dropped), "data/eval_tasks": float(len(eval_tasks)),
                "data/overlap": float(shared), "data/epochs": seen / prompts}
-    summary = (f"data: train {d.train}: {len(train)} tasks, {prompts} unique prompts"
-               f"{f' ({dropped} dropped: eval prompts)' if dropped else ''}; eval {d.eval if eval_tasks else '-'}: "
-               f"{len(eval_tasks)} tasks, {shared} also in train; {cfg.steps} steps x "
-               f"{cfg.rollout.prompts_per_step} prompts = {seen / prompts:.2f} epochs")
+    summary = (
+        f"data: train {d.train}: {len(train)} tasks, {prompts} unique prompts"
+        f"{f' ({dropped} dropped: eval prompts)' if dropped else ''}; eval {d.eval if eval_tasks else '-'}: "
+        f"{len(eval_tasks)} tasks, {shared} also in train; {cfg.steps} steps x "
+        f"{cfg.rollout.prompts_per_step} prompts = {seen / prompts:.2f} epochs"
+    )
     full = load_tasks(d.eval, None, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_full else []
     if full:
         summary += f"; the whole eval split ({len(full)} tasks) at the end"
@@ -70,11 +74,15 @@ def hold_out(train: list[Task], eval_tasks: list[Task], train_spec: str, eval_sp
     if is_generated(train_spec):
         kept = without_prompts(train, prompt_set(shared))
         if not kept:
-            raise ValueError(f"data.train={train_spec}: every generated prompt is also a prompt of "
-                             f"data.eval={eval_spec}; draw eval from another generator or raise data.max_overlap")
+            raise ValueError(
+                f"data.train={train_spec}: every generated prompt is also a prompt of "
+                f"data.eval={eval_spec}; draw eval from another generator or raise data.max_overlap"
+            )
         return kept, len(train) - len(kept)
     raise ValueError(
-        f"data.eval={eval_spec} shares {len(shared)} of its {len(eval_tasks)} prompts with data.train={train_spec} "
+        f"data.eval={eval_spec} shares {len(shared)} of its {len(eval_tasks)} prompts with "
+        f"data.train={train_spec} "
         f"(compared lowercased, whitespace collapsed; e.g. {shared[0].prompt[:80]!r}); data.max_overlap="
         f"{max_overlap} allows a fraction {max_overlap} of the eval prompts: split train and eval apart "
-        "(python -m jobs.prepare_data) or raise data.max_overlap")
+        "(python -m jobs.prepare_data) or raise data.max_overlap"
+    )

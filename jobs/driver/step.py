@@ -54,7 +54,10 @@ class PhaseTimer:
         self.seconds[name] += seconds
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"time/{k}_s": v for k, v in self.seconds.items()}, "time/step_s": time.perf_counter() - self._start}
+        return {
+            **{f"time/{k}_s": v for k, v in self.seconds.items()},
+            "time/step_s": time.perf_counter() - self._start,
+        }
 
 
 @dataclass
@@ -65,22 +68,24 @@ class StepRollout:
     episodes: list[Episode]
     rollout_s: float
     generate_s: float
-    engine_metrics: dict[str, float] = field(default_factory=dict)  # rollout.rollout_stats: busy share, latency
+    # rollout.rollout_stats: busy share, latency
+    engine_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def role_caps(rollout: RolloutConfig) -> tuple[tuple[str, int], ...]:
-    """rollout.role_max_new_tokens as Sampling.role_caps (sorted: the same value in every run of one config)."""
+    """rollout.role_max_new_tokens as Sampling.role_caps (sorted: the same value
+    in every run of one config)."""
     return tuple(sorted((str(role), int(cap)) for role, cap in rollout.role_max_new_tokens.items()))
 
 
 class RolloutSource:
-    """Each step's episodes for the next `rollout.prompts_per_step` prompts of `sampler`, sampled with the step's
-    own seed whenever they are collected.
+    """Each step's episodes for the next `rollout.prompts_per_step` prompts of `sampler`, sampled with the
+    step's own seed whenever they are collected.
 
     Synchronous by default: a step collects its episodes when it takes them. With rollout.one_step_off_policy,
     step t+1's are collected during step t's update (`during_update`). `sampler_state` is the sampler once the
-    last taken step's prompts were drawn: what that step's checkpoint records, so prefetched episodes are never
-    saved and a resumed run draws their prompts again."""
+    last taken step's prompts were drawn: what that step's checkpoint records, so prefetched episodes are
+    never saved and a resumed run draws their prompts again."""
 
     def __init__(self, handles: RunHandles, cfg: TrainConfig, sampler: PromptSampler,
                  on_episode: Callable[[int, int], None] | None = None):
@@ -92,8 +97,13 @@ class RolloutSource:
 
     def sampling(self, step: int) -> Sampling:
         s = self.cfg.rollout.sampling
-        return Sampling(s.temperature, s.top_p, s.max_new_tokens, seed=derive_seed(self.cfg.seed, "rollout", step),
-                        role_caps=role_caps(self.cfg.rollout))
+        return Sampling(
+            s.temperature,
+            s.top_p,
+            s.max_new_tokens,
+            seed=derive_seed(self.cfg.seed, "rollout", step),
+            role_caps=role_caps(self.cfg.rollout),
+        )
 
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
@@ -103,17 +113,21 @@ class RolloutSource:
         return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:
-        """Step `step`'s episodes: prefetched during the previous update, or collected now (timed in `timer`)."""
+        """Step `step`'s episodes: prefetched during the previous update, or
+        collected now (timed in `timer`)."""
         rollout, self._prefetched = self._prefetched, None
         if rollout is None:
             with timer.phase("rollout"):
-                rollout = self.collect(self.sampler.next(self.cfg.rollout.prompts_per_step), step, self.on_episode)
+                rollout = self.collect(
+                    self.sampler.next(self.cfg.rollout.prompts_per_step), step, self.on_episode
+                )
             timer.add("generate", rollout.generate_s)
         self.sampler_state = self.sampler.state()
         return rollout
 
     def during_update(self, step: int) -> Callable[[], None] | None:
-        """What runs in the driver while step `step`'s update runs: collecting step + 1's episodes, or nothing."""
+        """What runs in the driver while step `step`'s update runs: collecting step
+        + 1's episodes, or nothing."""
         if not self.prefetching or step + 1 >= self.cfg.steps:
             return None
 
@@ -129,8 +143,16 @@ class RolloutSource:
         self.sampler.load_state(sampler_state)
 
 
-def train_step(handles: RunHandles, cfg: TrainConfig, source: RolloutSource, step: int, pad_id: int | Mapping[str, int],
-               run_dir: Path, version: int | None = None, before_update: Callable[[], None] | None = None) -> dict:
+def train_step(
+    handles: RunHandles,
+    cfg: TrainConfig,
+    source: RolloutSource,
+    step: int,
+    pad_id: int | Mapping[str, int],
+    run_dir: Path,
+    version: int | None = None,
+    before_update: Callable[[], None] | None = None,
+) -> dict:
     """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
     policy, or policy -> pad id (policies on different base models). `before_update` runs once the batches
     passed their checks, just before any learner changes."""
@@ -156,20 +178,28 @@ def train_step(handles: RunHandles, cfg: TrainConfig, source: RolloutSource, ste
 
 def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
                  pad_id: int | Mapping[str, int]) -> tuple[dict[str, TrainBatch], dict[str, int]]:
-    """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length caps
-    before any update trains on the rest."""
+    """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length
+    caps before any update trains on the rest."""
     keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
-    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std,
-                                                          singleton=cfg.algo.singleton_advantage)
-    batches, batch_stats = build_batches(episodes, handles.policy_map, advantages, pad_id, cfg.algo.max_len,
-                                         cfg.rollout.max_prompt_tokens or None, balance_ranks=balance_ranks(cfg))
+    advantages = ADVANTAGE_ESTIMATORS[cfg.algo.advantage](
+        flat_rewards(episodes), keys, norm_std=cfg.algo.norm_std, singleton=cfg.algo.singleton_advantage
+    )
+    batches, batch_stats = build_batches(
+        episodes,
+        handles.policy_map,
+        advantages,
+        pad_id,
+        cfg.algo.max_len,
+        cfg.rollout.max_prompt_tokens or None,
+        balance_ranks=balance_ranks(cfg),
+    )
     check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)
     return batches, batch_stats
 
 
 def balance_ranks(cfg: TrainConfig) -> int:
-    """The ranks verl's balanced order partitions the step's rows over (algo.minibatch_ranks, else the learners'
-    own), or 0 when the rows keep the episodes' order."""
+    """The ranks verl's balanced order partitions the step's rows over (algo.minibatch_ranks, else the
+    learners' own), or 0 when the rows keep the episodes' order."""
     if cfg.algo.minibatch_order != "verl_balanced":
         return 0
     return cfg.algo.minibatch_ranks or max(cfg.learner.ranks, 1)
@@ -187,4 +217,6 @@ def rollout_metrics(rollout: StepRollout, roles: list[str], version: int) -> dic
 
 def off_policy_steps(episodes: list[Episode], learner_version: int) -> int:
     """How many weight versions the oldest turn's engine weights lag the learner that trains on them."""
-    return learner_version - min((t.completion.version for e in episodes for t in e.turns), default=learner_version)
+    return learner_version - min(
+        (t.completion.version for e in episodes for t in e.turns), default=learner_version
+    )

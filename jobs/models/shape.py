@@ -13,8 +13,11 @@ from jobs.models.resolve import is_builtin, parse_builtin
 from learners.compute.memory import ModelShape
 
 # SmolLM2-135M-Instruct's config.json (the built-in converted from its GGUF).
-SMOLLM2_135M = ModelShape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152)
-_TINY_VOCAB = {"tiny": CHAR_VOCAB, "tiny-wide": 132}  # the character tokenizers (builtin_models.char_tokenizer)
+SMOLLM2_135M = ModelShape(
+    layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152
+)
+# the character tokenizers (builtin_models.char_tokenizer)
+_TINY_VOCAB = {"tiny": CHAR_VOCAB, "tiny-wide": 132}
 _QWEN3_NAME = re.compile(r"qwen3-(0\.6b|1\.7b|4b)(?![\d.])", re.IGNORECASE)
 
 
@@ -46,17 +49,30 @@ def shape_from_config(c: dict) -> ModelShape:
     """An HF config.json (Llama, Qwen2/3, Mistral layouts); a multimodal config's `text_config` if present."""
     c = c.get("text_config", c)
     heads = c["num_attention_heads"]
-    return ModelShape(layers=c["num_hidden_layers"], hidden=c["hidden_size"], intermediate=c["intermediate_size"],
-                      heads=heads, kv_heads=c.get("num_key_value_heads") or heads,
-                      head_dim=c.get("head_dim") or c["hidden_size"] // heads, vocab=c["vocab_size"],
-                      tied=bool(c.get("tie_word_embeddings", False)))
+    return ModelShape(
+        layers=c["num_hidden_layers"],
+        hidden=c["hidden_size"],
+        intermediate=c["intermediate_size"],
+        heads=heads,
+        kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        vocab=c["vocab_size"],
+        tied=bool(c.get("tie_word_embeddings", False)),
+    )
 
 
 def _builtin_shape(spec: str) -> ModelShape:
     name, p = parse_builtin(spec)
     if name in _TINY_VOCAB:
-        return ModelShape(layers=p["layers"], hidden=p["hidden"], intermediate=p["intermediate"], heads=p["heads"],
-                          kv_heads=p["kv_heads"], head_dim=p["head_dim"], vocab=p.get("vocab", _TINY_VOCAB[name]))
+        return ModelShape(
+            layers=p["layers"],
+            hidden=p["hidden"],
+            intermediate=p["intermediate"],
+            heads=p["heads"],
+            kv_heads=p["kv_heads"],
+            head_dim=p["head_dim"],
+            vocab=p.get("vocab", _TINY_VOCAB[name]),
+        )
     if name == "smollm2-135m-instruct":
         return SMOLLM2_135M
     size = name.removeprefix("qwen3-").removesuffix("-shape")

@@ -58,8 +58,11 @@ def field_comments(source: str) -> dict[tuple[str, str], tuple[str, str]]:
     the field whose comment covers it: a commented field right above it, with no blank line between, whose
     comment names it, for a field without a comment of its own)."""
     lines = source.splitlines()
-    on_line = {tok.start[0]: tok.string.lstrip("#").strip()
-               for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    on_line = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     comments: dict[tuple[str, str], tuple[str, str]] = {}
     for cls in (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)):
         head, head_text, prev_end = "", "", -1
@@ -68,7 +71,9 @@ def field_comments(source: str) -> dict[tuple[str, str], tuple[str, str]]:
                 continue
             name = stmt.target.id
             above = _block_above(lines, on_line, stmt.lineno)
-            own = [on_line[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in on_line]
+            own = [
+                on_line[n] for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if n in on_line
+            ]
             text = "; ".join(" ".join(part) for part in (above, own) if part)
             if above:
                 head, head_text = name, text
@@ -116,20 +121,23 @@ def _walk(cls: type, prefix: str) -> Iterator[Key]:
         default = factory() if factory is not dataclasses.MISSING else f.default
         owner = _declared_by(cls, f.name)
         text, head = _comments(inspect.getfile(owner)).get((owner.__name__, f.name), ("", ""))
-        # An Enum field is written as a string in YAML and overrides: its type shows as `str`, its values as checks.
+        # An Enum field is written as a string in YAML and overrides: its type shows as
+        # `str`, its values as checks.
         kind = "str" if enum_type(hints[f.name]) else str(f.type).replace("|", "\\|")  # a table cell
         yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
 
 
 def message_rules(source: str) -> dict[str, list[str]]:
-    """key -> the rules jobs/config/loading.py's ConfigError messages state for it (`<key> must be ...`, `<key>=x needs
-    ...`), read from its source: each message that opens with keys, up to `; got`, for each key it opens with. A
-    loop over a literal tuple (`for key in ("a.b", ...)`) states its rule once for each of its values; values
-    computed at run time show as `…`."""
+    """key -> the rules jobs/config/loading.py's ConfigError messages state for it (`<key> must be ...`,
+    `<key>=x needs ...`), read from its source: each message that opens with keys, up to `; got`, for each key
+    it opens with. A loop over a literal tuple (`for key in ("a.b", ...)`) states its rule once for each of
+    its values; values computed at run time show as `…`."""
     rules: dict[str, list[str]] = defaultdict(list)
     for call, bindings in _raises(ast.parse(source), [{}]):
         for binding in bindings:
-            text = COMPUTED.sub("", _message(call, binding).removeprefix("config: ").split("; got")[0].strip())
+            text = COMPUTED.sub(
+                "", _message(call, binding).removeprefix("config: ").split("; got")[0].strip()
+            )
             match = RULE.fullmatch(text)
             for key in re.findall(KEY, match["keys"]) if match else []:
                 if text.replace("{...}", "…") not in rules[key]:
@@ -150,7 +158,11 @@ def _raises(node: ast.AST, bindings: list[Binding]) -> Iterator[tuple[ast.Call, 
         rows = [[e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None
                  for e in (el.elts if isinstance(el, ast.Tuple) else [el])] for el in node.iter.elts]
         if all(len(row) == len(names) and None not in row for row in rows):
-            bindings = [{**b, **{n: str(v) for n, v in zip(names, row, strict=True)}} for b in bindings for row in rows]
+            bindings = [
+                {**b, **{n: str(v) for n, v in zip(names, row, strict=True)}}
+                for b in bindings
+                for row in rows
+            ]
     for child in ast.iter_child_nodes(node):
         yield from _raises(child, bindings)
 
@@ -164,7 +176,11 @@ def _message(call: ast.Call, binding: Binding) -> str:
     for part in arg.values if isinstance(arg, ast.JoinedStr) else [arg]:
         if isinstance(part, ast.Constant):
             text += str(part.value)
-        elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id in binding:
+        elif (
+            isinstance(part, ast.FormattedValue)
+            and isinstance(part.value, ast.Name)
+            and part.value.id in binding
+        ):
             text += binding[part.value.id]
         else:
             text += "{...}"
@@ -172,7 +188,8 @@ def _message(call: ast.Call, binding: Binding) -> str:
 
 
 def checks(key: str, rules: dict[str, list[str]]) -> list[str]:
-    """What config load checks of `key`: the rules its schema field carries, then the rules of its other checks."""
+    """What config load checks of `key`: the rules its schema field carries, then
+    the rules of its other checks."""
     own = schema_rules().get(key)
     return (own.labels() if own else []) + rules.get(key, [])
 
@@ -205,13 +222,13 @@ def cell(text: str) -> str:
 
 HEADER = """# Config reference
 
-Every key of the one config schema (`jobs/config/schema.py`), section by section: its type, its default, what config
-load checks of it (`jobs/config/loading.py`: a bad value is an error naming the key, exit code 2) and the schema's own
-comment on it. *per policy*: the key may be set for one policy under `marl.policies.<policy>` (see
-[per-policy settings](rollout_learners.md#per-policy-settings)). Keys are set in a YAML file (`--config`) or as
-`key.path=value` overrides; `python -m jobs.train --config X --print-config` prints the resolved whole. This page
-is generated by `python -m jobs.pages.config_reference --write`; `tests/jobs/test_config_reference.py` fails
-when it differs from the schema.
+Every key of the one config schema (`jobs/config/schema.py`), section by section: its type, its default, what
+config load checks of it (`jobs/config/loading.py`: a bad value is an error naming the key, exit code 2) and
+the schema's own comment on it. *per policy*: the key may be set for one policy under `marl.policies.<policy>`
+(see [per-policy settings](rollout_learners.md#per-policy-settings)). Keys are set in a YAML file (`--config`)
+or as `key.path=value` overrides; `python -m jobs.train --config X --print-config` prints the resolved whole.
+This page is generated by `python -m jobs.pages.config_reference --write`;
+`tests/jobs/test_config_reference.py` fails when it differs from the schema.
 """
 
 
@@ -225,9 +242,21 @@ def render(keys: list[Key], rules: dict[str, list[str]]) -> str:
     for name, members in sections.items():
         lines += [f"## {name}", "", "| key | type | default | checked at load | per policy | description |",
                   "|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join((f"`{k.key}`", f"`{k.type}`", literal(k.default),
-                                     cell("; ".join(checks(k.key, rules))), "yes" if per_policy(k.key) else "",
-                                     cell(k.comment))) + " |" for k in members]
+        lines += [
+            "| "
+            + " | ".join(
+                (
+                    f"`{k.key}`",
+                    f"`{k.type}`",
+                    literal(k.default),
+                    cell("; ".join(checks(k.key, rules))),
+                    "yes" if per_policy(k.key) else "",
+                    cell(k.comment),
+                )
+            )
+            + " |"
+            for k in members
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -244,7 +273,9 @@ def page() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.pages.config_reference",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing")
+    parser.add_argument(
+        "--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing"
+    )
     args = parser.parse_args(argv)
     if args.write:
         PAGE.write_text(page())

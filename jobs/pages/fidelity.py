@@ -3,9 +3,9 @@ and the paper matrix's resolved configs.
 
 A row whose paper value is machine-readable (`config: {key: value}`) gets its status computed here: ✅ when
 every cell it names resolves every key to the paper's value, ✘ otherwise. Other rows carry a judged status and
-either the keys involved (`keys`) or the reason no key holds the setting (`no_key`). Without --write the command
-prints the page; with it, it writes docs/paper_fidelity.md. tests/jobs/test_paper_fidelity.py checks the page
-equals what this renders.
+either the keys involved (`keys`) or the reason no key holds the setting (`no_key`). Without --write the
+command prints the page; with it, it writes docs/paper_fidelity.md. tests/jobs/test_paper_fidelity.py checks
+the page equals what this renders.
 """
 
 from __future__ import annotations
@@ -109,7 +109,11 @@ def resolved(cfg: TrainConfig, key: str) -> Any:
 
 def named_values(row: Row, configs: dict[Cell, Any], key: str) -> list[Any]:
     """`key` in every cell the row names, in matrix order."""
-    found = [resolved(cfg, key) for (task, workflow, _), cfg in configs.items() if selected(row.cells, task, workflow)]
+    found = [
+        resolved(cfg, key)
+        for (task, workflow, _), cfg in configs.items()
+        if selected(row.cells, task, workflow)
+    ]
     if not found:
         raise ValueError(f"row {row.what!r} names no cell: {row.cells}")
     return found
@@ -124,7 +128,8 @@ def status(row: Row, configs: dict[Cell, Any]) -> str:
 
 
 def shown(value: Any) -> str:
-    """A config value as the page writes it: YAML flow style (`{enable_thinking: false}`, `[paper]`, `2.0e-05`)."""
+    """A config value as the page writes it: YAML flow style
+    (`{enable_thinking: false}`, `[paper]`, `2.0e-05`)."""
     if value is None:
         return "(no such key)"
     return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
@@ -158,12 +163,12 @@ def counts(rows: list[Row], statuses: list[str]) -> dict[str, int]:
 HEADER = """# Paper fidelity: `paper_matrix.yaml` against the paper's training setup
 
 The paper: "When Does Multi-Agent RL Improve LLM Workflows?" (arXiv 2605.24202). Each row's *source* gives its
-tags and the section of the paper notes (`notes/paper.md`) it comes from: **[P]** the paper states it, **[R]** the
-authors' code does it, **[I]** an inference, stated by neither (check it before relying on it). *config* is the
-resolved value in every cell the row names (`all`, or `<task>·<workflow>`); *status* is ✅ the same, ≈ close,
-✘ different. Where the paper's value is machine-readable the status is computed from the resolved configs of
-`jobs/configs/sweeps/paper_matrix.yaml` (over `paper_base.yaml`); elsewhere it is judged, and a row with no
-config key says why. This page is generated from `docs/paper_fidelity.yaml` by
+tags and the section of the paper notes (`notes/paper.md`) it comes from: **[P]** the paper states it, **[R]**
+the authors' code does it, **[I]** an inference, stated by neither (check it before relying on it). *config*
+is the resolved value in every cell the row names (`all`, or `<task>·<workflow>`); *status* is ✅ the same, ≈
+close, ✘ different. Where the paper's value is machine-readable the status is computed from the resolved
+configs of `jobs/configs/sweeps/paper_matrix.yaml` (over `paper_base.yaml`); elsewhere it is judged, and a row
+with no config key says why. This page is generated from `docs/paper_fidelity.yaml` by
 `python -m jobs.pages.fidelity --write`; `tests/jobs/test_paper_fidelity.py` fails when they differ.
 """
 
@@ -176,8 +181,15 @@ def render(rows: list[Row], configs: dict[Cell, Any]) -> str:
              f"{tally['[I]']}.", "", "| setting | paper | source | cells | config | status | notes |",
              "|---|---|---|---|---|---|---|"]
     for row, mark in zip(rows, statuses, strict=True):
-        fields = (row.what, row.paper, f"{row.tag} {row.section}", row.cells, config_column(row, configs), mark,
-                  row.notes)
+        fields = (
+            row.what,
+            row.paper,
+            f"{row.tag} {row.section}",
+            row.cells,
+            config_column(row, configs),
+            mark,
+            row.notes,
+        )
         lines.append("| " + " | ".join(cell(f) for f in fields) + " |")
     lines += ["", "## What differs", ""]
     lines += [f"- **{row.what}** ({mark}): the paper: {row.paper}; here: "
@@ -190,7 +202,9 @@ def render(rows: list[Row], configs: dict[Cell, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.pages.fidelity",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing")
+    parser.add_argument(
+        "--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)} instead of printing"
+    )
     args = parser.parse_args(argv)
     page = render(load_rows(), matrix_configs())
     if args.write:

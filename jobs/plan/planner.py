@@ -1,7 +1,7 @@
-"""The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each holds
-at its peak (learners/compute/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which, and
-whether every GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected). The
-run layout (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it
+"""The run's memory plan, from the config alone: every engine and learner rank it places on GPUs, what each
+holds at its peak (learners/compute/memory.py, jobs/plan/rollout_estimate.py), which GPU it shares with which,
+and whether every GPU fits within `FIT_FRACTION` of the memory declared (`ray.gpu_memory_gb`, or detected).
+The run layout (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=auto` with it
 (`resolve_checkpointing`), and `python -m jobs.train` and `jobs.sweep` refuse a plan that does not fit
 (`refuse_unfit`) before anything starts; `python -m jobs.train --plan` and `python -m jobs.sweep --dry-run`
 print it (jobs/plan/report.py).
@@ -29,15 +29,31 @@ from jobs.plan.rollout_estimate import (
     rollout_seconds,
 )
 from jobs.plan.run_layout_record import RunLayout
-from learners.compute.memory import GIB, LearnerMemory, LearnerSetup, ModelShape, colocated_memory, learner_memory
+from learners.compute.memory import (
+    GIB,
+    LearnerMemory,
+    LearnerSetup,
+    ModelShape,
+    colocated_memory,
+    learner_memory,
+)
 from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
-# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share, packing and padding_free move.
-FIT_KEYS = ("learner.max_tokens_per_micro_batch", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
-            "model.lora.enabled", "rollout.gpu_memory_utilization", "rollout.engine_num_gpus",
-            "learner.rank_num_gpus", "learner.logits_chunk_tokens", "learner.padding_free")
+# The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share,
+# packing and padding_free move.
+FIT_KEYS = (
+    "learner.max_tokens_per_micro_batch",
+    "learner.gradient_checkpointing",
+    "learner.deepspeed.zero_stage",
+    "model.lora.enabled",
+    "rollout.gpu_memory_utilization",
+    "rollout.engine_num_gpus",
+    "learner.rank_num_gpus",
+    "learner.logits_chunk_tokens",
+    "learner.padding_free",
+)
 # The learner's measured rate (benchmarks/results/2026-12-04-gpu-check-h200.md: this learner on one H200 at
 # prime-rl's four single-GPU baselines, bf16 DeepSpeed ZeRO-2, checkpointing on, 16,384-65,536 tokens per
 # sequence, Qwen3-0.6B and 4B, full and LoRA): 0.253-0.291 of the dense bf16 peak in the baselines' FLOP count
@@ -68,7 +84,8 @@ class Plan:
     members: list[Member]
     gpus: list[list[Member]]  # members per GPU
     checkpointing: dict[str, bool]  # policy -> resolved learner.gradient_checkpointing
-    either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]  # policy -> its rank with checkpointing (on, off)
+    # policy -> its rank with checkpointing (on, off)
+    either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]
     times: dict[str, float] = field(default_factory=dict)  # rollout_s, update_s, ... per step (estimates)
 
     def gpu_bytes(self) -> list[float]:
@@ -84,8 +101,8 @@ def member_share(m: Member) -> float:
 
 
 def gpu_memory(layout: RunLayout) -> float:
-    """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for no
-    GPU (a CPU run is never checked)."""
+    """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for
+    no GPU (a CPU run is never checked)."""
     cfg = layout.cfg
     if not _uses_gpus(layout):
         return 0.0
@@ -129,9 +146,10 @@ def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dic
 
 def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], policy_map: PolicyMap,
                        ckpt: dict[str, bool]) -> tuple[list[Member], tuple[LearnerMemory, LearnerMemory]]:
-    """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named after the
-    first policy in the plan's per-policy tables, whose base and ranks every policy shares). Returns the group's
-    members and a rank's memory with checkpointing on and off (the first policy's entry of `Plan.either_way`)."""
+    """learner.lora_colocate: one base and every policy's adapter on each rank of one group (named
+    after the first policy in the plan's per-policy tables, whose base and ranks every policy shares).
+    Returns the group's members and a rank's memory with checkpointing on and off (the first policy's
+    entry of `Plan.either_way`)."""
     first, shape = policy_map.policies[0], shape_of(cfg.model.path)
 
     def rank(on: bool) -> LearnerMemory:
@@ -144,8 +162,9 @@ def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], pol
 
 
 def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSetup:
-    """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without one),
-    padded or packed alike; packing changes the attention masks (learners.compute.memory.mask_entries)."""
+    """A policy's learner rank as the memory model sees it: the token budget (or rows × algo.max_len without
+    one), padded or packed alike; packing changes the attention masks
+    (learners.compute.memory.mask_entries)."""
     lr = pc.learner
     tokens = lr.max_tokens_per_micro_batch or lr.micro_batch_size * pc.algo.max_len
     return LearnerSetup(
@@ -158,7 +177,8 @@ def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSe
 
 
 def longest_sequence(cfg: TrainConfig) -> int:
-    """A cell's longest sequence in an engine: prompt cap + response cap (algo.max_len without a prompt cap)."""
+    """A cell's longest sequence in an engine: prompt cap + response cap
+    (algo.max_len without a prompt cap)."""
     r = cfg.rollout
     return r.max_prompt_tokens + r.sampling.max_new_tokens if r.max_prompt_tokens else cfg.algo.max_len
 
@@ -214,7 +234,8 @@ def role_turns(layout: RunLayout) -> tuple[dict[str, int], int]:
 
 
 def step_times(layout: RunLayout, members: list[Member]) -> dict[str, float]:
-    """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`) with every turn at its caps."""
+    """Estimated seconds per step: at EXPECTED_FILL of the caps, and (`*_at_caps`)
+    with every turn at its caps."""
     return {**_step_times(layout, members, EXPECTED_FILL),
             **{f"{k}_at_caps": v for k, v in _step_times(layout, members, 1.0).items() if "/" not in k}}
 
@@ -225,8 +246,9 @@ def step_seconds_at(layout: RunLayout, members: list[Member], fill: float) -> fl
 
 
 def _step_times(layout: RunLayout, members: list[Member], fill: float) -> dict[str, float]:
-    """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate scaled by FLOPs,
-    each turn's prompt and response at `fill` of their caps; policies update at once: the step waits the longest."""
+    """Rollout (jobs/plan/rollout_estimate.py) and every policy's update at the measured learner rate
+    scaled by FLOPs, each turn's prompt and response at `fill` of their caps; policies update at once:
+    the step waits the longest."""
     per_role, sequential = role_turns(layout)
     cfg, policy_map = layout.cfg, layout.policy_map
     r = cfg.rollout
@@ -255,18 +277,18 @@ def update_seconds(shape: ModelShape, pc: TrainConfig, tokens: float, sequence: 
 
 
 def train_flops_per_token(shape: ModelShape, sequence: float) -> float:
-    """A trained token's FLOPs as the measured rate counts them (prime-rl's MFU count): 6 per weight (forward and
-    backward, the LM head included) plus causal attention's 6·L·n_q·d·T in a row of T tokens (QKᵀ and AV, forward
-    and backward, half of T² causal)."""
+    """A trained token's FLOPs as the measured rate counts them (prime-rl's MFU count): 6 per weight (forward
+    and backward, the LM head included) plus causal attention's 6·L·n_q·d·T in a row of T tokens (QKᵀ and AV,
+    forward and backward, half of T² causal)."""
     return 3.0 * shape.flops_per_token() + 6.0 * shape.layers * shape.heads * shape.head_dim * sequence
 
 
 def learner_seconds(shape: ModelShape, tokens: float, sequence: float, lora: bool, checkpointing: bool,
                     recompute: bool, ranks: int) -> float:
-    """Seconds of `tokens` trained tokens (rows of `sequence` tokens) on `ranks` ranks at LEARNER_MFU, measured with
-    checkpointing and no recomputed old log-probs; other settings scale by their passes (a LoRA backward skips the
-    weight gradients: forward + backward 2 forwards' work, full fine-tuning 3; checkpointing and the recomputed
-    old log-probs one forward each)."""
+    """Seconds of `tokens` trained tokens (rows of `sequence` tokens) on `ranks` ranks at LEARNER_MFU,
+    measured with checkpointing and no recomputed old log-probs; other settings scale by their passes (a LoRA
+    backward skips the weight gradients: forward + backward 2 forwards' work, full fine-tuning 3;
+    checkpointing and the recomputed old log-probs one forward each)."""
     base = 2.0 if lora else 3.0
     passes = (base + checkpointing * 1.0 + recompute * 1.0) / (base + 1.0)
     flops = tokens * train_flops_per_token(shape, sequence) * passes
@@ -306,9 +328,14 @@ def refuse_unfit(layout: RunLayout) -> None:
 
 
 def _next_to_checkpoint(plan: Plan, auto: list[str], on: set[str]) -> str | None:
-    """On an overfull GPU, the auto policy not yet checkpointing whose learner checkpointing saves the most."""
-    candidates = {m.policy: plan.either_way[m.policy][1].total() - m.peak for gpu in overfull(plan) for m in gpu
-                  if m.policy in auto and m.policy not in on}
+    """On an overfull GPU, the auto policy not yet checkpointing whose learner
+    checkpointing saves the most."""
+    candidates = {
+        m.policy: plan.either_way[m.policy][1].total() - m.peak
+        for gpu in overfull(plan)
+        for m in gpu
+        if m.policy in auto and m.policy not in on
+    }
     return max(candidates, key=lambda p: candidates[p]) if candidates else None
 
 
@@ -317,15 +344,20 @@ def overfull(plan: Plan) -> list[list[Member]]:
 
 
 def check(plan: Plan) -> None:
-    """PlanError unless every GPU holds at most FIT_FRACTION of its memory and every engine one whole sequence."""
+    """PlanError unless every GPU holds at most FIT_FRACTION of its memory and
+    every engine one whole sequence."""
     for m in plan.members:
         if m.engine is not None and m.gpus > 0 and m.engine.kv_sequences < 1:
-            raise PlanError(f"{m.name}: its share ({m.engine.share / GIB:.1f} GiB) leaves {m.engine.kv / GIB:.1f} GiB "
-                            "of KV cache, less than one sequence of the longest prompt and response: raise "
-                            "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens")
+            raise PlanError(
+                f"{m.name}: its share ({m.engine.share / GIB:.1f} GiB) leaves {m.engine.kv / GIB:.1f} GiB "
+                "of KV cache, less than one sequence of the longest prompt and response: raise "
+                "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens"
+            )
     for gpu in overfull(plan):
         held = " + ".join(f"{m.name} {m.peak * member_share(m) / GIB:.1f}" for m in gpu)
-        raise PlanError(f"the plan does not fit {plan.memory / GIB:g} GiB GPUs (ray.gpu_memory_gb; at most "
-                        f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = "
-                        f"{sum(m.peak * member_share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
-                        "(`python -m jobs.train --plan` shows every term)")
+        raise PlanError(
+            f"the plan does not fit {plan.memory / GIB:g} GiB GPUs (ray.gpu_memory_gb; at most "
+            f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = "
+            f"{sum(m.peak * member_share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
+            "(`python -m jobs.train --plan` shows every term)"
+        )

@@ -1,12 +1,13 @@
 """Published trainer-only measurements of the same model family, and the planner's estimate of each.
 
 prime-rl's committed benchmark baselines (PrimeIntellect-ai/prime-rl, benchmarks/baselines/): Qwen3-0.6B and
-Qwen3-4B(-Instruct-2507, the Qwen3-4B architecture) on H100 80 GB, flash-attention 3, activation recomputation,
-each step 2 micro-batches of one sequence of the stated length (throughput × step = 2 × tokens per micro-batch per
-GPU). The planner plans the same work with its own learner terms (learners/compute/memory.py, jobs/plan/planner.py):
-DeepSpeed in bf16, checkpointing on, the paper cells' LM-head chunks, one sequence per micro-batch (no padding,
-so no attention mask); FSDP's full sharding (the 8-GPU rows) through ZeRO-3, the stage that shards weights,
-gradients and optimizer states alike; one GPU through ZeRO-2 (nothing to shard over one rank).
+Qwen3-4B(-Instruct-2507, the Qwen3-4B architecture) on H100 80 GB, flash-attention 3, activation
+recomputation, each step 2 micro-batches of one sequence of the stated length (throughput × step = 2 × tokens
+per micro-batch per GPU). The planner plans the same work with its own learner terms
+(learners/compute/memory.py, jobs/plan/planner.py): DeepSpeed in bf16, checkpointing on, the paper cells'
+LM-head chunks, one sequence per micro-batch (no padding, so no attention mask); FSDP's full sharding (the
+8-GPU rows) through ZeRO-3, the stage that shards weights, gradients and optimizer states alike; one GPU
+through ZeRO-2 (nothing to shard over one rank).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class Published:
         return 3 if self.gpus > 1 else 2
 
     def model(self) -> str:
-        """The builtin spec of the same shape (random weights, Qwen3's vocabulary, positions for 65,536 tokens)."""
+        """The builtin spec of the same shape (random weights, Qwen3's vocabulary,
+        positions for 65,536 tokens)."""
         return f"builtin:qwen3-{self.size}-shape?vocab=151936&max_positions=65536"
 
 
@@ -57,7 +59,12 @@ PUBLISHED = (
 # This learner on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md, one measured step each):
 # PUBLISHED index -> (max_memory_allocated GiB, max_memory_reserved GiB, step seconds). The 8-GPU baselines
 # were not run.
-MEASURED_H200 = {0: (18.96, 23.68, 13.12), 1: (10.44, 12.37, 13.41), 2: (14.82, 16.77, 5.05), 3: (32.16, 38.96, 37.35)}
+MEASURED_H200 = {
+    0: (18.96, 23.68, 13.12),
+    1: (10.44, 12.37, 13.41),
+    2: (14.82, 16.77, 5.05),
+    3: (32.16, 38.96, 37.35),
+}
 
 
 def setup(p: Published) -> LearnerSetup:
@@ -71,8 +78,8 @@ def memory(p: Published) -> LearnerMemory:
 
 
 def step_seconds(p: Published) -> float:
-    """The planner's update time of one step: MICRO_BATCHES micro-batches per rank, no recomputed old log-probs
-    (the baselines train against the engine's)."""
+    """The planner's update time of one step: MICRO_BATCHES micro-batches per rank, no recomputed old
+    log-probs (the baselines train against the engine's)."""
     tokens = MICRO_BATCHES * p.tokens * p.gpus
     return learner_seconds(shape_of(p.model()), tokens, p.tokens, p.lora_rank > 0, True, False, p.gpus)
 

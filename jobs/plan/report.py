@@ -18,22 +18,34 @@ def describe_member(m: Member, plan: Plan) -> str:
     where = f"{m.gpus:g} GPU" if m.gpus > 0 else "CPU"
     if m.engine is not None:
         e = m.engine
-        return (f"{m.name} ({where}) share {gib(e.share)} = weights {gib(e.weights)} + LoRA slots {gib(e.adapters)} "
-                f"+ reserve {gib(e.reserve)} (estimate) + KV {gib(e.kv)}: {e.kv_sequences} sequences at once of the "
-                "longest prompt + response")
+        return (
+            f"{m.name} ({where}) share {gib(e.share)} = weights {gib(e.weights)} + LoRA slots "
+            f"{gib(e.adapters)} "
+            f"+ reserve {gib(e.reserve)} (estimate) + KV {gib(e.kv)}: {e.kv_sequences} sequences at once of "
+            "the "
+            "longest prompt + response"
+        )
     assert m.learner is not None and m.policy is not None
     lm, ckpt = m.learner, plan.checkpointing[m.policy]
     on, off = (x.activations for x in plan.either_way[m.policy])
-    return (f"{m.name} ({where}) {gib(m.peak)} = weights {gib(lm.weights)} + gradients {gib(lm.gradients)} + "
-            f"optimizer {gib(lm.optimizer)} + role grads {gib(lm.role_grads)} + activations {gib(lm.activations)} "
-            f"(checkpointing {'on' if ckpt else 'off'}; on {gib(on)}, off {gib(off)}) + logits {gib(lm.logits)} + "
-            f"runtime {gib(lm.runtime)} + allocator pool {gib(lm.pool)}")
+    return (
+        f"{m.name} ({where}) {gib(m.peak)} = weights {gib(lm.weights)} + gradients {gib(lm.gradients)} + "
+        f"optimizer {gib(lm.optimizer)} + role grads {gib(lm.role_grads)} + activations "
+        f"{gib(lm.activations)} "
+        f"(checkpointing {'on' if ckpt else 'off'}; on {gib(on)}, off {gib(off)}) + logits {gib(lm.logits)} "
+        "+ "
+        f"runtime {gib(lm.runtime)} + allocator pool {gib(lm.pool)}"
+    )
 
 
 def format_plan(cfg: TrainConfig, plan: Plan) -> str:
     """The whole plan: memory per GPU (and the CPU members), then the per-step time estimates."""
-    limit = (f"{plan.memory / GIB:g} GiB GPUs, refused above {FIT_FRACTION:.0%} = {gib(FIT_FRACTION * plan.memory)} GiB"
-             if plan.memory else "no GPU memory declared (ray.gpu_memory_gb) or detected: not checked")
+    limit = (
+        f"{plan.memory / GIB:g} GiB GPUs, refused above {FIT_FRACTION:.0%} = "
+        f"{gib(FIT_FRACTION * plan.memory)} GiB"
+        if plan.memory
+        else "no GPU memory declared (ray.gpu_memory_gb) or detected: not checked"
+    )
     lr = cfg.learner
     tokens = (f"{lr.max_tokens_per_micro_batch:,} tokens per micro-batch (learner.max_tokens_per_micro_batch)"
               if lr.max_tokens_per_micro_batch else f"{lr.micro_batch_size * cfg.algo.max_len:,} tokens per "
@@ -45,7 +57,9 @@ def format_plan(cfg: TrainConfig, plan: Plan) -> str:
         lines += [f"  {describe_member(m, plan)}" for m in gpu]
     cpu = [m for m in plan.members if m.gpus <= 0]
     if cpu:
-        lines.append("CPU (not checked): " + "; ".join(f"{m.name} {gib(m.peak * member_share(m))} GiB" for m in cpu))
+        lines.append(
+            "CPU (not checked): " + "; ".join(f"{m.name} {gib(m.peak * member_share(m))} GiB" for m in cpu)
+        )
     if plan.times:
         lines.append(format_times(plan.times))
     lines.append("fits" if plan.fits() else "DOES NOT FIT")
@@ -53,9 +67,13 @@ def format_plan(cfg: TrainConfig, plan: Plan) -> str:
 
 
 def format_times(t: dict[str, float]) -> str:
-    """Per-step seconds (estimates on H100s; sources in jobs/plan/rollout_estimate.py and jobs/plan/planner.py)."""
+    """Per-step seconds (estimates on H100s; sources in
+    jobs/plan/rollout_estimate.py and jobs/plan/planner.py)."""
     updates = ", ".join(f"{k.split('/', 1)[1]} {v:.0f} s" for k, v in t.items() if k.startswith("update_s/"))
-    return (f"estimated per step (H100, turns at {EXPECTED_FILL:.0%} of their caps): rollout {t['rollout_s']:.0f} s "
-            f"({t['generated_tokens']:,.0f} tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, "
-            f"{t['concurrency']:.0f} sequences per engine), update {t['update_s']:.0f} s ({updates}), step "
-            f"{t['step_s']:.0f} s; every turn at its caps: step {t['step_s_at_caps']:.0f} s")
+    return (
+        f"estimated per step (H100, turns at {EXPECTED_FILL:.0%} of their caps): rollout "
+        f"{t['rollout_s']:.0f} s "
+        f"({t['generated_tokens']:,.0f} tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, "
+        f"{t['concurrency']:.0f} sequences per engine), update {t['update_s']:.0f} s ({updates}), step "
+        f"{t['step_s']:.0f} s; every turn at its caps: step {t['step_s_at_caps']:.0f} s"
+    )

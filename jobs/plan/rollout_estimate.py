@@ -1,12 +1,13 @@
-"""Engine memory and rollout time for the planner: what a vLLM engine's GPU share holds (weights, LoRA slots, KV
-cache), how many sequences of a cell's longest length its KV cache holds at once, and an estimate of one step's
-rollout time. Pure arithmetic; every constant says where it comes from.
+"""Engine memory and rollout time for the planner: what a vLLM engine's GPU share holds (weights, LoRA slots,
+KV cache), how many sequences of a cell's longest length its KV cache holds at once, and an estimate of one
+step's rollout time. Pure arithmetic; every constant says where it comes from.
 
 The time model is a roofline, an estimate uncalibrated until a GPU run measures generated tokens/s
-(benchmarks/gpu_check.sh, step 3): a decode iteration of B sequences reads the weights once and each sequence's
-KV cache (memory-bound), or does B tokens' matmuls (compute-bound), whichever takes longer; prefill is
-compute-bound. A step takes the longer of its throughput bound (all tokens through the engines) and its latency
-bound (one episode's turns one after another). Token counts are the caps times EXPECTED_FILL (an assumption).
+(benchmarks/gpu_check.sh, step 3): a decode iteration of B sequences reads the weights once and each
+sequence's KV cache (memory-bound), or does B tokens' matmuls (compute-bound), whichever takes longer;
+prefill is compute-bound. A step takes the longer of its throughput bound (all tokens through the engines)
+and its latency bound (one episode's turns one after another). Token counts are the caps times
+EXPECTED_FILL (an assumption).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from learners.compute.memory import GIB, ModelShape
 # NVIDIA H100 SXM5 80 GB datasheet: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16.
 H100_HBM_BYTES_S = 3.35e12
 H100_BF16_FLOPS = 989e12
-# Assumptions (stated, not measured): the share of HBM bandwidth a decode step reaches, and of peak matmul rate.
+# Assumptions (stated, not measured): the share of HBM bandwidth a decode step
+# reaches, and of peak matmul rate.
 DECODE_BANDWIDTH_EFFICIENCY = 0.5
 MATMUL_EFFICIENCY = 0.4
 # vLLM's defaults for its LLM class on an H100/H200 (vllm/engine/arg_utils.py, get_batch_defaults).
@@ -40,7 +42,9 @@ class EngineMemory:
     kv_sequences: int  # sequences of the cell's longest length the KV cache holds at once
 
 
-def engine_memory(shape: ModelShape, share: float, lora_rank: int, adapters: int, longest: int) -> EngineMemory:
+def engine_memory(
+    shape: ModelShape, share: float, lora_rank: int, adapters: int, longest: int
+) -> EngineMemory:
     """A bf16 engine on `share` bytes: weights 2P, LoRA slots 2·adapters·P_lora, the reserve, then KV."""
     weights = 2.0 * shape.params()
     slots = 2.0 * adapters * shape.lora_params(lora_rank) if adapters else 0.0
@@ -62,8 +66,9 @@ def decode_iteration_s(shape: ModelShape, batch: int, context: float) -> float:
     return max(memory, compute)
 
 
-# Assumption: a turn's prompt and response average this fraction of their caps. No length distribution of these
-# workloads has been measured on Qwen3 yet; at 1.0 (every turn at both caps) the estimate is an upper bound.
+# Assumption: a turn's prompt and response average this fraction of their caps. No length
+# distribution of these workloads has been measured on Qwen3 yet; at 1.0 (every turn at both caps)
+# the estimate is an upper bound.
 EXPECTED_FILL = 0.25
 
 
@@ -79,8 +84,9 @@ class RolloutWork:
 
 
 def rollout_seconds(shape: ModelShape, work: RolloutWork, engines: int, kv_bytes: float) -> dict[str, float]:
-    """Estimated seconds of one step's rollout on `engines` H100 engines, and the decode tokens/s it assumes. vLLM
-    admits sequences by the KV blocks they use: as many run at once as the cache holds at their mean context."""
+    """Estimated seconds of one step's rollout on `engines` H100 engines, and the decode tokens/s
+    it assumes. vLLM admits sequences by the KV blocks they use: as many run at once as the cache
+    holds at their mean context."""
     context = work.prompt_tokens + work.response_tokens / 2
     fit = int(kv_bytes // (context * shape.kv_bytes_per_token(2))) if context else VLLM_MAX_NUM_SEQS
     batch = max(min(VLLM_MAX_NUM_SEQS, fit, work.episodes * work.turns), 1)

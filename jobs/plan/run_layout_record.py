@@ -24,10 +24,12 @@ class RunLayout:
     configs: Mapping[str, TrainConfig]  # policy -> the whole config as that policy sees it
     learner_groups: Mapping[str, str]  # policy -> its learner group's name (one shared name when colocated)
     colocated: bool  # learner.lora_colocate: one learner group holds every policy's adapter on one base
-    demands: tuple[Demand, ...]  # every engine group's, then every learner group's members and their resources
+    # every engine group's, then every learner group's members and their resources
+    demands: tuple[Demand, ...]
     # policy -> learner.gradient_checkpointing, auto resolved by the plan (planner.resolve_checkpointing)
     checkpointing: Mapping[str, bool]
 
     def engine_config(self, policy: str | None) -> TrainConfig:
-        """The config an engine group of `policy` is built from (None: the multi-LoRA group, on the top level)."""
+        """The config an engine group of `policy` is built from (None: the
+        multi-LoRA group, on the top level)."""
         return self.configs[policy] if policy is not None else self.cfg

@@ -1,2 +1,2 @@
-"""What a run reports as it goes: the run directory's metric sinks (tracking.py) and the Ray dashboard's metric
-table (dashboard.py)."""
+"""What a run reports as it goes: the run directory's metric sinks (tracking.py) and the Ray dashboard's
+metric table (dashboard.py)."""

@@ -32,17 +32,27 @@ TABLE: tuple[MetricSpec, ...] = (
     S("rollout/episodes", "marl_episodes", "counter", "episodes rolled out"),
     S("rollout/failures", "marl_episode_failures", "counter", "episodes that ended in a failure"),
     S("rollout/tokens_per_s", "marl_rollout_tokens_per_second", description="generated tokens per second"),
-    S("rollout/off_policy_steps", "marl_off_policy_steps", description="weight versions a batch lags its update"),
+    S(
+        "rollout/off_policy_steps",
+        "marl_off_policy_steps",
+        description="weight versions a batch lags its update",
+    ),
     S("entropy/{role}", "marl_entropy", description="mean token entropy of a role's turns"),
     S("rollout/logprob_diff/{role}", "marl_logprob_diff", description="engine vs learner logprob gap"),
     S("grad/role_norm/{role}", "marl_grad_role_norm", description="norm of a role's gradient"),
     S("grad/norm_share/{role}", "marl_grad_norm_share", description="role's share of the gradient norm"),
     S("grad/mass_share/{role}", "marl_grad_mass_share", description="role's share of tokens x |advantage|"),
     S("grad/mass/{role}", "marl_grad_mass", description="a role's tokens x |advantage|"),
-    S("grad/step_mass_share/{role}", "marl_grad_step_mass_share",
-      description="role's share of the step's tokens x |advantage| across policies"),
-    S("grad/step_norm_share/{role}", "marl_grad_step_norm_share",
-      description="role's share of the step's summed role gradient norms across policies"),
+    S(
+        "grad/step_mass_share/{role}",
+        "marl_grad_step_mass_share",
+        description="role's share of the step's tokens x |advantage| across policies",
+    ),
+    S(
+        "grad/step_norm_share/{role}",
+        "marl_grad_step_norm_share",
+        description="role's share of the step's summed role gradient norms across policies",
+    ),
     S("grad/cos/{role}__{other_role}", "marl_grad_cosine", description="cosine between two roles' gradients"),
     S("grad/norm/{policy}", "marl_grad_norm", description="policy gradient norm before clipping"),
     S("grad/dominance/{policy}", "marl_grad_dominance", description="largest role share of a policy"),
@@ -72,22 +82,45 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
         ("Held-out accuracy", "percentunit", f"ray_marl_eval_accuracy{{{_SEL}}}", "{{run}} {{sharing}}"),
         ("Episode reward", "short", f"ray_marl_episode_reward_mean{{{_SEL}}}", "{{run}} {{sharing}}"),
         ("Reward per role", "short", f"ray_marl_reward_mean{{{_ROLE}}}", "{{run}} {{role}}"),
-        ("Response length per role", "short", f"ray_marl_response_length_mean{{{_ROLE}}}", "{{run}} {{role}}"),
+        (
+            "Response length per role",
+            "short",
+            f"ray_marl_response_length_mean{{{_ROLE}}}",
+            "{{run}} {{role}}",
+        ),
     ],
     "Gradients per role": [
         ("Gradient norm per role", "short", f"ray_marl_grad_role_norm{{{_ROLE}}}", "{{run}} {{role}}"),
-        ("Gradient mass share per role", "percentunit", f"ray_marl_grad_mass_share{{{_ROLE}}}", "{{run}} {{role}}"),
-        ("Gradient norm share per role", "percentunit", f"ray_marl_grad_norm_share{{{_ROLE}}}", "{{run}} {{role}}"),
+        (
+            "Gradient mass share per role",
+            "percentunit",
+            f"ray_marl_grad_mass_share{{{_ROLE}}}",
+            "{{run}} {{role}}",
+        ),
+        (
+            "Gradient norm share per role",
+            "percentunit",
+            f"ray_marl_grad_norm_share{{{_ROLE}}}",
+            "{{run}} {{role}}",
+        ),
         ("Dominance per policy", "percentunit", f"ray_marl_grad_dominance{{{_SEL}}}", "{{run}} {{policy}}"),
     ],
     "Throughput and health": [
         ("Step phase times", "s", f"ray_marl_phase_seconds{{{_SEL}}}", "{{run}} {{phase}}"),
-        ("Step time p90", "s",
-         f"histogram_quantile(0.9, sum by (le, run) (rate(ray_marl_step_seconds_bucket{{{_SEL}}}[$__rate_interval])))",
-         "{{run}}"),
+        (
+            "Step time p90",
+            "s",
+            "histogram_quantile(0.9, sum by (le, run) "
+            f"(rate(ray_marl_step_seconds_bucket{{{_SEL}}}[$__rate_interval])))",
+            "{{run}}",
+        ),
         ("Tokens/s", "short", f"ray_marl_rollout_tokens_per_second{{{_SEL}}}", "{{run}}"),
-        ("Parse failures per role", "short",
-         f"increase(ray_marl_parse_failures_total{{{_ROLE}}}[$__rate_interval])", "{{run}} {{role}}"),
+        (
+            "Parse failures per role",
+            "short",
+            f"increase(ray_marl_parse_failures_total{{{_ROLE}}}[$__rate_interval])",
+            "{{run}} {{role}}",
+        ),
     ],
 }
 
@@ -104,17 +137,33 @@ def grafana_dashboard() -> JsonRecord:
             panels.append(_timeseries(len(panels) + 1, title, unit, expr, legend, x=6 * i, y=y))
         y += 8
     return {
-        "title": "marl-train", "uid": "marl-train", "schemaVersion": 39, "version": 1, "editable": True,
-        "time": {"from": "now-6h", "to": "now"}, "refresh": "30s", "tags": ["ray", "marl-train"],
-        "templating": {"list": [_datasource(), _variable("run", STEP_METRIC), _variable("role", "marl_reward_mean")]},
+        "title": "marl-train",
+        "uid": "marl-train",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "tags": ["ray", "marl-train"],
+        "templating": {
+            "list": [_datasource(), _variable("run", STEP_METRIC), _variable("role", "marl_reward_mean")]
+        },
         "panels": panels,
     }
 
 
 def _timeseries(pid: int, title: str, unit: str, expr: str, legend: str, x: int, y: int) -> JsonRecord:
-    return {"type": "timeseries", "id": pid, "title": title, "datasource": {"uid": "${datasource}"},
-            "gridPos": {"h": 8, "w": 6, "x": x, "y": y}, "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": "A", "expr": expr, "legendFormat": legend, "datasource": {"uid": "${datasource}"}}]}
+    return {
+        "type": "timeseries",
+        "id": pid,
+        "title": title,
+        "datasource": {"uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 6, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [
+            {"refId": "A", "expr": expr, "legendFormat": legend, "datasource": {"uid": "${datasource}"}}
+        ],
+    }
 
 
 def _datasource() -> JsonRecord:
@@ -123,9 +172,17 @@ def _datasource() -> JsonRecord:
 
 def _variable(name: str, metric: str) -> JsonRecord:
     query = f"label_values(ray_{metric}, {name})"
-    return {"name": name, "type": "query", "datasource": {"uid": "${datasource}"}, "query": query,
-            "definition": query, "multi": True, "includeAll": True, "current": {"text": "All", "value": "$__all"},
-            "refresh": 2}
+    return {
+        "name": name,
+        "type": "query",
+        "datasource": {"uid": "${datasource}"},
+        "query": query,
+        "definition": query,
+        "multi": True,
+        "includeAll": True,
+        "current": {"text": "All", "value": "$__all"},
+        "refresh": 2,
+    }
 
 
 GRAFANA_JSON = Path(__file__).resolve().parents[2] / "cluster" / "grafana" / "marl_train.json"

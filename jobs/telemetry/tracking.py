@@ -31,7 +31,8 @@ class RunLog:
     def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: tuple[Any, ...] = (),
                  display: StepDisplay | None = None, first_row: dict[str, Any] | None = None):
         self.run_dir = run_dir
-        self.first_row = dict(first_row or {})  # non-metric fields (jobs/driver/provenance.py) for metrics.jsonl alone
+        # non-metric fields (jobs/driver/provenance.py) for metrics.jsonl alone
+        self.first_row = dict(first_row or {})
         self.path = run_dir / "metrics.jsonl"
         self.sinks = (*((TensorBoardSink(run_dir / "tb"),) if tensorboard else ()), *sinks)
         self.display = display
@@ -39,7 +40,8 @@ class RunLog:
     @classmethod
     def for_run(cls, run_dir: Path, cfg: TrainConfig, roles: list[str],
                 first_row: dict[str, Any] | None = None) -> RunLog:
-        """The sinks `cfg.tracking` asks for; a missing optional package fails here, before any cluster work."""
+        """The sinks `cfg.tracking` asks for; a missing optional package fails
+        here, before any cluster work."""
         t = cfg.tracking
         sinks: list[Any] = []
         if t.ray_metrics:
@@ -50,8 +52,15 @@ class RunLog:
             sinks.append(MlflowSink(t.mlflow.uri, t.mlflow.experiment, t.mlflow.run_name or cfg.run_name,
                                     flat_config(cfg)))
         if t.wandb.enabled:
-            sinks.append(WandbSink(t.wandb.project, t.wandb.run_name or cfg.run_name, str(t.wandb.mode), run_dir,
-                                   flat_config(cfg)))
+            sinks.append(
+                WandbSink(
+                    t.wandb.project,
+                    t.wandb.run_name or cfg.run_name,
+                    str(t.wandb.mode),
+                    run_dir,
+                    flat_config(cfg),
+                )
+            )
         return cls(run_dir, t.tensorboard, tuple(sinks), StepDisplay(cfg.steps, roles, t.progress), first_row)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -218,7 +227,9 @@ class StepDisplay:
             return
         if self._episodes is None:
             self._step_bar()  # the step bar stays on top
-            self._episodes = self._tqdm(total=total, unit="episode", leave=False, position=1, **self._bar_options())
+            self._episodes = self._tqdm(
+                total=total, unit="episode", leave=False, position=1, **self._bar_options()
+            )
         self._episodes.update(done - self._episodes.n)
         if done >= total:
             self._episodes.close()
@@ -233,7 +244,12 @@ class StepDisplay:
         # shutil falls back to 80x24 where a terminal reports a size of 0 (some CI and `script` ptys), where
         # tqdm would draw nothing (no columns; every bar "below" a 0-row screen hidden).
         size = shutil.get_terminal_size()
-        return {"file": self.stream, "mininterval": self.mininterval, "ncols": size.columns, "nrows": size.lines}
+        return {
+            "file": self.stream,
+            "mininterval": self.mininterval,
+            "ncols": size.columns,
+            "nrows": size.lines,
+        }
 
     def close(self) -> None:
         for bar in (self._episodes, self._bar):
@@ -251,7 +267,8 @@ def _tqdm() -> Any:
 
 def _postfix(m: dict[str, float], roles: list[str]) -> str:
     rewards = " ".join(f"{r}={m.get(f'reward/mean/{r}', float('nan')):.2f}" for r in roles)
-    return f"reward {m.get('reward/mean', float('nan')):.3f} [{rewards}] {m.get('time/step_s', float('nan')):.1f}s/step"
+    mean, step_s = m.get("reward/mean", float("nan")), m.get("time/step_s", float("nan"))
+    return f"reward {mean:.3f} [{rewards}] {step_s:.1f}s/step"
 
 
 def read_metrics(run_dir: str | Path) -> list[JsonRecord]:

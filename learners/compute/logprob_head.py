@@ -1,18 +1,19 @@
 """The response tokens' log-probs and entropy through a causal LM's head, without a [B, T, V] tensor.
 
-`sequence_logprobs` runs the model's body once (its decoder, captured by a forward hook while the model itself is
-called with no logit kept, so engines' and peft's wrappers still run), keeps the final hidden states of the loss
-positions only ([N, H], N = loss tokens) and sends them through the LM head `chunk` positions at a time: the
-vocabulary-wide tensors alive at once are O(chunk × V), whatever B × T (learner.logits_chunk_tokens; 0 = the
-unchunked path, the model's own [B, T−1−s, V] logits, kept for comparison).
+`sequence_logprobs` runs the model's body once (its decoder, captured by a forward hook while the model itself
+is called with no logit kept, so engines' and peft's wrappers still run), keeps the final hidden states of the
+loss positions only ([N, H], N = loss tokens) and sends them through the LM head `chunk` positions at a time:
+the vocabulary-wide tensors alive at once are O(chunk × V), whatever B × T (learner.logits_chunk_tokens; 0 =
+the unchunked path, the model's own [B, T−1−s, V] logits, kept for comparison).
 
 With grad, a window of more than one chunk is not kept for backward; each chunk is recomputed there:
 - a plain `nn.Linear` head holding its whole weight: `_ChunkedHead`, a torch.autograd.Function that saves
   (hidden, weight, targets) and forms dlogits = (onehot − softmax)·g/τ in place, dh = dlogits @ W and
   dW = dlogitsᵀ @ h per chunk (one [chunk, V] buffer in backward). A tied head's weight is the embedding
   Parameter itself, so its gradient accumulates into that one Parameter.
-- any other head (a LoRA'd head, a ZeRO-3 partition that only exists inside the module's forward): the head
-  module per chunk under non-reentrant torch.utils.checkpoint, so its own wrappers and hooks run again in backward.
+- any other head (a LoRA'd head, a ZeRO-3 partition that only exists inside the module's
+  forward): the head module per chunk under non-reentrant torch.utils.checkpoint, so its own
+  wrappers and hooks run again in backward.
 Both recompute one head matmul per chunk. The temperature scales the fp32 logits as the engines' sampling did;
 under autocast the head's matmul runs in the autocast dtype, as the unchunked path's does.
 
@@ -34,15 +35,26 @@ from learners.compute.padding_free import pack, packed_index
 from learners.update.losses import entropy_from_logits, response_start, token_logprobs
 
 
-def sequence_logprobs(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, *,
-                      temperature: float, chunk: int, entropy: bool,
-                      padding_free: bool = False,
-                      agree: Callable[[int], int] | None = None) -> tuple[Tensor, Tensor | None]:
-    """(log-probs [B, T−1] of input_ids[:, 1:], entropy [B, T−1] or None), 0 where loss_mask[:, 1:] is False
-    (chunk = 0: the unchunked path, values there too). `runner` is called (the model, an engine around it, or the
-    reference); `model` is the HF module (or peft wrapper) whose decoder and head it runs. Entropy is detached.
-    padding_free: the rows run end to end in one row (learners.compute.padding_free; needs chunk > 0). agree: the global
-    maximum of a count over ranks (head_logprobs; used only for a head partitioned across ranks)."""
+def sequence_logprobs(
+    model: Any,
+    runner: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    loss_mask: Tensor,
+    *,
+    temperature: float,
+    chunk: int,
+    entropy: bool,
+    padding_free: bool = False,
+    agree: Callable[[int], int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """(log-probs [B, T−1] of input_ids[:, 1:], entropy [B, T−1] or None), 0 where loss_mask[:, 1:]
+    is False (chunk = 0: the unchunked path, values there too). `runner` is called (the model, an
+    engine around it, or the reference); `model` is the HF module (or peft wrapper) whose decoder and
+    head it runs. Entropy is detached.
+    padding_free: the rows run end to end in one row (learners.compute.padding_free; needs
+    chunk > 0). agree: the global maximum of a count over ranks (head_logprobs; used only for a
+    head partitioned across ranks)."""
     if chunk <= 0:
         return _unchunked(runner, input_ids, attention_mask, loss_mask, temperature, entropy)
     targets_mask = loss_mask[:, 1:]
@@ -63,12 +75,13 @@ def _scatter(values: Tensor, mask: Tensor) -> Tensor:
 
 def final_hidden(model: Any, runner: Any, input_ids: Tensor, attention_mask: Tensor | None,
                  position_ids: Tensor | None = None) -> Tensor:
-    """The decoder's last hidden states [B, T, H] (after its final norm), from one call of `runner` that keeps no
-    logits (an empty index tensor as `logits_to_keep`), read by a forward hook on `model.get_decoder()`."""
+    """The decoder's last hidden states [B, T, H] (after its final norm), from one call of `runner` that keeps
+    no logits (an empty index tensor as `logits_to_keep`), read by a forward hook on `model.get_decoder()`."""
     got: list[Tensor] = []
     handle = model.get_decoder().register_forward_hook(lambda _m, _a, out: got.append(out.last_hidden_state))
     try:
-        # No KV cache: nothing decodes after this pass (and transformers reads packed position ids only without one).
+        # No KV cache: nothing decodes after this pass (and transformers reads packed
+        # position ids only without one).
         runner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                logits_to_keep=torch.empty(0, dtype=torch.long, device=input_ids.device))
     finally:
@@ -78,12 +91,12 @@ def final_hidden(model: Any, runner: Any, input_ids: Tensor, attention_mask: Ten
 
 def head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, *, temperature: float, chunk: int,
                   entropy: bool, agree: Callable[[int], int] | None = None) -> tuple[Tensor, Tensor | None]:
-    """log softmax(head(hidden)/τ)[target] per position, `chunk` positions at a time: hidden [N, H], targets [N]
-    long → ([N] fp32, entropy [N] fp32 detached, or None).
+    """log softmax(head(hidden)/τ)[target] per position, `chunk` positions at a time: hidden [N, H], targets
+    [N] long → ([N] fp32, entropy [N] fp32 detached, or None).
 
-    A ZeRO-3 head gathers its weight from every rank on each call (and on each recompute in backward), so every
-    rank must call it equally often: `agree` gives the global maximum of the chunk counts and the ranks with fewer
-    loss tokens run empty chunks up to it."""
+    A ZeRO-3 head gathers its weight from every rank on each call (and on each recompute in backward), so
+    every rank must call it equally often: `agree` gives the global maximum of the chunk counts and the ranks
+    with fewer loss tokens run empty chunks up to it."""
     weight = getattr(head, "weight", None)
     partitioned = hasattr(weight, "ds_id")
     whole = type(head) is torch.nn.Linear and head.bias is None and not partitioned
@@ -96,7 +109,9 @@ def head_logprobs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, *, tem
     if torch.is_grad_enabled() and len(pieces) > 1:
         parts = [_checkpointed(head, h, t, temperature, entropy) for h, t in pieces]
     else:  # no grad, or a single chunk: nothing is recomputed, so nothing needs to be
-        parts = [(lp, ent) for lp, _, ent in (_chunk_scores(head(h), t, temperature, entropy) for h, t in pieces)]
+        parts = [
+            (lp, ent) for lp, _, ent in (_chunk_scores(head(h), t, temperature, entropy) for h, t in pieces)
+        ]
     lp = torch.cat([p[0] for p in parts])
     return lp, torch.cat([p[1] for p in parts]) if entropy else None
 
@@ -133,8 +148,9 @@ def _checkpointed(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temper
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """Log-probs (and entropy) of targets under logits = hidden @ weightᵀ / τ, chunk by chunk; backward recomputes
-    each chunk's logits. hidden [N, H], weight [V, H], targets [N] → (lp [N] fp32, entropy [N] fp32, no grad)."""
+    """Log-probs (and entropy) of targets under logits = hidden @ weightᵀ / τ, chunk by chunk;
+    backward recomputes each chunk's logits. hidden [N, H], weight [V, H], targets [N] → (lp [N] fp32,
+    entropy [N] fp32, no grad)."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
@@ -166,7 +182,8 @@ class _ChunkedHead(torch.autograd.Function):
             # d lp / d z = (onehot(t) − softmax(z/τ)) / τ, built in place in one fp32 [C, V] buffer.
             d = z.float().div_(ctx.temperature).sub_(lse[i:i + c, None]).exp_().neg_()
             d[rows, t] += 1.0
-            dz = d.mul_((g / ctx.temperature)[:, None]).to(z.dtype)  # the logits' dtype, as autograd's would be
+            # the logits' dtype, as autograd's would be
+            dz = d.mul_((g / ctx.temperature)[:, None]).to(z.dtype)
             with cast:
                 grad_h[i:i + c] = dz @ weight
                 if grad_w is not None:
@@ -176,8 +193,9 @@ class _ChunkedHead(torch.autograd.Function):
 
 def _unchunked(runner: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float,
                entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """The model's own logits of the response window [B, T−1−s, V] (positions before s = response_start predict
-    prompt tokens only and get none), in fp32 and temperature-scaled; log-probs and entropy padded to [B, T−1]."""
+    """The model's own logits of the response window [B, T−1−s, V] (positions before s =
+    response_start predict prompt tokens only and get none), in fp32 and temperature-scaled; log-probs
+    and entropy padded to [B, T−1]."""
     s = response_start(loss_mask)
     logits = runner(input_ids=input_ids, attention_mask=attention_mask,
                     logits_to_keep=input_ids.shape[1] - s).logits[:, :-1].float() / temperature

@@ -4,10 +4,10 @@ shape and the learner's settings. Pure arithmetic (no torch), read by the planne
 Two devices, two sets of coefficients:
 - `gpu`: DeepSpeed in bf16 with flash-attention (padding-free), the paper's setting. Model states follow
   DeepSpeed's own `estimate_zero2/3_model_states_mem_needs`; activations and logits are estimates from the
-  formulas (Korthikanti et al. 2022 without the attention-score term flash-attention removes), not fitted: checked
-  on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md) at 0.90-1.03 of the allocated peaks measured at
-  16,384-65,536 tokens and 0.996 at the paper's 40,960, with torch's caching allocator reserving up to 1.25 times
-  the allocated peak (GPU_ALLOCATOR_POOL, counted in the peak).
+  formulas (Korthikanti et al. 2022 without the attention-score term flash-attention removes), not fitted:
+  checked on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md) at 0.90-1.03 of the allocated peaks
+  measured at 16,384-65,536 tokens and 0.996 at the paper's 40,960, with torch's caching allocator reserving
+  up to 1.25 times the allocated peak (GPU_ALLOCATOR_POOL, counted in the peak).
 - `cpu`: the torch backend in fp32 with eager/sdpa attention (the CPU stand-in). Its activation and logits
   coefficients are calibrated against peaks measured on this project's CPU learner
   (tests/learners/test_memory_calibration.py, benchmarks/README.md).
@@ -50,14 +50,17 @@ class ModelShape:
         """LoRA on every linear layer of the decoder (peft's all-linear leaves the LM head out):
         r·L·(7h + 2·n_q·d + 2·n_kv·d + 3I)."""
         h, d = self.hidden, self.head_dim
-        return rank * self.layers * (7 * h + 2 * self.heads * d + 2 * self.kv_heads * d + 3 * self.intermediate)
+        return (
+            rank * self.layers * (7 * h + 2 * self.heads * d + 2 * self.kv_heads * d + 3 * self.intermediate)
+        )
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """The KV cache of one token in an engine: 2 (K and V) · L · n_kv · d · dtype bytes."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def flops_per_token(self) -> int:
-        """Forward FLOPs of one token through the matmuls (2 per weight, the LM head included), no attention."""
+        """Forward FLOPs of one token through the matmuls (2 per weight, the LM
+        head included), no attention."""
         return 2 * (self.layers * self.layer_params() + self.vocab * self.hidden)
 
 
@@ -74,7 +77,8 @@ class LearnerSetup:
     role_rows: int  # rows of the per-role gradient buffer ([roles × trainable params], fp32); 0 = off
     device: str  # gpu | cpu
     padding_free: bool = False  # learner.padding_free: a micro-batch's rows packed end to end in one row
-    longest_row: int = 0  # the widest row a micro-batch pads to (algo.max_len); 0: rows of one length, no padding
+    # the widest row a micro-batch pads to (algo.max_len); 0: rows of one length, no padding
+    longest_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class LearnerMemory:
 # GPU, bf16 + flash-attention: estimates from the formulas (docs/scaling.md states them), not fitted; within
 # 0.90-1.03 of this learner's allocated peaks on one H200 (benchmarks/results/2026-12-04-gpu-check-h200.md).
 GPU_ACT_PER_TOKEN_LAYER = (8, 6, 8)  # bytes ≈ 8h + 6(n_q + n_kv)d + 8I per token and layer
-GPU_LOGITS_WHOLE = 16.0  # bytes per position × vocab entry, a window kept whole: bf16 logits, fp32 copy, log-softmax,
+# bytes per position × vocab entry, a window kept whole: bf16 logits, fp32 copy, log-softmax,
+GPU_LOGITS_WHOLE = 16.0
 #                          fp32 and bf16 gradients
 GPU_LOGITS_CHUNK = 12.0  # per chunk position × vocab entry: fp32 logits, their exp, their gradient
 GPU_RUNTIME = 1.5 * GIB  # CUDA context, NCCL buffers of one learner process (estimate)
@@ -128,8 +133,8 @@ def activation_bytes_per_token_layer(s: ModelShape) -> int:
 
 def activations(s: ModelShape, setup: LearnerSetup) -> float:
     """Saved activations of one micro-batch's forward, its attention masks included (attention_mask).
-    Checkpointing keeps each layer's input (2h bytes per token, bf16) and recomputes one layer at a time in the
-    backward, so the peak holds one layer's full activations. CPU: fp32 doubles every term."""
+    Checkpointing keeps each layer's input (2h bytes per token, bf16) and recomputes one layer at a time in
+    the backward, so the peak holds one layer's full activations. CPU: fp32 doubles every term."""
     scale = CPU_ACT_SCALE if setup.device == "cpu" else 1.0
     per_layer = activation_bytes_per_token_layer(s) * setup.tokens * scale
     mask = attention_mask(s, setup)
@@ -139,8 +144,8 @@ def activations(s: ModelShape, setup: LearnerSetup) -> float:
 
 
 def mask_entries(setup: LearnerSetup) -> int:
-    """Entries of the attention mask a micro-batch's forward builds (transformers' sdpa path; `tokens` bounds its
-    positions either way: rows × width padded, Σ row lengths packed, learners/update/micro_batches.py).
+    """Entries of the attention mask a micro-batch's forward builds (transformers' sdpa path; `tokens` bounds
+    its positions either way: rows × width padded, Σ row lengths packed, learners/update/micro_batches.py).
     - padded rows (padding_free off): [rows, 1, T, T], rows·T ≤ tokens. Rows of one length need none (a causal
       kernel), nor does one row, so the most is two rows or more of the widest T ≤ min(longest_row, tokens/2):
       tokens · T entries.
@@ -154,17 +159,19 @@ def mask_entries(setup: LearnerSetup) -> int:
 
 
 def attention_mask(s: ModelShape, setup: LearnerSetup) -> float:
-    """Bytes of a micro-batch's attention masks at the backward's peak: per layer, the copy in the compute dtype
-    that sdpa converts the boolean mask to and saves (4 bytes fp32 on the CPU, 2 bf16 on a GPU; the boolean one is
-    gone by then), every layer's, or under checkpointing one (the layer being recomputed). Measured on CPU
-    (benchmarks/learner_peak.py --layouts): within 6 % without checkpointing; with it, an upper bound."""
+    """Bytes of a micro-batch's attention masks at the backward's peak: per layer, the copy in the
+    compute dtype that sdpa converts the boolean mask to and saves (4 bytes fp32 on the CPU, 2 bf16 on a
+    GPU; the boolean one is gone by then), every layer's, or under checkpointing one (the layer being
+    recomputed). Measured on CPU (benchmarks/learner_peak.py --layouts): within 6 % without
+    checkpointing; with it, an upper bound."""
     copies = 1 if setup.checkpointing else s.layers
     return mask_entries(setup) * copies * (4.0 if setup.device == "cpu" else 2.0)
 
 
 def logits(s: ModelShape, setup: LearnerSetup) -> float:
-    """The LM head's peak: one chunk's vocabulary-wide tensors when the loss window spans several chunks (each
-    recomputed in backward), else the whole window's (learner.logits_chunk_tokens=0: the model's own logits)."""
+    """The LM head's peak: one chunk's vocabulary-wide tensors when the loss window spans
+    several chunks (each recomputed in backward), else the whole window's
+    (learner.logits_chunk_tokens=0: the model's own logits)."""
     gpu = setup.device == "gpu"
     if setup.logits_chunk and setup.tokens > setup.logits_chunk:
         return (GPU_LOGITS_CHUNK if gpu else CPU_LOGITS_CHUNK) * setup.logits_chunk * s.vocab
@@ -176,9 +183,10 @@ def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, floa
     """(weights, gradients, optimizer, role-gradient buffer) bytes of one rank.
 
     DeepSpeed bf16 (DeepSpeed's estimator): ZeRO-2 holds the bf16 weights whole and partitions 18 bytes per
-    trainable parameter over N ranks (bf16 + fp32 gradients 6, fp32 master + Adam m, v 12); ZeRO-3 partitions the
-    weights too and gathers the largest layer (4 bytes per its parameter). LoRA: the frozen base is bf16 weights
-    alone. Torch backend fp32: 4 bytes weights, 4 gradients, 8 Adam per trainable parameter, nothing partitioned."""
+    trainable parameter over N ranks (bf16 + fp32 gradients 6, fp32 master + Adam m, v 12); ZeRO-3
+    partitions the weights too and gathers the largest layer (4 bytes per its parameter). LoRA: the frozen
+    base is bf16 weights alone. Torch backend fp32: 4 bytes weights, 4 gradients, 8 Adam per trainable
+    parameter, nothing partitioned."""
     total = s.params()
     trainable = s.lora_params(setup.lora_rank) if setup.lora_rank else total
     frozen = total if setup.lora_rank else 0
@@ -193,22 +201,31 @@ def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, floa
 
 
 def weight_bytes(setup: LearnerSetup) -> float:
-    """Bytes per weight a rank holds (model_states): DeepSpeed's bf16 on a GPU, else fp32 (the torch backend's, and
-    DeepSpeed's CPU stand-in)."""
+    """Bytes per weight a rank holds (model_states): DeepSpeed's bf16 on a GPU, else fp32 (the torch
+    backend's, and DeepSpeed's CPU stand-in)."""
     return 2.0 if setup.zero_stage and setup.device == "gpu" else 4.0
 
 
 def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
     """One rank's peak during a micro-batch's forward and backward, term by term."""
     weights, grads, optim, role_grads = model_states(s, setup)
-    return with_pool(LearnerMemory(weights=weights, gradients=grads, optimizer=optim, role_grads=role_grads,
-                                   activations=activations(s, setup), logits=logits(s, setup),
-                                   runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME), setup.device)
+    return with_pool(
+        LearnerMemory(
+            weights=weights,
+            gradients=grads,
+            optimizer=optim,
+            role_grads=role_grads,
+            activations=activations(s, setup),
+            logits=logits(s, setup),
+            runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME,
+        ),
+        setup.device,
+    )
 
 
 def with_pool(m: LearnerMemory, device: str) -> LearnerMemory:
-    """`m` with its allocator pool: GPU_ALLOCATOR_POOL - 1 of its allocated peak on a GPU; none on the CPU, whose
-    calibration measured the process's resident peak, pool included."""
+    """`m` with its allocator pool: GPU_ALLOCATOR_POOL - 1 of its allocated peak on a GPU; none on the CPU,
+    whose calibration measured the process's resident peak, pool included."""
     allocated = m.total() - m.runtime - m.pool
     return replace(m, pool=(GPU_ALLOCATOR_POOL - 1.0) * allocated if device == "gpu" else 0.0)
 
@@ -217,10 +234,10 @@ def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory
     """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/gradients/colocated.py):
         the frozen base
     once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest policy's
-    activations and logits (the policies update in turn, one graph alive at a time). Torch backend or DeepSpeed
-    ZeRO-2 (one engine per policy): each part is that policy's separate rank, its gradients and optimizer states
-    partitioned over the ranks as a separate learner's, so the sums add partitions; the base is whole on every
-    rank (ZeRO-3, which would partition it, is refused at load)."""
+    activations and logits (the policies update in turn, one graph alive at a time). Torch backend or
+    DeepSpeed ZeRO-2 (one engine per policy): each part is that policy's separate rank, its gradients and
+    optimizer states partitioned over the ranks as a separate learner's, so the sums add partitions; the base
+    is whole on every rank (ZeRO-3, which would partition it, is refused at load)."""
     if any(setup.zero_stage == 3 for setup in setups):
         raise ValueError("colocated LoRA policies hold the base whole: ZeRO-3 cannot hold them")
     parts = [learner_memory(s, setup) for setup in setups]

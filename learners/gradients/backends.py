@@ -3,9 +3,9 @@ reduces and applies its gradients.
 
 Every rank is a learners.learner.Learner: it owns the model, the forward passes, the loss and the loop over a
 training step's optimizer steps. Its `backend` (a `GradientBackend`, chosen at setup:
-`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/gradients/torch_backend.py: one
-all-reduce, AdamW, clipping) and DeepSpeed (learners/gradients/deepspeed_backend.py: the ZeRO engine, its idle passes,
-ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
+`BACKENDS[learner.backend]`) owns only what differs between plain torch (learners/gradients/torch_backend.py:
+one all-reduce, AdamW, clipping) and DeepSpeed (learners/gradients/deepspeed_backend.py: the ZeRO engine, its
+idle passes, ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
 (`BackendCapabilities`); the config checks and the planner read that, never the backend's name. The registry
 names the built-ins' classes as strings and imports one on first use, so the config reads BACKENDS on a
 machine without deepspeed. A new backend is its own module plus one line in `BACKENDS` and
@@ -89,8 +89,9 @@ class GradientBackend(Protocol):
         ...
 
     def build(self) -> None:
-        """Build what reduces and applies the gradients (DeepSpeed: its engine) on the joined process group, or on a
-        one-rank group of this process's own; a no-op once built. A rank builds on `join` or on first use;
+        """Build what reduces and applies the gradients (DeepSpeed: its engine) on the joined
+        process group, or on a one-rank group of this process's own; a no-op once built. A rank
+        builds on `join` or on first use;
         colocated policies build at once, each with its adapter bound (learners/gradients/colocated.py)."""
         ...
 
@@ -103,8 +104,8 @@ class GradientBackend(Protocol):
         ...
 
     def matched_passes(self, n: int) -> int:
-        """Forward passes this rank runs when it has `n` of its own (ranks that communicate inside forward must run
-        equally many; the Learner fills the rest with idle passes)."""
+        """Forward passes this rank runs when it has `n` of its own (ranks that communicate inside forward
+        must run equally many; the Learner fills the rest with idle passes)."""
         ...
 
     def backward(self, losses: Iterable[Tensor]) -> None:
@@ -113,7 +114,8 @@ class GradientBackend(Protocol):
         ...
 
     def apply_gradient(self, total: Tensor) -> None:
-        """Make `total` [P], a gradient already summed over ranks (identical on every rank), the step's gradient."""
+        """Make `total` [P], a gradient already summed over ranks (identical on every
+        rank), the step's gradient."""
         ...
 
     def step(self) -> tuple[float, float]:
@@ -125,11 +127,13 @@ class GradientBackend(Protocol):
         ...
 
     def snapshot(self) -> WeightSnapshot | None:
-        """Weights this rank gathered for serving, when its module holds only a partition; None: read the module."""
+        """Weights this rank gathered for serving, when its module holds only a
+        partition; None: read the module."""
         ...
 
     def save_state(self, path: str, step: int) -> None:
-        """This rank's part of the policy's state (contract: learners/state/state_io.py), with the update counter."""
+        """This rank's part of the policy's state (contract:
+        learners/state/state_io.py), with the update counter."""
         ...
 
     def load_state(self, path: str) -> int:

@@ -1,30 +1,31 @@
-"""Colocated LoRA policies (`learner.lora_colocate`): one learner group holding one base model and every isolated
-policy's adapter, each with its own optimizer, LR schedule and gradients (mixed-adapter training).
+"""Colocated LoRA policies (`learner.lora_colocate`): one learner group holding one base model and every
+isolated policy's adapter, each with its own optimizer, LR schedule and gradients (mixed-adapter training).
 
-Under isolated LoRA policies each policy's learner would hold its own copy of the base: R policies, R bases. Here
-one process per rank loads the base once, wrapped by peft with one adapter slot ("default"), and an
-`AdapterBank` keeps each policy's adapter parameters apart and binds one policy's into the slot at a time. Every
-policy is an ordinary learners.learner.Learner built on that module while its adapter is bound, so its optimizer,
-schedule, gradients, weight payloads and checkpoint files are exactly those of a separate learner (the adapter
-keeps peft's "default" names: a checkpoint reads back under either layout). `ColocatedLearners` is the member one
-Ray actor hosts; it runs each call of a policy with that policy's adapter bound. `PolicyGroup` is one policy's
-view of the shared group: a Group[LearnerMember], so LearnerGroup, the weight sync and checkpoints use it unchanged.
+Under isolated LoRA policies each policy's learner would hold its own copy of the base: R policies, R bases.
+Here one process per rank loads the base once, wrapped by peft with one adapter slot ("default"), and an
+`AdapterBank` keeps each policy's adapter parameters apart and binds one policy's into the slot at a time.
+Every policy is an ordinary learners.learner.Learner built on that module while its adapter is bound, so its
+optimizer, schedule, gradients, weight payloads and checkpoint files are exactly those of a separate learner
+(the adapter keeps peft's "default" names: a checkpoint reads back under either layout). `ColocatedLearners`
+is the member one Ray actor hosts; it runs each call of a policy with that policy's adapter bound.
+`PolicyGroup` is one policy's view of the shared group: a Group[LearnerMember], so LearnerGroup, the weight
+sync and checkpoints use it unchanged.
 
 Under `learner.backend=deepspeed` (ZeRO-2) each policy keeps its own engine: `deepspeed.initialize` over the
 shared module, built while that policy's adapter is bound, with that policy's AdamW (so its adapter parameters
-alone). Chosen over one engine with a parameter group per policy, which would step every policy's group on each
-`engine.step()` (DeepSpeed clips by one global norm and allows one schedule) and write one checkpoint for all,
-where each policy's update, schedule and checkpoint must stay a separate learner's. What the engines share is
-harmless at ZeRO-2, read from deepspeed/runtime/engine.py and zero/stage_1_and_2.py:
+alone). Chosen over one engine with a parameter group per policy, which would step every policy's group on
+each `engine.step()` (DeepSpeed clips by one global norm and allows one schedule) and write one checkpoint for
+all, where each policy's update, schedule and checkpoint must stay a separate learner's. What the engines
+share is harmless at ZeRO-2, read from deepspeed/runtime/engine.py and zero/stage_1_and_2.py:
 - the module is cast and moved by each build, but only the parameters bound then: the base casts once (a
   parameter already in the target dtype and device is left alone) and each adapter once, by its own engine;
   every build broadcasts the bound parameters from rank 0 (the base R times, once, at start);
 - ZeRO-2 flattens the policy's optimizer parameters into its buffers (their `.data` become views) and hooks
   those parameter objects only: another policy's backward fires none of them, and binding swaps Parameter
   objects into the slots, never their tensors, so every engine's references stay valid;
-- the forward pre/post hooks each engine registers on the module run for every policy's forward; at ZeRO-2 they
-  only start and stop timers (ZeRO-3's parameter gathering is what they would do wrongly, so ZeRO-3 is refused
-  at load, jobs/config/colocation.py);
+- the forward pre/post hooks each engine registers on the module run for every policy's forward; at ZeRO-2
+  they only start and stop timers (ZeRO-3's parameter gathering is what they would do wrongly, so ZeRO-3 is
+  refused at load, jobs/config/colocation.py);
 - accumulation counters, the gradient partition and the per-backward reduction bucket (released after each
   backward) are the engine's own; one policy runs on a rank at a time, so one bucket exists at once;
 - a checkpoint is the engine's module state with frozen parameters left out: the bound adapter's, under
@@ -51,12 +52,12 @@ from learners.member import LearnerMember, LearnerSpec
 
 
 class AdapterBank:
-    """One peft module and R policies' adapters: `bound(policy)` puts that policy's adapter parameters into the
-    module's trainable slots for the duration of a call (one policy at a time: a lock)."""
+    """One peft module and R policies' adapters: `bound(policy)` puts that policy's adapter parameters into
+    the module's trainable slots for the duration of a call (one policy at a time: a lock)."""
 
     def __init__(self, module: torch.nn.Module, policy_ids: Sequence[str]):
-        """Every policy's adapter starts as the module's freshly initialised one, as a separate learner's would
-        (its learner seeded alike): the first policy takes it, the others copies."""
+        """Every policy's adapter starts as the module's freshly initialised one, as a separate learner's
+        would (its learner seeded alike): the first policy takes it, the others copies."""
         self.module = module
         # Each trainable parameter's owner and attribute: the slots an adapter's parameters are bound into.
         self.slots = [_owner(module, name) for name, p in module.named_parameters() if p.requires_grad]
@@ -99,13 +100,14 @@ class ColocatedLearners:
                 self.learners[spec.policy_id] = Learner(spec, rank, module=bound)
 
     def call(self, policy_id: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """`LearnerMember.<method>` of policy `policy_id`, run with its adapter bound (PolicyGroup's calls)."""
+        """`LearnerMember.<method>` of policy `policy_id`, run with its adapter
+        bound (PolicyGroup's calls)."""
         with self.bank.bound(policy_id):
             return getattr(self.learners[policy_id], method)(*args, **kwargs)
 
     def build(self) -> None:
-        """Every policy's gradient backend built (DeepSpeed: its engine), in policy order on every rank, each with
-        its adapter bound: before any call, so no policy meets a base its engine has not yet moved."""
+        """Every policy's gradient backend built (DeepSpeed: its engine), in policy order on every rank, each
+        with its adapter bound: before any call, so no policy meets a base its engine has not yet moved."""
         for pid, learner in self.learners.items():
             with self.bank.bound(pid):
                 learner.backend.build()
@@ -115,13 +117,14 @@ class ColocatedLearners:
         return collective.rendezvous_address()
 
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
-        """The first policy's backend joins (it picks the transport: DeepSpeed's NCCL on CUDA); the others share
-        the group."""
+        """The first policy's backend joins (it picks the transport: DeepSpeed's NCCL on CUDA);
+        the others share the group."""
         self.call(next(iter(self.learners)), "join", (backend, host, port, rank, world, timeout_s), {})
 
 
 class PolicyGroup(Group[LearnerMember]):
-    """Policy `policy_id`'s view of the shared colocated group: member calls go to its Learner on each rank."""
+    """Policy `policy_id`'s view of the shared colocated group: member calls go
+    to its Learner on each rank."""
 
     def __init__(self, shared: Group[ColocatedLearners], policy_id: str):
         # Not Group.__init__, which starts members: a view starts none and forwards to the shared group's.
@@ -133,14 +136,17 @@ class PolicyGroup(Group[LearnerMember]):
         return self.shared.size
 
     def _submit(self, indices: Sequence[int], calls: Sequence[Call[Any, Any]]) -> Pending[Any]:
-        return self.shared._submit(indices, [Call(ColocatedLearners.call, self.policy_id, c.method, c.args, c.kwargs)
-                                             for c in calls])
+        return self.shared._submit(
+            indices, [Call(ColocatedLearners.call, self.policy_id, c.method, c.args, c.kwargs) for c in calls]
+        )
 
     def run(self, index: int, fn: Any, /, *args: Any, **kwargs: Any) -> Pending[Any]:
         return self.shared.run(index, fn, *args, **kwargs)
 
     def replace(self, index: int, timeout: float) -> None:
-        raise GroupError(f"{self.name}:{index} is shared by every colocated policy and cannot be replaced alone")
+        raise GroupError(
+            f"{self.name}:{index} is shared by every colocated policy and cannot be replaced alone"
+        )
 
     def shutdown(self) -> None:
         self.shared.shutdown()  # idempotent: the first policy's call ends the shared members

@@ -1,8 +1,9 @@
 """DeepSpeed gradient backend (`learner.backend=deepspeed`): a Learner rank whose gradients a DeepSpeed engine
 reduces and applies.
 
-The only module importing deepspeed, and only when a rank builds its engine. Loss, metrics, reference model,
-weight views, export and the loop over a training step's optimizer steps (Learner.update) are the Learner's; this
+The only module importing deepspeed, and only when a rank builds its engine. Loss, metrics,
+reference model, weight views, export and the loop over a training step's optimizer steps
+(Learner.update) are the Learner's; this
 backend changes how gradients are reduced and applied:
 - The learner's torch AdamW is handed to `deepspeed.initialize`, which partitions its state over the ranks
   (ZeRO-2: optimizer states and gradients; ZeRO-3: the weights too) and steps it once per optimizer step
@@ -16,17 +17,18 @@ backend changes how gradients are reduced and applied:
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
   divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
   normaliser wants their sum, so each rank's loss is multiplied by the world size.
-- Every rank runs the same number of forward/backward passes (ZeRO communicates inside them): shards with
-  fewer micro-batches run zero-loss passes on one pad token (the Learner's idle passes, up to `matched_passes`).
+- Every rank runs the same number of forward/backward passes (ZeRO communicates inside them):
+  shards with fewer micro-batches run zero-loss passes on one pad token (the Learner's idle
+  passes, up to `matched_passes`).
 
-Per-role gradients under ZeRO-2 (weights are whole on every rank): each role's gradient is taken by the Learner
-(torch.autograd.grad through the plain module, outside the engine's reduction hooks, summed over ranks into one
-[roles × params] buffer), and handed to the engine as the gradient of the linear surrogate Σ_p <p, g_p>; the step
-still goes through ZeRO's reduction, clipping and partitioned optimizer. Under ZeRO-3 the weights exist only
-inside forward, so no per-role buffer is built: grad/role_norm, grad/norm_share, grad/dominance and grad/cos are
-not reported; every other metric (grad/mass_share, the per-role entropy, KL, clip fraction) is. ZeRO-3 gathers
-the full weights once per training step on every rank (rank 0 keeps a copy for get_weights/export, which the
-driver calls on rank 0 alone).
+Per-role gradients under ZeRO-2 (weights are whole on every rank): each role's gradient is taken by the
+Learner (torch.autograd.grad through the plain module, outside the engine's reduction hooks, summed over ranks
+into one [roles × params] buffer), and handed to the engine as the gradient of the linear surrogate Σ_p <p,
+g_p>; the step still goes through ZeRO's reduction, clipping and partitioned optimizer. Under ZeRO-3 the
+weights exist only inside forward, so no per-role buffer is built: grad/role_norm, grad/norm_share,
+grad/dominance and grad/cos are not reported; every other metric (grad/mass_share, the per-role entropy, KL,
+clip fraction) is. ZeRO-3 gathers the full weights once per training step on every rank (rank 0 keeps a copy
+for get_weights/export, which the driver calls on rank 0 alone).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ _JOIN_TIMEOUT_S = 300.0
 
 
 def deepspeed_config(learner: LearnerSection, dtype: str) -> JsonRecord:
-    """The engine's config from the learner section (`learner.deepspeed.*`, micro-batch, clipping) and dtype."""
+    """The engine's config from the learner section (`learner.deepspeed.*`,
+    micro-batch, clipping) and dtype."""
     ds = learner.deepspeed
     zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if ds.offload_optimizer:
@@ -99,14 +102,19 @@ class DeepSpeedBackend:
         self.build()
 
     def build(self) -> None:
-        """Build the engine (after `join`, or on a one-member group of this rank's own); a no-op once built."""
+        """Build the engine (after `join`, or on a one-member group of this
+        rank's own); a no-op once built."""
         if self.engine is not None:
             return
         if not dist.is_initialized():
             host, port = collective.rendezvous_address()
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             collective.join(backend, host, port, 0, 1, _JOIN_TIMEOUT_S)
-        for key, value in {"RANK": dist.get_rank(), "WORLD_SIZE": dist.get_world_size(), "LOCAL_RANK": 0}.items():
+        for key, value in {
+            "RANK": dist.get_rank(),
+            "WORLD_SIZE": dist.get_world_size(),
+            "LOCAL_RANK": 0,
+        }.items():
             os.environ.setdefault(key, str(value))  # read by parts of DeepSpeed that never see the group
         import deepspeed
 
@@ -118,7 +126,8 @@ class DeepSpeedBackend:
             model=self.parts.model, optimizer=self.parts.optimizer,
             config=deepspeed_config(self.cfg, self.dtype), dist_init_required=False,
         )
-        if self.parts.reference is not None:  # the engine moved the policy to its device; the reference follows
+        # the engine moved the policy to its device; the reference follows
+        if self.parts.reference is not None:
             self.parts.reference.to(self.engine.device)
         self._take_snapshot()
 
@@ -144,8 +153,9 @@ class DeepSpeedBackend:
             self.engine.backward(loss * world, scale_wrt_gas=False)
 
     def apply_gradient(self, total: torch.Tensor) -> None:
-        """`total` [P] is identical on every rank: hand it to the engine as the gradient of the linear surrogate
-        Σ_p <p, g_p> (DeepSpeed's average over ranks keeps it); ZeRO reduces, clips and steps as usual."""
+        """`total` [P] is identical on every rank: hand it to the engine as the gradient of
+        the linear surrogate Σ_p <p, g_p> (DeepSpeed's average over ranks keeps it); ZeRO
+        reduces, clips and steps as usual."""
         params = self.parts.params
         sizes = [p.numel() for p in params]
         surrogate = sum((p * g.view_as(p).to(p.dtype)).sum() for p, g in zip(params, total.split(sizes),
@@ -173,10 +183,13 @@ class DeepSpeedBackend:
 
     def snapshot(self) -> WeightSnapshot | None:
         if self.stage == 3 and self.engine is not None and self._snapshot is None:
-            raise RuntimeError(f"learner rank {self.rank} holds a ZeRO-3 partition; rank 0 serves the weights")
+            raise RuntimeError(
+                f"learner rank {self.rank} holds a ZeRO-3 partition; rank 0 serves the weights"
+            )
         return self._snapshot
 
-    # -- checkpoint state (contract: learners/state/state_io.py; the engine writes its own partitioned layout) --
+    # -- checkpoint state (contract: learners/state/state_io.py; the engine writes
+    # its own partitioned layout) --
     def save_state(self, path: str, step: int) -> None:
         """Collective: the engine writes weights (the adapter alone for LoRA), each rank's optimizer partition
         and the scheduler under `<path>/deepspeed/`; every rank writes its RNG state; all of it fsynced."""

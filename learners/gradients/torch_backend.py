@@ -1,5 +1,6 @@
-"""The plain torch gradient backend (`learner.backend=torch`): each rank's gradient is summed over the data-parallel
-ranks with one all-reduce per optimizer step, clipped by its global norm and applied by the learner's torch AdamW.
+"""The plain torch gradient backend (`learner.backend=torch`): each rank's gradient is summed over
+the data-parallel ranks with one all-reduce per optimizer step, clipped by its global norm and
+applied by the learner's torch AdamW.
 Checkpoints are learners/state/state_io.py's files.
 """
 

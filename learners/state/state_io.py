@@ -64,7 +64,9 @@ def load_learner_state(path: str | Path, rank: int, model: torch.nn.Module, opti
     expected = trainable_state(model)
     missing = sorted(set(expected) - set(weights))
     if missing:
-        raise StateError(f"{folder / MODEL} lacks trainable weights {missing[:3]} (another model or LoRA setting?)")
+        raise StateError(
+            f"{folder / MODEL} lacks trainable weights {missing[:3]} (another model or LoRA setting?)"
+        )
     with torch.no_grad():
         for name, tensor in expected.items():
             if tensor.shape != weights[name].shape:

@@ -1,12 +1,13 @@
-"""WeightServer: the part of a learner rank that hands its policy's weights out, composed into learners.learner.Learner.
+"""WeightServer: the part of a learner rank that hands its policy's weights out, composed
+into learners.learner.Learner.
 
-What it serves: the weights engines serve (LoRA merged into the serving dtype), in one byte buffer for the object
-store, over the NCCL channel (rank 0, cluster.nccl), the LoRA adapter alone (multi-LoRA serving), an adapter delta
-with the names of the served weights (adapter-only syncs of merged serving), the probe sketch of the merge each
-engine must serve after such a delta, and an HF folder of the current weights. It keeps what serving needs between
-syncs (the served names, the frozen base's sketches) and what the weights last handed out lost to the serving dtype
-(`sync/merge_rounding/<policy>`). It reads the module and, when the module holds only a partition (ZeRO-3), the
-backend's snapshot; it never changes either.
+What it serves: the weights engines serve (LoRA merged into the serving dtype), in one byte buffer for the
+object store, over the NCCL channel (rank 0, cluster.nccl), the LoRA adapter alone (multi-LoRA serving), an
+adapter delta with the names of the served weights (adapter-only syncs of merged serving), the probe sketch of
+the merge each engine must serve after such a delta, and an HF folder of the current weights. It keeps what
+serving needs between syncs (the served names, the frozen base's sketches) and what the weights last handed
+out lost to the serving dtype (`sync/merge_rounding/<policy>`). It reads the module and, when the module holds
+only a partition (ZeRO-3), the backend's snapshot; it never changes either.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from learners.state.weights import DTYPES, MergedSketch, export_hf, serving_adap
 
 
 class WeightServer:
-    """Serves policy `policy_id`'s `model`, loaded from `model_path`, in dtype `dtype`; `backend.snapshot()` is the
-    weights the rank's gradient backend gathered, or None when the module itself holds them whole."""
+    """Serves policy `policy_id`'s `model`, loaded from `model_path`, in dtype `dtype`; `backend.snapshot()`
+    is the weights the rank's gradient backend gathered, or None when the module itself holds them whole."""
 
     def __init__(self, model: torch.nn.Module, policy_id: str, model_path: str, dtype: str,
                  backend: GradientBackend):
@@ -34,13 +35,14 @@ class WeightServer:
         self.backend = backend
         # What the weights last handed out lost to the serving dtype (None: nothing merged, or fp32 serving).
         self.merge_rounding: float | None = None
-        self.served_names: list[str] | None = None  # fixed by the model's structure: merged once, on the first delta
+        # fixed by the model's structure: merged once, on the first delta
+        self.served_names: list[str] | None = None
         self.sketcher = MergedSketch()  # keeps the frozen base's sketches between syncs
         self.channel: WeightChannel | None = None  # rank 0's NCCL channel to its engines, once joined
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's device
-        (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
+        """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's
+        device (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
         merged, self.merge_rounding = serving_weights(self.model, DTYPES[self.dtype], self.backend.snapshot())
         return merged
 
@@ -51,10 +53,10 @@ class WeightServer:
         return {} if rounding is None else {f"sync/merge_rounding/{self.policy_id}": rounding}
 
     def get_packed_weights(self) -> PackedTensors:
-        """`get_weights` as the wire format's buffers, each host tensor's own bytes (cluster.packing.share): what a
-        sync through the object store sends. Ray copies them into the store once, straight from the served tensors
-        (a pack into one buffer first would copy every byte twice), and engines read them zero-copy; a dict would be
-        pickled tensor by tensor and copied on both sides."""
+        """`get_weights` as the wire format's buffers, each host tensor's own bytes (cluster.packing.share):
+        what a sync through the object store sends. Ray copies them into the store once, straight from the
+        served tensors (a pack into one buffer first would copy every byte twice), and engines read them
+        zero-copy; a dict would be pickled tensor by tensor and copied on both sides."""
         return share(self.get_weights())
 
     def get_lora_delta(self) -> LoraDelta:
@@ -65,9 +67,10 @@ class WeightServer:
         return LoraDelta(self.get_adapter(), self.served_names)
 
     def merged_sketch(self) -> PackedTensors:
-        """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the adapter
-        into its own base, taken without merging (learners.state.weights.MergedSketch; a ZeRO-3 rank reads its snapshot,
-        merged already). Served in a dtype that rounds (bf16), the merge still runs, for `sync/merge_rounding`;
+        """The probe sketch (cluster.sketch) of the merged weights each engine must serve after merging the
+        adapter into its own base, taken without merging (learners.state.weights.MergedSketch; a ZeRO-3
+        rank reads its snapshot, merged already). Served in a dtype that rounds (bf16), the merge still
+        runs, for `sync/merge_rounding`;
         fp32 serving skips it (its rounding is fp32's own, ~1e-7 of the weights) and reports none."""
         snapshot = self.backend.snapshot()
         if snapshot is not None:
@@ -92,9 +95,14 @@ class WeightServer:
                   fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:
         """The served weights broadcast over the channel as `version`: {"fingerprint", "bytes"}."""
         if self.channel is None:
-            raise RuntimeError(f"learner {self.policy_id}: nccl_send before nccl_join opened the weight channel")
+            raise RuntimeError(
+                f"learner {self.policy_id}: nccl_send before nccl_join opened the weight channel"
+            )
         weights = self.get_weights()
-        return {"fingerprint": fingerprint(weights), "bytes": self.channel.send(weights, version, bucket_bytes)}
+        return {
+            "fingerprint": fingerprint(weights),
+            "bytes": self.channel.send(weights, version, bucket_bytes),
+        }
 
     def export(self, out_dir: str) -> str:
         """An HF model folder of the current weights (and the adapter, for LoRA); returns the folder."""

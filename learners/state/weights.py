@@ -23,9 +23,9 @@ PolicyModel = Any
 
 def load_policy_model(model_path: str, dtype: str, lora: LoraSection,
                       attention: str | None = None) -> PolicyModel:
-    """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter on all linear
-    layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or None for the model's
-    default."""
+    """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter
+    on all linear layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or
+    None for the model's default."""
     kwargs = {"attn_implementation": attention} if attention else {}
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], **kwargs)
     if not lora.enabled:
@@ -47,10 +47,10 @@ def is_lora(model: torch.nn.Module) -> bool:
 def merge_for_serving(model: torch.nn.Module,
                       dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], float | None]:
     """(full weights under the base model's HF names, LoRA deltas added without mutating the model;
-    merge_rounding) in the dtype the engines serve: `dtype`, or each weight's own when None
-    (a learner that holds model.dtype itself). Every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded
-    once to it; merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without
-    LoRA. Fp32 master weights served in bf16 are rounded once, here."""
+    merge_rounding) in the dtype the engines serve: `dtype`, or each weight's own when None (a learner that
+    holds model.dtype itself). Every LoRA layer's W0 + scale·B@A is computed in fp32 and rounded once to it;
+    merge_rounding is the share of the LoRA update that rounding loses (`update_lost`), None without LoRA.
+    Fp32 master weights served in bf16 are rounded once, here."""
     if not is_lora(model):
         return {k: _serving(v, dtype) for k, v in model.state_dict().items()}, None
     from peft.tuners.lora import LoraLayer
@@ -114,12 +114,14 @@ def _lora_delta(module: Any, adapter: str) -> torch.Tensor:
 
 
 class MergedSketch:
-    """The probe sketch (cluster.sketch) of the weights a LoRA policy's engines serve merged, taken without merging:
-    a LoRA'd layer's as sketch(W0) + scale·B@(A@P), every other weight's as is. The base is frozen, so its sketches
-    are taken once and kept (per tensor, until that tensor is written to). Same names as `merge_for_serving`."""
+    """The probe sketch (cluster.sketch) of the weights a LoRA policy's engines serve merged, taken without
+    merging: a LoRA'd layer's as sketch(W0) + scale·B@(A@P), every other weight's as is. The base is
+    frozen, so its sketches are taken once and kept (per tensor, until that tensor is written to). Same
+    names as `merge_for_serving`."""
 
     def __init__(self) -> None:
-        self._base: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}  # name -> ((data_ptr, _version), sketch)
+        # name -> ((data_ptr, _version), sketch)
+        self._base: dict[str, tuple[tuple[int, int], torch.Tensor]] = {}
 
     @torch.no_grad()
     def __call__(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -132,7 +134,11 @@ class MergedSketch:
             if isinstance(module, LoraLayer):
                 key, adapter = f"{name}.weight", module.active_adapters[0]
                 w0 = module.get_base_layer().weight
-                if isinstance(module, Linear) and not module.fan_in_fan_out and not module.use_dora.get(adapter):
+                if (
+                    isinstance(module, Linear)
+                    and not module.fan_in_fan_out
+                    and not module.use_dora.get(adapter)
+                ):
                     a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
                     out[key] = low_rank_sketch(self._sketch(key, w0), b, a, probes(key, a.shape[1]),
                                                module.scaling[adapter])
@@ -145,7 +151,8 @@ class MergedSketch:
         return out
 
     def _sketch(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        stamp = (tensor.data_ptr(), tensor._version)  # an in-place write bumps _version, a new tensor the pointer
+        # an in-place write bumps _version, a new tensor the pointer
+        stamp = (tensor.data_ptr(), tensor._version)
         kept = self._base.get(name)
         if kept is None or kept[0] != stamp:
             kept = self._base[name] = (stamp, sketch(name, tensor))
@@ -155,8 +162,9 @@ class MergedSketch:
 @torch.no_grad()
 def adapter_payload(model: torch.nn.Module, policy_id: str) -> AdapterPayload:
     """What a LoRA-only sync ships: the adapter's tensors under peft's saved names (as in
-    adapter_model.safetensors), packed into one host buffer (cluster.packing: hundreds of small tensors cross Ray
-    as one buffer and a manifest, not one pickle each), and its config as a plain dict (as in adapter_config.json)."""
+    adapter_model.safetensors), packed into one host buffer (cluster.packing: hundreds of small
+    tensors cross Ray as one buffer and a manifest, not one pickle each), and its config as a plain
+    dict (as in adapter_config.json)."""
     from peft import get_peft_model_state_dict
 
     tensors = pack(get_peft_model_state_dict(model))  # the one copy off the learner's (any device's) tensors
@@ -168,9 +176,9 @@ def adapter_payload(model: torch.nn.Module, policy_id: str) -> AdapterPayload:
 
 @dataclass(frozen=True)
 class WeightSnapshot:
-    """A module's weights gathered once and kept on the host (a ZeRO-3 rank 0 after each step, whose module holds a
-    partition otherwise): the merged serving weights and their merge rounding (`merge_for_serving`); for LoRA the
-    adapter payload (`adapter_payload`) and the adapter's own state dict."""
+    """A module's weights gathered once and kept on the host (a ZeRO-3 rank 0 after each step, whose module
+    holds a partition otherwise): the merged serving weights and their merge rounding (`merge_for_serving`);
+    for LoRA the adapter payload (`adapter_payload`) and the adapter's own state dict."""
 
     merged: dict[str, torch.Tensor]
     merge_rounding: float | None
@@ -193,8 +201,8 @@ def take_snapshot(model: torch.nn.Module, policy_id: str) -> WeightSnapshot:
 
 def serving_weights(model: torch.nn.Module, dtype: torch.dtype, snapshot: WeightSnapshot | None = None,
                     ) -> tuple[dict[str, torch.Tensor], float | None]:
-    """(the weights engines serve, as host tensors under HF names; their merge rounding): `snapshot`'s when given
-    (the module itself then holds a partition), else `model` merged for serving in `dtype`."""
+    """(the weights engines serve, as host tensors under HF names; their merge rounding): `snapshot`'s when
+    given (the module itself then holds a partition), else `model` merged for serving in `dtype`."""
     if snapshot is not None:
         return snapshot.merged, snapshot.merge_rounding
     merged, rounding = merge_for_serving(model, dtype)
@@ -211,12 +219,14 @@ def serving_adapter(model: torch.nn.Module, policy_id: str, snapshot: WeightSnap
 
 def export_hf(model: torch.nn.Module, model_path: str, dtype: str, out_dir: str,
               snapshot: WeightSnapshot | None = None) -> None:
-    """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`; the weights come
-    from `snapshot` when given (the module itself then holds a partition)."""
+    """Write a plain HF folder (merged weights) and, for LoRA, the adapter beside it in `adapter/`; the
+    weights come from `snapshot` when given (the module itself then holds a partition)."""
     plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
     merged = snapshot.merged if snapshot is not None else merge_for_serving(model, DTYPES[dtype])[0]
     plain.load_state_dict(merged, strict=False)
     plain.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
     if is_lora(model):
-        model.save_pretrained(f"{out_dir}/adapter", state_dict=snapshot.lora_state if snapshot is not None else None)
+        model.save_pretrained(
+            f"{out_dir}/adapter", state_dict=snapshot.lora_state if snapshot is not None else None
+        )

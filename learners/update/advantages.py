@@ -45,7 +45,9 @@ def paper_group_key(ep: Episode, turn: Turn) -> tuple[Hashable, ...]:
 GROUP_PRESETS: dict[str, Callable[[Episode, Turn], tuple[Hashable, ...]]] = {"paper": paper_group_key}
 
 
-def group_keys(episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY) -> list[tuple[Hashable, ...]]:
+def group_keys(
+    episodes: list[Episode], group_by: Sequence[str] = DEFAULT_GROUP_BY
+) -> list[tuple[Hashable, ...]]:
     """One key per (episode, turn) in flattened order.
 
     `group_by` is either fields, the key holding them in order: 'task' (episode.task.task_id), 'agent'
@@ -121,7 +123,9 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, norm_std: bool = False, 
     rescaled per group size.
     """
     if singleton != "zero":
-        raise ValueError(f"rloo has no baseline for a one-member group; singleton must be 'zero', got {singleton!r}")
+        raise ValueError(
+            f"rloo has no baseline for a one-member group; singleton must be 'zero', got {singleton!r}"
+        )
     counts, sums, std = _group_stats(rewards, group_ids)
     r = rewards.to(torch.float32)
     adv = r - (sums - r) / (counts - 1).clamp(min=1)

@@ -23,7 +23,8 @@ from enum import StrEnum
 
 
 class MinibatchOrder(StrEnum):
-    """`algo.minibatch_order`: the rows' order before the per-policy split: the episodes' (given), or verl's."""
+    """`algo.minibatch_order`: the rows' order before the per-policy split: the
+    episodes' (given), or verl's."""
 
     given = "given"
     verl_balanced = "verl_balanced"
@@ -63,7 +64,8 @@ class _State:
         return self.parts[0] > other.parts[0]
 
     def merged(self, other: _State) -> _State:
-        """Part i of self joins part k−1−i of other (the heaviest with the lightest), reordered heaviest first."""
+        """Part i of self joins part k−1−i of other (the heaviest with the
+        lightest), reordered heaviest first."""
         k = len(self.parts)
         return _State(_descending([_part(self.parts[i][2] + other.parts[k - 1 - i][2]) for i in range(k)]))
 
@@ -71,13 +73,17 @@ class _State:
 def largest_differencing(workloads: list[int], k: int) -> list[list[int]]:
     """Equal-size k-way partition of rows 0..n−1 by the largest differencing method (n a multiple of k).
 
-    The rows sorted by (workload, row) are taken k at a time, each group a state of k one-row parts. While more
-    than one state is left, the two of largest spread (max − min part total) merge, the heaviest part of one
-    with the lightest of the other. Returns the final state's parts, heaviest first, each its rows ascending."""
+    The rows sorted by (workload, row) are taken k at a time, each group a state of k one-row parts.
+    While more than one state is left, the two of largest spread (max − min part total) merge, the
+    heaviest part of one with the lightest of the other. Returns the final state's parts, heaviest
+    first, each its rows ascending."""
     if len(workloads) % k:
         raise ValueError(f"{len(workloads)} rows do not split into {k} equal parts")
     ranked = sorted((w, i) for i, w in enumerate(workloads))
-    heap = [_State(_descending([_part(((i, w),)) for w, i in ranked[s:s + k]])) for s in range(0, len(ranked), k)]
+    heap = [
+        _State(_descending([_part(((i, w),)) for w, i in ranked[s : s + k]]))
+        for s in range(0, len(ranked), k)
+    ]
     heapq.heapify(heap)
     while len(heap) > 1:
         first, second = heapq.heappop(heap), heapq.heappop(heap)
@@ -92,7 +98,8 @@ def light_heavy_light(rows: list[int], workloads: list[int]) -> list[int]:
 
 
 def balanced_order(lengths: list[int], ranks: int) -> list[int]:
-    """verl's order of a batch of rows with `lengths` over `ranks` data-parallel ranks: a permutation of 0..n−1.
+    """verl's order of a batch of rows with `lengths` over `ranks` data-parallel
+    ranks: a permutation of 0..n−1.
 
     verl needs n to be a multiple of the ranks (the stack pads its batch up to one); here the partition is
     padded with rows of workload 0, which are left out of the order it returns."""

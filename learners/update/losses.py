@@ -135,9 +135,10 @@ def ppo_clip_loss(
     aggregated by LOSS_AGGREGATIONS[agg] with the GLOBAL `normalizer` (clamped to ≥ 1, so a batch
     with no loss tokens anywhere gives 0 instead of NaN). Positions outside the mask never reach
     exp, so garbage there cannot turn into inf/NaN values or gradients.
-    dual_clip_c > 0 (dual-clip PPO, > 1): where A < 0 the per-token loss is at most −A·c, so a token whose ratio
-    ran far above 1 + clip_high pushes no harder than ratio c would (and gets no gradient). log_ratio_clamp > 0:
-    lp − old is clamped to [−c, c] before exp (no gradient beyond it). Both as verl's compute_policy_loss_vanilla.
+    dual_clip_c > 0 (dual-clip PPO, > 1): where A < 0 the per-token loss is at most −A·c, so a token
+    whose ratio ran far above 1 + clip_high pushes no harder than ratio c would (and gets no gradient).
+    log_ratio_clamp > 0: lp − old is clamped to [−c, c] before exp (no gradient beyond it). Both as
+    verl's compute_policy_loss_vanilla.
     Metrics (detached sums over this shard's loss tokens, for the caller to add up):
     'clip_frac_sum' (tokens whose clipped term is the active one), 'ratio_sum', 'tokens'; and 'clipped'
     (bool [B, T], those tokens, so a caller can split the clip fraction by role); with dual_clip_c,

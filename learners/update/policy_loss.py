@@ -1,6 +1,6 @@
-"""One micro-batch's policy loss as a pure function of the learner's log-probs: the clipped PPO loss (with truncated
-importance-sampling weights when `algo.tis_cap` > 0), the optional KL term to a reference, and the metric sums the
-learner reports (overall and per role).
+"""One micro-batch's policy loss as a pure function of the learner's log-probs: the clipped PPO loss (with
+truncated importance-sampling weights when `algo.tis_cap` > 0), the optional KL term to a reference, and the
+metric sums the learner reports (overall and per role).
 
 No module, optimizer or collective here: the learner runs the forward passes and hands in their results.
 Shapes: B rows of T tokens. Per-token tensors are over the shifted positions, [B, T−1]: position t predicts
@@ -37,11 +37,13 @@ def policy_loss(
     `normalizer` (learners.update.losses.local_normalizer summed over micro-batches and ranks), so micro-batch
     losses add up.
 
-    logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's for the PPO ratio, or
-    None for the current ones, detached (ratio 1). rollout_logprobs [B, T−1]: the engines'. advantages [B].
+    logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's
+    for the PPO ratio, or None for the current ones, detached (ratio 1). rollout_logprobs [B,
+    T−1]: the engines'. advantages [B].
     mask [B, T−1] bool. roles: B role names. ref_logprobs [B, T−1]: the reference's, or None for no KL term.
-    entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config section
-    (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator, dual_clip_c, log_ratio_clamp).
+    entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config
+    section (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator,
+    dual_clip_c, log_ratio_clamp).
 
     Sums: loss, clipped tokens, tokens (dual-clipped tokens with algo.dual_clip_c), and per role clipped
     tokens, entropy, |learner − engine| log-prob, tokens, and KL with a KL term.
@@ -56,7 +58,8 @@ def policy_loss(
     kl_terms: list[tuple[str, float]] = []
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
-        # Each row's KL weighs algo.kl_coef plus its role's anchor (learners.update.mitigations.kl_coefficients).
+        # Each row's KL weighs algo.kl_coef plus its role's anchor
+        # (learners.update.mitigations.kl_coefficients).
         coef = kl_coefficients(roles, algo.kl_coef, dict(algo.kl_anchor_roles)).to(kl.device).unsqueeze(-1)
         loss = loss + LOSS_AGGREGATIONS[algo.loss_agg].reduce(kl * coef, mask, max(normalizer, 1))
         kl_terms = per_role_terms(kl.detach(), mask, roles)

@@ -40,9 +40,9 @@ class UpdatePlan:
     `metric_rows`: the rows (indices into the shard) that train in no step, a zero advantage's, measured by a
     no-grad pass for the per-role diagnostics only; None on every rank when no rank has such rows (no pass at
     all). `skip[i]`: optimizer step i carries no gradient on any rank and is not taken
-    (learners/update/empty_steps.py); empty = take every step. `metric_weights[j]`: metric row j's weight in the
-    diagnostics' sums, `move_weights[i]`: row i's in the policy movement's (0: not measured), both from the
-    diagnostics' sample (learners/diagnostic_sample.py); None = every row at weight 1."""
+    (learners/update/empty_steps.py); empty = take every step. `metric_weights[j]`: metric row j's weight in
+    the diagnostics' sums, `move_weights[i]`: row i's in the policy movement's (0: not measured), both from
+    the diagnostics' sample (learners/diagnostic_sample.py); None = every row at weight 1."""
 
     steps: list[list[int]]
     normalizers: list[float]
@@ -78,7 +78,8 @@ def effective_mini_batch_size(mini_batch_size: int, weights: Tensor) -> int:
 
 
 def split_even(rows: list[int], parts: int) -> list[list[int]]:
-    """`rows` cut into `parts` consecutive chunks whose sizes differ by at most one (the first ones larger)."""
+    """`rows` cut into `parts` consecutive chunks whose sizes differ by at most
+    one (the first ones larger)."""
     base, extra = divmod(len(rows), parts)
     out, start = [], 0
     for i in range(parts):
@@ -90,10 +91,10 @@ def split_even(rows: list[int], parts: int) -> list[list[int]]:
 
 def rank_chunks(shard_rows: int, parts: int, epochs: int, seed: int, shuffle: bool = True, size: int = 0
                 ) -> list[list[list[int]]]:
-    """[epoch][k] → this rank's local row indices of optimizer step k. Rows are shuffled per epoch with
-    `seed` (derived per rank and epoch) unless there is one chunk, whose order does not matter, or `shuffle` is
-    off: then every epoch cuts the rows in their order (verl's data.split). `size` > 0: chunks of `size` rows and
-    a remainder (verl's), padded with empty chunks up to `parts`; 0: `parts` even chunks."""
+    """[epoch][k] → this rank's local row indices of optimizer step k. Rows are shuffled per epoch with `seed`
+    (derived per rank and epoch) unless there is one chunk, whose order does not matter, or `shuffle` is off:
+    then every epoch cuts the rows in their order (verl's data.split). `size` > 0: chunks of `size` rows and a
+    remainder (verl's), padded with empty chunks up to `parts`; 0: `parts` even chunks."""
     out = []
     for epoch in range(epochs):
         order = list(range(shard_rows))
@@ -112,8 +113,8 @@ class MinibatchChunks(StrEnum):
 
 
 class LossNormalizer(StrEnum):
-    """`algo.loss_normalizer`: a mini-batch's loss divided by its actual rows (or tokens), or by the nominal M rows
-    whatever it holds (verl's: each micro-batch scaled by rows / ppo_mini_batch_size)."""
+    """`algo.loss_normalizer`: a mini-batch's loss divided by its actual rows (or tokens), or by the nominal M
+    rows whatever it holds (verl's: each micro-batch scaled by rows / ppo_mini_batch_size)."""
 
     actual = "actual"
     nominal = "nominal"
@@ -121,11 +122,11 @@ class LossNormalizer(StrEnum):
 
 @dataclass(frozen=True)
 class Cut:
-    """How a policy's rows are cut into mini-batches besides their size M. `ranks`: the data-parallel ranks the
-    rows are cut as, each a contiguous shard split on its own and mini-batch k the union of their chunk k (0: the
-    learner's own ranks; verl's W when it differs). `fixed`: per shard, chunks of M / ranks rows and a remainder
-    instead of ⌈B / M⌉ even chunks. `nominal`: every mini-batch normalised by M rows (seq_mean_token_mean only),
-    so a partial one is down-weighted."""
+    """How a policy's rows are cut into mini-batches besides their size M. `ranks`: the data-parallel ranks
+    the rows are cut as, each a contiguous shard split on its own and mini-batch k the union of their chunk k
+    (0: the learner's own ranks; verl's W when it differs). `fixed`: per shard, chunks of M / ranks rows and a
+    remainder instead of ⌈B / M⌉ even chunks. `nominal`: every mini-batch normalised by M rows
+    (seq_mean_token_mean only), so a partial one is down-weighted."""
 
     ranks: int = 0
     fixed: bool = False
@@ -138,20 +139,34 @@ def global_steps(rows: int, world: int, mini_batch_size: int, epochs: int, seed:
     `cut.ranks or world` shards' chunk k (see rank_chunks)."""
     ranks = cut.ranks or world
     shards = contiguous_shards(rows, ranks)
-    # verl divides M over its ranks exactly (checked at config load); an effective M (parallel_agent_norm) may not.
+    # verl divides M over its ranks exactly (checked at config load); an effective M
+    # (parallel_agent_norm) may not.
     size = max(1, mini_batch_size // ranks) if cut.fixed and mini_batch_size > 0 else 0
-    parts = max([1, *(math.ceil(len(s) / size) for s in shards)]) if size else num_mini_batches(rows, mini_batch_size)
+    parts = (
+        max([1, *(math.ceil(len(s) / size) for s in shards)])
+        if size
+        else num_mini_batches(rows, mini_batch_size)
+    )
     chunks = [rank_chunks(len(s), parts, epochs, derive_seed(seed, "rank", r), shuffle, size)
               for r, s in enumerate(shards)]
-    return [[shards[r][i] for r in range(ranks) for i in chunks[r][e][k]] for e in range(epochs) for k in range(parts)]
+    return [
+        [shards[r][i] for r in range(ranks) for i in chunks[r][e][k]]
+        for e in range(epochs)
+        for k in range(parts)
+    ]
 
 
-def step_normalizers(loss_mask: Tensor, steps: list[list[int]], agg: str, nominal: float = 0.0) -> list[float]:
+def step_normalizers(
+    loss_mask: Tensor, steps: list[list[int]], agg: str, nominal: float = 0.0
+) -> list[float]:
     """Global normaliser of each optimizer step: its rows' count under aggregation `agg` (loss_mask [B, T],
     already aligned: position t predicts token t), or `nominal` rows (> 0) whatever the step holds."""
     if nominal and agg != "seq_mean_token_mean":
         raise ValueError(f"a nominal normaliser counts rows: it needs seq_mean_token_mean, not {agg}")
-    return [float(nominal) if nominal else local_normalizer(loss_mask[rows], agg) if rows else 0.0 for rows in steps]
+    return [
+        float(nominal) if nominal else local_normalizer(loss_mask[rows], agg) if rows else 0.0
+        for rows in steps
+    ]
 
 
 def contiguous_shards(rows: int, world: int) -> list[range]:
@@ -166,8 +181,9 @@ def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: in
                 ) -> tuple[list[list[int]], list[UpdatePlan]]:
     """Every rank's rows and plan for one training step.
 
-    loss_mask [B, T] aligned loss mask; keep [B] bool, rows that train (False: a zero-advantage row, counted in
-    its mini-batch's normaliser, never in a step, measured by the metrics-only pass). `shuffle`: see rank_chunks;
+    loss_mask [B, T] aligned loss mask; keep [B] bool, rows that train (False: a zero-advantage
+    row, counted in its mini-batch's normaliser, never in a step, measured by the metrics-only
+    pass). `shuffle`: see rank_chunks;
     `cut`: see Cut. Returns (rows[r]: the global rows rank r receives, its contiguous shard's training rows in
     order, then its dropped ones; plans[r]: its optimizer steps and metric rows as indices into rows[r])."""
     steps = global_steps(loss_mask.shape[0], world, mini_batch_size, epochs, seed, shuffle, cut)
@@ -181,8 +197,15 @@ def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: in
         local = {g: j for j, g in enumerate(kept)}
         rows_out.append(kept + dropped)
         metric_rows = list(range(len(kept), len(kept) + len(dropped))) if any_dropped else None
-        plans.append(UpdatePlan([[local[g] for g in step if g in local] for step in steps], normalizers, roles,
-                                epochs, metric_rows))
+        plans.append(
+            UpdatePlan(
+                [[local[g] for g in step if g in local] for step in steps],
+                normalizers,
+                roles,
+                epochs,
+                metric_rows,
+            )
+        )
     return rows_out, plans
 
 

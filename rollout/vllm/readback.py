@@ -12,8 +12,8 @@ vLLM holds a sent tensor in one of four forms:
 - rows of a fused linear (q/k/v stacked into qkv_proj, gate/up into gate_up_proj; the model's
   `packed_modules_mapping`): the part's rows start where the stacking put them, after the parts before it
   (q, k, v sizes from the model config, gate and up equal halves);
-- any linear's weight, fused or not, through the layer's own GEMM with the probes as input rows (on CPU it lives
-  in a packed kernel and the parameter is emptied); biases from the layer's bias parameter.
+- any linear's weight, fused or not, through the layer's own GEMM with the probes as input rows (on CPU it
+  lives in a packed kernel and the parameter is emptied); biases from the layer's bias parameter.
 A tensor in none of these forms (a layout this module does not know) is not read back and not counted. Runs
 inside the worker, through `LLM.apply_model` or the worker extension.
 """
@@ -45,8 +45,8 @@ def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -
 
 @torch.no_grad()
 def served_sketches(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """{HF name: [rows, k] sketch of the tensor as `model` serves it} for every name of `shapes` (HF shapes) read
-    back (the LM head through the logits path): what a sender that holds the expected sketch compares."""
+    """{HF name: [rows, k] sketch of the tensor as `model` serves it} for every name of `shapes` (HF shapes)
+    read back (the LM head through the logits path): what a sender that holds the expected sketch compares."""
     return _read(model, dict(model.named_parameters(remove_duplicate=False)), shapes)
 
 
@@ -55,14 +55,16 @@ def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> No
     off = sorted(((e, n) for n, e in errors.items() if not e <= rtol), reverse=True)
     if off:
         worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
-        raise RuntimeError(f"engine for policy {policy_id!r}: {len(off)} of {len(errors)} tensors serve other "
-                           f"values than were loaded (relative sketch error above {rtol:.0e}): {worst}")
+        raise RuntimeError(
+            f"engine for policy {policy_id!r}: {len(off)} of {len(errors)} tensors serve other "
+            f"values than were loaded (relative sketch error above {rtol:.0e}): {worst}"
+        )
 
 
 def _checked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
              weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, sent tensor) pairs to check: `weights`, and the head of a tied model under HEAD, against the sent
-    tensor it is tied to, when HEAD itself was not sent (its kernel is rebuilt from that tensor)."""
+    """(name, sent tensor) pairs to check: `weights`, and the head of a tied model under HEAD, against the
+    sent tensor it is tied to, when HEAD itself was not sent (its kernel is rebuilt from that tensor)."""
     yield from weights.items()
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     if HEAD in weights or head is None:
@@ -84,11 +86,13 @@ def vllm_module(name: str, packed: Mapping[str, Sequence[str]]) -> str:
     return path
 
 
-def whole_modules(names: Sequence[str], changed: Sequence[str], packed: Mapping[str, Sequence[str]]) -> list[str]:
-    """The tensors of `names` to reload so that `changed` lands: every tensor loading into a vLLM module that a
-    changed one loads into. vLLM's in-place reload rebuilds each module it is given any tensor of from those
-    tensors alone (a fused qkv_proj sent q alone would serve uninitialised k and v rows), and keeps the modules
-    it is given nothing of as they were."""
+def whole_modules(
+    names: Sequence[str], changed: Sequence[str], packed: Mapping[str, Sequence[str]]
+) -> list[str]:
+    """The tensors of `names` to reload so that `changed` lands: every tensor loading into a vLLM module that
+    a changed one loads into. vLLM's in-place reload rebuilds each module it is given any tensor of from those
+    tensors alone (a fused qkv_proj sent q alone would serve uninitialised k and v rows), and keeps the
+    modules it is given nothing of as they were."""
     touched = {vllm_module(n, packed) for n in changed}
     return [n for n in names if vllm_module(n, packed) in touched]
 
@@ -107,9 +111,9 @@ def part_rows(parts: Sequence[str], config: PretrainedConfig, fused_rows: int) -
 
 def _read(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
           shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """{name: [rows, k] served sketch} for the names of `shapes` that are read back, in their order. The parts of
-    one linear are read through its kernel in one call (`_kernel_sketches`): each call reads the whole packed
-    weight, so q, k, v (gate, up) read one by one would read their fused module three (two) times."""
+    """{name: [rows, k] served sketch} for the names of `shapes` that are read back, in their order. The parts
+    of one linear are read through its kernel in one call (`_kernel_sketches`): each call reads the whole
+    packed weight, so q, k, v (gate, up) read one by one would read their fused module three (two) times."""
     modules = dict(model.named_modules())
     out: dict[str, torch.Tensor] = {}
     kernel_reads: dict[int, tuple[Any, list[tuple[str, int, tuple[int, ...]]]]] = {}
@@ -127,8 +131,8 @@ def _read(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
 
 def _served(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules: dict[str, torch.nn.Module],
             name: str, shape: tuple[int, ...]) -> torch.Tensor | tuple[Any, int] | None:
-    """Where `model` serves tensor `name` (HF shape `shape`): the served tensor itself, (a layer whose GEMM holds
-    it, its first row there), or None: not read back."""
+    """Where `model` serves tensor `name` (HF shape `shape`): the served tensor itself, (a layer whose GEMM
+    holds it, its first row there), or None: not read back."""
     if int(torch.Size(shape).numel()) == 0:
         return None
     head = getattr(model, "lm_head", None)
@@ -152,15 +156,16 @@ def _served(model: torch.nn.Module, params: Mapping[str, torch.Tensor], modules:
 
 
 def _padded_vocab(module: Any, own: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    """An embedding or LM head whose vocabulary vLLM padded (to a multiple of 64): the sent rows come first."""
+    """An embedding or LM head whose vocabulary vLLM padded (to a multiple of
+    64): the sent rows come first."""
     return (len(shape) == 2 and own.dim() == 2 and getattr(module, "org_vocab_size", None) == shape[0]
             and own.shape[0] >= shape[0] and own.shape[1] == shape[1])
 
 
 def _linear_slot(model: torch.nn.Module, modules: dict[str, torch.nn.Module], name: str,
                  shape: tuple[int, ...]) -> tuple[Any, str, int] | None:
-    """(vLLM linear layer, "weight" | "bias", first row of the HF tensor in it) for an HF linear's tensor, kept
-    as its own layer (row 0) or stacked into a fused one; None when the layout does not match `shape`."""
+    """(vLLM linear layer, "weight" | "bias", first row of the HF tensor in it) for an HF linear's tensor,
+    kept as its own layer (row 0) or stacked into a fused one; None when the layout does not match `shape`."""
     path, leaf = name.rsplit(".", 1)
     layer = modules.get(path)
     if layer is not None:
@@ -183,13 +188,18 @@ def _rows_of(layer: torch.nn.Module) -> int | None:
     return getattr(layer, "output_size_per_partition", None) if hasattr(layer, "quant_method") else None
 
 
-def _kernel_sketches(layer: Any, parts: Sequence[tuple[str, int, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
-    """{name: [rows, k] W[offset:offset + rows] @ probes(name)} for each (name, offset, HF shape) of `parts`, all
-    rows of the weight one vLLM linear (or LM head) multiplies by, through its own GEMM in one call (bias left
-    out): every part's probes go in as k input rows of their own, and each part keeps its rows and columns."""
+def _kernel_sketches(
+    layer: Any, parts: Sequence[tuple[str, int, tuple[int, ...]]]
+) -> dict[str, torch.Tensor]:
+    """{name: [rows, k] W[offset:offset + rows] @ probes(name)} for each (name, offset, HF shape) of
+    `parts`, all rows of the weight one vLLM linear (or LM head) multiplies by, through its own GEMM in
+    one call (bias left out): every part's probes go in as k input rows of their own, and each part
+    keeps its rows and columns."""
     weight = layer.weight
-    x = torch.cat([probes(name, shape[1]).T for name, _, shape in parts])  # [parts × k, in], ±1: exact in any dtype
-    out = layer.quant_method.apply(layer, x.to(weight.device, weight.dtype), bias=None)  # [parts × k, out] = X @ W^T
+    # [parts × k, in], ±1: exact in any dtype
+    x = torch.cat([probes(name, shape[1]).T for name, _, shape in parts])
+    # [parts × k, out] = X @ W^T
+    out = layer.quant_method.apply(layer, x.to(weight.device, weight.dtype), bias=None)
     k = x.shape[0] // len(parts)
     return {name: out[i * k:(i + 1) * k, offset:offset + shape[0]].T.float().cpu()
             for i, (name, offset, shape) in enumerate(parts)}

@@ -4,15 +4,16 @@
 On CPU, vLLM serves every unquantized linear from a GEMM handle that owns a packed copy of its weight (oneDNN
 reorders it into a blocked layout) and empties the layer's weight parameter, so a copy into that parameter
 serves nothing (docs/design.md, vLLM engines). Here only the modules a payload touches are rebuilt:
-- a linear: its HF parts concatenated in vLLM's stacking order (q, k, v; gate, up) become the layer's weight and
-  vLLM's own `dispatch_cpu_unquantized_gemm` builds the new handle (keeping vLLM's per-ISA kernel choice); the
-  old handle is freed as its closure is replaced. Biases are copied into the kept bias parameter;
+- a linear: its HF parts concatenated in vLLM's stacking order (q, k, v; gate, up) become the layer's weight
+  and vLLM's own `dispatch_cpu_unquantized_gemm` builds the new handle (keeping vLLM's per-ISA kernel choice);
+  the old handle is freed as its closure is replaced. Biases are copied into the kept bias parameter;
 - the embedding is copied into its kept parameter (its own GEMM handle is never used: not rebuilt);
 - the LM head's handle is rebuilt whenever the embedding it is tied to or its own weight changed: a tied head
   otherwise keeps serving the old embedding's packed copy;
 - norms and other parameters vLLM keeps under the HF name: copied in place.
-A payload with any tensor in another form (quantized layers, unpacked linears, unknown stacking) is not touched
-and the caller reloads it through vLLM. On GPU, linears keep their weights: `model.load_weights` in place.
+A payload with any tensor in another form (quantized layers, unpacked linears, unknown stacking) is not
+touched and the caller reloads it through vLLM. On GPU, linears keep their weights:
+`model.load_weights` in place.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class Kernels:
 
 @torch.no_grad()
 def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], kernels: Kernels) -> bool:
-    """Serve `weights` (HF names, any subset of the model's) from now on; False when this path does not know the
-    model's layout (nothing was changed: the caller reloads through vLLM)."""
+    """Serve `weights` (HF names, any subset of the model's) from now on; False when this path does not know
+    the model's layout (nothing was changed: the caller reloads through vLLM)."""
     if torch.cuda.is_available():
         if not _unquantized(model, kernels):
             return False  # quantized layers transform their weights after loading: only a reload redoes that
@@ -67,12 +68,14 @@ def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], k
 
 def _unquantized(model: torch.nn.Module, kernels: Kernels) -> bool:
     methods = (kernels.linear_method, kernels.embedding_method)
-    return all(isinstance(m.quant_method, methods) for m in model.modules() if getattr(m, "quant_method", None))
+    return all(
+        isinstance(m.quant_method, methods) for m in model.modules() if getattr(m, "quant_method", None)
+    )
 
 
 def repack_plan(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], kernels: Kernels) -> Plan | None:
-    """{vLLM module: HF names} when every tensor lands in a form this path rebuilds (see the module docstring),
-    every packed linear getting all of its parts' weights; None otherwise."""
+    """{vLLM module: HF names} when every tensor lands in a form this path rebuilds (see the module
+    docstring), every packed linear getting all of its parts' weights; None otherwise."""
     packed = getattr(model, "packed_modules_mapping", {})
     modules = dict(model.named_modules())
     plan: Plan = {}
@@ -103,13 +106,18 @@ def _known(layer: Any, module: str, weights: Mapping[str, torch.Tensor], packed:
 def _packed_linear(layer: Any, kernels: Kernels) -> bool:
     """An unquantized vLLM linear whose weight lives in a CPU GEMM handle (parameter emptied)."""
     weight = getattr(layer, "weight", None)
-    return (isinstance(getattr(layer, "quant_method", None), kernels.linear_method) and hasattr(layer, "cpu_linear")
-            and isinstance(weight, torch.Tensor) and weight.numel() == 0)
+    return (
+        isinstance(getattr(layer, "quant_method", None), kernels.linear_method)
+        and hasattr(layer, "cpu_linear")
+        and isinstance(weight, torch.Tensor)
+        and weight.numel() == 0
+    )
 
 
 def _load_module(model: torch.nn.Module, module: str, weights: dict[str, torch.Tensor], kernels: Kernels,
                  sent: Mapping[str, torch.Tensor]) -> bool:
-    """Load one module's tensors (`sent`: the whole payload); True when the LM head's handle must be rebuilt."""
+    """Load one module's tensors (`sent`: the whole payload); True when the LM
+    head's handle must be rebuilt."""
     layer: Any = model.get_submodule(module)
     if _packed_linear(layer, kernels):
         _load_linear(model, layer, module, weights, kernels, sent)
@@ -123,7 +131,8 @@ def _load_module(model: torch.nn.Module, module: str, weights: dict[str, torch.T
 
 def _load_linear(model: torch.nn.Module, layer: Any, module: str, weights: dict[str, torch.Tensor],
                  kernels: Kernels, sent: Mapping[str, torch.Tensor]) -> None:
-    """A packed linear from its HF parts: a new GEMM handle from the stacked weights; biases copied in place."""
+    """A packed linear from its HF parts: a new GEMM handle from the stacked
+    weights; biases copied in place."""
     parts = _stacking(model, module)
     order = [f"{module.rsplit('.', 1)[0]}.{p}" for p in parts] if parts else [module]
     dtype = layer.weight.dtype
@@ -140,8 +149,8 @@ def _load_linear(model: torch.nn.Module, layer: Any, module: str, weights: dict[
     layer.weight = torch.nn.Parameter(fused, requires_grad=False)
     kernels.rebuild(layer, remove_weight=True)
     if layer.weight.numel() and layer.weight.data_ptr() == stacked[0].data_ptr():
-        # A kernel that reads the parameter per call (vLLM's plain fallback) must own it: the sent tensor may be
-        # a view of the sender's buffer, released after the sync.
+        # A kernel that reads the parameter per call (vLLM's plain fallback) must own it: the sent tensor may
+        # be a view of the sender's buffer, released after the sync.
         layer.weight = torch.nn.Parameter(fused.clone(), requires_grad=False)
 
 
@@ -155,8 +164,9 @@ def _fused(stacked: list[torch.Tensor], names: list[str], sent: Mapping[str, tor
 
 
 def _adjacent(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """[Σ rows, cols] one view of `parts` when they are row blocks of one tensor, back to back in this order, laid
-    out alike (an engine's merge buffers, rollout.lora.BaseWeights, column-major there); None otherwise."""
+    """[Σ rows, cols] one view of `parts` when they are row blocks of one tensor, back to back
+    in this order, laid out alike (an engine's merge buffers, rollout.lora.BaseWeights,
+    column-major there); None otherwise."""
     first, offset = parts[0], parts[0].storage_offset()
     for part in parts:
         if (part.dtype != first.dtype or part.stride() != first.stride() or part.shape[1:] != first.shape[1:]
@@ -164,7 +174,9 @@ def _adjacent(parts: list[torch.Tensor]) -> torch.Tensor | None:
                 or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
             return None
         offset += part.shape[0] * part.stride(0)
-    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset())
+    return first.as_strided(
+        (sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset()
+    )
 
 
 def _stacking(model: torch.nn.Module, module: str) -> list[str]:

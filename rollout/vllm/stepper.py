@@ -1,11 +1,11 @@
 """The vLLM engine's Stepper (rollout.serving): continuous batching through the engine's own request queue.
 
-vLLM's asynchronous engine (`AsyncLLM`) always runs its engine core in a separate process ("Running EngineCore in
-asyncio without multiprocessing is not currently supported", vllm 0.32 core_client), which on CPU costs 18-35 s
-and ~1.5 GB more per engine than the in-process core (notes/vllm_cpu.md). The in-process `LLMEngine` that `LLM`
-wraps does the same continuous batching through `add_request` and `step`: requests join the running batch at
-the next step and leave it when they finish. The serving loop's thread drives those steps; no vllm import here
-(the adapter, rollout.vllm.engine, builds the sampling parameters and the completions).
+vLLM's asynchronous engine (`AsyncLLM`) always runs its engine core in a separate process ("Running EngineCore
+in asyncio without multiprocessing is not currently supported", vllm 0.32 core_client), which on CPU costs
+18-35 s and ~1.5 GB more per engine than the in-process core (notes/vllm_cpu.md). The in-process `LLMEngine`
+that `LLM` wraps does the same continuous batching through `add_request` and `step`: requests join the running
+batch at the next step and leave it when they finish. The serving loop's thread drives those steps; no vllm
+import here (the adapter, rollout.vllm.engine, builds the sampling parameters and the completions).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class VLLMStepper:
                                             lora_request=lora)
 
     def step(self, count: Callable[[int], None]) -> None:
-        # vLLM's CPU attention plans by this thread's OpenMP count: settle it from torch's first (see generate).
+        # vLLM's CPU attention plans by this thread's OpenMP count: settle it from
+        # torch's first (see generate).
         torch.get_num_threads()
         with self.lock:
             outputs = self.engine.step()
@@ -76,7 +77,9 @@ class VLLMStepper:
             new = list(delta.token_ids)
             running.tokens[i] += new
             # logprobs=0: each step's dict holds just the sampled token's entry.
-            running.logprobs[i] += [step[t].logprob for t, step in zip(new, delta.logprobs or [], strict=True)]
+            running.logprobs[i] += [
+                step[t].logprob for t, step in zip(new, delta.logprobs or [], strict=True)
+            ]
             count(len(new))
             if out.finished:
                 del self._requests[out.request_id]

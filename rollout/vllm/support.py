@@ -92,7 +92,8 @@ def adapter_fingerprint_served(worker: Any, lora_id: int, payload: AdapterPayloa
 
 
 def _held_lora_weights(adapter: Any, packed: dict[str, list[str]]) -> dict[str, tuple]:
-    """{HF module name: (lora_a, lora_b, scaling)}, unpacking vLLM's fused modules (qkv_proj, gate_up_proj)."""
+    """{HF module name: (lora_a, lora_b, scaling)}, unpacking vLLM's fused
+    modules (qkv_proj, gate_up_proj)."""
     out: dict[str, tuple] = {}
     for module, weights in adapter.loras.items():
         if not isinstance(weights.lora_a, list):

@@ -119,23 +119,46 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def results_table(runs: list[RunRecord]) -> str:
-    """Per cell: steps done, base / peak / final held-out accuracy, the gain over single-agent RL at peak and at
-    final, and the cliff flags."""
+    """Per cell: steps done, base / peak / final held-out accuracy, the gain over single-agent RL at peak and
+    at final, and the cliff flags."""
     single = next((curve_summary(r) for r in runs if r.workflow == "single_agent"), None)
     rows = []
     for run in runs:
         s = curve_summary(run)
         gain_peak = s["peak"] - single["peak"] if single else math.nan
         gain_final = s["final"] - single["final"] if single else math.nan
-        cliff = "/".join(n for n, f in (("absolute", s["cliff_abs"]), ("relative", s["cliff_rel"])) if f) or "no"
+        cliff = (
+            "/".join(n for n, f in (("absolute", s["cliff_abs"]), ("relative", s["cliff_rel"])) if f) or "no"
+        )
         if s["cliff_recovered"]:
             cliff += ", recovered"
-        rows.append([run.workflow, "–" if run.single_role else run.sharing, str(steps_done(run)), _fmt(s["base"]),
-                     f"{_fmt(s['peak'])} @ {s['peak_at']}", f"{_fmt(s['final'])} @ {s['final_at']}",
-                     f"{gain_peak:+.3f}" if gain_peak == gain_peak else "–",
-                     f"{gain_final:+.3f}" if gain_final == gain_final else "–", cliff])
-    return _table(["workflow", "sharing", "steps", "base", "peak @ steps", "final @ steps", "gain vs single (peak)",
-                   "gain vs single (final)", "cliff"], rows)
+        rows.append(
+            [
+                run.workflow,
+                "–" if run.single_role else run.sharing,
+                str(steps_done(run)),
+                _fmt(s["base"]),
+                f"{_fmt(s['peak'])} @ {s['peak_at']}",
+                f"{_fmt(s['final'])} @ {s['final_at']}",
+                f"{gain_peak:+.3f}" if gain_peak == gain_peak else "–",
+                f"{gain_final:+.3f}" if gain_final == gain_final else "–",
+                cliff,
+            ]
+        )
+    return _table(
+        [
+            "workflow",
+            "sharing",
+            "steps",
+            "base",
+            "peak @ steps",
+            "final @ steps",
+            "gain vs single (peak)",
+            "gain vs single (final)",
+            "cliff",
+        ],
+        rows,
+    )
 
 
 def _halves(values: list[float]) -> tuple[float, float]:
@@ -144,9 +167,10 @@ def _halves(values: list[float]) -> tuple[float, float]:
 
 
 def grad_ratio_table(runs: list[RunRecord]) -> str:
-    """Per multi-role cell: each supervisory role's gradient norm over the doing role's, step by step
-    (grad/role_norm, the mean over each policy's optimizer steps), over the steps where both norms are at least
-    VANISHED_NORM (counted): averaged over the first and the second half of those steps, and over all of them."""
+    """Per multi-role cell: each supervisory role's gradient norm over the doing role's, step by
+    step (grad/role_norm, the mean over each policy's optimizer steps), over the steps where both
+    norms are at least VANISHED_NORM (counted): averaged over the first and the second half of those
+    steps, and over all of them."""
     rows = []
     for run in runs:
         roles = roles_in(run, "grad/role_norm/")
@@ -158,15 +182,34 @@ def grad_ratio_table(runs: list[RunRecord]) -> str:
                 ratios = [s / d for s, d in pairs if s is not None and d is not None
                           and min(s, d) >= VANISHED_NORM]
                 first, second = _halves(ratios)
-                rows.append([cell_name(run), f"{sup} / {doer}", str(len(ratios)), _fmt(first, 2), _fmt(second, 2),
-                             _fmt(mean(ratios), 2), _fmt(statistics.median(ratios) if ratios else math.nan, 2)])
-    return _table(["cell", "norm ratio", "steps", "first half (mean)", "second half (mean)", "all steps (mean)",
-                   "all steps (median)"], rows)
+                rows.append(
+                    [
+                        cell_name(run),
+                        f"{sup} / {doer}",
+                        str(len(ratios)),
+                        _fmt(first, 2),
+                        _fmt(second, 2),
+                        _fmt(mean(ratios), 2),
+                        _fmt(statistics.median(ratios) if ratios else math.nan, 2),
+                    ]
+                )
+    return _table(
+        [
+            "cell",
+            "norm ratio",
+            "steps",
+            "first half (mean)",
+            "second half (mean)",
+            "all steps (mean)",
+            "all steps (median)",
+        ],
+        rows,
+    )
 
 
 def _updating(run: RunRecord, key: str) -> list[float]:
-    """`key` over the training rows whose step had a gradient (some row with a non-zero advantage): a step whose
-    every advantage was zero has all shares 0 and would pull the means towards it."""
+    """`key` over the training rows whose step had a gradient (some row with a non-zero advantage): a step
+    whose every advantage was zero has all shares 0 and would pull the means towards it."""
     roles = roles_in(run, "grad/step_mass_share/")
     return [float(r[key]) for r in run.rows if key in r and "time/step_s" in r
             and sum(r.get(f"grad/step_mass_share/{x}", 0.0) for x in roles) > 0]
@@ -185,8 +228,18 @@ def role_share_table(runs: list[RunRecord]) -> str:
             lengths = series(run, f"response_len/mean/{role}")
             mass = _updating(run, f"grad/step_mass_share/{role}")
             norm = _updating(run, f"grad/step_norm_share/{role}")
-            rows.append([cell_name(run), role, _fmt(mean(mass)), _fmt(mean(norm)), _fmt(dominance),
-                         f"{len(mass)}/{steps_done(run)}", _fmt(mean(lengths[:5]), 1), _fmt(mean(lengths[-5:]), 1)])
+            rows.append(
+                [
+                    cell_name(run),
+                    role,
+                    _fmt(mean(mass)),
+                    _fmt(mean(norm)),
+                    _fmt(dominance),
+                    f"{len(mass)}/{steps_done(run)}",
+                    _fmt(mean(lengths[:5]), 1),
+                    _fmt(mean(lengths[-5:]), 1),
+                ]
+            )
     return _table(["cell", "role", "mass share (step)", "norm share (step)", "dominance (shared)",
                    "steps with a gradient", "response tokens, first 5 steps", "last 5 steps"], rows)
 
@@ -203,13 +256,15 @@ def optimizer_steps_table(runs: list[RunRecord]) -> str:
 
 
 def wall_table(runs: list[RunRecord]) -> str:
-    """Wall time per cell on the 2-core box: training steps plus held-out evaluations (the base model's, every
-    eval_every steps and the final one; start-up and checkpoint writes are not counted), and each phase's median
-    per step."""
+    """Wall time per cell on the 2-core box: training steps plus held-out evaluations (the base
+    model's, every eval_every steps and the final one; start-up and checkpoint writes are not counted),
+    and each phase's median per step."""
     rows, total = [], 0.0
     for run in runs:
         steps = sum(series(run, "time/step_s"))
-        evals = sum(float(r.get("time/eval_s", 0.0)) + float(r.get("time/eval_before_s", 0.0)) for r in run.rows)
+        evals = sum(
+            float(r.get("time/eval_s", 0.0)) + float(r.get("time/eval_before_s", 0.0)) for r in run.rows
+        )
         total += steps + evals
         phases = [statistics.median(v) if (v := series(run, f"time/{p}_s")) else math.nan
                   for p in ("step", "rollout", "update", "sync")]
@@ -239,8 +294,12 @@ def rewrite_readme(text: str, computed: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2.collect", description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=Path, default=SWEEP, help="the sweep's storage folder (copied if present)")
+    parser = argparse.ArgumentParser(
+        prog="python -m studies.cpu_smollm2.collect", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--sweep", type=Path, default=SWEEP, help="the sweep's storage folder (copied if present)"
+    )
     parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
     args = parser.parse_args(argv)
     if not args.check and args.sweep.is_dir():

@@ -1,12 +1,13 @@
-"""What a run's turns say, step by step: `python -m studies.cpu_smollm2.turns <run dir> [--role R] [--steps A-B]
-[--match REGEX]`.
+"""What a run's turns say, step by step:
+`python -m studies.cpu_smollm2.turns <run dir> [--role R] [--steps A-B] [--match REGEX]`.
 
-Reads the run's training rollouts (`rollouts/step_*.parquet`, which the driver writes and this study does not
-commit) and prints, per step and per role and round: the turns, those cut at the token cap, their mean length in
-tokens, how many distinct texts they hold, how many give a right answer by the run's own extractor and scorer,
-and, with `--match`, how many match a regular expression (searched from the start of the text). A line per step
-adds its episodes, those with reward, each role's parse failures and its most common text. The README's claims
-about what the roles wrote (section 5) come from this table, so a rerun of the sweep can check them.
+Reads the run's training rollouts (`rollouts/step_*.parquet`, which the driver writes and this study does
+not commit) and prints, per step and per role and round: the turns, those cut at the token cap, their
+mean length in tokens, how many distinct texts they hold, how many give a right answer by the run's own
+extractor and scorer, and, with `--match`, how many match a regular expression (searched from the start
+of the text). A line per step adds its episodes, those with reward, each role's parse failures and its
+most common text. The README's claims about what the roles wrote (section 5) come from this table, so a
+rerun of the sweep can check them.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def format_step(counts: list[TurnCounts], step: StepCounts, role: str | None) ->
     for r, (text, n) in step.top.items():
         if role in (None, r):
             turns, distinct = step.texts[r]
-            lines.append(f"  {r:<13} {distinct} distinct in {turns} turns; most common ({n}x): {_short(text)!r}")
+            lines.append(
+                f"  {r:<13} {distinct} distinct in {turns} turns; most common ({n}x): {_short(text)!r}"
+            )
     return lines
 
 
@@ -119,7 +122,9 @@ def family_of(run_dir: Path) -> TaskFamily:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.cpu_smollm2.turns", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m studies.cpu_smollm2.turns", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", type=Path, help="a run folder holding config.yaml and rollouts/")
     parser.add_argument("--role", help="only this role's lines")
     parser.add_argument("--steps", help="A-B (inclusive) or A; every step without")
@@ -140,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         step = int(path.stem.removeprefix("step_"))
         if first <= step <= last:
             episodes = read_episodes(path)
-            print("\n".join(format_step(turn_counts(step, episodes, family, pattern), step_counts(step, episodes),
-                                        args.role)))
+            print(
+                "\n".join(
+                    format_step(
+                        turn_counts(step, episodes, family, pattern), step_counts(step, episodes), args.role
+                    )
+                )
+            )
     return 0
 
 

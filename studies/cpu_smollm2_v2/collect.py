@@ -1,4 +1,5 @@
-"""The second CPU study's committed results: `python -m studies.cpu_smollm2_v2.collect [--sweep DIR ...] [--check]`.
+"""The second CPU study's committed results:
+`python -m studies.cpu_smollm2_v2.collect [--sweep DIR ...] [--check]`.
 
 1. Copies every run (metrics.jsonl, config.yaml, eval_tasks.csv and its held-out curve as eval_curve.csv; no
    rollouts, no weights) from the sweeps' storage into studies/cpu_smollm2_v2/runs/<arm>/seed<seed>/, the arm
@@ -34,10 +35,13 @@ HERE = Path(__file__).resolve().parent
 Phase = Literal["study", "calibration", "gate"]
 RUNS, CALIBRATION, GATE, README = HERE / "runs", HERE / "calibration", HERE / "gate", HERE / "README.md"
 # One sweep per phase and seed (jobs/configs/sweeps/cpu_study_v2.yaml).
-SWEEPS = sorted([*Path("runs/sweeps").glob("cpu_study_v2_s*"), *Path("runs/sweeps").glob("cpu_study_v2_ablation_s*")])
+SWEEPS = sorted(
+    [*Path("runs/sweeps").glob("cpu_study_v2_s*"), *Path("runs/sweeps").glob("cpu_study_v2_ablation_s*")]
+)
 BASELINE = "single_agent-shared"
 GATE_RATE = 0.5  # a coordinating role's parse rate at base that makes its workflow testable
-CLIFF_DROP = 0.1  # the rule's floor: a gap under 10 points is no cliff even where 2 standard errors are smaller
+# the rule's floor: a gap under 10 points is no cliff even where 2 standard errors are smaller
+CLIFF_DROP = 0.1
 
 
 @dataclass
@@ -90,12 +94,14 @@ def committed(root: Path = RUNS) -> list[Run]:
 def gate_name(cfg: dict[str, Any]) -> str:
     """A gate run's folder: `<workflow>-<role>-<cap>` (the role whose cap it sets)."""
     caps = cfg.get("rollout", {}).get("role_max_new_tokens", {})
-    return "-".join([cfg.get("marl", {}).get("workflow", "?"), *(f"{r}-{c}" for r, c in sorted(caps.items()))])
+    return "-".join(
+        [cfg.get("marl", {}).get("workflow", "?"), *(f"{r}-{c}" for r, c in sorted(caps.items()))]
+    )
 
 
 def destination(root: Path, path: Path, run: Run, phase: Phase) -> Path:
-    """Where a run is committed: `root`/<arm>/seed<seed>/; calibration runs, which share arm and seed and differ
-    in lr, under `root`/<arm>-lr<lr>/seed<seed>/; gate runs under `root`/<gate_name>/."""
+    """Where a run is committed: `root`/<arm>/seed<seed>/; calibration runs, which share arm and seed and
+    differ in lr, under `root`/<arm>-lr<lr>/seed<seed>/; gate runs under `root`/<gate_name>/."""
     if phase == "gate":
         return root / gate_name(_config(path))
     arm = f"{run.arm}-lr{run.lr:g}" if phase == "calibration" else run.arm
@@ -139,15 +145,17 @@ def _ms(values: list[float]) -> str:
 
 
 def arms_table(runs: list[Run]) -> str:
-    """Per arm: seeds, cliffs under the rule, base, peak, final and last-3 mean held-out accuracy (mean ± SD over
-    seeds), and the final's gain over the run's own base."""
+    """Per arm: seeds, cliffs under the rule, base, peak, final and last-3 mean held-out accuracy (mean ± SD
+    over seeds), and the final's gain over the run's own base."""
     rows = []
     for arm, group in by_arm(runs).items():
         rows.append([arm, ",".join(str(r.seed) for r in group), f"{sum(map(cliff, group))}/{len(group)}",
                      _ms([r.curve[0] for r in group]), _ms([max(r.curve) for r in group]),
                      _ms([r.curve[-1] for r in group]), _ms([last_mean(r.curve) for r in group]),
                      _ms([r.curve[-1] - r.curve[0] for r in group])])
-    return _table(["arm", "seeds", "cliffs", "base", "peak", "final", "last 3 evals", "final - own base"], rows)
+    return _table(
+        ["arm", "seeds", "cliffs", "base", "peak", "final", "last 3 evals", "final - own base"], rows
+    )
 
 
 def comparisons(arms: list[str]) -> list[tuple[str, str]]:
@@ -161,8 +169,8 @@ def comparisons(arms: list[str]) -> list[tuple[str, str]]:
 
 
 def paired_counts(a: list[Run], b: list[Run]) -> tuple[int, int, int]:
-    """(pairs, right under A alone, right under B alone) over the seeds both arms ran and the held-out tasks both
-    final evaluations hold."""
+    """(pairs, right under A alone, right under B alone) over the seeds both arms ran and the held-out tasks
+    both final evaluations hold."""
     seeds_b = {r.seed: r for r in b}
     pairs = only_a = only_b = 0
     for ra in a:
@@ -195,9 +203,20 @@ def calibration_table(runs: list[Run]) -> str:
     """Per calibration run: lr, seed, base / peak / final, the cliff rule, and the largest step movement."""
     rows = []
     for run in sorted(runs, key=lambda r: (r.lr, r.seed)):
-        moves = [float(v) for row in run.record.rows for k, v in row.items() if k.startswith("update/policy_move/")]
-        rows.append([f"{run.lr:g}", str(run.seed), _fmt(run.curve[0]), _fmt(max(run.curve)), _fmt(run.curve[-1]),
-                     "yes" if cliff(run) else "no", _fmt(max(moves), 3) if moves else "–"])
+        moves = [
+            float(v) for row in run.record.rows for k, v in row.items() if k.startswith("update/policy_move/")
+        ]
+        rows.append(
+            [
+                f"{run.lr:g}",
+                str(run.seed),
+                _fmt(run.curve[0]),
+                _fmt(max(run.curve)),
+                _fmt(run.curve[-1]),
+                "yes" if cliff(run) else "no",
+                _fmt(max(moves), 3) if moves else "–",
+            ]
+        )
     return _table(["lr", "seed", "base", "peak", "final", "cliff (rule)", "largest policy move"], rows)
 
 
@@ -212,9 +231,9 @@ def gate_table(paths: list[Path]) -> str:
     """Per gate run: the coordinating role, its cap, the base model's parse rate over its turns in the
     evaluation and whether it reaches the gate's 50 %.
 
-    The evaluation logs the role's failures, not its turns: the rate is 1 - failures / turns with turns at most
-    episodes x turns_at_most, so for a role with several turns per episode the rate shown is an upper bound
-    (marked <=), which settles a "no" and leaves a "yes" unproven (marked ?)."""
+    The evaluation logs the role's failures, not its turns: the rate is 1 - failures / turns with turns at
+    most episodes x turns_at_most, so for a role with several turns per episode the rate shown is an upper
+    bound (marked <=), which settles a "no" and leaves a "yes" unproven (marked ?)."""
     rows = []
     for path in paths:
         cfg, record = _config(path), load_run(path)
@@ -225,7 +244,9 @@ def gate_table(paths: list[Path]) -> str:
             rate = 1 - failures / (episodes * most) if episodes else math.nan
             shown = ("<= " if most > 1 else "") + _fmt(rate)
             passes = "–" if rate != rate else ("no" if rate < GATE_RATE else "yes" if most == 1 else "?")
-            rows.append([record.workflow, role, str(cap), f"{episodes:.0f}", f"{failures:.0f}", shown, passes])
+            rows.append(
+                [record.workflow, role, str(cap), f"{episodes:.0f}", f"{failures:.0f}", shown, passes]
+            )
     return _table(["workflow", "role", "cap", "episodes", "failed turns", "parse rate at base", ">= 50 %"],
                   sorted(rows, key=lambda r: (r[0], r[1], int(r[2]))))
 
@@ -235,7 +256,9 @@ def provenance_table(runs: list[Run]) -> str:
     seen: dict[str, list[bool | str]] = {}
     for run in runs:
         first = run.record.rows[0] if run.record.rows else {}
-        seen.setdefault(str(first.get("code/commit", "unknown")), []).append(first.get("code/dirty", "unknown"))
+        seen.setdefault(str(first.get("code/commit", "unknown")), []).append(
+            first.get("code/dirty", "unknown")
+        )
     return _table(["commit", "runs", "with uncommitted changes"],
                   [[c, str(len(d)), str(sum(x is True for x in d))] for c, d in sorted(seen.items())])
 
@@ -264,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare the README's tables with the runs")
     args = parser.parse_args(argv)
     phases: list[tuple[list[Path], Path, Phase]] = [
-        (args.sweep, RUNS, "study"), (args.calibration, CALIBRATION, "calibration"), (args.gate, GATE, "gate")]
+        (args.sweep, RUNS, "study"),
+        (args.calibration, CALIBRATION, "calibration"),
+        (args.gate, GATE, "gate"),
+    ]
     for sources, root, phase in phases:
         for sweep in sources if not args.check else []:
             if sweep.is_dir():

@@ -14,8 +14,9 @@ _TIES = 1 + 1e-9
 
 
 def fisher_exact(a: int, b: int, c: int, d: int) -> float:
-    """Two-sided p of Fisher's exact test on the 2x2 table [[a, b], [c, d]] (rows: arms; columns: with / without a
-    cliff): the probability, under fixed margins, of every table no more likely than the observed one."""
+    """Two-sided p of Fisher's exact test on the 2x2 table [[a, b], [c, d]] (rows: arms;
+    columns: with / without a cliff): the probability, under fixed margins, of every table no
+    more likely than the observed one."""
     row1, col1, n = a + b, a + c, a + b + c + d
 
     def prob(x: int) -> float:
@@ -27,7 +28,8 @@ def fisher_exact(a: int, b: int, c: int, d: int) -> float:
 
 
 def binomial_two_sided(k: int, n: int) -> float:
-    """Two-sided p of k successes in n fair coin flips (the exact sign test): 2 P(X <= min(k, n-k)), capped at 1."""
+    """Two-sided p of k successes in n fair coin flips (the exact sign test): 2 P(X
+    <= min(k, n-k)), capped at 1."""
     if n == 0:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2**n
@@ -35,8 +37,8 @@ def binomial_two_sided(k: int, n: int) -> float:
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
-    """Two-sided p of McNemar's exact test: `only_a` pairs right under arm A alone, `only_b` under B alone (the
-    concordant pairs carry no information); a sign test on the discordant pairs."""
+    """Two-sided p of McNemar's exact test: `only_a` pairs right under arm A alone, `only_b` under B alone
+    (the concordant pairs carry no information); a sign test on the discordant pairs."""
     return binomial_two_sided(only_a, only_a + only_b)
 
 
@@ -54,8 +56,8 @@ def diff_se(p: float, q: float, n: int) -> float:
 
 def is_cliff(curve: list[float], n_tasks: int, drop: float) -> bool:
     """The study's cliff rule, on one run's held-out accuracies in order (base first, final last): the final
-    evaluation is at least `drop` AND more than 2 standard errors of a difference below the running peak of the
-    evaluations before it. A dip that recovered by the end is no cliff; no hand labels."""
+    evaluation is at least `drop` AND more than 2 standard errors of a difference below the running peak of
+    the evaluations before it. A dip that recovered by the end is no cliff; no hand labels."""
     if len(curve) < 2 or n_tasks <= 0:
         return False
     peak, final = max(curve[:-1]), curve[-1]
@@ -64,5 +66,6 @@ def is_cliff(curve: list[float], n_tasks: int, drop: float) -> bool:
 
 
 def last_mean(curve: list[float], k: int = 3) -> float:
-    """Mean of the last k evaluations (the final one included): a final value less at the mercy of one eval."""
+    """Mean of the last k evaluations (the final one included): a final value
+    less at the mercy of one eval."""
     return statistics.fmean(curve[-k:]) if curve else math.nan

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from cluster import connect as cc
-from cluster.connect import CONFIG, ENVIRONMENT, LOCAL, ConnectError, Target, choose, init_kwargs, open_cluster
+from cluster.connect import (
+    CONFIG,
+    ENVIRONMENT,
+    LOCAL,
+    ConnectError,
+    Target,
+    choose,
+    init_kwargs,
+    open_cluster,
+)
 from jobs import sweep, train
 from tests.ray_head import free_port
 
@@ -21,23 +30,32 @@ NO_MARKER = Path("/nonexistent/ray_current_cluster")
 
 @pytest.fixture
 def marker(tmp_path, monkeypatch) -> Path:
-    """Ray's marker file under a private RAY_TMPDIR (never /tmp/ray, which other clusters on the machine use)."""
+    """Ray's marker file under a private RAY_TMPDIR (never /tmp/ray, which other
+    clusters on the machine use)."""
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     (tmp_path / "ray").mkdir()
     return tmp_path / "ray" / "ray_current_cluster"
 
 
-@pytest.mark.parametrize(("address", "env", "recorded", "expected"), [
-    ("", {}, "", Target(LOCAL, "default")),
-    ("", {}, "10.0.0.1:6379", Target(LOCAL, "default")),  # a `ray start` head does not capture the run
-    ("local", {"RAY_ADDRESS": "10.0.0.2:6379"}, "", Target(LOCAL, CONFIG)),
-    ("10.0.0.3:6379", {"RAY_ADDRESS": "10.0.0.2:6379"}, "", Target("10.0.0.3:6379", CONFIG)),
-    ("", {"RAY_ADDRESS": "10.0.0.2:6379"}, "10.0.0.1:6379", Target("10.0.0.2:6379", ENVIRONMENT)),
-    ("auto", {"RAY_ADDRESS": "10.0.0.2:6379"}, "10.0.0.1:6379", Target("10.0.0.2:6379", ENVIRONMENT)),
-    ("auto", {}, "10.0.0.1:6379", Target("10.0.0.1:6379", "the `ray start` marker file {marker}")),
-    ("", {"RAY_ADDRESS": "auto"}, "10.0.0.1:6379", Target("10.0.0.1:6379", "the `ray start` marker file {marker}")),
-])
+@pytest.mark.parametrize(
+    ("address", "env", "recorded", "expected"),
+    [
+        ("", {}, "", Target(LOCAL, "default")),
+        ("", {}, "10.0.0.1:6379", Target(LOCAL, "default")),  # a `ray start` head does not capture the run
+        ("local", {"RAY_ADDRESS": "10.0.0.2:6379"}, "", Target(LOCAL, CONFIG)),
+        ("10.0.0.3:6379", {"RAY_ADDRESS": "10.0.0.2:6379"}, "", Target("10.0.0.3:6379", CONFIG)),
+        ("", {"RAY_ADDRESS": "10.0.0.2:6379"}, "10.0.0.1:6379", Target("10.0.0.2:6379", ENVIRONMENT)),
+        ("auto", {"RAY_ADDRESS": "10.0.0.2:6379"}, "10.0.0.1:6379", Target("10.0.0.2:6379", ENVIRONMENT)),
+        ("auto", {}, "10.0.0.1:6379", Target("10.0.0.1:6379", "the `ray start` marker file {marker}")),
+        (
+            "",
+            {"RAY_ADDRESS": "auto"},
+            "10.0.0.1:6379",
+            Target("10.0.0.1:6379", "the `ray start` marker file {marker}"),
+        ),
+    ],
+)
 def test_the_choice_of_cluster(tmp_path, address, env, recorded, expected):
     marker = tmp_path / "ray_current_cluster"
     if recorded:
@@ -46,7 +64,9 @@ def test_the_choice_of_cluster(tmp_path, address, env, recorded, expected):
 
 
 def test_auto_without_a_marker_file_says_what_is_missing():
-    with pytest.raises(ConnectError, match=r"address 'auto' \(from config \(ray\.address\)\) .* there is none"):
+    with pytest.raises(
+        ConnectError, match=r"address 'auto' \(from config \(ray\.address\)\) .* there is none"
+    ):
         choose("auto", {}, NO_MARKER)
 
 
@@ -79,8 +99,10 @@ def test_the_embedded_line_mentions_a_stale_marker(marker):
     assert cc.local_note(marker) == ""
     dead = f"127.0.0.1:{free_port()}"
     marker.write_text(dead)
-    assert cc.local_note(marker, probe_s=0.5) == f"; {marker} names {dead}, which does not answer (a head gone " \
-                                                 "without `ray stop`)"
+    assert (
+        cc.local_note(marker, probe_s=0.5) == f"; {marker} names {dead}, which does not answer (a head gone "
+        "without `ray stop`)"
+    )
 
 
 @pytest.mark.parametrize("source", ["config", "environment", "marker"])
@@ -90,9 +112,11 @@ def test_a_dead_cluster_fails_within_its_deadline_naming_address_source_and_fix(
     if source == "environment":
         monkeypatch.setenv("RAY_ADDRESS", dead)
     marker.write_text(dead)
-    named = {"config": r"config \(ray\.address\)\) .*; fix ray\.address",
-             "environment": r"environment \(RAY_ADDRESS\)\) .*; fix or unset RAY_ADDRESS",
-             "marker": rf"the `ray start` marker file {marker}\) .* run `ray stop` or delete the marker file"}[source]
+    named = {
+        "config": r"config \(ray\.address\)\) .*; fix ray\.address",
+        "environment": r"environment \(RAY_ADDRESS\)\) .*; fix or unset RAY_ADDRESS",
+        "marker": rf"the `ray start` marker file {marker}\) .* run `ray stop` or delete the marker file",
+    }[source]
     t0 = time.monotonic()
     with pytest.raises(ConnectError, match=rf"no Ray cluster answers at {dead} \(from {named}"):
         open_cluster(address, num_cpus=2, timeout_s=1.5)
@@ -103,7 +127,11 @@ def test_train_and_sweep_exit_2_on_a_dead_cluster(marker, tmp_path, capsys):
     dead = f"127.0.0.1:{free_port()}"
     overrides = [f"out_dir={tmp_path}", "steps=1", f"ray.address={dead}", "ray.connect_timeout_s=1"]
     assert train.main(["--config", "jobs/configs/tiny.yaml", *overrides]) == 2
-    assert f"no Ray cluster answers at {dead} (from config (ray.address)) within 1s" in capsys.readouterr().err
+    assert (
+        f"no Ray cluster answers at {dead} (from config (ray.address)) within 1s" in capsys.readouterr().err
+    )
     sweep_overrides = [f"storage_path={tmp_path}/sweeps", f"ray.address={dead}", "ray.connect_timeout_s=1"]
     assert sweep.main(["--config", "jobs/configs/sweeps/tiny_matrix.yaml", *sweep_overrides]) == 2
-    assert f"no Ray cluster answers at {dead} (from config (ray.address)) within 1s" in capsys.readouterr().err
+    assert (
+        f"no Ray cluster answers at {dead} (from config (ray.address)) within 1s" in capsys.readouterr().err
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cluster.cpu import cpu_flags, has_bf16, read_cpuinfo
 
-# Trimmed /proc/cpuinfo of real CPUs: an AMD EPYC Zen 3 (no bf16), a Sapphire Rapids Xeon (AVX512-BF16 and AMX),
-# a Zen 4 EPYC (AVX512-BF16 only), a Graviton3 (arm, BF16 in Features).
+# Trimmed /proc/cpuinfo of real CPUs: an AMD EPYC Zen 3 (no bf16), a Sapphire Rapids Xeon (AVX512-BF16 and
+# AMX), a Zen 4 EPYC (AVX512-BF16 only), a Graviton3 (arm, BF16 in Features).
 ZEN3 = """processor\t: 0
 vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC 7B13
@@ -17,13 +17,16 @@ flags\t\t: fpu avx2 avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 amx_tile a
 """
 ZEN4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512bw avx512_vnni avx512_bf16\n"
 AMX_ONLY = "flags\t\t: avx2 amx_bf16 amx_tile\n"
-GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve i8mm bf16 svebf16\nCPU implementer\t: 0x41\n"
+GRAVITON3 = (
+    "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve i8mm bf16 svebf16\nCPU implementer\t: 0x41\n"
+)
 
 
 def test_bf16_needs_one_of_the_flags_as_a_whole_word():
     assert not has_bf16(ZEN3)
     assert has_bf16(SAPPHIRE_RAPIDS) and has_bf16(ZEN4) and has_bf16(AMX_ONLY) and has_bf16(GRAVITON3)
-    assert not has_bf16("flags\t\t: avx512_bf16x xamx_bf16 avx512bw\n")  # other flags that merely contain them
+    # other flags that merely contain them
+    assert not has_bf16("flags\t\t: avx512_bf16x xamx_bf16 avx512bw\n")
     assert not has_bf16("model name\t: avx512_bf16 in a name, not a flag\n")
     assert not has_bf16("")  # no /proc/cpuinfo: nothing known
 

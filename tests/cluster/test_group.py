@@ -105,7 +105,9 @@ def test_call_returns_one_result_per_member_in_order(group):
 
 def test_submit_each_scatters_args_in_order(group):
     args = [(i + 1, 10 * (i + 1)) for i in range(group.size)]
-    assert group.submit_each([Call(Counter.add, *a) for a in args]).result(30) == [100 + a * s for a, s in args]
+    assert group.submit_each([Call(Counter.add, *a) for a in args]).result(30) == [
+        100 + a * s for a, s in args
+    ]
 
 
 def test_calls_on_one_member_run_in_submission_order(group):
@@ -163,7 +165,9 @@ def test_run_executes_a_function_inside_the_member_after_its_queued_calls(group)
 
 
 def test_submit_each_takes_one_method(group):
-    with pytest.raises(GroupError, match=rf"^{group.name}: submit_each takes one method, got \['add', 'ident'\]"):
+    with pytest.raises(
+        GroupError, match=rf"^{group.name}: submit_each takes one method, got \['add', 'ident'\]"
+    ):
         group.submit_each([Call(Counter.add, 1), Call(Counter.ident)])
 
 
@@ -184,7 +188,8 @@ def test_a_member_is_built_on_the_thread_that_serves_its_calls(group):
 
 
 class Gate:
-    """A member with async methods: calls wait at a gate until `open_` is called (the caller's loop, in-process)."""
+    """A member with async methods: calls wait at a gate until `open_` is called (the
+    caller's loop, in-process)."""
 
     def __init__(self) -> None:
         self.waiting = 0

@@ -1,5 +1,6 @@
-"""cluster.nccl: the bucket layout (pure), the whole channel over gloo on CPU (same code as NCCL but the backend:
-bytes, buckets, the layout through the store, version and fingerprint checks), and NCCL itself on GPUs."""
+"""cluster.nccl: the bucket layout (pure), the whole channel over gloo on CPU (same code as
+NCCL but the backend: bytes, buckets, the layout through the store, version and fingerprint
+checks), and NCCL itself on GPUs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import torch
 from cluster import collective
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
-from cluster.nccl import ALIGN, WeightChannel, broadcast_nccl, bucket_size, form_channel, layout_of, plan_buckets
+from cluster.nccl import (
+    ALIGN,
+    WeightChannel,
+    broadcast_nccl,
+    bucket_size,
+    form_channel,
+    layout_of,
+    plan_buckets,
+)
 from cluster.transport import SyncError
 
 TIMEOUT = 60.0
@@ -56,7 +65,10 @@ class Sender:
 
     def nccl_send(self, version: int, bucket_bytes: int, fingerprint_fn) -> dict[str, float]:
         weights = {k: v.to(self.channel.device) for k, v in self.weights.items()}
-        return {"fingerprint": fingerprint_fn(weights), "bytes": self.channel.send(weights, version, bucket_bytes)}
+        return {
+            "fingerprint": fingerprint_fn(weights),
+            "bytes": self.channel.send(weights, version, bucket_bytes),
+        }
 
 
 class Receiver:

@@ -1,9 +1,9 @@
 """A node dies mid-run (ray.cluster_utils.Cluster, as in test_two_node.py): every engine and learner of an
-isolated run is on the second node, which is removed after a checkpoint. With checkpoint.max_failures=1 the run
-names the lost members and their node, waits for the cluster to hold its placement group again (the test adds a
-node back), and resumes from the last committed checkpoint with every step logged once. Without a node to come
-back it fails within ray.placement_timeout_s, naming what it needs and what the cluster has, and the checkpoint
-stays."""
+isolated run is on the second node, which is removed after a checkpoint. With checkpoint.max_failures=1
+the run names the lost members and their node, waits for the cluster to hold its placement group again
+(the test adds a node back), and resumes from the last committed checkpoint with every step logged once.
+Without a node to come back it fails within ray.placement_timeout_s, naming what it needs and what the
+cluster has, and the checkpoint stays."""
 
 from __future__ import annotations
 
@@ -24,10 +24,23 @@ from tests.ray_head import free_port
 pytestmark = pytest.mark.slow
 
 WORKER = {"num_cpus": 1, "resources": {"worker_node": 4}}  # the only node the run's members fit on
-RUN = ["run_name=lost", "marl.workflow=voting", "marl.sharing=isolated", "rollout.prompts_per_step=2",
-       "rollout.samples_per_prompt=2", "data.eval_size=0", "rollout.engines_per_role=1", "learner.ranks=1",
-       "rollout.engine_num_cpus=0.25", "learner.rank_num_cpus=0.25", "rollout.engine_resources={worker_node: 1}",
-       "learner.rank_resources={worker_node: 1}", "steps=5", "checkpoint.every=2", "checkpoint.max_failures=1"]
+RUN = [
+    "run_name=lost",
+    "marl.workflow=voting",
+    "marl.sharing=isolated",
+    "rollout.prompts_per_step=2",
+    "rollout.samples_per_prompt=2",
+    "data.eval_size=0",
+    "rollout.engines_per_role=1",
+    "learner.ranks=1",
+    "rollout.engine_num_cpus=0.25",
+    "learner.rank_num_cpus=0.25",
+    "rollout.engine_resources={worker_node: 1}",
+    "learner.rank_resources={worker_node: 1}",
+    "steps=5",
+    "checkpoint.every=2",
+    "checkpoint.max_failures=1",
+]
 
 
 @pytest.fixture
@@ -62,7 +75,9 @@ class RemoveNodeAfter:
             self.removed_at = time.monotonic()
 
 
-def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(cluster, tmp_path, monkeypatch, capsys):
+def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(
+    cluster, tmp_path, monkeypatch, capsys
+):
     restarting, restart = threading.Event(), jobs.train._restart_point
 
     def restart_and_tell(*args):
@@ -75,7 +90,9 @@ def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(cluster,
     cfg = load_config("jobs/configs/tiny.yaml", [*RUN, f"out_dir={tmp_path}", "ray.placement_timeout_s=60"])
     # The driver runs in a thread: Ray adds nodes from the main thread only, once the run waits for one.
     result: dict = {}
-    driver = threading.Thread(target=lambda: result.update(summary=jobs.train.train(cfg, callbacks=(remove,))))
+    driver = threading.Thread(
+        target=lambda: result.update(summary=jobs.train.train(cfg, callbacks=(remove,)))
+    )
     driver.start()
     assert restarting.wait(timeout=300), "the run never restarted"
     time.sleep(3)  # the node comes back a while after the run started waiting for it
@@ -84,8 +101,8 @@ def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(cluster,
     summary = result["summary"]
     out = capsys.readouterr().out
     # The first call to fail names its member. Which one is timing: the dead node's workers may answer a step
-    # more before they notice their raylet is gone, so it can be an engine's or a learner's call, or the engine
-    # group finding that a member's bundle lost its node.
+    # more before they notice their raylet is gone, so it can be an engine's or a learner's call, or the
+    # engine group finding that a member's bundle lost its node.
     assert re.search(r"training failure 1/1: lost:(engine|learner):(generator|aggregator):0[ .]", out), out
     members = ", ".join(f"{m} on node {remove.node}" for m in (
         "lost:engine:generator:0", "lost:engine:aggregator:0", "lost:learner:generator:0",
@@ -96,18 +113,25 @@ def test_a_lost_node_comes_back_and_the_run_resumes_from_its_checkpoint(cluster,
     assert summary["train/failures"] == 1.0 and summary["train/steps_lost"] == 1.0
     assert [r["step"] for r in read_metrics(tmp_path / "lost")] == [0, 1, 2, 3, 4, 5]
     back = next(t for s, t in remove.steps if t > remove.removed_at)  # the first step finished after the loss
-    print(f"node loss: recovered (next step done) {back - remove.removed_at:.1f}s after the node was removed; "
-          f"steps lost {summary['train/steps_lost']:.0f}")
+    print(
+        f"node loss: recovered (next step done) {back - remove.removed_at:.1f}s after the node was removed; "
+        f"steps lost {summary['train/steps_lost']:.0f}"
+    )
 
 
-def test_without_a_node_to_come_back_the_run_fails_within_its_deadline_and_keeps_the_checkpoint(cluster, tmp_path):
+def test_without_a_node_to_come_back_the_run_fails_within_its_deadline_and_keeps_the_checkpoint(
+    cluster, tmp_path
+):
     remove = RemoveNodeAfter(cluster, at=2)
     cfg = load_config("jobs/configs/tiny.yaml", [*RUN, f"out_dir={tmp_path}", "ray.placement_timeout_s=10"])
     with pytest.raises(jobs.train.PlacementError) as info:
         jobs.train.train(cfg, callbacks=(remove,))
     failed_in = time.monotonic() - remove.removed_at
     message = str(info.value)
-    assert "the cluster cannot hold placement group 'lost:placement' (4 bundles, strategy PACK) within 10s" in message
+    assert (
+        "the cluster cannot hold placement group 'lost:placement' (4 bundles, strategy PACK) within 10s"
+        in message
+    )
     assert "worker_node: needs 4, cluster has 0 (0 free); asked by lost:engine:generator (1 x 1)" in message
     step_2 = tmp_path / "lost" / "checkpoints" / "step_2"
     assert f"after training failure 1; the last checkpoint, {step_2}, is kept" in message

@@ -1,5 +1,5 @@
-"""PackedTensors, packed (one buffer) and shared (the tensors' own bytes): exact round trip for every dtype, zero-copy
-reads through Ray's object store, and a fingerprint equal to the unpacked tensors'."""
+"""PackedTensors, packed (one buffer) and shared (the tensors' own bytes): exact round trip for every dtype,
+zero-copy reads through Ray's object store, and a fingerprint equal to the unpacked tensors'."""
 
 import numpy as np
 import pytest
@@ -40,7 +40,8 @@ def test_shared_tensors_are_views_of_the_senders_and_an_alias_travels_once():
     embed, norm = torch.randn(6, 4), torch.randn(4)
     shared = share({"embed": embed, "head": embed, "norm": norm, "t": embed.T})
     assert shared["embed"].data_ptr() == embed.data_ptr()  # no copy on the sender
-    assert len(shared.buffers) == 3  # the tied head shares the embedding's buffer; the transpose is its own copy
+    # the tied head shares the embedding's buffer; the transpose is its own copy
+    assert len(shared.buffers) == 3
     assert shared.nbytes == 3 * 24 * 4 + 16  # every name still counts: what the receiver gets
     assert torch.equal(shared["t"], embed.T)
     assert shared.stacked(["embed", "norm"]) is None  # two buffers: never one view

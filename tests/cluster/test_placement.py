@@ -30,8 +30,10 @@ def _state(pg) -> str:
 
 
 def test_layout_gives_every_member_a_bundle_after_the_head():
-    plan = layout([Demand("e", 2, {"CPU": 0.5, "GPU": 1}), Demand("l", 0, {"CPU": 1}), Demand("x", 1, {"CPU": 1})],
-                  head={"CPU": 1})
+    plan = layout(
+        [Demand("e", 2, {"CPU": 0.5, "GPU": 1}), Demand("l", 0, {"CPU": 1}), Demand("x", 1, {"CPU": 1})],
+        head={"CPU": 1},
+    )
     assert plan.bundles == [{"CPU": 1.0}, {"CPU": 0.5, "GPU": 1.0}, {"CPU": 0.5, "GPU": 1.0}, {"CPU": 1.0}]
     assert plan.indices == {"e": [1, 2], "l": [], "x": [3]}
 

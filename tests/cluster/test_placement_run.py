@@ -48,7 +48,9 @@ def test_a_cluster_too_small_fails_before_any_actor_starts(ray_cluster):
     assert "GPU: needs 2, cluster has 0" in msg and "toobig:engine:generator (1 x 1)" in msg
     assert "rollout.engine_num_gpus" in msg
     assert not [n for n in ray.util.list_named_actors() if n.startswith("toobig:")]
-    assert all(v["state"] == "REMOVED" for v in placement_group_table().values() if v["name"].startswith("toobig"))
+    assert all(
+        v["state"] == "REMOVED" for v in placement_group_table().values() if v["name"].startswith("toobig")
+    )
 
 
 def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster):
@@ -74,4 +76,7 @@ def test_run_actors_fill_their_bundles_until_shutdown_releases_them(ray_cluster)
     while [n for n in ray.util.list_named_actors() if n.startswith("placed:")] and time.monotonic() < end:
         time.sleep(0.1)
     assert not [n for n in ray.util.list_named_actors() if n.startswith("placed:")]
-    assert build_placement(run_layout(load_config(TINY, ["rollout.engines_per_role=0", "learner.ranks=0"]))) is None
+    assert (
+        build_placement(run_layout(load_config(TINY, ["rollout.engines_per_role=0", "learner.ranks=0"])))
+        is None
+    )

@@ -17,7 +17,14 @@ from ray.util import metrics as ray_metrics
 
 from cluster.ray_metrics import METRIC_NAME, TAG_KEY, MetricSpec, RayMetricsSink, check_table
 from jobs.config import load_config
-from jobs.telemetry.dashboard import GRAFANA_JSON, RUN_TAGS, STEP_METRIC, TABLE, dashboard_sink, grafana_dashboard
+from jobs.telemetry.dashboard import (
+    GRAFANA_JSON,
+    RUN_TAGS,
+    STEP_METRIC,
+    TABLE,
+    dashboard_sink,
+    grafana_dashboard,
+)
 from jobs.telemetry.tracking import derived_metrics
 from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
 from marl.episode_metrics import episode_metrics
@@ -94,7 +101,8 @@ def test_sink_rejects_an_invalid_table_at_construction():
         RayMetricsSink([MetricSpec("a", "a.b")])
 
 
-# --- The training run's table (jobs.telemetry.dashboard) and its Grafana dashboard ---------------------------------
+# --- The training run's table (jobs.telemetry.dashboard) and its Grafana dashboard
+# ---------------------------------
 
 ROLES = ("generator", "aggregator")
 
@@ -104,7 +112,9 @@ def _turn(role: str, n_tokens: int, reward: float) -> Turn:
     return Turn(role, role + "0", 0, [], completion, reward=reward)
 
 
-def real_step_metrics(step: int, sharing: str = "isolated", accuracy: float | None = None) -> dict[str, float]:
+def real_step_metrics(
+    step: int, sharing: str = "isolated", accuracy: float | None = None
+) -> dict[str, float]:
     """One voting step's metric dict built with the project's own metric functions (what the driver logs,
     less the learner's loss/lr/clip/entropy, which need a model)."""
     gen = torch.Generator().manual_seed(step)
@@ -113,7 +123,9 @@ def real_step_metrics(step: int, sharing: str = "isolated", accuracy: float | No
     for i in range(4):
         reward = float((i + step) % 2)
         turns = [_turn("generator", 3 + i, reward) for _ in range(3)] + [_turn("aggregator", 2, reward)]
-        episodes.append(Episode(task, i, "voting", turns, reward=reward, parse_failures={"aggregator": i % 2}))
+        episodes.append(
+            Episode(task, i, "voting", turns, reward=reward, parse_failures={"aggregator": i % 2})
+        )
     m = episode_metrics(episodes, list(ROLES))
     grads = torch.randn(len(ROLES), 32, generator=gen)
     policies = [("shared", list(ROLES), grads)] if sharing == "shared" else [(r, [r], grads[[k]]) for k, r in
@@ -124,7 +136,15 @@ def real_step_metrics(step: int, sharing: str = "isolated", accuracy: float | No
     advantages = torch.randn(len(turn_roles), generator=gen)
     m.update(advantage_mass(turn_roles, advantages, torch.full((len(turn_roles),), 4.0)))
     m.update(step_role_shares(m, list(ROLES)))
-    m.update({"time/rollout_s": 2.0, "time/update_s": 1.0, "time/sync_s": 0.5, "time/step_s": 3.5, "sync/bytes": 1e6})
+    m.update(
+        {
+            "time/rollout_s": 2.0,
+            "time/update_s": 1.0,
+            "time/sync_s": 0.5,
+            "time/step_s": 3.5,
+            "sync/bytes": 1e6,
+        }
+    )
     if accuracy is not None:
         m["eval/accuracy"] = accuracy
     return m
@@ -135,7 +155,9 @@ def test_every_table_name_and_tag_key_is_valid():
     for spec in TABLE:
         assert METRIC_NAME.match(spec.name), spec
         assert all(TAG_KEY.match(k) for k in (*RUN_TAGS, *spec.tag_keys)), spec
-        assert set(spec.tag_keys) <= {"role", "other_role", "policy", "phase"}, f"high-cardinality tag in {spec}"
+        assert set(spec.tag_keys) <= {"role", "other_role", "policy", "phase"}, (
+            f"high-cardinality tag in {spec}"
+        )
 
 
 def test_a_real_step_sets_the_per_role_dashboard_metrics(recorded):
@@ -145,8 +167,10 @@ def test_a_real_step_sets_the_per_role_dashboard_metrics(recorded):
         warnings.simplefilter("error")
         dashboard_sink(cfg).on_step(0, {**metrics, **derived_metrics(metrics)}, None)
     run = {"run": "r1", "workflow": "voting", "sharing": "isolated"}
-    got = {(kind, name, tuple(sorted((k, v) for k, v in tags.items() if k not in run))) for kind, name, _, tags in
-           recorded}
+    got = {
+        (kind, name, tuple(sorted((k, v) for k, v in tags.items() if k not in run)))
+        for kind, name, _, tags in recorded
+    }
     assert all({k: t[k] for k in run} == run for *_, t in recorded)
     per_role = {("gauge", n, (("role", r),)) for n in ("marl_reward_mean", "marl_response_length_mean",
                                                         "marl_grad_role_norm", "marl_grad_mass_share",
@@ -154,15 +178,23 @@ def test_a_real_step_sets_the_per_role_dashboard_metrics(recorded):
                 for r in ROLES}
     assert per_role <= got
     assert {("gauge", "marl_grad_dominance", (("policy", r),)) for r in ROLES} <= got
-    assert {("gauge", "marl_phase_seconds", (("phase", p),)) for p in ("rollout", "update", "sync", "step")} <= got
-    assert {("gauge", "marl_eval_accuracy", ()), ("histogram", "marl_step_seconds", ()), ("gauge", "marl_step", ()),
-            ("gauge", "marl_rollout_tokens_per_second", ())} <= got
+    assert {
+        ("gauge", "marl_phase_seconds", (("phase", p),)) for p in ("rollout", "update", "sync", "step")
+    } <= got
+    assert {
+        ("gauge", "marl_eval_accuracy", ()),
+        ("histogram", "marl_step_seconds", ()),
+        ("gauge", "marl_step", ()),
+        ("gauge", "marl_rollout_tokens_per_second", ()),
+    } <= got
     # Parse failures are counted where they happened only (the generator had none this step).
     assert ("counter", "marl_parse_failures", (("role", "aggregator"),)) in got
     assert ("counter", "marl_parse_failures", (("role", "generator"),)) not in got
     values = {(name, tags.get("role")): v for _, name, v, tags in recorded}
     assert values[("marl_reward_mean", "generator")] == metrics["reward/mean/generator"]
-    assert values[("marl_parse_failures", "aggregator")] == metrics["rollout/parse_failures/aggregator"] == 2.0
+    assert (
+        values[("marl_parse_failures", "aggregator")] == metrics["rollout/parse_failures/aggregator"] == 2.0
+    )
 
 
 _REF = re.compile(r"\bray_([a-zA-Z_][a-zA-Z0-9_]*)(\{[^}]*\})?")
@@ -174,7 +206,9 @@ def _table_metric(exported: str) -> tuple[MetricSpec, str]:
         for suffix in _SUFFIXES[spec.kind]:
             if exported == spec.name + suffix:
                 return spec, suffix
-    raise AssertionError(f"ray_{exported} is not a metric of the table (or has the wrong suffix for its kind)")
+    raise AssertionError(
+        f"ray_{exported} is not a metric of the table (or has the wrong suffix for its kind)"
+    )
 
 
 def test_grafana_json_is_generated_from_the_table_and_references_only_its_metrics():
@@ -222,8 +256,11 @@ def test_a_real_ray_cluster_exports_every_metric_the_dashboard_queries():
         while not queried <= exported and time.monotonic() < deadline:
             sink.on_step(0, step, None)
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-            exported = {line.split("{")[0].split()[0] for line in text.splitlines() if line.startswith("ray_marl")}
-            time.sleep(0.5)  # the exporter runs on its own period; poll it until the names show up or time runs out
+            exported = {
+                line.split("{")[0].split()[0] for line in text.splitlines() if line.startswith("ray_marl")
+            }
+            # the exporter runs on its own period; poll it until the names show up or time runs out
+            time.sleep(0.5)
         assert queried <= exported, sorted(queried - exported)
     finally:
         ray.shutdown()

@@ -1,5 +1,5 @@
-"""cluster.sketch: seeded ±1 probes, the [rows, k] sketch of any weight, and a relative error that is ~0 for the same
-weights through another kernel and moves with a stale, wrong or partly changed matrix."""
+"""cluster.sketch: seeded ±1 probes, the [rows, k] sketch of any weight, and a relative error that is ~0 for
+the same weights through another kernel and moves with a stale, wrong or partly changed matrix."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def test_a_sketch_is_the_product_with_the_probes_and_a_vector_is_one_row():
     assert torch.equal(probes("w", 5), rows) and sketch_error(sketch("w", w), w @ rows) < 1e-6
     v = torch.randn(5)
     assert sketch_error(sketch("v", v), v[None] @ probes("v", 5).contiguous()) < 1e-6
-    assert sketch_error(sketch("h", w.to(torch.bfloat16)), w.to(torch.bfloat16).float() @ probes("h", 5)) < 1e-6
+    assert (
+        sketch_error(sketch("h", w.to(torch.bfloat16)), w.to(torch.bfloat16).float() @ probes("h", 5)) < 1e-6
+    )
 
 
 def test_the_error_is_relative_to_the_scale_and_moves_with_any_change():
@@ -50,7 +52,11 @@ def test_the_same_weights_through_a_reordered_sum_agree_to_rounding():
 
 def test_a_low_rank_update_is_sketched_without_forming_it():
     g = torch.Generator().manual_seed(1)
-    w0, b, a = torch.randn(96, 80, generator=g), torch.randn(96, 8, generator=g), torch.randn(8, 80, generator=g)
+    w0, b, a = (
+        torch.randn(96, 80, generator=g),
+        torch.randn(96, 8, generator=g),
+        torch.randn(8, 80, generator=g),
+    )
     direct = low_rank_sketch(sketch("w", w0), b, a, probes("w", 80), 0.5)
     assert sketch_error(direct, sketch("w", w0 + 0.5 * (b @ a))) < 1e-6
 

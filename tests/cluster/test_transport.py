@@ -135,7 +135,9 @@ def test_destination_on_wrong_version_raises_sync_error_naming_it(sinks, stale_n
     index = max(stale_n - 1, 0)  # the last member is the stale one
     stale = _sinks(stale_n, f"stale{stale_n}", stale=(index,))
     try:
-        with pytest.raises(SyncError, match=rf"^stale{stale_n}:{index} reports weight version 0, expected 42$"):
+        with pytest.raises(
+            SyncError, match=rf"^stale{stale_n}:{index} reports weight version 0, expected 42$"
+        ):
             broadcast(src, Rank.state, [sinks[0], stale], Sink.receive, 42, TIMEOUT)
     finally:
         stale.shutdown()
@@ -192,7 +194,9 @@ def test_member_that_skipped_the_load_is_caught_by_fingerprint_and_named(source,
     dst = _checked(n, f"run:engine:generator{n}", skipping=True)
     index = max(n - 1, 0)
     try:
-        with pytest.raises(SyncError, match=rf"^run:engine:generator{n}:{index} serves weights with fingerprint"):
+        with pytest.raises(
+            SyncError, match=rf"^run:engine:generator{n}:{index} serves weights with fingerprint"
+        ):
             broadcast(src, Rank.state, [dst], Sink.receive, 4, TIMEOUT, fingerprint=fingerprint)
     finally:
         dst.shutdown()
@@ -221,7 +225,9 @@ def test_hung_member_trips_the_sync_deadline_and_is_named(ray_cluster, n):
     src = Group(Rank, 0, "src-hung", per_member_kwargs=[{"rank": 0}])
     dst = _checked(n, f"run:engine:aggregator{n}", hung=True)
     try:
-        with pytest.raises(GroupTimeout, match=rf"run:engine:aggregator{n}:0\.receive missed its [0-9.]+s deadline"):
+        with pytest.raises(
+            GroupTimeout, match=rf"run:engine:aggregator{n}:0\.receive missed its [0-9.]+s deadline"
+        ):
             broadcast(src, Rank.state, [dst], Sink.receive, 5, 1.0, fingerprint=fingerprint)
     finally:
         dst.shutdown()
@@ -232,7 +238,9 @@ def test_init_collective_then_all_reduce_sums_across_ranks(ranks):
     from cluster.collective import init_collective
 
     init_collective(ranks, "gloo", TIMEOUT)
-    out = ranks.submit_each([Call(Rank.all_reduce, [1.0, 2.0]), Call(Rank.all_reduce, [10.0, 20.0])]).result(TIMEOUT)
+    out = ranks.submit_each([Call(Rank.all_reduce, [1.0, 2.0]), Call(Rank.all_reduce, [10.0, 20.0])]).result(
+        TIMEOUT
+    )
     assert out == [(0, 2, [11.0, 22.0]), (1, 2, [11.0, 22.0])]
 
 
@@ -258,7 +266,9 @@ def test_broadcast_to_chosen_members_leaves_the_others_alone(ray_cluster):
     try:
         with pytest.raises(SyncError, match=r"^some:1 serves weights with fingerprint"):
             broadcast(src, Rank.state, [dst], Sink.receive, 6, TIMEOUT, fingerprint=fingerprint, indices=[1])
-        out = broadcast(src, Rank.state, [dst], Sink.receive, 7, TIMEOUT, fingerprint=fingerprint, indices=[0])
+        out = broadcast(
+            src, Rank.state, [dst], Sink.receive, 7, TIMEOUT, fingerprint=fingerprint, indices=[0]
+        )
         assert out["verified"] == 1.0 and out["bytes"] == float(STATE_BYTES)
         assert [v for v, _ in dst.submit(Sink.served).result(TIMEOUT)] == [7, 6]
     finally:

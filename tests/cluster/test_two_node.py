@@ -46,7 +46,9 @@ def two_nodes():
 
 
 def _node_of(actor) -> str:
-    return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
+    return ray.get(
+        actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=60
+    )
 
 
 def _nodes(handles: RunHandles) -> tuple[list[str], list[str]]:

@@ -48,7 +48,9 @@ def test_commit_layout_latest_and_manifest(tmp_path):
 
 def test_a_failed_write_leaves_the_previous_checkpoint_and_latest(tmp_path):
     _write(tmp_path, 1)
-    with pytest.raises(CheckpointError, match=r"step_2 not written \(\[Errno 28\] No space left.*latest is unchanged"):
+    with pytest.raises(
+        CheckpointError, match=r"step_2 not written \(\[Errno 28\] No space left.*latest is unchanged"
+    ):
         _write(tmp_path, 2, learner=FakeLearner(fail_after=1))  # rank 0's file exists, rank 1's write fails
     assert (tmp_path / "latest").read_text() == "step_1"
     assert ckpt.newest(tmp_path) == tmp_path / "step_1"

@@ -12,12 +12,25 @@ from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 
 TINY = "jobs/configs/tiny.yaml"
-ROLLBACK = ["cliff.action=rollback", "cliff.drop=0.2", "cliff.window=1", "eval_every=1", "checkpoint.every=1",
-            "checkpoint.keep_last=2", "checkpoint.keep_best=1", "learner.ranks=0", "rollout.engines_per_role=0",
-            "marl.workflow=single_agent", "marl.sharing=shared", "rollout.prompts_per_step=2", "ray.num_cpus=2"]
+ROLLBACK = [
+    "cliff.action=rollback",
+    "cliff.drop=0.2",
+    "cliff.window=1",
+    "eval_every=1",
+    "checkpoint.every=1",
+    "checkpoint.keep_last=2",
+    "checkpoint.keep_best=1",
+    "learner.ranks=0",
+    "rollout.engines_per_role=0",
+    "marl.workflow=single_agent",
+    "marl.sharing=shared",
+    "rollout.prompts_per_step=2",
+    "ray.num_cpus=2",
+]
 
 
-# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py)
+# starts a cluster of that size.
 RAY_CPUS = 2
 
 

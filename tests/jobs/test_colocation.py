@@ -25,15 +25,32 @@ COLOCATE = "learner.lora_colocate=true"
 RAY_CPUS = 2  # the shape of tests/jobs/test_resume.py's cluster: one shared `ray_cluster` start for both
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ([COLOCATE], "learner.lora_colocate shares one base among LoRA adapters; set model.lora.enabled=true"),
-    ([*LORA, COLOCATE, "marl.sharing=shared"], "learner.lora_colocate needs marl.sharing=isolated; got shared"),
-    ([*LORA, COLOCATE, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
-     "learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions the shared base"),
-    ([*LORA, COLOCATE, "marl.policies.aggregator.model.lora.rank=8"],
-     "marl.policies.aggregator.model.lora.rank: learner.lora_colocate policies share the base model"),
-    ([*LORA, COLOCATE, "marl.policies.generator.learner.ranks=2"], "marl.policies.generator.learner.ranks: "),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [COLOCATE],
+            "learner.lora_colocate shares one base among LoRA adapters; set model.lora.enabled=true",
+        ),
+        (
+            [*LORA, COLOCATE, "marl.sharing=shared"],
+            "learner.lora_colocate needs marl.sharing=isolated; got shared",
+        ),
+        (
+            [*LORA, COLOCATE, "learner.backend=deepspeed", "learner.deepspeed.zero_stage=3"],
+            "learner.deepspeed.zero_stage=3 cannot hold learner.lora_colocate policies: ZeRO-3 partitions "
+            "the shared base",
+        ),
+        (
+            [*LORA, COLOCATE, "marl.policies.aggregator.model.lora.rank=8"],
+            "marl.policies.aggregator.model.lora.rank: learner.lora_colocate policies share the base model",
+        ),
+        (
+            [*LORA, COLOCATE, "marl.policies.generator.learner.ranks=2"],
+            "marl.policies.generator.learner.ranks: ",
+        ),
+    ],
+)
 def test_refusals_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(TINY, overrides)
@@ -46,21 +63,35 @@ def test_deepspeed_zero2_is_accepted():
 
 
 def test_one_learner_group_is_placed_for_every_policy():
-    cfg = load_config(TINY, [*LORA, COLOCATE, "learner.ranks=2", "marl.policies.aggregator.learner.optim.lr=5e-4"])
+    cfg = load_config(
+        TINY, [*LORA, COLOCATE, "learner.ranks=2", "marl.policies.aggregator.learner.optim.lr=5e-4"]
+    )
     learners = {d.name: (d.n, dict(d.resources)) for d in run_layout(cfg).demands if ":learner:" in d.name}
     assert learners == {"tiny:learner:colocated": (2, {"CPU": 0.5, "GPU": 0.0})}
 
 
-@pytest.mark.parametrize(("backend", "weight_bytes", "optimizer_bytes"), [
-    ((), 4.0, 8.0),  # torch: fp32 base; fp32 Adam m, v per adapter weight on each rank
-    # ZeRO-2 on GPUs over 2 ranks: bf16 base whole on each rank; 12 bytes per adapter weight (fp32 master, m, v)
-    # partitioned over the ranks, as a separate learner's.
-    (("learner.backend=deepspeed", "learner.deepspeed.zero_stage=2", "learner.ranks=2", "learner.rank_num_gpus=1"),
-     2.0, 12.0 / 2),
-], ids=["torch", "deepspeed-zero2"])
+@pytest.mark.parametrize(
+    ("backend", "weight_bytes", "optimizer_bytes"),
+    [
+        ((), 4.0, 8.0),  # torch: fp32 base; fp32 Adam m, v per adapter weight on each rank
+        # ZeRO-2 on GPUs over 2 ranks: bf16 base whole on each rank; 12 bytes per adapter weight (fp32
+        # master, m, v) partitioned over the ranks, as a separate learner's.
+        (
+            (
+                "learner.backend=deepspeed",
+                "learner.deepspeed.zero_stage=2",
+                "learner.ranks=2",
+                "learner.rank_num_gpus=1",
+            ),
+            2.0,
+            12.0 / 2,
+        ),
+    ],
+    ids=["torch", "deepspeed-zero2"],
+)
 def test_the_plan_holds_one_base_and_every_adapter(backend, weight_bytes, optimizer_bytes):
-    """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter states
-    summed, the largest policy's activations and logits."""
+    """Hand-derived from the separate plan: the colocated rank holds the base once, the policies' adapter
+    states summed, the largest policy's activations and logits."""
     def learners(*overrides: str):
         layout = run_layout(load_config(TINY, [*LORA, *backend, *overrides]))
         return [m.learner for m in make_plan(layout, memory=0).members if m.learner]
@@ -78,8 +109,9 @@ def test_the_plan_holds_one_base_and_every_adapter(backend, weight_bytes, optimi
 
 
 def _cfg(out: Path, *overrides: str):
-    return load_config(TINY, [f"out_dir={out}", *SHAPE, *LORA, "rollout.engines_per_role=0", "learner.ranks=0",
-                              *overrides])
+    return load_config(
+        TINY, [f"out_dir={out}", *SHAPE, *LORA, "rollout.engines_per_role=0", "learner.ranks=0", *overrides]
+    )
 
 
 def _saved_weights(out: Path, steps: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -94,7 +126,10 @@ def _saved_weights(out: Path, steps: int) -> dict[str, dict[str, torch.Tensor]]:
 
 def _assert_same(a: Path, b: Path, steps: int) -> None:
     wa, wb = _saved_weights(a, steps), _saved_weights(b, steps)
-    assert wa.keys() == wb.keys() == {"generator", "aggregator"} and wa["generator"].keys() == wb["generator"].keys()
+    assert (
+        wa.keys() == wb.keys() == {"generator", "aggregator"}
+        and wa["generator"].keys() == wb["generator"].keys()
+    )
     for pid in wa:
         assert max((wa[pid][k] - wb[pid][k]).abs().max().item() for k in wa[pid]) < 1e-5, pid
     ma, mb = _per_step(a), _per_step(b)
@@ -113,15 +148,18 @@ def _no_process_group_left():
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [(), ("learner.backend=deepspeed", "learner.deepspeed.zero_stage=2")],
                          ids=["torch", "deepspeed"])
-def test_a_colocated_run_equals_separate_learners_and_resumes_without_the_option(ray_cluster, tmp_path, backend,
-                                                                                 _no_process_group_left):
-    """Isolated LoRA voting, 3 steps: separate learners in one go; colocated, stopped after 2 steps (checkpoint
-    every step), then resumed with the option off. Same rewards, losses, grad norms and adapters throughout."""
+def test_a_colocated_run_equals_separate_learners_and_resumes_without_the_option(
+    ray_cluster, tmp_path, backend, _no_process_group_left
+):
+    """Isolated LoRA voting, 3 steps: separate learners in one go; colocated, stopped after 2
+    steps (checkpoint every step), then resumed with the option off. Same rewards, losses, grad
+    norms and adapters throughout."""
     separate = tmp_path / "separate"
     train(_cfg(separate, "steps=3", *backend))
     colocated = tmp_path / "colocated"
     with pytest.raises(StopRequested):
         train(_cfg(colocated, "steps=3", COLOCATE, *backend), callbacks=(StopAfter(2),))
     _assert_same(separate, colocated, 2)
-    train(_cfg(colocated, "steps=3", *backend))  # resume=auto from the colocated run's step_2, on separate learners
+    # resume=auto from the colocated run's step_2, on separate learners
+    train(_cfg(colocated, "steps=3", *backend))
     _assert_same(separate, colocated, 3)

@@ -55,8 +55,9 @@ def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_p
             "0.50 (of 2) -> 0.67 (of 3)") in text
 
 
-# The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22 minutes on
-# 2 cores, half CI's budget): the same config, model, prompts and code path, and what it asserts holds at any length.
+# The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22
+# minutes on 2 cores, half CI's budget): the same config, model, prompts and code path, and what it
+# asserts holds at any length.
 SHORT = {"steps=6": "steps=2", "data.eval_size=48": "data.eval_size=16"}
 
 

@@ -63,7 +63,10 @@ def test_loaded_config_is_frozen():
         ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout"),
         ("rollout.max_prompt_tokens=-1", "rollout.max_prompt_tokens"),
         ("algo.max_role_drop_frac=1.5", "algo.max_role_drop_frac"),
-        ("model.chat_template_kwargs.add_generation_prompt=false", "model.chat_template_kwargs.add_generation_prompt"),
+        (
+            "model.chat_template_kwargs.add_generation_prompt=false",
+            "model.chat_template_kwargs.add_generation_prompt",
+        ),
         ("rollout.mode=batched", "rollout.mode"),
         ("rollout.stall_timeout_s=0", "rollout.stall_timeout_s"),
     ],
@@ -74,7 +77,9 @@ def test_bad_values_name_their_key(override, key):
 
 
 def test_a_removed_key_names_its_replacement():
-    with pytest.raises(ConfigError, match=r"rollout\.call_timeout_s was removed; use rollout\.stall_timeout_s"):
+    with pytest.raises(
+        ConfigError, match=r"rollout\.call_timeout_s was removed; use rollout\.stall_timeout_s"
+    ):
         load_config(TINY, ["rollout.call_timeout_s=300"])
 
 
@@ -92,15 +97,28 @@ def test_choices_are_the_enums_beside_their_registries():
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
     from rollout.clients import ROLLOUT_MODES, RolloutModeName
 
-    for enum, registry in ((AdvantageEstimator, ADVANTAGE_ESTIMATORS), (LossAggregation, LOSS_AGGREGATIONS),
-                           (KlEstimator, KL_ESTIMATORS), (RolloutModeName, ROLLOUT_MODES),
-                           (PlacementStrategy, STRATEGIES), (Schedule, SCHEDULES),
-                           (EngineScope, ENGINE_SCOPES), (TaskName, FAMILIES), (AnswerFallback, ANSWER_FALLBACKS)):
+    for enum, registry in (
+        (AdvantageEstimator, ADVANTAGE_ESTIMATORS),
+        (LossAggregation, LOSS_AGGREGATIONS),
+        (KlEstimator, KL_ESTIMATORS),
+        (RolloutModeName, ROLLOUT_MODES),
+        (PlacementStrategy, STRATEGIES),
+        (Schedule, SCHEDULES),
+        (EngineScope, ENGINE_SCOPES),
+        (TaskName, FAMILIES),
+        (AnswerFallback, ANSWER_FALLBACKS),
+    ):
         assert [m.value for m in enum] == list(registry), enum
     with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):
         load_config(TINY, ["algo.advantage=mean"])
-    cfg = load_config(TINY, ["algo.advantage=rloo", "algo.loss_agg=seq_mean_token_mean", "algo.kl_estimator=k1"])
-    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == ("rloo", "seq_mean_token_mean", "k1")
+    cfg = load_config(
+        TINY, ["algo.advantage=rloo", "algo.loss_agg=seq_mean_token_mean", "algo.kl_estimator=k1"]
+    )
+    assert (cfg.algo.advantage, cfg.algo.loss_agg, cfg.algo.kl_estimator) == (
+        "rloo",
+        "seq_mean_token_mean",
+        "k1",
+    )
     assert isinstance(cfg.algo.advantage, AdvantageEstimator) and f"{cfg.algo.advantage}" == "rloo"
     assert "advantage: rloo\n" in to_yaml(cfg)  # the run's config.yaml keeps the plain string
 
@@ -118,11 +136,21 @@ def test_role_caps_name_their_role_and_count_in_max_len():
     assert dict(cfg.rollout.role_max_new_tokens) == {"aggregator": 96}
     with pytest.raises(ConfigError, match="rollout.role_max_new_tokens.critic: voting has no role 'critic'"):
         load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={critic: 96}"])
-    with pytest.raises(ConfigError, match=r"rollout.role_max_new_tokens.aggregator must be in \(0, algo.max_len"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.role_max_new_tokens.aggregator must be in \(0, algo.max_len"
+    ):
         load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 0}"])
     with pytest.raises(ConfigError, match=r"algo.max_len must be >= .* = 100 \+ 96"):
-        load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 96}",
-                           "rollout.max_prompt_tokens=100", "algo.max_len=150", "rollout.sampling.max_new_tokens=32"])
+        load_config(
+            TINY,
+            [
+                "marl.workflow=voting",
+                "rollout.role_max_new_tokens={aggregator: 96}",
+                "rollout.max_prompt_tokens=100",
+                "algo.max_len=150",
+                "rollout.sampling.max_new_tokens=32",
+            ],
+        )
 
 
 def test_missing_required_model_path_is_named():
@@ -146,35 +174,61 @@ def test_cli_config_error_exits_2_with_message(capsys):
     assert "learner.optim.lr" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("override,key", [
-    ("algo.dual_clip_c=1.0", "algo.dual_clip_c"),  # verl asserts clip_ratio_c > 1
-    ("algo.dual_clip_c=-3", "algo.dual_clip_c"),
-    ("algo.log_ratio_clamp=-20", "algo.log_ratio_clamp"),
-    ("learner.optim.cosine_clamp=maybe", "learner.optim.cosine_clamp"),
-    ("algo.minibatch_order=verl_balanced", "algo.minibatch_shuffle=false"),  # balanced for the in-order split
-    ("algo.minibatch_order=sorted", "algo.minibatch_order"),
-    ("algo.minibatch_ranks=-1", "algo.minibatch_ranks"),
-    ("algo.minibatch_chunks=fixed algo.ppo_mini_batch_size=5 algo.minibatch_ranks=2", "algo.minibatch_chunks"),
-    ("algo.loss_normalizer=nominal", "algo.loss_normalizer"),  # tiny.yaml: token_mean, no mini-batch size
-    ("algo.loss_normalizer=nominal algo.loss_agg=seq_mean_token_mean", "algo.loss_normalizer"),
-    ("algo.singleton_advantage=reward algo.advantage=rloo", "algo.singleton_advantage"),
-    ("algo.singleton_advantage=one", "algo.singleton_advantage"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("algo.dual_clip_c=1.0", "algo.dual_clip_c"),  # verl asserts clip_ratio_c > 1
+        ("algo.dual_clip_c=-3", "algo.dual_clip_c"),
+        ("algo.log_ratio_clamp=-20", "algo.log_ratio_clamp"),
+        ("learner.optim.cosine_clamp=maybe", "learner.optim.cosine_clamp"),
+        (
+            "algo.minibatch_order=verl_balanced",
+            "algo.minibatch_shuffle=false",
+        ),  # balanced for the in-order split
+        ("algo.minibatch_order=sorted", "algo.minibatch_order"),
+        ("algo.minibatch_ranks=-1", "algo.minibatch_ranks"),
+        (
+            "algo.minibatch_chunks=fixed algo.ppo_mini_batch_size=5 algo.minibatch_ranks=2",
+            "algo.minibatch_chunks",
+        ),
+        ("algo.loss_normalizer=nominal", "algo.loss_normalizer"),  # tiny.yaml: token_mean, no mini-batch size
+        ("algo.loss_normalizer=nominal algo.loss_agg=seq_mean_token_mean", "algo.loss_normalizer"),
+        ("algo.singleton_advantage=reward algo.advantage=rloo", "algo.singleton_advantage"),
+        ("algo.singleton_advantage=one", "algo.singleton_advantage"),
+    ],
+)
 def test_verl_update_details_are_checked(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(TINY, override.split())
 
 
 def test_verl_update_details_load():
-    cfg = load_config(TINY, ["algo.dual_clip_c=3.0", "algo.log_ratio_clamp=20", "algo.minibatch_shuffle=false",
-                             "learner.optim.warmup_start_zero=true", "learner.optim.cosine_clamp=false",
-                             "learner.optim.schedule_unit=update_call"])
+    cfg = load_config(
+        TINY,
+        [
+            "algo.dual_clip_c=3.0",
+            "algo.log_ratio_clamp=20",
+            "algo.minibatch_shuffle=false",
+            "learner.optim.warmup_start_zero=true",
+            "learner.optim.cosine_clamp=false",
+            "learner.optim.schedule_unit=update_call",
+        ],
+    )
     assert (cfg.algo.dual_clip_c, cfg.algo.log_ratio_clamp, cfg.algo.minibatch_shuffle) == (3.0, 20.0, False)
     assert (cfg.learner.optim.warmup_start_zero, cfg.learner.optim.cosine_clamp) == (True, False)
     assert cfg.learner.optim.schedule_unit == "update_call"
-    cfg = load_config(TINY, ["algo.minibatch_order=verl_balanced", "algo.minibatch_shuffle=false",
-                             "algo.minibatch_ranks=2", "algo.minibatch_chunks=fixed", "algo.ppo_mini_batch_size=8",
-                             "algo.loss_normalizer=nominal", "algo.loss_agg=seq_mean_token_mean"])
+    cfg = load_config(
+        TINY,
+        [
+            "algo.minibatch_order=verl_balanced",
+            "algo.minibatch_shuffle=false",
+            "algo.minibatch_ranks=2",
+            "algo.minibatch_chunks=fixed",
+            "algo.ppo_mini_batch_size=8",
+            "algo.loss_normalizer=nominal",
+            "algo.loss_agg=seq_mean_token_mean",
+        ],
+    )
     assert (cfg.algo.minibatch_order, cfg.algo.minibatch_ranks, cfg.algo.minibatch_chunks,
             cfg.algo.loss_normalizer) == ("verl_balanced", 2, "fixed", "nominal")
     assert load_config(TINY).algo.minibatch_order == "given"  # today's order unless asked
@@ -183,8 +237,8 @@ def test_verl_update_details_load():
 
 
 def test_every_bound_a_schema_field_carries_is_checked():
-    """A bound in a field's metadata needs no table: the defaults pass, and each bounded key just past its bound
-    fails naming the key."""
+    """A bound in a field's metadata needs no table: the defaults pass, and each bounded key just past its
+    bound fails naming the key."""
     from omegaconf import OmegaConf
 
     from jobs.config.field_rules import check_fields, schema_rules

@@ -1,5 +1,6 @@
-"""mypy sees the config's types end to end: a misspelt key is an error where a typed section is read, on the
-driver side (the schema's dataclasses) and on the learner side (learners.sections, what a LearnerSpec carries)."""
+"""mypy sees the config's types end to end: a misspelt key is an error where a typed section is
+read, on the driver side (the schema's dataclasses) and on the learner side (learners.sections,
+what a LearnerSpec carries)."""
 
 from __future__ import annotations
 
@@ -30,5 +31,7 @@ def test_mypy_flags_a_misspelt_config_key(tmp_path):
                                 str(ROOT / ".mypy_cache"), str(snippet)])
     errors = [line.split("snippet.py:", 1)[1] for line in out.splitlines() if ": error: " in line]
     assert status == 1, out + err
-    assert errors == ['7: error: "AlgoSection" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
-                      '11: error: "AlgoConfig" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]'], out
+    assert errors == [
+        '7: error: "AlgoSection" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
+        '11: error: "AlgoConfig" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
+    ], out

@@ -138,7 +138,9 @@ ckpt.write(Path(sys.argv[1]), ckpt.Progress(step=2), {"p": Stalls()}, "")
 def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     root = tmp_path / "ckpt"
     ckpt.write(root, ckpt.Progress(step=1), {}, "seed: 0\n")
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "partial"  # the write is under way, files half there
         proc.send_signal(signal.SIGKILL)
@@ -172,16 +174,34 @@ def _damaged(good: Path, tmp_path: Path, how: str) -> Path:
     return copy
 
 
-@pytest.mark.parametrize(("how", "message"), [
-    ("absent", r"checkpoint\.resume: checkpoint .*copy/absent does not exist"),
-    ("no-manifest", r"checkpoint\.resume: checkpoint .*step_1 is incomplete \(no manifest\.json\)"),
-    ("torn", r"checkpoint\.resume: checkpoint .*step_1 is corrupt: policies/shared/optimizer\.pt is missing or not"),
-    ("garbage-same-size", r"checkpoint .*step_1 cannot be restored: .*checkpoint file unreadable: .*model\.pt"),
-])
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("absent", r"checkpoint\.resume: checkpoint .*copy/absent does not exist"),
+        ("no-manifest", r"checkpoint\.resume: checkpoint .*step_1 is incomplete \(no manifest\.json\)"),
+        (
+            "torn",
+            r"checkpoint\.resume: checkpoint .*step_1 is corrupt: policies/shared/optimizer\.pt is missing "
+            r"or not",
+        ),
+        (
+            "garbage-same-size",
+            r"checkpoint .*step_1 cannot be restored: .*checkpoint file unreadable: .*model\.pt",
+        ),
+    ],
+)
 def test_bad_resume_path_is_a_clear_input_error(good_checkpoint, tmp_path, how, message):
     path = tmp_path / "copy" / "absent" if how == "absent" else _damaged(good_checkpoint, tmp_path, how)
     with pytest.raises(InputError, match=message):
-        train(_cfg(tmp_path, "steps=2", f"checkpoint.resume={path}", "learner.ranks=0", "rollout.engines_per_role=0"))
+        train(
+            _cfg(
+                tmp_path,
+                "steps=2",
+                f"checkpoint.resume={path}",
+                "learner.ranks=0",
+                "rollout.engines_per_role=0",
+            )
+        )
 
 
 def test_auto_resume_skips_a_damaged_newest_checkpoint(good_checkpoint, tmp_path, capsys):

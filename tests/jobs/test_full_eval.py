@@ -1,5 +1,6 @@
-"""The whole held-out split at the end of a run (jobs/driver/full_eval.py, data.eval_full): the final weights, then the
-peak checkpoint's unless the final weights are the peak; the split is loaded whole and the key checked at load."""
+"""The whole held-out split at the end of a run (jobs/driver/full_eval.py, data.eval_full): the final
+weights, then the peak checkpoint's unless the final weights are the peak; the split is loaded whole
+and the key checked at load."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def test_a_run_ends_with_the_whole_split_evaluated(ray_cluster, tmp_path):
     from jobs.telemetry.tracking import read_metrics
     from jobs.train import train
 
-    rows = "".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(5))
+    rows = "".join(
+        json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(5)
+    )
     (tmp_path / "eval.jsonl").write_text(rows)
     cfg = load_config("jobs/configs/tiny.yaml", [
         f"out_dir={tmp_path}", "steps=2", "eval_every=1", "checkpoint.every=1", "rollout.engines_per_role=0",

@@ -24,12 +24,21 @@ pytestmark = pytest.mark.slow
 
 FAST = ["marl.workflow=single_agent", "marl.sharing=shared", "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=2", "data.eval_size=2", "ray.num_cpus=2"]
-LIVE = ("ALIVE", "PENDING_CREATION", "RESTARTING", "DEPENDENCIES_UNREADY", "CREATED", "PENDING", "RESCHEDULING")
+LIVE = (
+    "ALIVE",
+    "PENDING_CREATION",
+    "RESTARTING",
+    "DEPENDENCIES_UNREADY",
+    "CREATED",
+    "PENDING",
+    "RESCHEDULING",
+)
 
 
 @pytest.fixture(scope="module")
 def head():
-    root = Path("/tmp") / f"rh_{uuid.uuid4().hex[:6]}"  # RAY_TMPDIR of the drivers: the head's marker is theirs
+    # RAY_TMPDIR of the drivers: the head's marker is theirs
+    root = Path("/tmp") / f"rh_{uuid.uuid4().hex[:6]}"
     h = start_head(tmp=root / "ray")
     try:
         yield h
@@ -51,8 +60,10 @@ def _alive(head, prefix: str) -> list[str]:
     """The head's live actors and placement groups of one run, through the state API."""
     actors = list_actors(address=head.dashboard, limit=1000, raise_on_missing_output=False)
     groups = list_placement_groups(address=head.dashboard, limit=1000, raise_on_missing_output=False)
-    return sorted([a.name for a in actors if (a.name or "").startswith(prefix) and a.state in LIVE] +
-                  [f"pg {g.name}" for g in groups if (g.name or "").startswith(prefix) and g.state != "REMOVED"])
+    return sorted(
+        [a.name for a in actors if (a.name or "").startswith(prefix) and a.state in LIVE]
+        + [f"pg {g.name}" for g in groups if (g.name or "").startswith(prefix) and g.state != "REMOVED"]
+    )
 
 
 def test_without_an_address_the_run_starts_its_own_cluster_and_says_a_head_exists(head, tmp_path):
@@ -60,8 +71,10 @@ def test_without_an_address_the_run_starts_its_own_cluster_and_says_a_head_exist
                  "rollout.engines_per_role=1", "learner.ranks=1")
     assert out.returncode == 0, out.stderr[-3000:]
     recorded = head.marker.read_text().strip()
-    assert (f"ray: starting an embedded cluster (2 CPUs; no ray.address or RAY_ADDRESS); a `ray start` cluster "
-            f"runs at {recorded} ({head.marker}): ray.address=auto joins it") in out.stdout
+    assert (
+        f"ray: starting an embedded cluster (2 CPUs; no ray.address or RAY_ADDRESS); a `ray start` cluster "
+        f"runs at {recorded} ({head.marker}): ray.address=auto joins it"
+    ) in out.stdout
     jobs = head.ray("list", "jobs", "--address", head.address, "--format", "json")
     assert "run_name=emb" not in jobs.stdout, "the run's driver joined the head"
 
@@ -99,9 +112,11 @@ def test_a_stale_marker_is_named_and_joining_it_fails_fast_with_exit_2(short_tmp
     t0 = time.monotonic()
     out = _train(env, f"out_dir={tmp_path}", "steps=1", "ray.address=auto", "ray.connect_timeout_s=3")
     assert out.returncode == 2, out.stderr[-3000:]
-    assert (f"ray: no Ray cluster answers at {dead} (from the `ray start` marker file {marker}) within 3s "
-            "(ray.connect_timeout_s); its head died without `ray stop`: run `ray stop` or delete the marker file"
-            in out.stderr)
+    assert (
+        f"ray: no Ray cluster answers at {dead} (from the `ray start` marker file {marker}) within 3s "
+        "(ray.connect_timeout_s); its head died without `ray stop`: run `ray stop` or delete the marker file"
+        in out.stderr
+    )
     assert time.monotonic() - t0 < 60  # python start-up, the model check, then the 3 s deadline
 
 
@@ -123,11 +138,27 @@ sys.exit(t.main(sys.argv[1:]))
 
 
 def test_a_sigkilled_driver_takes_its_actors_along_and_the_same_command_resumes(head, tmp_path):
-    run = ["--config", "jobs/configs/tiny.yaml", *FAST, f"out_dir={tmp_path}", "run_name=drv", "steps=6",
-           f"ray.address={head.address}", "rollout.engines_per_role=1", "learner.ranks=1", "checkpoint.every=3"]
+    run = [
+        "--config",
+        "jobs/configs/tiny.yaml",
+        *FAST,
+        f"out_dir={tmp_path}",
+        "run_name=drv",
+        "steps=6",
+        f"ray.address={head.address}",
+        "rollout.engines_per_role=1",
+        "learner.ranks=1",
+        "checkpoint.every=3",
+    ]
     flag = tmp_path / "paused"
-    driver = subprocess.Popen([sys.executable, "-c", _PAUSE_AFTER.format(at=3, flag=flag), *run],
-                              env=head.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _PAUSE_AFTER.format(at=3, flag=flag), *run],
+        env=head.env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         end = time.monotonic() + 300
         while not flag.exists():
@@ -144,9 +175,18 @@ def test_a_sigkilled_driver_takes_its_actors_along_and_the_same_command_resumes(
     while left := _alive(head, "drv:"):
         assert time.monotonic() < killed + 60, f"still alive 60 s after the driver died: {left}"
         time.sleep(0.5)
-    print(f"the dead driver's actors and placement group were gone {time.monotonic() - killed:.1f}s after SIGKILL")
-    out = subprocess.run([sys.executable, "-m", "jobs.train", *run], env=head.env, cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    print(
+        f"the dead driver's actors and placement group were gone {time.monotonic() - killed:.1f}s after "
+        "SIGKILL"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.train", *run],
+        env=head.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ckpt = tmp_path / "drv" / "checkpoints" / "step_3"
     assert (f"resumed from {ckpt} at step 3 (weight version 3; 1 metric lines of later steps dropped)"

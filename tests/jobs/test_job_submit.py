@@ -1,7 +1,7 @@
-"""`ray job submit` against a real Ray head on loopback, as docs/clusters.md documents it: the tiny job succeeds with a
-workflow from a file in the working dir (and, resubmitted after its driver was killed, with a built-in one), a
-broken config fails with the config message in the job's logs, and `ray job stop` ends a running job with none
-of its actors or its placement group left alive."""
+"""`ray job submit` against a real Ray head on loopback, as docs/clusters.md documents it: the tiny job
+succeeds with a workflow from a file in the working dir (and, resubmitted after its driver was killed, with a
+built-in one), a broken config fails with the config message in the job's logs, and `ray job stop` ends a
+running job with none of its actors or its placement group left alive."""
 
 from __future__ import annotations
 
@@ -69,9 +69,12 @@ def _wait(head: Head, job_id: str, until, deadline_s: float) -> str:
 def _alive(head: Head, kind: str, prefix: str) -> list[str]:
     out = head.ray("list", kind, "--address", head.address, "--format", "json", "--limit", "1000", timeout=60)
     assert out.returncode == 0, out.stderr
-    return [r["name"] for r in json.loads(out.stdout)
-            if (r.get("name") or "").startswith(prefix) and r["state"] in ("ALIVE", "CREATED", "PENDING",
-                                                                           "RESCHEDULING", "DEPENDENCIES_UNREADY")]
+    return [
+        r["name"]
+        for r in json.loads(out.stdout)
+        if (r.get("name") or "").startswith(prefix)
+        and r["state"] in ("ALIVE", "CREATED", "PENDING", "RESCHEDULING", "DEPENDENCIES_UNREADY")
+    ]
 
 
 def test_broken_config_fails_with_its_message(head):
@@ -82,9 +85,9 @@ def test_broken_config_fails_with_its_message(head):
 
 def test_a_user_workflow_travels_and_a_stopped_job_leaves_no_actors_or_placement_group(head, tmp_path):
     """`marl.workflow=examples/debate.py` is read from the job's working_dir copy (its cwd on the cluster) and
-    trains both its roles; `ray job stop` then releases every actor and the placement group. (One job for both:
-    each costs a working_dir upload and a run's start. A submitted run that ends by itself is the resubmission's
-    below; the export at a run's end is tests/jobs/test_policies.py's.)"""
+    trains both its roles; `ray job stop` then releases every actor and the placement group. (One job for
+    both: each costs a working_dir upload and a run's start. A submitted run that ends by itself is the
+    resubmission's below; the export at a run's end is tests/jobs/test_policies.py's.)"""
     _submit(head, "tiny_stop", f"out_dir={tmp_path}", "run_name=jobstop", "steps=500", "data.eval_size=2",
             "marl.workflow=examples/debate.py", "marl.max_rounds=1")
     metrics, end = tmp_path / "jobstop" / "metrics.jsonl", time.monotonic() + 300
@@ -114,11 +117,19 @@ def _driver_pid(head: Head, job_id: str) -> int | None:
 
 def test_resubmitting_after_a_sigkilled_driver_resumes_from_the_last_checkpoint(head, tmp_path):
     steps = 24  # tiny steps take well under a second: leave the kill a wide margin before the run's end
-    run = (f"out_dir={tmp_path}", "run_name=jobkill", f"steps={steps}", "checkpoint.every=1", "data.eval_size=0",
-           "marl.workflow=single_agent", "marl.sharing=shared")
+    run = (
+        f"out_dir={tmp_path}",
+        "run_name=jobkill",
+        f"steps={steps}",
+        "checkpoint.every=1",
+        "data.eval_size=0",
+        "marl.workflow=single_agent",
+        "marl.sharing=shared",
+    )
     _submit(head, "tiny_kill", *run)
     metrics, end = tmp_path / "jobkill" / "metrics.jsonl", time.monotonic() + 300
-    # The driver's pid first (a CLI call of its own, seconds), so nothing slow sits between step 3 and the kill.
+    # The driver's pid first (a CLI call of its own, seconds), so nothing slow sits
+    # between step 3 and the kill.
     while (pid := _driver_pid(head, "tiny_kill")) is None:
         assert time.monotonic() < end and _status(head, "tiny_kill") not in TERMINAL, _logs(head, "tiny_kill")
         time.sleep(0.5)
@@ -136,7 +147,11 @@ def test_resubmitting_after_a_sigkilled_driver_resumes_from_the_last_checkpoint(
         time.sleep(1)
     newest = (tmp_path / "jobkill" / "checkpoints" / "latest").read_text()
     _submit(head, "tiny_kill_again", *run)
-    assert _wait(head, "tiny_kill_again", lambda s: s in TERMINAL, 300) == "SUCCEEDED", _logs(head, "tiny_kill_again")
-    assert f"resumed from {tmp_path / 'jobkill' / 'checkpoints' / newest} at step" in _logs(head, "tiny_kill_again")
+    assert _wait(head, "tiny_kill_again", lambda s: s in TERMINAL, 300) == "SUCCEEDED", _logs(
+        head, "tiny_kill_again"
+    )
+    assert f"resumed from {tmp_path / 'jobkill' / 'checkpoints' / newest} at step" in _logs(
+        head, "tiny_kill_again"
+    )
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert logged == list(range(steps + 1))  # steps 0..steps-1 and the final eval row, each once

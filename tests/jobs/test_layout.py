@@ -1,6 +1,6 @@
-"""The run layout (jobs/plan/layout.py) is built once per run: preparing the run and building its system in-process
-(N = 0 groups, tiny models) construct one RunLayout, one engine map and each policy's config once, and the system
-holds the layout's own objects."""
+"""The run layout (jobs/plan/layout.py) is built once per run: preparing the run and building its system
+in-process (N = 0 groups, tiny models) construct one RunLayout, one engine map and each policy's config once,
+and the system holds the layout's own objects."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def counted(monkeypatch) -> Counter:
         return wrapper
 
     monkeypatch.setattr(RunLayout, "__init__", counting("layout", RunLayout.__init__))
-    build = EngineMap.build  # bound to the class: the wrapper stands in for the classmethod as a plain function
+    # bound to the class: the wrapper stands in for the classmethod as a plain function
+    build = EngineMap.build
     monkeypatch.setattr(EngineMap, "build", counting("engine_map", build))
     monkeypatch.setattr(policies, "policy_config", counting("policy_config", policies.policy_config))
     return counts
@@ -57,6 +58,9 @@ def test_the_layout_holds_each_policys_config_and_every_groups_demand():
     assert [(d.name, d.n) for d in layout.demands] == [
         ("tiny:engine:generator", 1), ("tiny:engine:aggregator", 1),
         ("tiny:learner:generator", 1), ("tiny:learner:aggregator", 2)]
-    assert layout.learner_groups == {"generator": "tiny:learner:generator", "aggregator": "tiny:learner:aggregator"}
+    assert layout.learner_groups == {
+        "generator": "tiny:learner:generator",
+        "aggregator": "tiny:learner:aggregator",
+    }
     # A trial's request is its driver's bundle, then the same demands, member by member.
     assert len(trial_bundles(layout, {"CPU": 1.0})) == 1 + 1 + 1 + 1 + 2

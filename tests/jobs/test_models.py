@@ -100,17 +100,29 @@ def test_tiny_seed_changes_weights(tiny, tmp_path):
 
 
 def test_qwen3_shape_takes_the_real_vocabulary_and_a_small_body(tmp_path):
-    """The real vocabulary's memory, measurable offline: only what the spec names changes, and the folder too."""
-    spec = "builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=128&heads=2&kv_heads=1&head_dim=32"
+    """The real vocabulary's memory, measurable offline: only what the spec names
+    changes, and the folder too."""
+    spec = (
+        "builtin:qwen3-0.6b-shape?vocab=151936&layers=2&hidden=64&intermediate=128"
+        "&heads=2&kv_heads=1&head_dim=32"
+    )
     path = resolve_model(spec, cache_dir=str(tmp_path))
     config = AutoConfig.from_pretrained(path)
-    assert (config.vocab_size, config.num_hidden_layers, config.hidden_size, config.head_dim) == (151936, 2, 64, 32)
+    assert (config.vocab_size, config.num_hidden_layers, config.hidden_size, config.head_dim) == (
+        151936,
+        2,
+        64,
+        32,
+    )
     assert config.tie_word_embeddings and parse_builtin("builtin:qwen3-0.6b-shape")[1]["layers"] == 28
     other = resolve_model(spec.replace("vocab=151936", "vocab=1000"), cache_dir=str(tmp_path))
     assert Path(other).name != Path(path).name
     with pytest.raises(ValueError, match="vocab=50 is below"):
-        resolve_model("builtin:qwen3-0.6b-shape?vocab=50&layers=1&hidden=32&intermediate=32&heads=1&kv_heads=1"
-                      "&head_dim=32", cache_dir=str(tmp_path))
+        resolve_model(
+            "builtin:qwen3-0.6b-shape?vocab=50&layers=1&hidden=32&intermediate=32&heads=1&kv_heads=1"
+            "&head_dim=32",
+            cache_dir=str(tmp_path),
+        )
 
 
 # ---------------------------------------------------------------- the cache

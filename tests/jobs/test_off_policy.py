@@ -23,12 +23,16 @@ OFF_POLICY = ("rollout.one_step_off_policy=true", "algo.old_logprobs=rollout")
 
 def _train(out: Path, *overrides: str, callbacks=()) -> list[dict]:
     """The run's step rows (the final evaluation's row left out)."""
-    train(load_config("jobs/configs/tiny.yaml", [f"out_dir={out}", *IN_PROCESS, *overrides]), callbacks=callbacks)
+    train(
+        load_config("jobs/configs/tiny.yaml", [f"out_dir={out}", *IN_PROCESS, *overrides]),
+        callbacks=callbacks,
+    )
     return [r for r in read_metrics(out / "tiny") if "time/step_s" in r]
 
 
 class StopAfter:
-    """Stops the run (as SIGTERM would) once step `n - 1` is done; the prefetched episodes of step n are lost."""
+    """Stops the run (as SIGTERM would) once step `n - 1` is done; the prefetched
+    episodes of step n are lost."""
 
     def __init__(self, n: int):
         self.n = n

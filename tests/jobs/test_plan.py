@@ -16,10 +16,20 @@ from tests.learners.test_memory import qwen3_shape
 TINY = "jobs/configs/tiny.yaml"
 # A single-agent run on one GPU: engine and learner half a GPU each, a Qwen3-0.6B-shaped model with the real
 # vocabulary (sized from its spec, never built), 4 rows x 2,048 tokens per micro-batch.
-GPU = ["model.path=builtin:qwen3-0.6b-shape?vocab=151936", "marl.workflow=single_agent", "marl.sharing=shared",
-       "learner.backend=deepspeed", "learner.rank_num_gpus=0.5", "rollout.engine_num_gpus=0.5",
-       "rollout.engines_per_role=1", "learner.ranks=1", "learner.micro_batch_size=4", "algo.max_len=2048",
-       "rollout.gpu_memory_utilization=0.3", "learner.role_grad_diagnostics=false"]
+GPU = [
+    "model.path=builtin:qwen3-0.6b-shape?vocab=151936",
+    "marl.workflow=single_agent",
+    "marl.sharing=shared",
+    "learner.backend=deepspeed",
+    "learner.rank_num_gpus=0.5",
+    "rollout.engine_num_gpus=0.5",
+    "rollout.engines_per_role=1",
+    "learner.ranks=1",
+    "learner.micro_batch_size=4",
+    "algo.max_len=2048",
+    "rollout.gpu_memory_utilization=0.3",
+    "learner.role_grad_diagnostics=false",
+]
 
 
 def learner_bytes(checkpointing: bool) -> float:
@@ -94,9 +104,9 @@ def test_a_policy_of_its_own_gets_its_own_resolution():
 
 
 def test_the_plan_follows_padding_free():
-    """learner.padding_free reaches the memory model: the same token budget (4 rows x algo.max_len), and padded
-    rows' attention masks (learners.compute.memory.mask_entries: tokens x min(max_len, tokens / 2) entries, a bf16 copy
-    per layer) where packed rows on a GPU have none."""
+    """learner.padding_free reaches the memory model: the same token budget (4 rows x algo.max_len), and
+    padded rows' attention masks (learners.compute.memory.mask_entries: tokens x min(max_len, tokens / 2)
+    entries, a bf16 copy per layer) where packed rows on a GPU have none."""
     def planned(flag: str):
         cfg = load_config(TINY, [*GPU, "learner.logits_chunk_tokens=1024", f"learner.padding_free={flag}",
                                  "learner.gradient_checkpointing=false"])

@@ -1,6 +1,6 @@
-"""Per-policy settings (marl.policies): validation that names the key, inheritance from the top level, resource
-arithmetic per policy, and heterogeneous base models end to end (builtin:tiny generators with a builtin:tiny-wide
-aggregator: another width, vocabulary and chat template)."""
+"""Per-policy settings (marl.policies): validation that names the key, inheritance from the top level,
+resource arithmetic per policy, and heterogeneous base models end to end (builtin:tiny generators with a
+builtin:tiny-wide aggregator: another width, vocabulary and chat template)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ def _cfg(*overrides: str):
 
 
 def test_a_policy_inherits_what_it_does_not_set():
-    cfg = _cfg(WIDE, "marl.policies.aggregator.learner.optim.lr=5e-4", "marl.policies.aggregator.learner.ranks=2")
+    cfg = _cfg(
+        WIDE, "marl.policies.aggregator.learner.optim.lr=5e-4", "marl.policies.aggregator.learner.ranks=2"
+    )
     agg, gen = policy_config(cfg, "aggregator"), policy_config(cfg, "generator")
     assert (agg.model.path, agg.learner.optim.lr, agg.learner.ranks) == ("builtin:tiny-wide", 5e-4, 2)
     assert agg.learner.optim.warmup_steps == cfg.learner.optim.warmup_steps == 0  # inherited
@@ -55,24 +57,54 @@ def test_overrides_apply_to_the_policies_the_map_produces():
     assert policy_config(custom, "lead").model.path == "builtin:tiny"
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["marl.sharing=shared", WIDE], "marl.policies.aggregator: no such policy; marl.sharing=shared with voting "
-                                    "has shared"),
-    (["marl.policies.judge.learner.ranks=1"], "marl.policies.judge: no such policy"),
-    (["marl.policies.aggregator.learner.backend=deepspeed"], "marl.policies.aggregator.learner.backend cannot be "
-                                                             "set per policy"),
-    (["marl.policies.aggregator.algo.kl_coef=0.1"], "marl.policies.aggregator.algo.kl_coef cannot be set"),
-    (["marl.policies.aggregator.rollout.sampling.temperature=1"], "marl.policies.aggregator.rollout.sampling"),
-    (["marl.policies.aggregator.model.lora.bogus=1"], "marl.policies.aggregator.model.lora.bogus: Key 'bogus'"),
-    (["marl.policies.aggregator.learner.optim.lr=abc"], "marl.policies.aggregator.learner.optim.lr: Value 'abc'"),
-    (["marl.policies.aggregator.learner.optim.lr=-1"], "marl.policies.aggregator: learner.optim.lr must be > 0"),
-    (["marl.policies.aggregator.model.dtype=fp8"], "marl.policies.aggregator: model.dtype must be one of"),
-    (["marl.policies.aggregator.learner.rank_num_gpus=1"],
-     "marl.policies.aggregator: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
-     "(learner.backend=deepspeed)"),
-    (["model.lora.enabled=true", "rollout.lora_serving=multi", WIDE],
-     "marl.policies.aggregator.model.path: rollout.lora_serving=multi serves every policy from one engine group"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["marl.sharing=shared", WIDE],
+            "marl.policies.aggregator: no such policy; marl.sharing=shared with voting has shared",
+        ),
+        (["marl.policies.judge.learner.ranks=1"], "marl.policies.judge: no such policy"),
+        (
+            ["marl.policies.aggregator.learner.backend=deepspeed"],
+            "marl.policies.aggregator.learner.backend cannot be set per policy",
+        ),
+        (
+            ["marl.policies.aggregator.algo.kl_coef=0.1"],
+            "marl.policies.aggregator.algo.kl_coef cannot be set",
+        ),
+        (
+            ["marl.policies.aggregator.rollout.sampling.temperature=1"],
+            "marl.policies.aggregator.rollout.sampling",
+        ),
+        (
+            ["marl.policies.aggregator.model.lora.bogus=1"],
+            "marl.policies.aggregator.model.lora.bogus: Key 'bogus'",
+        ),
+        (
+            ["marl.policies.aggregator.learner.optim.lr=abc"],
+            "marl.policies.aggregator.learner.optim.lr: Value 'abc'",
+        ),
+        (
+            ["marl.policies.aggregator.learner.optim.lr=-1"],
+            "marl.policies.aggregator: learner.optim.lr must be > 0",
+        ),
+        (
+            ["marl.policies.aggregator.model.dtype=fp8"],
+            "marl.policies.aggregator: model.dtype must be one of",
+        ),
+        (
+            ["marl.policies.aggregator.learner.rank_num_gpus=1"],
+            "marl.policies.aggregator: learner.rank_num_gpus > 0 needs a backend that trains on GPUs "
+            "(learner.backend=deepspeed)",
+        ),
+        (
+            ["model.lora.enabled=true", "rollout.lora_serving=multi", WIDE],
+            "marl.policies.aggregator.model.path: rollout.lora_serving=multi serves every policy from one "
+            "engine group",
+        ),
+    ],
+)
 def test_a_wrong_override_names_itself(overrides, message):
     with pytest.raises(ConfigError) as e:
         _cfg(*overrides)
@@ -81,10 +113,16 @@ def test_a_wrong_override_names_itself(overrides, message):
 
 def test_resources_follow_each_policy():
     """Hand-computed: generator engine 0.5 + its rank 1 + aggregator engine 0.25 + its rank 0.25 = 2 GPUs."""
-    cfg = _cfg("learner.backend=deepspeed", "rollout.engine_num_gpus=0.25", "learner.rank_num_gpus=0.25",
-               "marl.policies.generator.rollout.engine_num_gpus=0.5", "marl.policies.generator.learner.rank_num_gpus=1",
-               "marl.policies.aggregator.rollout.engines_per_role=2", "marl.policies.aggregator.learner.ranks=2",
-               "marl.policies.aggregator.learner.rank_num_cpus=1")
+    cfg = _cfg(
+        "learner.backend=deepspeed",
+        "rollout.engine_num_gpus=0.25",
+        "learner.rank_num_gpus=0.25",
+        "marl.policies.generator.rollout.engine_num_gpus=0.5",
+        "marl.policies.generator.learner.rank_num_gpus=1",
+        "marl.policies.aggregator.rollout.engines_per_role=2",
+        "marl.policies.aggregator.learner.ranks=2",
+        "marl.policies.aggregator.learner.rank_num_cpus=1",
+    )
     demands = {d.name: (d.n, dict(d.resources)) for d in run_layout(cfg).demands}
     assert demands == {
         "tiny:engine:generator": (1, {"CPU": 0.5, "GPU": 0.5}),
@@ -124,23 +162,38 @@ def _assert_own_tokenizer(turns: list[dict], tokenizers: dict) -> None:
     """Each turn was encoded by its policy's tokenizer and chat template, and sampled from its vocabulary."""
     for t in turns:
         tok = tokenizers[t["policy_id"]]
-        messages = json.loads(t["messages"]) if isinstance(t["messages"], str) else t["messages"]  # Parquet: JSON
+        # Parquet: JSON
+        messages = json.loads(t["messages"]) if isinstance(t["messages"], str) else t["messages"]
         assert t["prompt_ids"] == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                           return_dict=False)
         assert all(i < len(tok) for i in t["response_ids"])
 
 
 def test_custom_map_two_roles_share_a_model_a_third_has_its_own(tmp_path):
-    """orch_workers: orchestrator and synthesizer share policy `lead` (tiny), the worker has `crew` (tiny-wide)."""
-    cfg = _cfg(f"out_dir={tmp_path}", "marl.workflow=orch_workers", "marl.sharing=custom", "marl.max_strategies=8",
-               "marl.policy_map.orchestrator=lead", "marl.policy_map.synthesizer=lead", "marl.policy_map.worker=crew",
-               "marl.policies.crew.model.path=builtin:tiny-wide", "rollout.engine_scope=policy",
-               "rollout.engines_per_role=0", "learner.ranks=0")
+    """orch_workers: orchestrator and synthesizer share policy `lead` (tiny), the
+    worker has `crew` (tiny-wide)."""
+    cfg = _cfg(
+        f"out_dir={tmp_path}",
+        "marl.workflow=orch_workers",
+        "marl.sharing=custom",
+        "marl.max_strategies=8",
+        "marl.policy_map.orchestrator=lead",
+        "marl.policy_map.synthesizer=lead",
+        "marl.policy_map.worker=crew",
+        "marl.policies.crew.model.path=builtin:tiny-wide",
+        "rollout.engine_scope=policy",
+        "rollout.engines_per_role=0",
+        "learner.ranks=0",
+    )
     handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
     try:
         assert handles.engine_groups("crew") == [handles.engines["worker"]]
-        assert handles.engines["orchestrator"] is handles.engines["synthesizer"] is not handles.engines["worker"]
-        episodes = handles.collector.collect(digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)).episodes
+        assert (
+            handles.engines["orchestrator"] is handles.engines["synthesizer"] is not handles.engines["worker"]
+        )
+        episodes = handles.collector.collect(
+            digit_tasks(8, 0)[:2], 2, Sampling(max_new_tokens=8, seed=3)
+        ).episodes
         assert handles.sync(version=1)["sync/verified"] == 2  # each policy's weights, to its own group only
     finally:
         handles.shutdown()
@@ -172,8 +225,11 @@ def test_heterogeneous_voting_trains_and_exports(ray_cluster, tmp_path, backend,
     for pid in ("generator", "aggregator"):
         # A policy moves in every step unless the step gave all its rows one reward within each group (every
         # advantage zero, so every row dropped: a sampled outcome), and in at least one of the two steps.
-        assert all(rows[s][f"grad/norm/{pid}"] > 0
-                   or rows[s][f"batch/dropped_zero_adv/{pid}"] == rows[s][f"batch/rows/{pid}"] for s in (0, 1))
+        assert all(
+            rows[s][f"grad/norm/{pid}"] > 0
+            or rows[s][f"batch/dropped_zero_adv/{pid}"] == rows[s][f"batch/rows/{pid}"]
+            for s in (0, 1)
+        )
         assert any(rows[s][f"grad/norm/{pid}"] > 0 for s in (0, 1))
     for r in rows[:2]:  # the per-policy and per-role numbers of each step, for the record
         print(f"\n[{backend}] step {r['step']}: " + ", ".join(
@@ -182,12 +238,18 @@ def test_heterogeneous_voting_trains_and_exports(ray_cluster, tmp_path, backend,
     paths = {"generator": resolve_model("builtin:tiny"), "aggregator": resolve_model("builtin:tiny-wide")}
     tokenizers = _tokenizers(paths)
     for step in (0, 1):
-        _assert_own_tokenizer(pq.read_table(run / "rollouts" / f"step_00000{step}.parquet").to_pylist(), tokenizers)
+        _assert_own_tokenizer(
+            pq.read_table(run / "rollouts" / f"step_00000{step}.parquet").to_pylist(), tokenizers
+        )
     for pid, width, vocab in (("generator", 64, 104), ("aggregator", 128, 132)):
         export = run / "export" / pid
         model, tok = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
         assert (model.config.hidden_size, model.config.vocab_size, len(tok)) == (width, vocab, vocab)
-        assert tok.chat_template == tokenizers[pid].chat_template and tok.pad_token_id == tokenizers[pid].pad_token_id
+        assert (
+            tok.chat_template == tokenizers[pid].chat_template
+            and tok.pad_token_id == tokenizers[pid].pad_token_id
+        )
         assert AutoConfig.from_pretrained(paths[pid]).hidden_size == width
         base = AutoModelForCausalLM.from_pretrained(paths[pid]).state_dict()
-        assert any(not torch.equal(base[k], v) for k, v in model.state_dict().items())  # trained, then exported
+        # trained, then exported
+        assert any(not torch.equal(base[k], v) for k, v in model.state_dict().items())

@@ -1,6 +1,6 @@
-"""model.dtype=bfloat16 where the run computes on CPU: refused at config load on a CPU without bf16 instructions
-(naming model.dtype and the missing flags), allowed on one with them, on GPU placements, per policy, and with
-model.allow_emulated_bf16."""
+"""model.dtype=bfloat16 where the run computes on CPU: refused at config load on a CPU without bf16
+instructions (naming model.dtype and the missing flags), allowed on one with them, on GPU placements, per
+policy, and with model.allow_emulated_bf16."""
 
 from __future__ import annotations
 
@@ -14,9 +14,18 @@ from tests.cluster.test_cpu import SAPPHIRE_RAPIDS, ZEN3
 
 TINY = "jobs/configs/tiny.yaml"
 BF16 = "model.dtype=bfloat16"
-REFUSAL = r"model\.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU has neither"
-GPU_RUN = ["learner.backend=deepspeed", "learner.ranks=1", "learner.rank_num_gpus=0.5", "rollout.backend=vllm",
-           "rollout.engines_per_role=1", "rollout.engine_num_gpus=0.25", "rollout.kv_cache_gb=0"]
+REFUSAL = (
+    r"model\.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU has neither"
+)
+GPU_RUN = [
+    "learner.backend=deepspeed",
+    "learner.ranks=1",
+    "learner.rank_num_gpus=0.5",
+    "rollout.backend=vllm",
+    "rollout.engines_per_role=1",
+    "rollout.engine_num_gpus=0.25",
+    "rollout.kv_cache_gb=0",
+]
 
 
 @pytest.fixture
@@ -41,9 +50,12 @@ def test_the_refusal_names_the_key_the_flags_and_what_runs_on_cpu(no_bf16_cpu):
     with pytest.raises(ConfigError) as e:
         load_config(TINY, [BF16])
     assert str(e.value) == (
-        "config: model.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU has "
-        "neither: use float32 (on CPU here: the learner (learner.backend=torch), the engines (rollout.backend=hf)), "
-        "or set model.allow_emulated_bf16=true to run bf16 in software (slow; for numerics checks)")
+        "config: model.dtype=bfloat16 on CPU needs avx512_bf16 or amx_bf16 in /proc/cpuinfo flags; this CPU "
+        "has "
+        "neither: use float32 (on CPU here: the learner (learner.backend=torch), the engines "
+        "(rollout.backend=hf)), "
+        "or set model.allow_emulated_bf16=true to run bf16 in software (slow; for numerics checks)"
+    )
 
 
 def test_a_cpu_with_bf16_instructions_and_the_explicit_override_load(bf16_cpu):

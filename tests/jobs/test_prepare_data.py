@@ -1,5 +1,6 @@
-"""`python -m jobs.prepare_data`: the paper's DAPO-Math-17k and DeepCoder splits from local files in the
-layouts the public datasets use, written as Parquet the loaders read; sizes, determinism, disjointness, drops."""
+"""`python -m jobs.prepare_data`: the paper's DAPO-Math-17k and DeepCoder splits from local
+files in the layouts the public datasets use, written as Parquet the loaders read; sizes,
+determinism, disjointness, drops."""
 
 from __future__ import annotations
 
@@ -49,8 +50,12 @@ def test_math_processed_layout_splits_90_10_like_datasets(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "read 24 rows" in out and "kept 21, dropped 3 (duplicate_prompt: 1, missing_answer: 1, " \
                                      "missing_prompt: 1)" in out
-    train, test = _table(tmp_path / "a/dapo_math_17k_train.parquet"), _table(tmp_path / "a/dapo_math_17k_test.parquet")
-    assert (len(train), len(test)) == (18, 3)  # test = ceil(0.1 * 21), as train_test_split(test_size=0.1) takes
+    train, test = (
+        _table(tmp_path / "a/dapo_math_17k_train.parquet"),
+        _table(tmp_path / "a/dapo_math_17k_test.parquet"),
+    )
+    # test = ceil(0.1 * 21), as train_test_split(test_size=0.1) takes
+    assert (len(train), len(test)) == (18, 3)
     # np.random.default_rng(42).permutation(21) = [16, 10, 15, 20, 12, ...]: datasets' test split is its head.
     assert [r["id"] for r in test] == ["dapo_math_17k:16", "dapo_math_17k:10", "dapo_math_17k:15"]
     assert test[0] == {"id": "dapo_math_17k:16", "prompt": "What is 16 squared?", "answer": "256"}
@@ -71,7 +76,9 @@ def test_math_original_layout_strips_the_instructions_and_repeats(tmp_path):
     result = prepare("math", path, tmp_path / "out")
     assert (result["read"], result["kept"], result["dropped"]) == (60, 12, {"duplicate_prompt": 48})
     assert (result["train"], result["test"]) == (10, 2)
-    rows = _table(tmp_path / "out/dapo_math_17k_train.parquet") + _table(tmp_path / "out/dapo_math_17k_test.parquet")
+    rows = _table(tmp_path / "out/dapo_math_17k_train.parquet") + _table(
+        tmp_path / "out/dapo_math_17k_test.parquet"
+    )
     assert {r["prompt"] for r in rows} == {f"How many sides has a polygon number {i}?" for i in range(12)}
     assert all(r["answer"] == str(int(r["prompt"].split()[-1].rstrip("?")) + 3) for r in rows)
 
@@ -88,8 +95,10 @@ def _deepcoder(i: int, tests) -> dict:
             "solutions": json.dumps(["print(sum(map(int, input().split())))"]), "source": "primeintellect"}
 
 
-STDIO = [{"type": "stdin_stdout", "input": "2 3\n", "output": "5\n"}, {"type": "stdin_stdout", "input": "1 1\n",
-                                                                           "output": "2\n"}]
+STDIO = [
+    {"type": "stdin_stdout", "input": "2 3\n", "output": "5\n"},
+    {"type": "stdin_stdout", "input": "1 1\n", "output": "2\n"},
+]
 
 
 def test_code_drops_problems_without_usable_tests_and_takes_the_test_split_first(tmp_path, capsys):
@@ -102,16 +111,31 @@ def test_code_drops_problems_without_usable_tests_and_takes_the_test_split_first
     src = _hf_folder(tmp_path / "deepcoder", "primeintellect", rows)
     argv = ["code", "--src", str(src), "--out", str(tmp_path / "out"), "--test-size", "3"]
     assert main(argv) == 0
-    assert "kept 8, dropped 4 (bad_tests: 1, duplicate_prompt: 1, missing_tests: 1, unsupported_tests: 1)" in \
-        capsys.readouterr().out
-    train, test = _table(tmp_path / "out/deepcoder_train.parquet"), _table(tmp_path / "out/deepcoder_test.parquet")
-    # np.random.default_rng(42).permutation(8) = [3, 4, 2, 7, 6, 1, 5, 0]: shuffle(seed=42), the first 3 the test.
+    assert (
+        "kept 8, dropped 4 (bad_tests: 1, duplicate_prompt: 1, missing_tests: 1, unsupported_tests: 1)"
+        in capsys.readouterr().out
+    )
+    train, test = (
+        _table(tmp_path / "out/deepcoder_train.parquet"),
+        _table(tmp_path / "out/deepcoder_test.parquet"),
+    )
+    # np.random.default_rng(42).permutation(8) = [3, 4, 2, 7, 6, 1, 5, 0]:
+    # shuffle(seed=42), the first 3 the test.
     assert [r["id"] for r in test] == ["deepcoder:3", "deepcoder:4", "deepcoder:2"]
-    assert [r["id"] for r in train] == ["deepcoder:7", "deepcoder:6", "deepcoder:1", "deepcoder:5", "deepcoder:0"]
+    assert [r["id"] for r in train] == [
+        "deepcoder:7",
+        "deepcoder:6",
+        "deepcoder:1",
+        "deepcoder:5",
+        "deepcoder:0",
+    ]
     assert set(test[0]) == {"id", "prompt", "tests"}
     tasks = load_tasks(str(tmp_path / "out/deepcoder_test.parquet"), None, 0, kind="code")
     assert [t.task_id for t in tasks] == ["deepcoder:3", "deepcoder:4", "deepcoder:2"]
-    assert tasks[0].meta["cases"] == [{"input": "2 3\n", "output": "5\n"}, {"input": "1 1\n", "output": "2\n"}]
+    assert tasks[0].meta["cases"] == [
+        {"input": "2 3\n", "output": "5\n"},
+        {"input": "1 1\n", "output": "2\n"},
+    ]
     assert tasks[0].prompt.startswith("Print the sum of two integers, case 3.")
     assert main(argv[:3] + ["--out", str(tmp_path / "again"), "--test-size", "3"]) == 0
     assert _table(tmp_path / "again/deepcoder_train.parquet") == train
@@ -141,8 +165,10 @@ def test_save_to_disk_arrow_folder_and_jsonl_file(tmp_path):
     folder = tmp_path / "saved"
     folder.mkdir()
     table = pa.Table.from_pylist(PROCESSED[:21])
-    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink,
-                                                                                               table.schema) as w:
+    with (
+        pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as w,
+    ):
         w.write_table(table)
     (folder / "state.json").write_text("{}")
     assert prepare("math", folder, tmp_path / "a")["kept"] == 21
@@ -150,7 +176,9 @@ def test_save_to_disk_arrow_folder_and_jsonl_file(tmp_path):
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in PROCESSED[:21]) + "{broken\n")
     result = prepare("math", jsonl, tmp_path / "b")
     assert (result["kept"], result["dropped"]) == (21, {"bad_json": 1})
-    assert _table(tmp_path / "a/dapo_math_17k_test.parquet") == _table(tmp_path / "b/dapo_math_17k_test.parquet")
+    assert _table(tmp_path / "a/dapo_math_17k_test.parquet") == _table(
+        tmp_path / "b/dapo_math_17k_test.parquet"
+    )
 
 
 def test_bad_sources_exit_3_naming_the_path(tmp_path, capsys):
@@ -159,7 +187,9 @@ def test_bad_sources_exit_3_naming_the_path(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["code", "--src", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 3
     assert "holds no .parquet" in capsys.readouterr().err
-    assert main(["math", "--src", str(tmp_path), "--out", str(tmp_path / "out"), "--test-fraction", "1.5"]) == 2
+    assert (
+        main(["math", "--src", str(tmp_path), "--out", str(tmp_path / "out"), "--test-fraction", "1.5"]) == 2
+    )
 
 
 def test_over_cap_prompts_are_dropped_after_the_split_and_counted(tmp_path, capsys):
@@ -171,7 +201,8 @@ def test_over_cap_prompts_are_dropped_after_the_split_and_counted(tmp_path, caps
     assert capped["over_cap"] == {"train": 8, "test": 3} and (capped["train"], capped["test"]) == (10, 0)
     for name in ("train", "test"):
         kept = _table(tmp_path / f"cap/dapo_math_17k_{name}.parquet")
-        assert kept == [r for r in _table(whole["paths"][name]) if len(r["prompt"]) <= 18]  # the same split, less
+        # the same split, less
+        assert kept == [r for r in _table(whole["paths"][name]) if len(r["prompt"]) <= 18]
     assert whole["over_cap"] == {"train": 0, "test": 0}
     assert main(["math", "--src", str(src), "--out", str(tmp_path / "x"), "--max-prompt-tokens", "9"]) == 2
     assert "go together" in capsys.readouterr().err
@@ -182,7 +213,15 @@ def test_the_cap_counts_the_model_s_chat_template_tokens(tmp_path, capsys):
     from jobs.models.resolve import resolve_model
 
     src = _hf_folder(tmp_path / "dapo", "en", PROCESSED)
-    args = ["math", "--src", str(src), "--out", str(tmp_path / "o"), "--tokenizer", resolve_model("builtin:tiny")]
+    args = [
+        "math",
+        "--src",
+        str(src),
+        "--out",
+        str(tmp_path / "o"),
+        "--tokenizer",
+        resolve_model("builtin:tiny"),
+    ]
     assert main([*args, "--max-prompt-tokens", "1000"]) == 0
     assert "over the prompt cap: 0 train, 0 test" in capsys.readouterr().out
     assert main([*args, "--max-prompt-tokens", "5"]) == 0  # the template alone is longer

@@ -1,6 +1,6 @@
-"""A run's code version: the commit and dirtiness of a git checkout whose root is the package's, "unknown" without
-git, outside a repository or inside someone else's; the saved config still loads; the first metrics row alone
-carries it."""
+"""A run's code version: the commit and dirtiness of a git checkout whose root is the package's, "unknown"
+without git, outside a repository or inside someone else's; the saved config still loads; the first
+metrics row alone carries it."""
 
 from __future__ import annotations
 

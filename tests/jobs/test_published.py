@@ -1,6 +1,6 @@
-"""The plan of prime-rl's published baselines (jobs/plan/published.py) as docs/scaling.md tables it: the ratios the
-page prints are the planner's, each explained; the GPU coefficients stay within the band of this learner's own
-measurements on an H200 (benchmarks/results/2026-12-04-gpu-check-h200.md)."""
+"""The plan of prime-rl's published baselines (jobs/plan/published.py) as docs/scaling.md tables it: the
+ratios the page prints are the planner's, each explained; the GPU coefficients stay within the band of this
+learner's own measurements on an H200 (benchmarks/results/2026-12-04-gpu-check-h200.md)."""
 
 import re
 
@@ -44,7 +44,10 @@ def test_the_plan_stays_within_the_band_of_the_h200_measurements():
         e = estimate(p)
         assert BAND[0] <= e["allocated_gib"] / allocated <= BAND[1], p
         assert BAND[0] <= e["step_s"] / step <= BAND[1], p
-        assert reserved / allocated <= GPU_ALLOCATOR_POOL + 1e-9, (p, "the pool margin must cover every measurement")
+        assert reserved / allocated <= GPU_ALLOCATOR_POOL + 1e-9, (
+            p,
+            "the pool margin must cover every measurement",
+        )
 
 
 def test_the_published_rows_are_the_issue_figures_and_the_8_gpu_ones_shard():

@@ -1,5 +1,5 @@
-"""The quickstart as a new user runs it (`scripts/quickstart.sh`: SmolLM2-135M with a LoRA policy, the engine and
-the learner as Ray actors on the embedded cluster) visibly learns: held-out accuracy on at least 64 unseen
+"""The quickstart as a new user runs it (`scripts/quickstart.sh`: SmolLM2-135M with a LoRA policy, the engine
+and the learner as Ray actors on the embedded cluster) visibly learns: held-out accuracy on at least 64 unseen
 prompts rises by at least 0.15 within its training budget, and the console prints before and after."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def test_quickstart_config_evaluates_on_enough_held_out_prompts():
 @pytest.mark.slow
 @pytest.mark.timeout(45 * 60)  # the whole quickstart in a subprocess: past the 600 s default on a loaded box
 def test_quickstart_learns(tmp_path):
-    # A user's shell: none of the VLLM_* settings that in-process engines of earlier tests put in this process.
+    # A user's shell: none of the VLLM_* settings that in-process engines of
+    # earlier tests put in this process.
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     done = subprocess.run(["scripts/quickstart.sh", f"out_dir={tmp_path}"], capture_output=True, text=True,
                           timeout=40 * 60, check=False, env=env)
@@ -41,5 +42,7 @@ def test_quickstart_learns(tmp_path):
     # [arg_utils.py:1945] ..."), no DeepSpeed ones ("[WARNING] [real_accelerator.py:213:get_accelerator]"), no
     # weight-loading progress bars.
     console = done.stdout + done.stderr
-    assert not re.search(r"(INFO|WARNING) \d\d-\d\d [\d:]+ \[\w+\.py:\d+\]|\[WARNING\]", console), console[-3000:]
+    assert not re.search(r"(INFO|WARNING) \d\d-\d\d [\d:]+ \[\w+\.py:\d+\]|\[WARNING\]", console), console[
+        -3000:
+    ]
     assert "Loading safetensors" not in console

@@ -28,7 +28,8 @@ def _write_run(folder: Path, name: str, sharing: str, accuracies: list[float], d
     (run / "config.yaml").write_text(to_yaml(cfg))
     log, last = RunLog(run, tensorboard=False), len(accuracies) - 1
     for step in range(len(accuracies)):
-        m = real_step_metrics(step, sharing, accuracies[step] if step < last else None)  # no mid-run eval last
+        # no mid-run eval last
+        m = real_step_metrics(step, sharing, accuracies[step] if step < last else None)
         m[f"update/policy_move/{'shared' if sharing == 'shared' else 'generator'}"] = 0.01 * (step + 1)
         log.log(step, {k: v for k, v in m.items() if not (drop_grads and k.startswith(("grad/", "update/")))})
     log.log(len(accuracies), {"eval/accuracy": accuracies[-1]})
@@ -133,7 +134,11 @@ def test_a_run_without_config_or_evals_still_renders(tmp_path):
     log.close()
     assert main([str(run), "--out", str(tmp_path / "out")]) == 0
     page = _check_outputs(tmp_path / "out", 1)
-    assert "no config.yaml" in page and "no eval/accuracy recorded" in page and "no reward/mean/&lt;role&gt;" in page
+    assert (
+        "no config.yaml" in page
+        and "no eval/accuracy recorded" in page
+        and "no reward/mean/&lt;role&gt;" in page
+    )
 
 
 @pytest.mark.slow
@@ -141,14 +146,27 @@ def test_report_of_real_tiny_runs(ray_cluster, tmp_path):
     from jobs.train import train
 
     for sharing in ("isolated", "shared"):
-        cfg = load_config(TINY, [f"out_dir={tmp_path / 'runs'}", f"run_name=tiny_{sharing}", f"marl.sharing={sharing}",
-                                 "steps=3", "eval_every=1", "data.eval_size=4", "rollout.prompts_per_step=2",
-                                 "rollout.samples_per_prompt=2", "rollout.engines_per_role=0", "learner.ranks=0",
-                                 "ray.num_cpus=2"])
+        cfg = load_config(
+            TINY,
+            [
+                f"out_dir={tmp_path / 'runs'}",
+                f"run_name=tiny_{sharing}",
+                f"marl.sharing={sharing}",
+                "steps=3",
+                "eval_every=1",
+                "data.eval_size=4",
+                "rollout.prompts_per_step=2",
+                "rollout.samples_per_prompt=2",
+                "rollout.engines_per_role=0",
+                "learner.ranks=0",
+                "ray.num_cpus=2",
+            ],
+        )
         train(cfg)
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
     page = _check_outputs(tmp_path / "out", 2)
     assert "tiny_isolated · voting · isolated" in page and "tiny_shared · voting · shared" in page
     for sharing in ("isolated", "shared"):
         xs, ys = eval_curve(load_run(tmp_path / "runs" / f"tiny_{sharing}").rows)
-        assert xs == [0, 1, 2, 3] and all(0.0 <= y <= 1.0 for y in ys)  # the base model at 0 steps, then each eval
+        # the base model at 0 steps, then each eval
+        assert xs == [0, 1, 2, 3] and all(0.0 <= y <= 1.0 for y in ys)

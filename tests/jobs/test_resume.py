@@ -22,16 +22,25 @@ TINY = "jobs/configs/tiny.yaml"
 ROOT = Path(__file__).resolve().parents[2]
 # train_size is a multiple of prompts_per_step: an epoch ends every 2 steps, so a stop at step 2 sits exactly
 # on an epoch boundary and the resumed run must start the next epoch's shuffle.
-SHAPE = ["data.train_size=8", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "data.eval_size=4",
-         "marl.workflow=voting", "marl.sharing=isolated", "checkpoint.every=1", "ray.num_cpus=2",
-         # Equal to the bit: each batch's composition fixed by the workflow. Streamed requests draw the same tokens
-         # whatever they are batched with, but the padding they share moves their logprobs by ~1e-7.
-         "rollout.mode=lockstep"]
+SHAPE = [
+    "data.train_size=8",
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "data.eval_size=4",
+    "marl.workflow=voting",
+    "marl.sharing=isolated",
+    "checkpoint.every=1",
+    "ray.num_cpus=2",
+    # Equal to the bit: each batch's composition fixed by the workflow. Streamed requests draw the same
+    # tokens whatever they are batched with, but the padding they share moves their logprobs by ~1e-7.
+    "rollout.mode=lockstep",
+]
 COMPARED = ("reward/mean", "loss/generator", "loss/aggregator", "grad/norm/generator", "grad/norm/aggregator",
             "reward/mean/generator", "response_len/mean/generator")
 
 
-# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py)
+# starts a cluster of that size.
 RAY_CPUS = 2
 
 
@@ -59,7 +68,11 @@ def _final_weights(out: Path, steps: int) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def _per_step(out: Path) -> dict[int, dict[str, float]]:
-    return {r["step"]: {k: r[k] for k in COMPARED if k in r} for r in read_metrics(out / "tiny") if "reward/mean" in r}
+    return {
+        r["step"]: {k: r[k] for k in COMPARED if k in r}
+        for r in read_metrics(out / "tiny")
+        if "reward/mean" in r
+    }
 
 
 def _assert_same_run(a: Path, b: Path, steps: int) -> None:
@@ -85,7 +98,8 @@ def test_stop_and_resume_equals_an_uninterrupted_run(ray_cluster, tmp_path, k):
         train(cfg, callbacks=(stopper,))
     root = parts / "tiny" / "checkpoints"
     assert (root / "latest").read_text() == f"step_{k}"
-    assert stopper.checkpoints == [root / f"step_{s + 1}" for s in range(k)]  # the committed folder, each step
+    # the committed folder, each step
+    assert stopper.checkpoints == [root / f"step_{s + 1}" for s in range(k)]
     summary = train(cfg)  # resume=auto
     _assert_same_run(whole, parts, steps)
     # The engines were re-synced to the restored weights before the first resumed rollout.
@@ -96,7 +110,8 @@ def test_stop_and_resume_equals_an_uninterrupted_run(ray_cluster, tmp_path, k):
 
 @pytest.mark.slow
 def test_resume_through_ray_actors_and_sigterm(tmp_path):
-    """The CLI as `ray job stop` meets it: SIGTERM mid-run, exit 143 saying why, then the same command resumes;
+    """The CLI as `ray job stop` meets it: SIGTERM mid-run, exit 143 saying why,
+    then the same command resumes;
     learner and engines are Ray actors. The stop lands wherever the run is, so equality is checked against an
     uninterrupted run up to the steps both completed."""
     steps = 6

@@ -21,7 +21,11 @@ PENALTY = "examples.format_penalty.boxed_or_penalty"
 
 
 def test_hook_paths_load_as_dotted_or_file_paths():
-    for path in (PENALTY, "examples.format_penalty:boxed_or_penalty", "examples/format_penalty.py:boxed_or_penalty"):
+    for path in (
+        PENALTY,
+        "examples.format_penalty:boxed_or_penalty",
+        "examples/format_penalty.py:boxed_or_penalty",
+    ):
         cfg = load_config(TINY, [f"marl.reward_shaping.generator={path}"])
         assert cfg.marl.reward_shaping == {"generator": path}
 
@@ -56,5 +60,7 @@ def test_format_penalty_shapes_its_role_in_a_step(tmp_path):
     generators = [r for r in rows if r["role"] == "generator"]
     assert len(generators) == 2 * 4 * 3 and any(last_boxed(r["response"]) is None for r in generators)
     for r in generators:
-        assert r["reward"] == pytest.approx(r["episode_reward"] - (0.1 if last_boxed(r["response"]) is None else 0))
+        assert r["reward"] == pytest.approx(
+            r["episode_reward"] - (0.1 if last_boxed(r["response"]) is None else 0)
+        )
     assert all(r["reward"] == r["episode_reward"] for r in rows if r["role"] == "aggregator")

@@ -1,5 +1,5 @@
-"""The run's data (jobs/driver/run_data.py): the whole train set by default, seeded cuts, eval held out from train
-(overlap counted, an input error above data.max_overlap, generated train sets decontaminated), the epoch
+"""The run's data (jobs/driver/run_data.py): the whole train set by default, seeded cuts, eval held out from
+train (overlap counted, an input error above data.max_overlap, generated train sets decontaminated), the epoch
 count, and its start-up line and step-0 metrics."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ QUICKSTART = "jobs/configs/quickstart.yaml"
 
 
 def _write(path, prompts):
-    path.write_text("".join(json.dumps({"prompt": p, "answer": str(i)}) + "\n" for i, p in enumerate(prompts)))
+    path.write_text(
+        "".join(json.dumps({"prompt": p, "answer": str(i)}) + "\n" for i, p in enumerate(prompts))
+    )
     return str(path)
 
 
@@ -31,7 +33,9 @@ def _math(tmp_path, train, evals, *overrides):
 
 def test_defaults_take_every_train_row_and_report_unique_prompts_and_epochs(tmp_path):
     # 40 rows, two of which repeat earlier problems with other capitals and spacing: 38 unique prompts.
-    train = _write(tmp_path / "train.jsonl", [f"Problem {i}?" for i in range(38)] + ["problem  0?", "PROBLEM 1?"])
+    train = _write(
+        tmp_path / "train.jsonl", [f"Problem {i}?" for i in range(38)] + ["problem  0?", "PROBLEM 1?"]
+    )
     evals = _write(tmp_path / "eval.jsonl", [f"Held out {i}?" for i in range(5)])
     cfg = _math(tmp_path, train, evals, "steps=19", "rollout.prompts_per_step=4")
     data = load_run_data(cfg)
@@ -57,8 +61,12 @@ def test_a_train_size_is_a_seeded_selection(tmp_path):
 def test_overlap_above_the_limit_is_an_input_error_naming_both_sources(tmp_path, capsys):
     train = _write(tmp_path / "train.jsonl", [f"Problem {i}?" for i in range(20)])
     # 2 of 10 eval prompts are training problems, written with other capitals and whitespace.
-    evals = _write(tmp_path / "eval.jsonl", ["PROBLEM 3?", "problem\n 7? "] + [f"Other {i}?" for i in range(8)])
-    with pytest.raises(ValueError, match=r"eval\.jsonl shares 2 of its 10 prompts with data\.train=.*train\.jsonl"):
+    evals = _write(
+        tmp_path / "eval.jsonl", ["PROBLEM 3?", "problem\n 7? "] + [f"Other {i}?" for i in range(8)]
+    )
+    with pytest.raises(
+        ValueError, match=r"eval\.jsonl shares 2 of its 10 prompts with data\.train=.*train\.jsonl"
+    ):
         load_run_data(_math(tmp_path, train, evals))
     with pytest.raises(ValueError, match="max_overlap=0.1"):
         load_run_data(_math(tmp_path, train, evals, "data.max_overlap=0.1"))
@@ -76,9 +84,13 @@ def test_a_generated_train_set_drops_the_eval_prompts(tmp_path):
     data = load_run_data(cfg)
     assert len(data.eval) == 20 and not shared_tasks(data.train, data.eval)
     assert data.metrics["data/train_dropped"] == 300 - len(data.train) > 0
-    assert data.metrics["data/overlap"] == 0.0 and data.metrics["data/train_prompts"] == len(prompt_set(data.train))
+    assert data.metrics["data/overlap"] == 0.0 and data.metrics["data/train_prompts"] == len(
+        prompt_set(data.train)
+    )
     # Within the limit nothing is dropped and the overlap is reported.
-    kept = load_run_data(_math(tmp_path, spec, spec, "data.train_size=300", "data.eval_size=20", "data.max_overlap=1"))
+    kept = load_run_data(
+        _math(tmp_path, spec, spec, "data.train_size=300", "data.eval_size=20", "data.max_overlap=1")
+    )
     assert len(kept.train) == 300 and kept.metrics["data/overlap"] > 0
 
 
@@ -87,14 +99,16 @@ def test_quickstart_eval_is_held_out():
     data = load_run_data(cfg)
     assert len(data.eval) == cfg.data.eval_size and data.train
     assert not shared_tasks(data.train, data.eval) and data.metrics["data/overlap"] == 0.0
-    # Eval comes from a generator seed range disjoint from training's (item i of seed s is generated from s + i).
+    # Eval comes from a generator seed range disjoint from training's (item i of
+    # seed s is generated from s + i).
     train_seeds = {int(t.task_id.split(":")[-2]) + int(t.task_id.split(":")[-1]) for t in data.train}
     eval_seeds = {int(t.task_id.split(":")[-2]) + int(t.task_id.split(":")[-1]) for t in data.eval}
     assert max(train_seeds) < EVAL_SEED_OFFSET <= min(eval_seeds)
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("data.train_size=0", r"data\.train_size=0 .* generates tasks"),  # tiny.yaml trains on the digit generator
+    # tiny.yaml trains on the digit generator
+    ("data.train_size=0", r"data\.train_size=0 .* generates tasks"),
     ("data.max_overlap=1.5", r"data\.max_overlap"),
     ("data.train_size=-1", r"data\.train_size must be >= 0"),
 ])
@@ -104,11 +118,23 @@ def test_data_config_errors_name_the_key(override, message):
 
 
 def test_step_zero_carries_the_data_metrics(ray_cluster, tmp_path, capsys):
-    cfg = load_config(TINY, [f"out_dir={tmp_path}", "steps=1", "rollout.engines_per_role=0", "learner.ranks=0",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=4"])
+    cfg = load_config(
+        TINY,
+        [
+            f"out_dir={tmp_path}",
+            "steps=1",
+            "rollout.engines_per_role=0",
+            "learner.ranks=0",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "data.eval_size=4",
+        ],
+    )
     train(cfg)
     row = read_metrics(tmp_path / "tiny")[0]
     # digit: 64 tasks over its 10 prompts, every eval prompt also a train one (tiny.yaml allows it).
     assert row["step"] == 0 and row["data/train_tasks"] == 64 and row["data/train_prompts"] == 10
-    assert row["data/eval_tasks"] == 4 and row["data/overlap"] == 4 and row["data/epochs"] == pytest.approx(0.2)
+    assert (
+        row["data/eval_tasks"] == 4 and row["data/overlap"] == 4 and row["data/epochs"] == pytest.approx(0.2)
+    )
     assert "[tiny] data: train digit: 64 tasks, 10 unique prompts" in capsys.readouterr().out

@@ -26,9 +26,9 @@ ROLES = ["generator", "evaluator"]
 
 
 class SeedRecorder:
-    """An engine (the members' constructor, `generate_async` and `progress`) that records the seed each request
-    is sampled with, as a vLLM engine seeds each request; the evaluator always says Incorrect, so every round
-    runs."""
+    """An engine (the members' constructor, `generate_async` and `progress`) that records the seed
+    each request is sampled with, as a vLLM engine seeds each request; the evaluator always says
+    Incorrect, so every round runs."""
 
     seeds: list[int] = []
     lock = threading.Lock()
@@ -94,7 +94,12 @@ class FakeCollector:
 
 
 def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_before_its_prompts(tmp_path):
-    cfg = _cfg(tmp_path, "rollout.one_step_off_policy=true", "algo.old_logprobs=rollout", "rollout.prompts_per_step=2")
+    cfg = _cfg(
+        tmp_path,
+        "rollout.one_step_off_policy=true",
+        "algo.old_logprobs=rollout",
+        "rollout.prompts_per_step=2",
+    )
     collector = FakeCollector()
     sampler = PromptSampler(digit_tasks(8, 0), 0)
     source = RolloutSource(SimpleNamespace(collector=collector), cfg, sampler)

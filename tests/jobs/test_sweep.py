@@ -12,7 +12,16 @@ import pytest
 from ray import tune
 
 from jobs import sweep
-from jobs.config.sweep_spec import WHERE, SweepError, as_overrides, cell_label, cells, flatten, load_sweep, validate
+from jobs.config.sweep_spec import (
+    WHERE,
+    SweepError,
+    as_overrides,
+    cell_label,
+    cells,
+    flatten,
+    load_sweep,
+    validate,
+)
 from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
 from jobs.sweep import POINTER, TrialSetup, TuneReporter, setup_of, trial_config, trial_resources
@@ -42,7 +51,9 @@ def test_an_unknown_key_names_the_key_and_the_cell(tmp_path):
 
 
 def test_a_bad_value_names_its_cell(tmp_path):
-    spec = load_sweep(_sweep_file(tmp_path, "grid:\n  marl.sharing: [shared]\n  marl.workflow: [voting, chain]\n"))
+    spec = load_sweep(
+        _sweep_file(tmp_path, "grid:\n  marl.sharing: [shared]\n  marl.workflow: [voting, chain]\n")
+    )
     with pytest.raises(SweepError, match=r"cell \[marl.sharing=shared, marl.workflow=chain\].*marl.workflow"):
         validate(spec)
 
@@ -75,7 +86,9 @@ def test_a_mapping_value_sets_several_keys_together():
 def test_a_trial_config_is_base_then_overrides_then_its_cell(tmp_path):
     spec = load_sweep(str(TINY), [f"storage_path={tmp_path}"])
     setup = setup_of(spec)
-    cfg = trial_config(setup, {"grid": {"marl.sharing": "shared"}, "search": {"learner.optim.lr": 0.5}}, "t_1")
+    cfg = trial_config(
+        setup, {"grid": {"marl.sharing": "shared"}, "search": {"learner.optim.lr": 0.5}}, "t_1"
+    )
     assert (cfg.steps, cfg.marl.sharing, cfg.learner.optim.lr, cfg.run_name) == (2, "shared", 0.5, "t_1")
     assert cfg.out_dir == str(tmp_path.resolve() / "tiny_matrix" / "runs")
 
@@ -100,16 +113,25 @@ def test_paper_matrix_fits_two_gpus_per_trial():
     setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
     gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
     assert len(some) == 14 and 0 < min(gpus) and max(gpus) <= 2.0
-    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone: half a GPU
-    # for the engine and for each policy's rank (the memory plan's packing, docs/scaling.md).
+    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone: half a
+    # GPU for the engine and for each policy's rank (the memory plan's packing, docs/scaling.md).
     assert (min(gpus), max(gpus)) == (1.0, 2.0)
     plans = [make_plan(run_layout(trial_config(setup, {"grid": c}, "p"))) for c in some]
     assert all(p.fits() and p.memory == 80 * GIB for p in plans)  # every 4B cell fits an 80 GB GPU
     cfg = trial_config(setup, {"grid": some[-1]}, "p")
-    assert cfg.rollout.lora_serving == "multi" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
-    assert (cfg.model.lora.rank, cfg.model.lora.alpha, cfg.learner.optim.lr, cfg.learner.optim.warmup_steps,
-            cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.steps, cfg.checkpoint.every) == (
-        64, 32, 2e-5, 15, 64, 8, 500, 5)
+    assert cfg.rollout.lora_serving == "multi" and cfg.model.chat_template_kwargs == {
+        "enable_thinking": False
+    }
+    assert (
+        cfg.model.lora.rank,
+        cfg.model.lora.alpha,
+        cfg.learner.optim.lr,
+        cfg.learner.optim.warmup_steps,
+        cfg.rollout.prompts_per_step,
+        cfg.rollout.samples_per_prompt,
+        cfg.steps,
+        cfg.checkpoint.every,
+    ) == (64, 32, 2e-5, 15, 64, 8, 500, 5)
     assert (cfg.data.task, cfg.marl.workflow, cfg.marl.sharing) == ("code", "orch_workers", "isolated")
 
 
@@ -203,25 +225,45 @@ def test_tune_runs_exactly_the_kept_cells(tmp_path):
     assert [v["grid"] for _, v in generate_variants(param_space)] == cells(spec)
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("exclude:\n  - {marl.workflw: voting}\n",
-     r"exclude\[0\].marl.workflw is not a key the grid sets; grid keys: marl.workflow, marl.sharing, data.task, "
-     r"data.train"),
-    ("exclude:\n  - {marl.workflow: votin}\n", r"exclude\[0\] .*matches no cell"),
-    ("exclude:\n  - {}\n", r"exclude\[0\] names no key"),
-    ("exclude:\n  - {marl.workflow: [single_agent, voting, eval_opt]}\n", "exclude removes every cell"),
-    (EXCLUDE + "where:\n  - when: {data.tsk: math}\n    set: {algo.max_len: 64}\n",
-     r"where\[0\].when.data.tsk is not a key the grid sets"),
-    (EXCLUDE + "where:\n  - when: {data.task: [code]}\n    set: {algo.max_len: 64}\n",
-     r"where\[0\].when .*matches no cell"),
-    (EXCLUDE + "where:\n  - when: {marl.sharing: isolated, marl.workflow: single_agent}\n    set: {seed: 1}\n",
-     r"where\[0\].when .*matches only excluded cells"),
-    (EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {marl.sharing: shared}\n",
-     r"where\[0\].set.marl.sharing is a grid or search key"),
-    (EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {algo.max_lenn: 64}\n",
-     r"cell \[.*data.task=math.*algo.max_lenn"),
-    (EXCLUDE + "where:\n  - when: {data.task: math}\n    sett: {algo.max_len: 64}\n", r"where\[0\].*sett"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "exclude:\n  - {marl.workflw: voting}\n",
+            r"exclude\[0\].marl.workflw is not a key the grid sets; grid keys: marl.workflow, marl.sharing, "
+            r"data.task, "
+            r"data.train",
+        ),
+        ("exclude:\n  - {marl.workflow: votin}\n", r"exclude\[0\] .*matches no cell"),
+        ("exclude:\n  - {}\n", r"exclude\[0\] names no key"),
+        ("exclude:\n  - {marl.workflow: [single_agent, voting, eval_opt]}\n", "exclude removes every cell"),
+        (
+            EXCLUDE + "where:\n  - when: {data.tsk: math}\n    set: {algo.max_len: 64}\n",
+            r"where\[0\].when.data.tsk is not a key the grid sets",
+        ),
+        (
+            EXCLUDE + "where:\n  - when: {data.task: [code]}\n    set: {algo.max_len: 64}\n",
+            r"where\[0\].when .*matches no cell",
+        ),
+        (
+            EXCLUDE
+            + "where:\n  - when: {marl.sharing: isolated, marl.workflow: single_agent}\n    set: {seed: 1}\n",
+            r"where\[0\].when .*matches only excluded cells",
+        ),
+        (
+            EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {marl.sharing: shared}\n",
+            r"where\[0\].set.marl.sharing is a grid or search key",
+        ),
+        (
+            EXCLUDE + "where:\n  - when: {data.task: math}\n    set: {algo.max_lenn: 64}\n",
+            r"cell \[.*data.task=math.*algo.max_lenn",
+        ),
+        (
+            EXCLUDE + "where:\n  - when: {data.task: math}\n    sett: {algo.max_len: 64}\n",
+            r"where\[0\].*sett",
+        ),
+    ],
+)
 def test_a_bad_exclude_or_where_rule_names_itself(tmp_path, body, message):
     with pytest.raises(SweepError, match=message):
         validate(load_sweep(_sweep_file(tmp_path, RULES + body)))

@@ -18,9 +18,15 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 # tiny_matrix's grid and placement, with one-step trials: the test is about the sweep, not the training.
-CMD = [sys.executable, "-m", "jobs.sweep", "--config", "jobs/configs/sweeps/tiny_matrix.yaml",
-       "overrides=[steps=1,data.eval_size=1,marl.max_rounds=1,rollout.engine_num_cpus=0.25,learner.rank_num_cpus=0.25,"
-       "checkpoint.every=1]"]
+CMD = [
+    sys.executable,
+    "-m",
+    "jobs.sweep",
+    "--config",
+    "jobs/configs/sweeps/tiny_matrix.yaml",
+    "overrides=[steps=1,data.eval_size=1,marl.max_rounds=1,rollout.engine_num_cpus=0.25,learner.rank_num_cpus=0.25,"
+    "checkpoint.every=1]",
+]
 
 
 def _results(exp: Path) -> dict[str, list[dict]]:
@@ -52,8 +58,9 @@ def test_interrupted_sweep_resumes_to_completion(tmp_path):
     rows_before = {t: len(_results(exp)[t]) for t in done_before}
     assert 1 <= len(done_before) < 4
 
-    out = subprocess.run([*CMD, f"storage_path={tmp_path}", "--resume"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [*CMD, f"storage_path={tmp_path}", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = _results(exp)
     assert len(results) == 4 and _finished(exp) == set(results)

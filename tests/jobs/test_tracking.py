@@ -11,7 +11,15 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from jobs.telemetry.dashboard import STEP_METRIC
-from jobs.telemetry.tracking import MlflowSink, RunLog, StepDisplay, WandbSink, derived_metrics, read_metrics, require
+from jobs.telemetry.tracking import (
+    MlflowSink,
+    RunLog,
+    StepDisplay,
+    WandbSink,
+    derived_metrics,
+    read_metrics,
+    require,
+)
 
 TINY = "jobs/configs/tiny.yaml"
 ROLES = ["generator", "aggregator"]
@@ -64,8 +72,17 @@ def test_mlflow_run_gets_params_and_per_step_metrics(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 wants a database unless told otherwise
     uri = (tmp_path / "mlruns").as_uri()
-    cfg = load_config(TINY, [f"out_dir={tmp_path}", "tracking.mlflow.enabled=true", f"tracking.mlflow.uri={uri}",
-                             "tracking.tensorboard=false", "tracking.ray_metrics=false", "tracking.progress=line"])
+    cfg = load_config(
+        TINY,
+        [
+            f"out_dir={tmp_path}",
+            "tracking.mlflow.enabled=true",
+            f"tracking.mlflow.uri={uri}",
+            "tracking.tensorboard=false",
+            "tracking.ray_metrics=false",
+            "tracking.progress=line",
+        ],
+    )
     log = RunLog.for_run(tmp_path, cfg, ROLES)
     sink = log.sinks[0]
     assert isinstance(sink, MlflowSink)
@@ -87,9 +104,18 @@ def test_mlflow_run_gets_params_and_per_step_metrics(tmp_path, monkeypatch):
 
 
 def test_wandb_offline_run_logs_each_step(tmp_path):
-    cfg = load_config(TINY, [f"out_dir={tmp_path}", "tracking.wandb.enabled=true", "tracking.wandb.mode=offline",
-                             "tracking.wandb.run_name=w1", "tracking.tensorboard=false", "tracking.ray_metrics=false",
-                             "tracking.progress=line"])
+    cfg = load_config(
+        TINY,
+        [
+            f"out_dir={tmp_path}",
+            "tracking.wandb.enabled=true",
+            "tracking.wandb.mode=offline",
+            "tracking.wandb.run_name=w1",
+            "tracking.tensorboard=false",
+            "tracking.ray_metrics=false",
+            "tracking.progress=line",
+        ],
+    )
     log = RunLog.for_run(tmp_path, cfg, ROLES)
     sink = log.sinks[0]
     assert isinstance(sink, WandbSink)

@@ -44,11 +44,11 @@ def _cfg(tmp_path: Path, *overrides: str):
     return load_config(TINY, [f"out_dir={tmp_path}", *overrides])
 
 
-# Through Ray actors, the layouts that differ: voting shared (one engine and one learner group for two roles) and
-# isolated (a group each) in the fast tier, isolated eval_opt and orch_workers (the most actors, one learner per
-# role) in the slow one. The other cells check their workflow's whole cycle in-process: what a workflow adds
-# (its roles, turns and rewards) does not depend on where its members run, and a layout that does is one of the
-# actor cells' (shared or isolated, one role or several).
+# Through Ray actors, the layouts that differ: voting shared (one engine and one learner group for two roles)
+# and isolated (a group each) in the fast tier, isolated eval_opt and orch_workers (the most actors, one
+# learner per role) in the slow one. The other cells check their workflow's whole cycle in-process: what a
+# workflow adds (its roles, turns and rewards) does not depend on where its members run, and a layout that
+# does is one of the actor cells' (shared or isolated, one role or several).
 def _cell(workflow: str, sharing: str):
     if sharing == "isolated" and workflow in ("eval_opt", "orch_workers"):
         return pytest.param(workflow, sharing, 1, marks=pytest.mark.slow)
@@ -59,7 +59,8 @@ def _cell(workflow: str, sharing: str):
     _cell(w, s) for w in WORKFLOWS for s in ("shared", "isolated")])
 def test_two_steps_of_every_workflow_and_sharing(ray_cluster, tmp_path, workflow, sharing, actors):
     roles = roles_of(workflow)
-    # Turn rewards by the first token's parity: a random model's rows then carry advantages from the first step.
+    # Turn rewards by the first token's parity: a random model's rows then carry
+    # advantages from the first step.
     parity = [f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in roles]
     cfg = _cfg(tmp_path, f"marl.workflow={workflow}", f"marl.sharing={sharing}",
                f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", "rollout.prompts_per_step=2",
@@ -73,7 +74,8 @@ def test_two_steps_of_every_workflow_and_sharing(ray_cluster, tmp_path, workflow
         assert f"reward/mean/{role}" in rows[0] and f"rollout/parse_failures/{role}" in rows[0]
         assert rows[0][f"batch/dropped_truncated/{role}"] == 0 and f"batch/truncated/{role}" in rows[0]
     assert_updates_follow_advantages(run, rows, policy_map, resolve_model(cfg.model.path))
-    assert any(r.get(f"grad/mass/{role}", 0) > 0 for r in rows for role in roles)  # the check above had a push
+    # the check above had a push
+    assert any(r.get(f"grad/mass/{role}", 0) > 0 for r in rows for role in roles)
     for r in rows[:2]:
         assert_rewards_match_episodes(run, r)
     # Engines serve the version synced after step 0 when step 1 rolls out.
@@ -106,8 +108,8 @@ def _run_actors_gone(prefix: str, deadline_s: float = 10.0) -> bool:
 # The fast tier learns through the HF engine in-process; the slow tier through Ray actors on vLLM. (vLLM
 # in-process with a shared policy is not run here: its engine is the actors' engine, and the shared policy map
 # is the HF run's. The HF engine through actors is not run either: its learning is the in-process cell's, and
-# the actor layout's, with isolated policies, the vLLM cell's; the HF engine as an actor is in every actor cell
-# of test_two_steps_of_every_workflow_and_sharing.)
+# the actor layout's, with isolated policies, the vLLM cell's; the HF engine as an actor is in every actor
+# cell of test_two_steps_of_every_workflow_and_sharing.)
 @pytest.mark.parametrize(("sharing", "actors", "backend"), [
     ("shared", 0, "hf"), pytest.param("isolated", 1, "vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharing, actors, backend):

@@ -16,15 +16,23 @@ from marl.workflows import roles_of
 TINY = "jobs/configs/tiny.yaml"
 CODE = ["data.task=code", "data.train=code_synthetic", "data.eval=code_synthetic"]
 # The role whose turn each workflow's final answer comes from.
-ANSWERING = {"single_agent": "solver", "eval_opt": "generator", "voting": "generator", "orch_workers": "synthesizer"}
+ANSWERING = {
+    "single_agent": "solver",
+    "eval_opt": "generator",
+    "voting": "generator",
+    "orch_workers": "synthesizer",
+}
 
 
-# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py) starts a cluster of that size.
+# The runs ask for ray.num_cpus=2: the `ray_cluster` fixture (tests/conftest.py)
+# starts a cluster of that size.
 RAY_CPUS = 2
 
 
 def test_code_task_config_is_accepted_and_its_sandbox_validated():
-    cfg = load_config(TINY, [*CODE, "data.sandbox.timeout_s=4", "data.sandbox.workers=1", "marl.max_rounds=2"])
+    cfg = load_config(
+        TINY, [*CODE, "data.sandbox.timeout_s=4", "data.sandbox.workers=1", "marl.max_rounds=2"]
+    )
     assert cfg.data.task == "code" and cfg.data.sandbox.timeout_s == 4 and cfg.data.sandbox.workers == 1
     for bad in ("data.sandbox.timeout_s=0", "data.sandbox.memory_mb=-1", "data.sandbox.workers=-1",
                 "data.sandbox.max_output_bytes=0"):
@@ -66,5 +74,6 @@ def test_one_training_step_on_the_code_task(ray_cluster, tmp_path, workflow):
     plan = [i.pop("plan_format") for i in infos] if workflow == "orch_workers" else []
     assert all(p in ("strategy", "numbered", "lines") for p in plan)
     assert all(i == {"answer_role": ANSWERING[workflow], "reason": "no_code_block"} for i in infos)
-    # A random orchestrator's plan may be blank or too long (a line per strategy), ending its episodes unscored.
+    # A random orchestrator's plan may be blank or too long (a line per strategy),
+    # ending its episodes unscored.
     assert len(infos) > 0 or workflow == "orch_workers"

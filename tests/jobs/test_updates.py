@@ -37,10 +37,24 @@ def test_in_turn_and_at_once_give_the_same_step(ray_cluster, tmp_path):
     rows = {}
     for mode in ("true", "false"):
         out = tmp_path / mode
-        train(load_config("jobs/configs/tiny.yaml", [
-            f"out_dir={out}", "rollout.engines_per_role=0", "learner.ranks=0", "steps=2", "eval_every=0",
-            "tracking.tensorboard=false", "tracking.ray_metrics=false", f"learner.concurrent_updates={mode}"]))
+        train(
+            load_config(
+                "jobs/configs/tiny.yaml",
+                [
+                    f"out_dir={out}",
+                    "rollout.engines_per_role=0",
+                    "learner.ranks=0",
+                    "steps=2",
+                    "eval_every=0",
+                    "tracking.tensorboard=false",
+                    "tracking.ray_metrics=false",
+                    f"learner.concurrent_updates={mode}",
+                ],
+            )
+        )
         rows[mode] = [r for r in read_metrics(out / "tiny") if "time/step_s" in r]
     for at_once, in_turn in zip(rows["true"], rows["false"], strict=True):
         keys = [k for k in at_once if k.startswith(("loss/", "grad/norm/", "reward/mean"))]
-        assert keys and {k: in_turn[k] for k in keys} == pytest.approx({k: at_once[k] for k in keys}, rel=1e-6)
+        assert keys and {k: in_turn[k] for k in keys} == pytest.approx(
+            {k: at_once[k] for k in keys}, rel=1e-6
+        )

@@ -11,7 +11,11 @@ from jobs.models.resolve import resolve_model
 from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 from marl.policy_map import PolicyMap
-from tests.learning import assert_accuracy_is_a_count, assert_rewards_match_episodes, assert_updates_follow_advantages
+from tests.learning import (
+    assert_accuracy_is_a_count,
+    assert_rewards_match_episodes,
+    assert_updates_follow_advantages,
+)
 
 TINY = "jobs/configs/tiny.yaml"
 DEBATE = "examples/debate.py"
@@ -19,7 +23,9 @@ DEBATE = "examples/debate.py"
 
 @pytest.mark.parametrize("sharing", ["shared", "isolated"])
 def test_debate_trains_two_steps(ray_cluster, tmp_path, sharing):
-    parity = [f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in ("debater", "judge")]
+    parity = [
+        f"marl.reward_shaping.{role}=tests.learning.first_token_parity" for role in ("debater", "judge")
+    ]
     cfg = load_config(TINY, [f"out_dir={tmp_path}", f"marl.workflow={DEBATE}", f"marl.sharing={sharing}",
                              "marl.max_rounds=1", "rollout.engines_per_role=0", "learner.ranks=0",
                              "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2",
@@ -53,9 +59,21 @@ def test_a_module_that_is_no_workflow_is_a_config_error(tmp_path, capsys):
 
 
 def test_debate_runs_its_episodes_with_three_debaters(ray_cluster, tmp_path):
-    cfg = load_config(TINY, [f"out_dir={tmp_path}", f"marl.workflow={DEBATE}", "marl.options.debaters=3",
-                             "marl.max_rounds=1", "rollout.engines_per_role=0", "learner.ranks=0", "steps=1",
-                             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "data.eval_size=2"])
+    cfg = load_config(
+        TINY,
+        [
+            f"out_dir={tmp_path}",
+            f"marl.workflow={DEBATE}",
+            "marl.options.debaters=3",
+            "marl.max_rounds=1",
+            "rollout.engines_per_role=0",
+            "learner.ranks=0",
+            "steps=1",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "data.eval_size=2",
+        ],
+    )
     assert cfg.marl.options == {"debaters": 3}
     train(cfg)
     turns = pq.read_table(tmp_path / "tiny" / "rollouts" / "step_000000.parquet").to_pylist()
@@ -64,11 +82,17 @@ def test_debate_runs_its_episodes_with_three_debaters(ray_cluster, tmp_path):
     assert {t["agent"] for t in turns} == {"debater0", "debater1", "debater2", "judge"}
 
 
-@pytest.mark.parametrize(("override", "problem"), [
-    ("marl.options.debaters=1", "config: marl.options.debaters must be >= 2; got 1"),
-    ("marl.options.debaters=many", "config: marl.options.debaters must be an int; got 'many'"),
-    ("marl.options.judges=2", f"config: marl.options.judges: {DEBATE} has no option 'judges'; its options: debaters"),
-])
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("marl.options.debaters=1", "config: marl.options.debaters must be >= 2; got 1"),
+        ("marl.options.debaters=many", "config: marl.options.debaters must be an int; got 'many'"),
+        (
+            "marl.options.judges=2",
+            f"config: marl.options.judges: {DEBATE} has no option 'judges'; its options: debaters",
+        ),
+    ],
+)
 def test_a_bad_workflow_option_is_a_config_error_naming_its_key(tmp_path, capsys, override, problem):
     with pytest.raises(ConfigError) as e:
         load_config(TINY, [f"marl.workflow={DEBATE}", override])

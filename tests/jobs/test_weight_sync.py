@@ -1,6 +1,6 @@
-"""jobs.driver.weight_sync with in-process stand-ins for a learner's rank 0 and engines (no Ray, no model): which
-payload each serving mode ships, over which transport (the NCCL channel over gloo on CPU), the versions a replaced
-engine is caught up to, and the channel formed anew after a replacement."""
+"""jobs.driver.weight_sync with in-process stand-ins for a learner's rank 0 and engines (no Ray, no model):
+which payload each serving mode ships, over which transport (the NCCL channel over gloo on CPU), the versions
+a replaced engine is caught up to, and the channel formed anew after a replacement."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ ADAPTER = AdapterPayload("pi", {"lora_A": torch.full((2, 2), 0.5)}, {})
 
 
 class Rank0:
-    """A learner's rank 0: hands out WEIGHTS (and ADAPTER) the ways the learner does, and counts channel joins."""
+    """A learner's rank 0: hands out WEIGHTS (and ADAPTER) the ways the learner
+    does, and counts channel joins."""
 
     def __init__(self) -> None:
         self.joins = 0
@@ -51,7 +52,10 @@ class Rank0:
         self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend="gloo")
 
     def nccl_send(self, version, bucket_bytes, fingerprint_fn):
-        return {"fingerprint": fingerprint_fn(WEIGHTS), "bytes": self.channel.send(WEIGHTS, version, bucket_bytes)}
+        return {
+            "fingerprint": fingerprint_fn(WEIGHTS),
+            "bytes": self.channel.send(WEIGHTS, version, bucket_bytes),
+        }
 
     def joined(self) -> int:
         return self.joins
@@ -158,7 +162,8 @@ def test_sync_all_sums_policies_and_adds_merged_serving_metrics():
     syncs = {"pi": _sync([a], pid="pi"), "rho": _sync([b], pid="rho")}
     out = sync_all(syncs, 5)
     assert out["sync/verified"] == 2.0 and out["sync/bytes"] == 2.0 and out["time/sync_s"] > 0
-    assert out["sync/merge_rounding/pi"] == 0.5 and "sync/merge_rounding/rho" not in out  # multi-LoRA: no merge
+    # multi-LoRA: no merge
+    assert out["sync/merge_rounding/pi"] == 0.5 and "sync/merge_rounding/rho" not in out
     assert syncs["pi"].version == syncs["rho"].version == 5
 
 

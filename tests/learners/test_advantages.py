@@ -58,11 +58,13 @@ def test_grpo_singleton_group_and_constant_group_get_zero():
 
 
 def test_grpo_singleton_group_gets_its_reward_as_verl():
-    # verl's GRPO: a one-member group's mean is 0 and its std 1, so A = (r - 0) / (1 + eps), or r - 0 without std.
+    # verl's GRPO: a one-member group's mean is 0 and its std 1, so A = (r - 0) / (1
+    # + eps), or r - 0 without std.
     rewards, ids = torch.tensor([3.0, 1.0, 2.0, 5.0, 5.0]), torch.tensor([0, 1, 1, 2, 2])
     adv = grpo_advantages(rewards, ids, norm_std=True, singleton="reward")
-    assert torch.allclose(adv, torch.tensor([3.0 / (1 + 1e-6), -1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0]),
-                          atol=1e-5)
+    assert torch.allclose(
+        adv, torch.tensor([3.0 / (1 + 1e-6), -1 / math.sqrt(2), 1 / math.sqrt(2), 0.0, 0.0]), atol=1e-5
+    )
     assert adv[0].item() == pytest.approx(3.0 / (1 + 1e-6), rel=1e-7)
     plain = grpo_advantages(rewards, ids, norm_std=False, singleton="reward")
     assert torch.equal(plain, torch.tensor([3.0, -0.5, 0.5, 0.0, 0.0]))
@@ -71,15 +73,20 @@ def test_grpo_singleton_group_gets_its_reward_as_verl():
 
 
 def verl_grpo(rewards: list[float], ids: list[int], eps: float = 1e-6) -> list[float]:
-    """verl 0.6.1's compute_grpo_outcome_advantage as its description reads: per group its scores' mean and
-    (unbiased) std, a group of one taking mean 0 and std 1; every score becomes (score - mean) / (std + eps)."""
+    """verl 0.6.1's compute_grpo_outcome_advantage as its description reads: per group its
+    scores' mean and (unbiased) std, a group of one taking mean 0 and std 1; every score becomes
+    (score - mean) / (std + eps)."""
     groups: dict[int, list[float]] = {}
     for r, g in zip(rewards, ids, strict=True):
         groups.setdefault(g, []).append(r)
     stats = {}
     for g, xs in groups.items():
         mean = sum(xs) / len(xs)
-        stats[g] = (0.0, 1.0) if len(xs) == 1 else (mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)))
+        stats[g] = (
+            (0.0, 1.0)
+            if len(xs) == 1
+            else (mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)))
+        )
     return [(r - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, ids, strict=True)]
 
 

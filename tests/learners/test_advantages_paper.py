@@ -31,7 +31,13 @@ def _replies(workflow: str, task: Task, sample: int) -> dict:
         return {"generator0": right, "generator1": right, "generator2": right, "aggregator": "\\boxed{1}"}
     if workflow == "orch_workers":  # sample 0 answers right, the others wrong
         final = right if sample == 0 else "\\boxed{0}"
-        return {"orchestrator": PLAN, "worker0": right, "worker1": right, "worker2": right, "synthesizer": final}
+        return {
+            "orchestrator": PLAN,
+            "worker0": right,
+            "worker1": right,
+            "worker2": right,
+            "synthesizer": final,
+        }
     # eval_opt, 2 rounds: samples 0 and 1 are judged correct at once, 2 and 3 revise once
     verdicts = ["\\boxed{Correct}"] if sample < 2 else ["\\boxed{Incorrect}", "\\boxed{Correct}"]
     return {"generator": right, "evaluator": verdicts}
@@ -71,7 +77,9 @@ def test_eval_opt_with_two_rounds_in_every_sample_pools_2n_turns_per_role():
         return {"generator": RIGHT[task.task_id], "evaluator": ["\\boxed{Incorrect}", "\\boxed{Correct}"]}
 
     episodes = _episodes("eval_opt", revise_once)
-    assert _sizes(episodes, ["paper"]) == {(t.task_id, r): 2 * N for t in TASKS for r in ("generator", "evaluator")}
+    assert _sizes(episodes, ["paper"]) == {
+        (t.task_id, r): 2 * N for t in TASKS for r in ("generator", "evaluator")
+    }
 
 
 def test_paper_differs_from_per_agent_grouping_only_for_pooled_workers():

@@ -1,6 +1,7 @@
 """A learner backend from outside the package, defined in this file alone: registered with
-`learners.gradients.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in; the config checks
-and the planner read its declared capabilities, and a rank trains with it. No other source file names it."""
+`learners.gradients.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in;
+the config checks and the planner read its declared capabilities, and a rank trains with it. No
+other source file names it."""
 
 from __future__ import annotations
 

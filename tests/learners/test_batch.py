@@ -140,8 +140,13 @@ def test_a_prompt_over_the_cap_trains_no_row_and_is_counted_for_its_role():
     # Prompts: generator 2 and 2 tokens, evaluator 1 and 3 (the second evaluator turn is empty anyway).
     batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=1)
     assert list(batches) == ["evaluator"] and batches["evaluator"].input_ids.tolist() == [[6, 7, 8]]
-    assert stats == {"batch/rows": 1, "batch/dropped_empty": 1, "batch/dropped_truncated": 2, "batch/truncated": 0,
-                     **_per_role(generator=(0, 0, 2, 0), evaluator=(1, 1, 0, 0))}
+    assert stats == {
+        "batch/rows": 1,
+        "batch/dropped_empty": 1,
+        "batch/dropped_truncated": 2,
+        "batch/truncated": 0,
+        **_per_role(generator=(0, 0, 2, 0), evaluator=(1, 1, 0, 0)),
+    }
     # A prompt exactly at the cap is kept whole.
     batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=2)
     assert batches["generator"].input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
@@ -154,13 +159,18 @@ def test_roles_without_turns_still_have_their_keys():
 
 
 def _stats(role: str, rows: int, lost: int, empty: int = 0) -> dict[str, int]:
-    return {f"batch/rows/{role}": rows, f"batch/dropped_truncated/{role}": lost, f"batch/dropped_empty/{role}": empty}
+    return {
+        f"batch/rows/{role}": rows,
+        f"batch/dropped_truncated/{role}": lost,
+        f"batch/dropped_empty/{role}": empty,
+    }
 
 
 def test_check_role_drops_names_the_role_that_lost_the_largest_share():
     stats = {**_stats("generator", rows=90, lost=10), **_stats("evaluator", rows=18, lost=2, empty=5)}
     check_role_drops(stats, step=3, max_frac=0.1)  # 10/100 and 2/20: at the limit, not over it
-    stats |= _stats("evaluator", rows=17, lost=3, empty=5)  # 3/20 = 0.15; empty responses are not length losses
+    # 3/20 = 0.15; empty responses are not length losses
+    stats |= _stats("evaluator", rows=17, lost=3, empty=5)
     msg = r"role 'evaluator' lost 3 of 20 rows to length caps in step 3 \(algo.max_role_drop_frac=0.1\)"
     with pytest.raises(RoleDropError, match=msg):
         check_role_drops(stats, step=3, max_frac=0.1)
@@ -263,9 +273,10 @@ def test_longest_first_orders_rows_by_length_and_cuts_padding():
 
 
 def test_balanced_order_reorders_the_whole_batch_before_the_policy_split():
-    # Turns of lengths (prompt + response) 5, 2, 4, 3 as generator, aggregator, generator, aggregator. verl's order
-    # over 2 ranks: states {w3}{w2} (spread 24581) and {w5}{w4} (24585, first): {w5}+{w2} = 172061 > {w4}+{w3} =
-    # 172057, so rank 0 holds rows 0, 1 (light first: 1, 0), rank 1 rows 2, 3 (3, 2): [1, 0, 3, 2].
+    # Turns of lengths (prompt + response) 5, 2, 4, 3 as generator, aggregator, generator,
+    # aggregator. verl's order over 2 ranks: states {w3}{w2} (spread 24581) and {w5}{w4} (24585,
+    # first): {w5}+{w2} = 172061 > {w4}+{w3} = 172057, so rank 0 holds rows 0, 1 (light first: 1, 0),
+    # rank 1 rows 2, 3 (3, 2): [1, 0, 3, 2].
     def turn(role, n):
         return _turn(role, [1], [2] * (n - 1), [-0.1] * (n - 1), 0.0)
 
@@ -277,6 +288,11 @@ def test_balanced_order_reorders_the_whole_batch_before_the_policy_split():
     given = build_batches(episodes, shared, adv, PAD)[0]["shared"]
     assert given.advantages.tolist() == [1.0, 2.0, 3.0, 4.0]
     assert batch.attention_mask.sum(-1).tolist() == [2, 5, 3, 4]
-    assert batch.advantages.tolist() == [2.0, 1.0, 4.0, 3.0] and batch.roles == ["aggregator", "generator"] * 2
-    isolated = build_batches(episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PAD, balance_ranks=2)[0]
-    assert isolated["generator"].advantages.tolist() == [1.0, 3.0]  # each policy keeps the global order's rows
+    assert (
+        batch.advantages.tolist() == [2.0, 1.0, 4.0, 3.0] and batch.roles == ["aggregator", "generator"] * 2
+    )
+    isolated = build_batches(
+        episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PAD, balance_ranks=2
+    )[0]
+    # each policy keeps the global order's rows
+    assert isolated["generator"].advantages.tolist() == [1.0, 3.0]

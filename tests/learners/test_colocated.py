@@ -76,7 +76,8 @@ def test_same_losses_metrics_and_adapters_as_separate_learners(trained):
     separate, colocated, (sep_metrics, colo_metrics), _ = trained
     for sep, colo in zip(sep_metrics, colo_metrics, strict=True):
         assert set(sep) == set(colo)
-        assert f"loss/{POLICIES[1]}" in sep and sep["optim/steps/generator"] >= 2  # several optimizer steps each
+        # several optimizer steps each
+        assert f"loss/{POLICIES[1]}" in sep and sep["optim/steps/generator"] >= 2
         for key in sep:
             assert colo[key] == pytest.approx(sep[key], abs=TOL, rel=TOL), key
     for pid in POLICIES:

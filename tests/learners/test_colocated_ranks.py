@@ -1,7 +1,8 @@
-"""Colocated LoRA policies on two DeepSpeed ZeRO-2 ranks (Ray actors, gloo), one engine per policy over the shared
-module: the same batches as separate in-process torch learners give the same losses, metrics and adapters, the
-ranks stay identical, and a colocated policy's checkpoint (each rank's optimizer partition) resumes a separate
-two-rank group to the same next update, and that group's resumes a colocated policy, in another policy's slot.
+"""Colocated LoRA policies on two DeepSpeed ZeRO-2 ranks (Ray actors, gloo), one engine per policy over
+the shared module: the same batches as separate in-process torch learners give the same losses, metrics
+and adapters, the ranks stay identical, and a colocated policy's checkpoint (each rank's optimizer
+partition) resumes a separate two-rank group to the same next update, and that group's resumes a colocated
+policy, in another policy's slot.
 (One DeepSpeed group beside the colocated one: separate two-rank learners would start four more actors.)"""
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def test_checkpoints_resume_across_layouts_on_two_ranks(trained, tmp_path):
         batch = batch_of("generator", 3)
         m_sep, m_colo = fresh.update(batch, 3), colocated["generator"].update(batch, 3)
         for key in ("loss", "grad/norm", "lr"):
-            assert m_colo[f"{key}/generator"] == pytest.approx(m_sep[f"{key}/evaluator"], abs=TOL, rel=TOL), key
+            assert m_colo[f"{key}/generator"] == pytest.approx(m_sep[f"{key}/evaluator"], abs=TOL, rel=TOL), (
+                key
+            )
         assert max_diff(adapter(colocated["generator"]), adapter(fresh)) < TOL
     finally:
         fresh.shutdown()

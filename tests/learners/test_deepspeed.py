@@ -1,10 +1,10 @@
 """The DeepSpeed learner backend in-process (one rank; gloo on CPU, NCCL and the GPU where CUDA is): the same
-update as the torch Learner, one step per call whatever the micro-batches, per-role gradients under ZeRO-2, and
-its checkpoint round trip.
+update as the torch Learner, one step per call whatever the micro-batches, per-role gradients under ZeRO-2,
+and its checkpoint round trip.
 
 Tolerances (fp32): losses, grad norms and lr to rel 1e-5 (1e-4 across devices); weights to 1e-5 absolute, 5e-5
-across devices (measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3 on one device: only the summation order of the
-gradients differs, which Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
+across devices (measured ≤ 1e-7 under ZeRO-2 and 8e-7 under ZeRO-3 on one device: only the summation order of
+the gradients differs, which Adam's first step, lr · g / (|g| + eps), magnifies for the smallest gradients).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ ROWS8 = [*ROWS, ([36, 37], [49, 50, 51], 1.0, "evaluator"), ([38, 39, 52], [53, 
 
 @pytest.fixture(scope="module", autouse=True)
 def _own_process_group():
-    """The in-process engines join a one-rank process group in this process; leave none behind for later modules."""
+    """The in-process engines join a one-rank process group in this process; leave
+    none behind for later modules."""
     yield
     leave_process_group()
 
@@ -75,15 +76,28 @@ def test_config_selects_and_validates_the_backend(model_path):
     assert BACKENDS["torch"] is TorchBackend and BACKENDS["deepspeed"] is DeepSpeedBackend
     assert type(make(model_path, "torch").backend) is TorchBackend
     assert type(make(model_path, "deepspeed").backend) is DeepSpeedBackend
-    cfg = load_config("jobs/configs/tiny.yaml", ["learner.backend=deepspeed", "learner.deepspeed.zero_stage=3",
-                                                 "learner.deepspeed.offload_param=true", "model.dtype=bfloat16",
-                                                 "model.allow_emulated_bf16=true"])
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            "learner.backend=deepspeed",
+            "learner.deepspeed.zero_stage=3",
+            "learner.deepspeed.offload_param=true",
+            "model.dtype=bfloat16",
+            "model.allow_emulated_bf16=true",
+        ],
+    )
     ds = deepspeed_config(cfg.learner, cfg.model.dtype)
-    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_param"] == {
+        "device": "cpu"
+    }
     assert ds["bf16"] == {"enabled": True} and ds["managed_gradient_accumulation"] is False
     assert ds["gradient_clipping"] == cfg.learner.optim.grad_clip
-    for bad in (["learner.backend=jax"], ["learner.deepspeed.zero_stage=1"], ["learner.deepspeed.offload_param=true"],
-                ["learner.backend=deepspeed", "model.dtype=float16"]):
+    for bad in (
+        ["learner.backend=jax"],
+        ["learner.deepspeed.zero_stage=1"],
+        ["learner.deepspeed.offload_param=true"],
+        ["learner.backend=deepspeed", "model.dtype=float16"],
+    ):
         with pytest.raises(ConfigError, match=bad[-1].split("=")[0]):
             load_config("jobs/configs/tiny.yaml", bad)
 
@@ -184,7 +198,8 @@ def test_two_mini_batches_match_torch(model_path, roles):
 
 
 def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
-    # ZeRO-3 hands out rank 0's gathered snapshot of the last step; its merge is measured like the torch learner's.
+    # ZeRO-3 hands out rank 0's gathered snapshot of the last step; its merge is
+    # measured like the torch learner's.
     plain = make(model_path, "torch", *LORA)
     ds = make(model_path, "deepspeed", *LORA, "learner.deepspeed.zero_stage=3")
     batch = make_batch(ROWS)
@@ -202,8 +217,14 @@ def test_chunked_head_and_token_budget_match_the_unchunked_torch_update(model_pa
     # gradient reduced by the engine's hooks); ZeRO-3 only a partition, gathered by the head module's hooks in
     # forward and in the checkpointed recompute. Chunks of 4 split every micro-batch's loss tokens.
     plain = make(model_path, "torch", "learner.logits_chunk_tokens=0")
-    ds = make(model_path, "deepspeed", f"learner.deepspeed.zero_stage={stage}", "learner.logits_chunk_tokens=4",
-              "algo.max_len=16", "learner.max_tokens_per_micro_batch=16")
+    ds = make(
+        model_path,
+        "deepspeed",
+        f"learner.deepspeed.zero_stage={stage}",
+        "learner.logits_chunk_tokens=4",
+        "algo.max_len=16",
+        "learner.max_tokens_per_micro_batch=16",
+    )
     batch = make_batch(ROWS8)
     m_plain, m_ds = update(plain, batch), update(ds, batch)
     def values(m: RankMetrics) -> list[float]:

@@ -47,16 +47,24 @@ def assert_same_update(plain: LearnerGroup, ds: LearnerGroup, batch, stage: int)
 ], ids=["zero2", "zero3", "zero2-lora", "zero2-no-role-grads"])
 def test_two_deepspeed_ranks_match_the_torch_learner(ray_cluster, tmp_path, stage, extra):
     plain = make_group(*extra)
-    ds = make_group("learner.backend=deepspeed", "learner.ranks=2", f"learner.deepspeed.zero_stage={stage}", *extra)
+    ds = make_group(
+        "learner.backend=deepspeed", "learner.ranks=2", f"learner.deepspeed.zero_stage={stage}", *extra
+    )
     try:
         m = assert_same_update(plain, ds, make_batch(ROWS), stage)
         assert {"loss/p", "grad/norm/p", "clip_frac/role/generator", "entropy/evaluator"} <= set(m)
         if stage == 2 and "learner.role_grad_diagnostics=false" not in extra:
             assert {"grad/role_norm/generator", "grad/cos/evaluator__generator"} <= set(m)
         assert_same_update(plain, ds, make_batch(ROWS[:1]), stage)  # rank 1 has no rows at all
-        if stage == 3:  # ZeRO-3 gathers weights inside forward: rank 1 matches rank 0's metrics-only pass idly
+        # ZeRO-3 gathers weights inside forward: rank 1 matches rank 0's metrics-only pass idly
+        if stage == 3:
             zero = ([50, 51], [60, 61, 62], 0.0, "generator")
-            assert assert_same_update(plain, ds, make_batch([zero, *ROWS[:3]]), stage)["batch/dropped_zero_adv/p"] == 1
+            assert (
+                assert_same_update(plain, ds, make_batch([zero, *ROWS[:3]]), stage)[
+                    "batch/dropped_zero_adv/p"
+                ]
+                == 1
+            )
         exported = AutoModelForCausalLM.from_pretrained(ds.export(str(tmp_path / "export"))).state_dict()
         assert max_abs_diff(exported, weights(ds, 0)) == 0.0
     finally:
@@ -66,8 +74,16 @@ def test_two_deepspeed_ranks_match_the_torch_learner(ray_cluster, tmp_path, stag
 
 def test_zero3_checkpoint_round_trip_on_two_ranks(ray_cluster, tmp_path):
     # Each ZeRO-3 rank holds its own optimizer partition: resuming must give back every rank's part.
-    cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.micro_batch_size=2", "learner.backend=deepspeed",
-                                                 "learner.ranks=2", "learner.deepspeed.zero_stage=3"])
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            *BASE,
+            "learner.micro_batch_size=2",
+            "learner.backend=deepspeed",
+            "learner.ranks=2",
+            "learner.deepspeed.zero_stage=3",
+        ],
+    )
 
     def group(run_name: str) -> LearnerGroup:  # two groups alive at once: their actors need distinct names
         spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,

@@ -1,7 +1,7 @@
 """Skipping empty optimizer steps (algo.skip_empty_optimizer_steps) and the step's policy movement
-(update/policy_move) on the tiny model: a step with no live row leaves weights, AdamW state and an optimizer-step
-schedule untouched where the plain update coasts on momentum; a live step is taken as before; the group decides
-per mini-batch for every rank; the movement equals the mean |Δ log-prob| written out."""
+(update/policy_move) on the tiny model: a step with no live row leaves weights, AdamW state and an
+optimizer-step schedule untouched where the plain update coasts on momentum; a live step is taken as before;
+the group decides per mini-batch for every rank; the movement equals the mean |Δ log-prob| written out."""
 
 import copy
 
@@ -80,7 +80,9 @@ def test_group_skips_the_same_empty_mini_batches_on_every_rank():
     group = make_group("algo.skip_empty_optimizer_steps=true", "algo.ppo_mini_batch_size=2",
                        "algo.skip_zero_advantage=false")
     m = group.update(make_batch([ZERO[0], ZERO[1], ZERO[2], ZERO[3]]))
-    assert m["update/skipped_steps/p"] == 2.0 and m["optim/steps/p"] == 0.0 and m["update/policy_move/p"] == 0.0
+    assert (
+        m["update/skipped_steps/p"] == 2.0 and m["optim/steps/p"] == 0.0 and m["update/policy_move/p"] == 0.0
+    )
     before = weights(group)
     m = group.update(make_batch(ROWS[:4]))
     assert m["update/skipped_steps/p"] == 0.0 and m["optim/steps/p"] == 2.0
@@ -100,8 +102,10 @@ def test_policy_move_is_the_mean_abs_logprob_shift(make_learner, steps, old):
 
     def lp(module):
         with torch.no_grad():
-            return token_logprobs(module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1],
-                                  mb.input_ids[:, 1:])
+            return token_logprobs(
+                module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1],
+                mb.input_ids[:, 1:],
+            )
 
     total, tokens = abs_shift_sums(lp(learner.model), lp(model), mb.loss_mask[:, 1:])
     assert m.sums.move_tokens == tokens and m.sums.move == pytest.approx(total, rel=1e-4)

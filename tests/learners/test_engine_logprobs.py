@@ -1,13 +1,13 @@
-"""The engine's sampled log-probs, through `build_batches`, against the learner's on the same weights: builtin:tiny,
-fp32, at a sampling temperature the learner must apply too. Compared through the learner's own metric
-(`rollout/logprob_diff/<role>`: mean |learner − engine| over a role's response tokens), on rows that train
-(non-zero advantages) and on rows skipped for a zero advantage (the metrics-only pass). The vLLM engine's
-variant is in tests/rollout/test_vllm_engine.py, on that module's shared engine.
+"""The engine's sampled log-probs, through `build_batches`, against the learner's on the same weights:
+builtin:tiny, fp32, at a sampling temperature the learner must apply too. Compared through the learner's own
+metric (`rollout/logprob_diff/<role>`: mean |learner − engine| over a role's response tokens), on rows that
+train (non-zero advantages) and on rows skipped for a zero advantage (the metrics-only pass). The vLLM
+engine's variant is in tests/rollout/test_vllm_engine.py, on that module's shared engine.
 
 Tolerance: the learner runs right-padded rows where the engine ran left-padded ones, a difference of float
-summation order only: measured 1.8e-7 (mean over 48 tokens, both roles, trained and skipped rows). A mean of 1e-5
-leaves fifty times that and bounds every token's gap by 5e-4, while a learner that ignored the temperature is
-off by 5-6e-2 (checked below, against 1e-2).
+summation order only: measured 1.8e-7 (mean over 48 tokens, both roles, trained and skipped rows). A mean of
+1e-5 leaves fifty times that and bounds every token's gap by 5e-4, while a learner that ignored the
+temperature is off by 5-6e-2 (checked below, against 1e-2).
 """
 
 from __future__ import annotations
@@ -48,11 +48,32 @@ def learner_gap(model_path: str, completions: list[Completion], advantages: list
                 temperature: float = TEMPERATURE) -> dict[str, float]:
     """role -> the learner's rollout/logprob_diff on the engine's rows (one in-process update, fp32)."""
     pad = AutoTokenizer.from_pretrained(model_path).pad_token_id or 0
-    batches, _ = build_batches(episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), pad)
-    cfg = load_config("jobs/configs/tiny.yaml", ["learner.ranks=0", "model.dtype=float32", "learner.optim.lr=1e-3",
-                                                 "model.lora.enabled=false", "algo.kl_coef=0.0"])
-    group = LearnerGroup(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
-                                     algo=cfg.algo, temperature=temperature, total_steps=2, seed=0), "logprobs")
+    batches, _ = build_batches(
+        episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), pad
+    )
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            "learner.ranks=0",
+            "model.dtype=float32",
+            "learner.optim.lr=1e-3",
+            "model.lora.enabled=false",
+            "algo.kl_coef=0.0",
+        ],
+    )
+    group = LearnerGroup(
+        LearnerSpec(
+            policy_id="p",
+            model_path=model_path,
+            model=cfg.model,
+            learner=cfg.learner,
+            algo=cfg.algo,
+            temperature=temperature,
+            total_steps=2,
+            seed=0,
+        ),
+        "logprobs",
+    )
     try:
         metrics = group.update(batches["p"])
     finally:
@@ -63,7 +84,9 @@ def learner_gap(model_path: str, completions: list[Completion], advantages: list
 @pytest.fixture(scope="module")
 def hf_run() -> tuple[str, list[Completion]]:
     tiny = resolve_model("builtin:tiny")
-    completions = HFEngine(tiny, policy_id="p").generate(REQUESTS, Sampling(TEMPERATURE, max_new_tokens=12, seed=5))
+    completions = HFEngine(tiny, policy_id="p").generate(
+        REQUESTS, Sampling(TEMPERATURE, max_new_tokens=12, seed=5)
+    )
     assert all(c.response_ids for c in completions)
     return tiny, completions
 

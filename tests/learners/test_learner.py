@@ -104,7 +104,9 @@ def grads(learner: Learner) -> list[torch.Tensor]:
 
 def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):
     learner = make_learner()
-    batch = make_batch([([10, 11, 12], [20, 21, 22], 1.0, "generator"), ([50, 51], [60, 61, 62], -1.0, "evaluator")])
+    batch = make_batch(
+        [([10, 11, 12], [20, 21, 22], 1.0, "generator"), ([50, 51], [60, 61, 62], -1.0, "evaluator")]
+    )
     before = response_logprob(learner.model, batch)
     update(learner, batch)
     after = response_logprob(learner.model, batch)
@@ -283,7 +285,8 @@ def test_the_merged_sketch_is_the_served_merges_from_the_module_or_its_snapshot(
     direct = learner.merged_sketch()
     assert learner.sync_metrics() == {}  # served in fp32: nothing merged, no rounding reported
     snapshot = take_snapshot(learner.model, "p")
-    monkeypatch.setattr(learner.backend, "snapshot", lambda: snapshot)  # a ZeRO-3 rank: its module holds a partition
+    # a ZeRO-3 rank: its module holds a partition
+    monkeypatch.setattr(learner.backend, "snapshot", lambda: snapshot)
     kept = learner.merged_sketch()
     assert list(direct) == list(kept) == list(merged)
     assert max(max(sketch_error(direct[n], sketch(n, w)), sketch_error(kept[n], sketch(n, w)))

@@ -1,13 +1,15 @@
-"""bfloat16 on the torch learner backend: fp32 master weights and fp32 AdamW state, forward passes under CPU bf16
-autocast, one update close to the fp32 one, weights served in bf16 that a bf16 HF engine verifies, and the
-engine/learner logprob gap reported as in fp32.
+"""bfloat16 on the torch learner backend: fp32 master weights and fp32 AdamW state, forward passes under CPU
+bf16 autocast, one update close to the fp32 one, weights served in bf16 that a bf16 HF engine verifies, and
+the engine/learner logprob gap reported as in fp32.
 
-This machine's CPU may lack bf16 instructions (config load then refuses bf16 on CPU): the learners are built from
-a config with model.allow_emulated_bf16=true, which PyTorch runs in software, slowly but exactly as in hardware.
+This machine's CPU may lack bf16 instructions (config load then refuses bf16 on CPU): the learners
+are built from a config with model.allow_emulated_bf16=true, which PyTorch runs in software,
+slowly but exactly as in hardware.
 
-Measured on the tiny model, one update of the six-row batch (lr 1e-3): bf16 vs fp32 gradient relative difference
-6.0e-3 (cosine 0.999999), grad norm ratio 0.9995, update relative difference 0.095 with cosine 0.9955 (Adam's first
-step is ~lr·sign(g): 0.24% of the weights, those of near-zero gradient, move the other way, each by 2·lr).
+Measured on the tiny model, one update of the six-row batch (lr 1e-3): bf16 vs fp32 gradient relative
+difference 6.0e-3 (cosine 0.999999), grad norm ratio 0.9995, update relative difference 0.095 with
+cosine 0.9955 (Adam's first step is ~lr·sign(g): 0.24% of the weights, those of near-zero gradient,
+move the other way, each by 2·lr).
 """
 
 import pytest
@@ -113,8 +115,9 @@ def test_the_engine_learner_logprob_gap_is_reported_under_bf16(model_path):
     batch = make_batch(ROWS)
     with torch.no_grad():  # an fp32 engine's logprobs: what the bf16 learner's own differ from
         logits = fp32.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    batch.rollout_logprobs[:, 1:] = torch.where(batch.loss_mask[:, 1:], token_logprobs(logits, batch.input_ids[:, 1:]),
-                                                0.0)
+    batch.rollout_logprobs[:, 1:] = torch.where(
+        batch.loss_mask[:, 1:], token_logprobs(logits, batch.input_ids[:, 1:]), 0.0
+    )
     metrics = merge_rank_metrics([update(bf16, batch)], "p")
     for role in ("generator", "evaluator"):
         gap = metrics[f"rollout/logprob_diff/{role}"]

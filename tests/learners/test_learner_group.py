@@ -83,13 +83,26 @@ def test_merge_rank_metrics_by_hand():
         move=0.1, move_tokens=2.0, loss=-0.25, clip_frac=1.0, tokens=2.0, padded_positions=1.0, positions=5.0,
         roles=RoleSums(entropy={"generator": 4.0}, tokens={"generator": 2.0}, logprob_diff={"generator": 0.2},
                        kl={"generator": 0.1})), steps)
-    assert merge_rank_metrics([rank0, rank1], "p") == pytest.approx({
-        "loss/p": 0.25, "grad/norm/p": 3.0, "lr/p": 1e-3, "clip_frac/p": 3.0 / 12.0,
-        "last/grad/norm/p": 2.5, "last/lr/p": 9e-4, "optim/steps/p": 2.0, "batch/padding_frac/p": 4.0 / 25.0,
-        "update/skipped_steps/p": 1.0, "update/policy_move/p": 0.4 / 12.0,
-        "entropy/generator": 12.0 / 6.0, "rollout/logprob_diff/generator": 0.6 / 6.0, "kl/generator": 0.3 / 6.0,
-        "entropy/evaluator": 1.0, "rollout/logprob_diff/evaluator": 0.2, "kl/evaluator": 0.0,
-    })
+    assert merge_rank_metrics([rank0, rank1], "p") == pytest.approx(
+        {
+            "loss/p": 0.25,
+            "grad/norm/p": 3.0,
+            "lr/p": 1e-3,
+            "clip_frac/p": 3.0 / 12.0,
+            "last/grad/norm/p": 2.5,
+            "last/lr/p": 9e-4,
+            "optim/steps/p": 2.0,
+            "batch/padding_frac/p": 4.0 / 25.0,
+            "update/skipped_steps/p": 1.0,
+            "update/policy_move/p": 0.4 / 12.0,
+            "entropy/generator": 12.0 / 6.0,
+            "rollout/logprob_diff/generator": 0.6 / 6.0,
+            "kl/generator": 0.3 / 6.0,
+            "entropy/evaluator": 1.0,
+            "rollout/logprob_diff/evaluator": 0.2,
+            "kl/evaluator": 0.0,
+        }
+    )
 
 
 def test_merge_rank_metrics_with_no_tokens_anywhere():
@@ -106,10 +119,21 @@ def test_in_process_group_steps_on_an_empty_batch():
     # A policy whose roles produced no turn still takes its step (and its lr advances).
     group = make_group("learner.optim.warmup_steps=2")
     first = group.update(empty_batch("p"))
-    assert first == {"loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": pytest.approx(5e-4), "clip_frac/p": 0.0,
-                     "batch/dropped_zero_adv/p": 0.0, "last/grad/norm/p": 0.0, "last/lr/p": pytest.approx(5e-4),
-                     "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0, "update/skipped_steps/p": 0.0,
-                     "update/policy_move/p": 0.0, "update/diag_rows/p": 0.0, "update/policy_move_rows/p": 0.0}
+    assert first == {
+        "loss/p": 0.0,
+        "grad/norm/p": 0.0,
+        "lr/p": pytest.approx(5e-4),
+        "clip_frac/p": 0.0,
+        "batch/dropped_zero_adv/p": 0.0,
+        "last/grad/norm/p": 0.0,
+        "last/lr/p": pytest.approx(5e-4),
+        "optim/steps/p": 1.0,
+        "batch/padding_frac/p": 0.0,
+        "update/skipped_steps/p": 0.0,
+        "update/policy_move/p": 0.0,
+        "update/diag_rows/p": 0.0,
+        "update/policy_move_rows/p": 0.0,
+    }
     assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
 
@@ -182,7 +206,9 @@ def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
     for key in ("entropy/generator", "entropy/evaluator", "rollout/logprob_diff/generator",
                 "rollout/logprob_diff/evaluator", "clip_frac/p", "clip_frac/role/generator"):
         assert m_drop[key] == pytest.approx(m_keep[key], rel=1e-5), key
-    assert m_drop["entropy/generator"] != pytest.approx(make_group().update(make_batch(ROWS))["entropy/generator"])
+    assert m_drop["entropy/generator"] != pytest.approx(
+        make_group().update(make_batch(ROWS))["entropy/generator"]
+    )
 
 
 def test_two_ranks_with_a_skipped_row_on_one_rank(one_and_two_ranks):

@@ -1,6 +1,7 @@
-"""The chunked LM head (learners/compute/logprob_head.py) against full logits: log-probs, entropy and gradients equal to
-1e-5 in fp32 at several shapes (a chunk that does not divide the positions too), through the custom backward (a
-plain head), the checkpointed module (any other head), tied embeddings, LoRA, and the learner's passes."""
+"""The chunked LM head (learners/compute/logprob_head.py) against full logits: log-probs, entropy and
+gradients equal to 1e-5 in fp32 at several shapes (a chunk that does not divide the positions too),
+through the custom backward (a plain head), the checkpointed module (any other head), tied embeddings,
+LoRA, and the learner's passes."""
 
 import dataclasses
 
@@ -27,7 +28,8 @@ def _full(head, hidden, targets, temperature):
 @pytest.mark.parametrize("n,chunk,bias", [(7, 3, False), (12, 4, False), (5, 16, False), (9, 2, True)])
 def test_head_logprobs_equal_full_logits_with_their_gradients(n, chunk, bias):
     torch.manual_seed(n)
-    head = torch.nn.Linear(8, 50, bias=bias)  # a bias takes the checkpointed-module path, no bias the Function
+    # a bias takes the checkpointed-module path, no bias the Function
+    head = torch.nn.Linear(8, 50, bias=bias)
     hidden = torch.randn(n, 8, requires_grad=True)
     targets, weights = torch.randint(0, 50, (n,)), torch.randn(n)
     grads = []
@@ -42,7 +44,11 @@ def test_head_logprobs_equal_full_logits_with_their_gradients(n, chunk, bias):
 
 
 def test_head_logprobs_without_grad_or_entropy():
-    head, hidden, targets = torch.nn.Linear(8, 50, bias=False), torch.randn(10, 8), torch.randint(0, 50, (10,))
+    head, hidden, targets = (
+        torch.nn.Linear(8, 50, bias=False),
+        torch.randn(10, 8),
+        torch.randint(0, 50, (10,)),
+    )
     with torch.no_grad():
         lp, ent = head_logprobs(head, hidden, targets, temperature=1.0, chunk=3, entropy=False)
     assert ent is None and lp.shape == (10,)
@@ -59,7 +65,11 @@ def _grads_and_metrics(learner, batch, temperature):
     learner.passes.temperature = temperature
     loss, sums = learner._micro_step(batch, float(batch.loss_mask.sum()))
     grads = torch.autograd.grad(loss, learner.params, allow_unused=True)
-    return loss, [torch.zeros_like(p) if g is None else g for p, g in zip(learner.params, grads, strict=True)], sums
+    return (
+        loss,
+        [torch.zeros_like(p) if g is None else g for p, g in zip(learner.params, grads, strict=True)],
+        sums,
+    )
 
 
 @pytest.mark.parametrize("overrides", [(), LORA, (*LORA[:-1], "model.lora.target_modules=.*q_proj|lm_head")],

@@ -134,7 +134,9 @@ def test_log_ratio_clamp_hand_computed():
     assert loss.item() == pytest.approx(math.exp(20.0) + 2.0, rel=1e-6)
     assert torch.allclose(lp.grad, torch.tensor([[0.0, 2.0]]))  # no gradient beyond the clamp
     assert not torch.isfinite(ppo_clip_loss(lp, torch.zeros(1, 2), adv, mask, normalizer=1.0)[0])
-    both, _ = ppo_clip_loss(lp, torch.zeros(1, 2), adv, mask, normalizer=1.0, log_ratio_clamp=20.0, dual_clip_c=3.0)
+    both, _ = ppo_clip_loss(
+        lp, torch.zeros(1, 2), adv, mask, normalizer=1.0, log_ratio_clamp=20.0, dual_clip_c=3.0
+    )
     assert both.item() == pytest.approx(3.0 + 2.0)
 
 

@@ -1,5 +1,6 @@
-"""The learner memory model's arithmetic against hand-computed and published figures: Qwen3's parameter counts
-(its model cards), the LoRA and KV-cache sizes, DeepSpeed's ZeRO-2 formula, and how each setting moves a term."""
+"""The learner memory model's arithmetic against hand-computed and published figures: Qwen3's
+parameter counts (its model cards), the LoRA and KV-cache sizes, DeepSpeed's ZeRO-2 formula, and
+how each setting moves a term."""
 
 import dataclasses
 
@@ -52,15 +53,17 @@ def test_activations_at_the_budget_with_and_without_checkpointing():
 
 
 def test_attention_masks_follow_padding_free():
-    """Padded rows: each layer's copy of a [rows, 1, T, T] mask in the compute dtype (2 bytes bf16 on a GPU, 4 fp32
-    on the CPU), at most tokens · min(longest row, tokens / 2) entries; packed rows:
-    one [N, N] block on the CPU, none on a GPU (flash-attention's varlen kernel). Tokens are the same either way."""
+    """Padded rows: each layer's copy of a [rows, 1, T, T] mask in the compute dtype (2 bytes bf16 on a GPU, 4
+    fp32 on the CPU), at most tokens · min(longest row, tokens / 2) entries; packed rows: one [N, N] block on
+    the CPU, none on a GPU (flash-attention's varlen kernel). Tokens are the same either way."""
     s, n, width = qwen3_shape("0.6b"), 8192, 2048
     padded = dataclasses.replace(GPU, tokens=n, longest_row=width, checkpointing=False)
 
     def mask(setup: LearnerSetup) -> float:  # the activations less those of rows of one length (no mask)
-        return (learner_memory(s, setup).activations
-                - learner_memory(s, dataclasses.replace(setup, longest_row=0, padding_free=False)).activations)
+        return (
+            learner_memory(s, setup).activations
+            - learner_memory(s, dataclasses.replace(setup, longest_row=0, padding_free=False)).activations
+        )
 
     assert mask(padded) == n * width * s.layers * 2
     assert mask(dataclasses.replace(padded, checkpointing=True)) == n * width * 2  # one layer recomputed
@@ -106,7 +109,8 @@ def test_logits_chunk_bounds_the_head_whatever_the_budget():
     small, large = (learner_memory(s, dataclasses.replace(GPU, tokens=t)).logits for t in (8192, 40960))
     assert small == large == 12 * 1024 * 151936
     whole = learner_memory(s, dataclasses.replace(GPU, logits_chunk=0)).logits
-    assert whole == 16 * 40960 * 151936 and whole / GIB > 90  # the [T, V] logits alone do not fit an 80 GB GPU
+    # the [T, V] logits alone do not fit an 80 GB GPU
+    assert whole == 16 * 40960 * 151936 and whole / GIB > 90
 
 
 def test_role_gradient_buffer_is_roles_by_trainable_parameters():

@@ -1,6 +1,8 @@
-"""The CPU memory model against the CPU learner's measured peak: one update of a Qwen3-shaped body with the real
-vocabulary (151,936; the chunked LM head), fp32, each shape in a fresh subprocess (benchmarks/learner_peak.py);
-the estimate of what the update adds over the loaded model is within 25 % of the measured rise at three shapes."""
+"""The CPU memory model against the CPU learner's measured peak: one update of a Qwen3-shaped
+body with the real vocabulary (151,936; the chunked LM head), fp32, each shape in a fresh
+subprocess (benchmarks/learner_peak.py);
+the estimate of what the update adds over the loaded model is within 25 % of the
+measured rise at three shapes."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""Micro-batches by token budget (learners/update/micro_batches.py): the hard cap, the fewest groups, balance, padding,
-the error naming the key, the config check, and the same update as row-count micro-batches."""
+"""Micro-batches by token budget (learners/update/micro_batches.py): the hard cap, the fewest groups, balance,
+padding, the error naming the key, the config check, and the same update as row-count micro-batches."""
 
 import pytest
 import torch
@@ -32,7 +32,8 @@ def test_balancing_lowers_the_largest_group_without_adding_groups():
 
 
 def test_packed_rows_count_their_tokens_only():
-    lengths = [100, 60, 40, 30, 30, 20]  # padded, 160 holds [100] | [60, 40] | [30, 30, 20]; packed, two groups
+    # padded, 160 holds [100] | [60, 40] | [30, 30, 20]; packed, two groups
+    lengths = [100, 60, 40, 30, 30, 20]
     assert [sorted(lengths[i] for i in g) for g in micro_batch_rows(lengths, 1, 160, packed=True)] == [
         [60, 100], [20, 30, 30, 40]]
     assert len(micro_batch_rows(lengths, 1, 160)) == 3
@@ -60,8 +61,10 @@ def test_config_refuses_a_budget_below_the_row_cap():
 
 
 def test_a_token_budget_gives_the_update_of_row_count_micro_batches():
-    by_rows, by_tokens = _learner("learner.micro_batch_size=6"), _learner("learner.max_tokens_per_micro_batch=16",
-                                                                          "algo.max_len=16")
+    by_rows, by_tokens = (
+        _learner("learner.micro_batch_size=6"),
+        _learner("learner.max_tokens_per_micro_batch=16", "algo.max_len=16"),
+    )
     batch = make_batch(ROWS)  # rows of 7, 4, 7, 7, 4, 4 tokens: three micro-batches of at most 16 tokens
     m_rows, m_tokens = update(by_rows, batch), update(by_tokens, batch)
     for a, b in zip(grads(by_rows), grads(by_tokens), strict=True):
@@ -85,7 +88,8 @@ def test_packing_bookkeeping_keeps_every_target_in_its_row():
 
 
 def test_padding_free_rows_give_the_padded_update():
-    """On CPU the SDPA mask keeps packed rows apart (transformers' packed-sequence detection from position ids)."""
+    """On CPU the SDPA mask keeps packed rows apart (transformers' packed-sequence
+    detection from position ids)."""
     padded, packed = _learner("learner.logits_chunk_tokens=4"), _learner("learner.logits_chunk_tokens=4",
                                                                          "learner.padding_free=true")
     batch = make_batch(ROWS)
@@ -103,7 +107,8 @@ def test_packed_rows_on_a_gpu_without_flash_attention_are_refused_naming_the_key
     from learners.compute.padding_free import attention_implementation
 
     assert attention_implementation(False, cuda=True, flash_attn=False) is None
-    assert attention_implementation(True, cuda=False, flash_attn=False) is None  # CPU: the [N, N] mask is planned
+    # CPU: the [N, N] mask is planned
+    assert attention_implementation(True, cuda=False, flash_attn=False) is None
     assert attention_implementation(True, cuda=True, flash_attn=True) == "flash_attention_2"
     with pytest.raises(RuntimeError, match="learner.padding_free"):
         attention_implementation(True, cuda=True, flash_attn=False)

@@ -1,6 +1,7 @@
-"""PPO mini-batches on the tiny model: a hand-written reference of the two-step update (old log-probs from before
-the first step), clipping that engages from the second mini-batch on, the whole-batch plan as today's single
-step, optimizer-step counts under isolated voting, the schedule unit, and the rollout log-probs as old."""
+"""PPO mini-batches on the tiny model: a hand-written reference of the two-step update (old
+log-probs from before the first step), clipping that engages from the second mini-batch on, the
+whole-batch plan as today's single step, optimizer-step counts under isolated voting, the schedule
+unit, and the rollout log-probs as old."""
 
 import copy
 import dataclasses
@@ -27,8 +28,18 @@ def make_learner():
 
     def make(*overrides: str) -> Learner:
         cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-        return Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
-                                   temperature=1.0, total_steps=10, seed=0))
+        return Learner(
+            LearnerSpec(
+                policy_id="p",
+                model_path=path,
+                model=cfg.model,
+                learner=cfg.learner,
+                algo=cfg.algo,
+                temperature=1.0,
+                total_steps=10,
+                seed=0,
+            )
+        )
 
     return make
 
@@ -45,13 +56,16 @@ def plan_of(batch: TrainBatch, steps: list[list[int]]) -> UpdatePlan:
 
 
 def reference_update(model: torch.nn.Module, batch: TrainBatch, steps: list[list[int]], lr: float) -> None:
-    """The update written out: old log-probs of every row from the weights before any step, then one AdamW step
-    (clip 1.0, cosine at step 0 = lr) per mini-batch on the clipped PPO loss over that mini-batch's tokens."""
+    """The update written out: old log-probs of every row from the weights before any step,
+    then one AdamW step (clip 1.0, cosine at step 0 = lr) per mini-batch on the clipped PPO
+    loss over that mini-batch's tokens."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
     with torch.no_grad():
-        old = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1],
-                             batch.input_ids[:, 1:])
+        old = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1],
+            batch.input_ids[:, 1:],
+        )
     for rows in steps:
         rows = batch.longest_first(rows)  # the learner's row order, so float sums run in the same order
         mb = batch.select(rows)
@@ -114,15 +128,19 @@ def test_mini_batch_size_of_the_whole_batch_is_todays_update():
 
 
 def voting_batch(role: str, slots: int, per_slot: int) -> TrainBatch:
-    """An isolated policy's rows: `slots` parallel agents of `role`, `per_slot` rows each, mixed advantages."""
-    rows = [([10 + i % 5, 11], [20 + i % 7, 21], 1.0 if i % 2 else -1.0, role) for i in range(slots * per_slot)]
+    """An isolated policy's rows: `slots` parallel agents of `role`, `per_slot`
+    rows each, mixed advantages."""
+    rows = [
+        ([10 + i % 5, 11], [20 + i % 7, 21], 1.0 if i % 2 else -1.0, role) for i in range(slots * per_slot)
+    ]
     batch = make_batch(rows)
     return dataclasses.replace(batch, agents=[f"{role}{i // per_slot}" for i in range(len(rows))])
 
 
 @pytest.mark.parametrize("norm,gen_steps", [(False, 3), (True, 1)])
 def test_isolated_voting_generator_takes_three_times_the_steps(norm, gen_steps):
-    # 4 prompts x samples -> 4 rows per agent; mini-batch = one agent's rows (the paper: 64 x 8 = 512 samples).
+    # 4 prompts x samples -> 4 rows per agent; mini-batch = one agent's rows (the
+    # paper: 64 x 8 = 512 samples).
     extra = ["algo.ppo_mini_batch_size=4", f"algo.parallel_agent_norm={str(norm).lower()}"]
     generator, aggregator = make_group(*extra), make_group(*extra)
     m_gen = generator.update(voting_batch("generator", 3, 4))
@@ -146,7 +164,8 @@ def test_update_call_schedule_of_the_second_of_three_policies():
 
 
 def test_verl_fixed_chunks_and_nominal_normaliser_reach_the_update():
-    # 6 rows, M = 4, in order: verl's chunks [0..3] and [4, 5], each loss over 4 nominal rows (seq_mean_token_mean).
+    # 6 rows, M = 4, in order: verl's chunks [0..3] and [4, 5], each loss over 4
+    # nominal rows (seq_mean_token_mean).
     # No gradient clipping: a clipped step would hide the normaliser's scale.
     verl = ["algo.ppo_mini_batch_size=4", "algo.minibatch_shuffle=false", "algo.loss_agg=seq_mean_token_mean",
             "learner.optim.grad_clip=0.0", "algo.minibatch_chunks=fixed", "algo.loss_normalizer=nominal"]
@@ -154,8 +173,18 @@ def test_verl_fixed_chunks_and_nominal_normaliser_reach_the_update():
     group = make_group(*verl)
     m = group.update(batch)
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *verl])
-    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                                  learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0))
+    learner = Learner(
+        LearnerSpec(
+            policy_id="p",
+            model_path=resolve_model("builtin:tiny"),
+            model=cfg.model,
+            learner=cfg.learner,
+            algo=cfg.algo,
+            temperature=0.7,
+            total_steps=10,
+            seed=0,
+        )
+    )
     learner.update(batch, UpdatePlan([[0, 1, 2, 3], [4, 5]], [4.0, 4.0], sorted(set(batch.roles))))
     assert m["optim/steps/p"] == 2.0
     assert max_abs_diff(weights(group), {k: v for k, v in learner.model.state_dict().items()}) < 1e-6

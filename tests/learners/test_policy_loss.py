@@ -1,5 +1,5 @@
-"""learners.update.policy_loss by hand: two rows (roles a and b), three shifted positions, every log-prob 0.5's, so each
-ratio, clip, weight and KL term below is a number one can check on paper."""
+"""learners.update.policy_loss by hand: two rows (roles a and b), three shifted positions, every log-prob
+0.5's, so each ratio, clip, weight and KL term below is a number one can check on paper."""
 
 from __future__ import annotations
 
@@ -77,7 +77,9 @@ def test_kl_term_weighs_each_row_by_the_coefficient_plus_its_roles_anchor():
     assert (m.roles.kl["a"], m.roles.kl["b"]) == pytest.approx((1.0, 0.5))
     assert m.loss == pytest.approx(loss.item())
     loss.backward()
-    assert torch.allclose(lp.grad, torch.tensor([[(-2 + 0.1) / 3, (-2 + 0.1) / 3, 0.0], [(1 + 1.1) / 3, 0.0, 0.0]]))
+    assert torch.allclose(
+        lp.grad, torch.tensor([[(-2 + 0.1) / 3, (-2 + 0.1) / 3, 0.0], [(1 + 1.1) / 3, 0.0, 0.0]])
+    )
     _, without = run(logprobs())
     assert not without.roles.kl
 
@@ -92,8 +94,8 @@ def test_micro_batches_under_the_global_normalizer_add_up_to_the_batch():
 
 
 def test_dual_clip_caps_the_negative_advantage_row_and_counts_its_tokens():
-    # Row b (A = −1) at ratio 4 costs 4 unclipped; dual-clip c = 3 caps it at 3 with no gradient. Row a (A = 2) at
-    # ratio 4 is held at 1.28 by the upper clip either way.
+    # Row b (A = −1) at ratio 4 costs 4 unclipped; dual-clip c = 3 caps it at 3 with no gradient. Row a (A =
+    # 2) at ratio 4 is held at 1.28 by the upper clip either way.
     lp = logprobs()
     old = lp.detach() - rows(math.log(4.0), math.log(4.0))
     plain, m_plain = run(lp, old=old)

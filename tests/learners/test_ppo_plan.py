@@ -1,5 +1,6 @@
-"""PPO mini-batch planning (learners/update/ppo_plan.py), checked by hand: step counts, per-rank chunks, normalisers
-counted before zero-advantage rows are dropped, seeded shuffles, and the parallel-agent mini-batch size."""
+"""PPO mini-batch planning (learners/update/ppo_plan.py), checked by hand: step counts, per-rank
+chunks, normalisers counted before zero-advantage rows are dropped, seeded shuffles, and the
+parallel-agent mini-batch size."""
 
 import pytest
 import torch
@@ -40,14 +41,18 @@ def test_split_even_and_shards():
 
 
 def test_one_rank_whole_batch_is_todays_single_step():
-    rows, plans = plan_update(mask_of([3, 1, 2]), torch.ones(3, dtype=torch.bool), 1, 0, 1, "token_mean", 5, None)
+    rows, plans = plan_update(
+        mask_of([3, 1, 2]), torch.ones(3, dtype=torch.bool), 1, 0, 1, "token_mean", 5, None
+    )
     assert rows == [[0, 1, 2]]
     assert plans == [UpdatePlan([[0, 1, 2]], [6.0], None, 1)]  # in order, normaliser = all 6 loss tokens
 
 
 def test_two_mini_batches_on_one_rank_by_hand():
     lengths = [1, 2, 3, 4, 5, 6]
-    rows, plans = plan_update(mask_of(lengths), torch.ones(6, dtype=torch.bool), 1, 3, 1, "token_mean", 0, ["g"])
+    rows, plans = plan_update(
+        mask_of(lengths), torch.ones(6, dtype=torch.bool), 1, 3, 1, "token_mean", 0, ["g"]
+    )
     (plan,) = plans
     assert rows == [list(range(6))] and len(plan.steps) == 2
     assert sorted(plan.steps[0] + plan.steps[1]) == list(range(6))  # every row once per epoch
@@ -71,14 +76,18 @@ def test_zero_advantage_rows_count_in_the_normaliser_and_are_sent_for_metrics_on
     keep = torch.tensor([True, False, True, True])
     rows, plans = plan_update(mask_of([2, 5, 1, 1]), keep, 1, 0, 1, "token_mean", 0, None)
     assert rows == [[0, 2, 3, 1]]  # row 1 comes last, after the training rows
-    assert plans[0].steps == [[0, 1, 2]] and plans[0].normalizers == [9.0]  # in no step, but its 5 tokens normalise
+    # in no step, but its 5 tokens normalise
+    assert plans[0].steps == [[0, 1, 2]] and plans[0].normalizers == [9.0]
     assert plans[0].metric_rows == [3]  # and it gets the metrics-only pass
-    _, (whole,) = plan_update(mask_of([2, 5]), torch.ones(2, dtype=torch.bool), 1, 0, 1, "token_mean", 0, None)
+    _, (whole,) = plan_update(
+        mask_of([2, 5]), torch.ones(2, dtype=torch.bool), 1, 0, 1, "token_mean", 0, None
+    )
     assert whole.metric_rows is None  # nothing dropped anywhere: no metrics-only pass
 
 
 def test_a_rank_without_dropped_rows_still_gets_an_empty_metric_pass():
-    # Ranks that communicate inside forward must run the same passes: a rank whose shard lost no row runs idle ones.
+    # Ranks that communicate inside forward must run the same passes: a rank whose
+    # shard lost no row runs idle ones.
     keep = torch.tensor([True, True, False, True])
     _, plans = plan_update(mask_of([1, 1, 1, 1]), keep, 2, 0, 1, "token_mean", 0, None)
     assert [p.metric_rows for p in plans] == [[], [1]]
@@ -86,8 +95,9 @@ def test_a_rank_without_dropped_rows_still_gets_an_empty_metric_pass():
 
 def test_in_order_split_by_hand():
     # verl's data.split: no shuffle, consecutive chunks; the same chunks every epoch, on every seed.
-    rows, plans = plan_update(mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 2, "token_mean", 5, None,
-                              shuffle=False)
+    rows, plans = plan_update(
+        mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 2, "token_mean", 5, None, shuffle=False
+    )
     assert plans[0].steps == [[0, 1, 2], [3, 4], [5, 6]] * 2
     _, plans2 = plan_update(mask_of([1] * 8), torch.ones(8, dtype=torch.bool), 2, 4, 1, "token_mean", 9, None,
                             shuffle=False)
@@ -96,8 +106,9 @@ def test_in_order_split_by_hand():
 
 def test_two_ranks_split_each_mini_batch_and_share_its_normaliser():
     lengths = [1, 2, 3, 4, 5, 6, 7, 8]
-    rows, plans = plan_update(mask_of(lengths), torch.ones(8, dtype=torch.bool), 2, 4, 1, "seq_mean_token_mean", 3,
-                              None)
+    rows, plans = plan_update(
+        mask_of(lengths), torch.ones(8, dtype=torch.bool), 2, 4, 1, "seq_mean_token_mean", 3, None
+    )
     assert rows == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [len(p.steps) for p in plans] == [2, 2]
     assert all(len(s) == 2 for p in plans for s in p.steps)  # 4 rows per mini-batch, 2 on each rank
@@ -132,8 +143,9 @@ def test_every_kept_row_trains_exactly_once_per_epoch(world):
 
 
 def test_fixed_chunks_and_nominal_normaliser_by_hand():
-    # 7 rows, M = 3, in order: even chunks 3 / 2 / 2; verl's fixed chunks 3 / 3 / 1. seq_mean_token_mean's actual
-    # normaliser is each mini-batch's rows; the nominal one is M = 3 for all, the last one (1 row) down-weighted.
+    # 7 rows, M = 3, in order: even chunks 3 / 2 / 2; verl's fixed chunks 3 / 3 / 1.
+    # seq_mean_token_mean's actual normaliser is each mini-batch's rows; the nominal one is M = 3 for
+    # all, the last one (1 row) down-weighted.
     args = (mask_of([1] * 7), torch.ones(7, dtype=torch.bool), 1, 3, 1, "seq_mean_token_mean", 0, None)
     _, (even,) = plan_update(*args, shuffle=False)
     _, (fixed,) = plan_update(*args, shuffle=False, cut=Cut(fixed=True))
@@ -148,7 +160,11 @@ def test_fixed_chunks_and_nominal_normaliser_by_hand():
 
 def test_nominal_normaliser_is_verls_rows_over_mini_batch_scale():
     # A partial mini-batch of 2 rows, M = 3. Per-token losses [1, 3] and [2, 0]: token means 2 and 1.
-    # verl: the micro-batch's seq-mean-token-mean (1.5) scaled by rows / M (2 / 3) = 1.0; here Σ token means / M.
+    # verl: the micro-batch's seq-mean-token-mean (1.5) scaled by rows / M (2 / 3) =
+    # 1.0; here Σ token means / M.
     loss, mask = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.ones(2, 2, dtype=torch.bool)
-    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 3.0).item() == pytest.approx(1.5 * 2 / 3)
-    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 2.0).item() == pytest.approx(1.5)  # actual
+    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 3.0).item() == pytest.approx(
+        1.5 * 2 / 3
+    )
+    # actual
+    assert LOSS_AGGREGATIONS["seq_mean_token_mean"].reduce(loss, mask, 2.0).item() == pytest.approx(1.5)

@@ -1,5 +1,5 @@
-"""Hand-computed values of the learning-rate multiplier: this project's schedule, verl's (start at 0, unclamped
-cosine), and the positions each schedule unit gives."""
+"""Hand-computed values of the learning-rate multiplier: this project's schedule, verl's (start at 0,
+unclamped cosine), and the positions each schedule unit gives."""
 
 import math
 from types import SimpleNamespace
@@ -52,7 +52,9 @@ def verl_cosine(s: int, warmup: int, total: int, min_ratio: float = 0.0) -> floa
 
 def test_warmup_start_zero_by_hand():
     # verl's warmup: lr 0 at step 0, k / 4 at step k, the full lr at step 4 (not at step 3).
-    assert [lr_factor(k, 4, 20, "cosine", start_zero=True) for k in range(5)] == pytest.approx([0, .25, .5, .75, 1])
+    assert [lr_factor(k, 4, 20, "cosine", start_zero=True) for k in range(5)] == pytest.approx(
+        [0, 0.25, 0.5, 0.75, 1]
+    )
     assert lr_factor(2, 4, 20, "constant", start_zero=True) == pytest.approx(0.5)
 
 
@@ -65,7 +67,8 @@ def test_unclamped_cosine_climbs_back_after_its_end():
     assert got[17] == pytest.approx(0.5) and got[22] == pytest.approx(1.0)  # back up: warmup + 2 * 10
     assert got[11] == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.9)))  # 0.0245, not 0 at the last step
     floored = [lr_factor(k, 0, 10, "cosine", 0.2, clamp=False) for k in (5, 10, 15, 20)]
-    assert floored == pytest.approx([0.6, 0.2, 0.6, 1.0])  # min_lr_ratio is the trough, not a floor it stays at
+    # min_lr_ratio is the trough, not a floor it stays at
+    assert floored == pytest.approx([0.6, 0.2, 0.6, 1.0])
 
 
 @pytest.mark.parametrize("unit,positions", [
@@ -93,14 +96,21 @@ def verl_constant(s: int, warmup: int) -> float:
 
 
 def test_paper_schedule_is_verls_constant_after_warmup_and_update_call_only_warms_faster():
-    # The paper's scheduler as verl 0.6.1 built it: lr 0 at step 0, k / 15 at step k, the full lr from step 15 on.
+    # The paper's scheduler as verl 0.6.1 built it: lr 0 at step 0, k / 15 at step k,
+    # the full lr from step 15 on.
     got = [lr_factor(k, 15, 500, "constant", start_zero=True, clamp=False) for k in range(600)]
     assert got == pytest.approx([verl_constant(k, 15) for k in range(600)])
     assert got[7] == pytest.approx(7 / 15) and got[15] == 1.0 and got[499] == 1.0
     # update_call with 3 isolated policies: positions 3t + p, so the full lr from training step 5 (15 / 3) on,
     # and nothing changes after the warmup (no decay to run through faster).
-    optim = SimpleNamespace(schedule_unit="update_call", warmup_steps=15, schedule="constant", min_lr_ratio=0.0,
-                            warmup_start_zero=True, cosine_clamp=False)
+    optim = SimpleNamespace(
+        schedule_unit="update_call",
+        warmup_steps=15,
+        schedule="constant",
+        min_lr_ratio=0.0,
+        warmup_start_zero=True,
+        cosine_clamp=False,
+    )
     lambdas = [lr_lambda(optim, 500, 3, p) for p in range(3)]
     assert [f(1) for f in lambdas] == pytest.approx([3 / 15, 4 / 15, 5 / 15])
     assert [f(4) for f in lambdas] == pytest.approx([12 / 15, 13 / 15, 14 / 15])

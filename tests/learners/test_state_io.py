@@ -70,7 +70,9 @@ def test_missing_and_damaged_files_are_named(tmp_path):
         group.load(str(tmp_path))
     assert isinstance(err.value.__cause__, StateError)
     (tmp_path / MODEL).unlink()
-    with pytest.raises(Exception, match=r"test:learner:p:0\.load_state failed: checkpoint file missing: .*model\.pt"):
+    with pytest.raises(
+        Exception, match=r"test:learner:p:0\.load_state failed: checkpoint file missing: .*model\.pt"
+    ):
         group.load(str(tmp_path))
     group.shutdown()
 

@@ -76,7 +76,8 @@ def _lost(base: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype) -> float:
 
 @pytest.mark.parametrize(("delta", "bf16_lost"), [
     (2.0 ** -10, 1.0),  # below half of bf16's spacing at 1 (2^-7): 1 + 2^-10 rounds back to 1, all of it lost
-    (2.0 ** -7 + 2.0 ** -9, 0.2),  # 1 + 5·2^-9 rounds to 1 + 2^-7: an error of 2^-9 per entry, 1/5 of the update
+    # 1 + 5·2^-9 rounds to 1 + 2^-7: an error of 2^-9 per entry, 1/5 of the update
+    (2.0 ** -7 + 2.0 ** -9, 0.2),
     (0.5, 0.0),  # 1.5 is a bf16 number: the update arrives whole
 ])
 def test_merge_rounding_hand_checked(delta, bf16_lost):
@@ -92,8 +93,15 @@ def test_merge_rounding_hand_checked(delta, bf16_lost):
 def test_merge_rounding_is_taken_over_all_layers_together():
     """A layer that keeps its update (||ΔW||² = 12·0.5²) and one that loses it (12·(2^-10)²): the error is the
     second layer's whole update, over the norm of both updates."""
-    base, kept, lost = torch.ones(3, 4, dtype=torch.bfloat16), torch.full((3, 4), 0.5), torch.full((3, 4), 2.0 ** -10)
-    (_, e1, d1), (_, e2, d2) = merge_layer(base, kept, torch.bfloat16), merge_layer(base, lost, torch.bfloat16)
+    base, kept, lost = (
+        torch.ones(3, 4, dtype=torch.bfloat16),
+        torch.full((3, 4), 0.5),
+        torch.full((3, 4), 2.0**-10),
+    )
+    (_, e1, d1), (_, e2, d2) = (
+        merge_layer(base, kept, torch.bfloat16),
+        merge_layer(base, lost, torch.bfloat16),
+    )
     expected = (2.0 ** -10) / (0.5 ** 2 + 2.0 ** -20) ** 0.5
     assert update_lost((e1 + e2).item(), (d1 + d2).item()) == pytest.approx(expected, rel=1e-12)
     assert update_lost(0.0, 0.0) == 0.0  # no update yet (LoRA's B starts at 0)
@@ -131,7 +139,8 @@ def test_the_merged_sketch_is_the_merges_without_merging_and_keeps_the_frozen_ba
     merged = merge_for_serving(lora_model)[0]
     got = sketcher(lora_model)
     assert list(got) == list(merged)  # the served names, in the merge's order
-    assert max(sketch_error(got[n], sketch(n, w)) for n, w in merged.items()) < 1e-6  # fp32 summation order only
+    # fp32 summation order only
+    assert max(sketch_error(got[n], sketch(n, w)) for n, w in merged.items()) < 1e-6
     down = lora_model.get_base_model().model.layers[1].mlp.down_proj
     kept = got["model.layers.1.mlp.down_proj.weight"]
     with torch.no_grad():

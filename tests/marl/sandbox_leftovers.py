@@ -61,12 +61,16 @@ def leftovers() -> dict[str, list]:
     """What an execution could leave behind: our children (Ray's aside), processes of sandbox uids (zombies
     too), our sandbox temp dirs, and entries owned by sandbox uids in the shared writable dirs (other runs'
     sandbox workdirs aside)."""
-    strays = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and _sandbox_uid(p.info["uids"].real)]
+    strays = [
+        p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and _sandbox_uid(p.info["uids"].real)
+    ]
     files = []
     for root in SHARED_WRITABLE:
         for entry in os.scandir(root):
             try:
-                if _sandbox_uid(entry.stat(follow_symlinks=False).st_uid) and not _other_runs_workdir(entry.name):
+                if _sandbox_uid(entry.stat(follow_symlinks=False).st_uid) and not _other_runs_workdir(
+                    entry.name
+                ):
                     files.append(entry.path)
             except FileNotFoundError:
                 continue

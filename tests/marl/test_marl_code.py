@@ -95,15 +95,33 @@ def test_user_code_rows_in_deepcoder_verl_and_humaneval_layouts(tmp_path, family
     cases = CASES
     rows = [
         {"id": "deepcoder", "problem": "Add two integers.", "tests": json.dumps(cases)},
-        {"id": "taco", "question": "Add two integers.",
-         "tests": json.dumps({"inputs": ["1 1\n"], "outputs": [["2"]]})},
-        {"id": "verl", "prompt": [{"role": "system", "content": "x"}, {"role": "user", "content": "Add them."}],
-         "reward_model": {"ground_truth": json.dumps(cases), "style": "rule"}},
-        {"task_id": "he", "prompt": "def g(x):\n    \"\"\"Twice x.\"\"\"\n", "entry_point": "g",
-         "canonical_solution": "    return 2 * x\n", "test": "def check(candidate):\n    assert candidate(4) == 8\n"},
-        {"id": "call", "problem": "p",
-         "tests": json.dumps([{"input": "[1]", "output": "1", "testtype": "functional"}])},
-        {"id": "apps_call", "problem": "p", "tests": json.dumps({"inputs": [[1]], "outputs": [1], "fn_name": "f"})},
+        {
+            "id": "taco",
+            "question": "Add two integers.",
+            "tests": json.dumps({"inputs": ["1 1\n"], "outputs": [["2"]]}),
+        },
+        {
+            "id": "verl",
+            "prompt": [{"role": "system", "content": "x"}, {"role": "user", "content": "Add them."}],
+            "reward_model": {"ground_truth": json.dumps(cases), "style": "rule"},
+        },
+        {
+            "task_id": "he",
+            "prompt": "def g(x):\n    \"\"\"Twice x.\"\"\"\n",
+            "entry_point": "g",
+            "canonical_solution": "    return 2 * x\n",
+            "test": "def check(candidate):\n    assert candidate(4) == 8\n",
+        },
+        {
+            "id": "call",
+            "problem": "p",
+            "tests": json.dumps([{"input": "[1]", "output": "1", "testtype": "functional"}]),
+        },
+        {
+            "id": "apps_call",
+            "problem": "p",
+            "tests": json.dumps({"inputs": [[1]], "outputs": [1], "fn_name": "f"}),
+        },
         {"id": "no_tests", "problem": "p"},
         {"id": "bad", "problem": "p", "tests": "{not json"},
         {"id": "deepcoder", "problem": "duplicate id", "tests": json.dumps(cases)},
@@ -115,7 +133,11 @@ def test_user_code_rows_in_deepcoder_verl_and_humaneval_layouts(tmp_path, family
     assert report.reasons == {"unsupported_tests": 2, "missing_tests": 1, "bad_tests": 1, "duplicate_id": 1,
                               "bad_json": 1}
     cut = load_tasks(str(path), 2, 0, kind="code")
-    assert len(cut) == 2 and all(t in report.tasks for t in cut) and cut == load_tasks(str(path), 2, 0, kind="code")
+    assert (
+        len(cut) == 2
+        and all(t in report.tasks for t in cut)
+        and cut == load_tasks(str(path), 2, 0, kind="code")
+    )
     deepcoder, taco, verl, he = report.tasks
     assert verl.prompt.startswith("Add them.") and "standard input" in verl.prompt
     assert [family.score(t, ADDER) for t in (deepcoder, taco, verl)] == [1.0, 1.0, 1.0]
@@ -205,12 +227,15 @@ def test_scoring_waits_for_the_pool_without_blocking_the_event_loop():
         return pending
 
     family.pool.submit = submit
-    safety = threading.Timer(10.0, lambda: pending.done() or pending.set_result(SandboxResult(False, "timeout")))
+    safety = threading.Timer(
+        10.0, lambda: pending.done() or pending.set_result(SandboxResult(False, "timeout"))
+    )
     safety.start()
 
     async def main():
         episode = asyncio.ensure_future(
-            run_episode("single_agent", TASK, ScriptedClient({"solver": RIGHT}), family, WorkflowOptions(), 0))
+            run_episode("single_agent", TASK, ScriptedClient({"solver": RIGHT}), family, WorkflowOptions(), 0)
+        )
         while not submitted.is_set():
             await asyncio.sleep(0)
         loop_was_free = not pending.done()
@@ -226,8 +251,10 @@ def test_scoring_waits_for_the_pool_without_blocking_the_event_loop():
 
 def test_many_episodes_score_concurrently_through_one_pool(family):
     async def main():
-        runs = [run_episode("single_agent", TASK, ScriptedClient({"solver": text}), family, WorkflowOptions(), i)
-                for i, text in enumerate([RIGHT, WRONG, "none", RIGHT] * 2)]
+        runs = [
+            run_episode("single_agent", TASK, ScriptedClient({"solver": text}), family, WorkflowOptions(), i)
+            for i, text in enumerate([RIGHT, WRONG, "none", RIGHT] * 2)
+        ]
         return await asyncio.gather(*runs)
 
     episodes = asyncio.run(main())
@@ -243,9 +270,16 @@ def _episode(reason: str | None, role: str | None, kind: str = "code", failure: 
 
 
 def test_code_metrics_count_reasons_per_answering_role():
-    episodes = [_episode("timeout", "generator"), _episode("timeout", "generator"), _episode("crash", "generator"),
-                _episode("no_code_block", "synthesizer"), _episode("oom", "generator"), _episode("ok", "generator"),
-                _episode(None, None, failure="too_many_strategies"), _episode("syntax_error", "generator")]
+    episodes = [
+        _episode("timeout", "generator"),
+        _episode("timeout", "generator"),
+        _episode("crash", "generator"),
+        _episode("no_code_block", "synthesizer"),
+        _episode("oom", "generator"),
+        _episode("ok", "generator"),
+        _episode(None, None, failure="too_many_strategies"),
+        _episode("syntax_error", "generator"),
+    ]
     m = code_metrics(episodes, ["generator", "aggregator", "synthesizer"])
     assert (m["code/timeouts"], m["code/crashes"], m["code/oom"], m["code/no_code_block"]) == (2, 1, 1, 1)
     assert (m["code/syntax_errors"], m["code/output_limits"], m["code/sandbox_errors"]) == (1, 0, 0)
@@ -262,10 +296,17 @@ def test_code_metrics_appear_only_with_code_tasks():
 def test_get_family_builds_the_code_family_from_the_config_section():
     from jobs.config.schema import SandboxConfig
 
-    family = get_family("code", sandbox=SandboxConfig(timeout_s=2.5, memory_mb=256, site_packages=True, workers=3))
+    family = get_family(
+        "code", sandbox=SandboxConfig(timeout_s=2.5, memory_mb=256, site_packages=True, workers=3)
+    )
     assert isinstance(family, CodeFamily) and family.instruction() == INSTRUCTION
     limits = family.pool.limits
-    assert (limits.timeout_s, limits.memory_mb, limits.site_packages, family.pool.workers) == (2.5, 256, True, 3)
+    assert (limits.timeout_s, limits.memory_mb, limits.site_packages, family.pool.workers) == (
+        2.5,
+        256,
+        True,
+        3,
+    )
     with pytest.raises(ValueError, match="timeout_s"):
         get_family("code", sandbox=SandboxConfig(timeout_s=0))
 
@@ -285,5 +326,7 @@ def test_every_sandbox_config_key_reaches_the_sandbox():
                             file_size_mb=9, max_processes=3, site_packages=True, prelude=True,
                             output_match=OutputMatch.lines_decimal, workers=2)
     limits = limits_of(section)
-    assert {k: getattr(limits, k) for k in keys - {"workers"}} == {k: getattr(section, k) for k in keys - {"workers"}}
+    assert {k: getattr(limits, k) for k in keys - {"workers"}} == {
+        k: getattr(section, k) for k in keys - {"workers"}
+    }
     assert all(getattr(limits, k) != getattr(SandboxLimits(), k) for k in keys - {"workers"})

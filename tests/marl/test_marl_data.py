@@ -158,7 +158,9 @@ def test_listing_sources_are_cut_by_seed_not_by_position(tmp_path):
     everything = load_tasks(path, None, seed=0)
     picked = load_tasks(path, 10, seed=0)
     assert len(everything) == 50 and len(picked) == 10
-    assert picked != everything[:10] and picked == load_tasks(path, 10, seed=0) != load_tasks(path, 10, seed=3)
+    assert picked != everything[:10] and picked == load_tasks(path, 10, seed=0) != load_tasks(
+        path, 10, seed=3
+    )
     gsm8k = load_tasks("gsm8k", 10, seed=0)
     assert len(gsm8k) == 10 and gsm8k != gsm8k_test()[:10]
 

@@ -7,7 +7,9 @@ from marl.types import Completion, Episode, Task, Turn
 
 
 def _turn(role: str, n_tokens: int, reward: float, finish: str = "stop") -> Turn:
-    completion = Completion("x" * n_tokens, [1, 2], list(range(n_tokens)), [0.0] * n_tokens, finish_reason=finish)
+    completion = Completion(
+        "x" * n_tokens, [1, 2], list(range(n_tokens)), [0.0] * n_tokens, finish_reason=finish
+    )
     return Turn(role, role + "0", 0, [], completion, reward=reward)
 
 

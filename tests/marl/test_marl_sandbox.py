@@ -28,7 +28,9 @@ def test_every_humaneval_canonical_solution_passes_with_the_pool(humaneval):
     with SandboxPool(SandboxLimits(), workers=2) as pool:
         results = pool.run_all(program_for(task, task.answer) for task in humaneval)
     elapsed = time.monotonic() - start
-    failed = [(t.task_id, r.reason, r.detail) for t, r in zip(humaneval, results, strict=True) if not r.passed]
+    failed = [
+        (t.task_id, r.reason, r.detail) for t, r in zip(humaneval, results, strict=True) if not r.passed
+    ]
     assert failed == []
     assert elapsed < 60, elapsed
     assert {r.network_isolation for r in results} == {"namespace"}  # this machine grants CAP_SYS_ADMIN
@@ -61,17 +63,23 @@ def test_ordinary_failures_are_classified(code, reason, detail):
 
 
 def stdio(code: str, cases: list[tuple[str, str]]) -> Program:
-    return Program(code=code, style="stdio", inputs=tuple(i for i, _ in cases), outputs=tuple(o for _, o in cases))
+    return Program(
+        code=code, style="stdio", inputs=tuple(i for i, _ in cases), outputs=tuple(o for _, o in cases)
+    )
 
 
-@pytest.mark.parametrize("code", [
-    "print(int(input()) * 2)\n",
-    "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())) * 2)\n",
-    "print(int(open(0).read()) * 2, end='  \\n\\n')\n",
-    "import os\nos.write(1, str(int(input()) * 2).encode())\n",
-    "import sys, threading\ndef main():\n    print(int(input()) * 2)\nthreading.Thread(target=main).start()\n",
-    "import sys\nprint(int(input()) * 2)\nsys.exit(0)\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print(int(input()) * 2)\n",
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())) * 2)\n",
+        "print(int(open(0).read()) * 2, end='  \\n\\n')\n",
+        "import os\nos.write(1, str(int(input()) * 2).encode())\n",
+        "import sys, threading\ndef main():\n    print(int(input()) * "
+        "2)\nthreading.Thread(target=main).start()\n",
+        "import sys\nprint(int(input()) * 2)\nsys.exit(0)\n",
+    ],
+)
 def test_stdio_programs_read_stdin_and_write_stdout_as_in_a_real_run(code):
     result = run(stdio(code, [("1\n", "2"), ("21\n", "42\n"), ("-4", "-8")]), FAST)
     assert result.passed, result
@@ -115,7 +123,8 @@ def test_the_per_test_rule_sets_each_program_s_time_limit():
     stdio = Program(code="print(1)\n", style="stdio", inputs=("",) * 3, outputs=("1",) * 3)
     three, many = limits.for_program(stdio), limits.for_program(Program(
         code="", style="stdio", inputs=("",) * 20, outputs=("1",) * 20))
-    assert three.timeout_s == (6 + 1) * 3 + 5 and three.rlimits()["cpu_s"] == (27, 28)  # the CPU limit follows
+    # the CPU limit follows
+    assert three.timeout_s == (6 + 1) * 3 + 5 and three.rlimits()["cpu_s"] == (27, 28)
     assert many.timeout_s == 120.0  # (6 + 1) · 20 + 5 = 145, capped
     assert limits.for_program(functional("")).timeout_s == 12.0  # a check() is one test
     assert FAST.for_program(stdio) is FAST  # off: timeout_s for every program

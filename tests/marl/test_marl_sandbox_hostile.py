@@ -1,6 +1,6 @@
-"""Hostile programs in the code sandbox: each is contained with reward 0 and its reason recorded, and
-leaves no process (zombies included), file or temp dir behind (the autouse fixture). Every attempt to fake a
-pass runs next to a benign control that passes the same tests, so a broken harness cannot hide. Every test runs
+"""Hostile programs in the code sandbox: each is contained with reward 0 and its reason recorded, and leaves
+no process (zombies included), file or temp dir behind (the autouse fixture). Every attempt to fake a pass
+runs next to a benign control that passes the same tests, so a broken harness cannot hide. Every test runs
 twice: under the sandbox's defaults, and under the paper's grader settings (paper_base.yaml's per-test limit,
 prelude, output comparison and site-packages) on top of the limits the test sets."""
 
@@ -31,7 +31,9 @@ def paper_section() -> dict:
 @pytest.fixture(params=["defaults", "paper"])
 def limits(request):
     """SandboxLimits(**kw), under the paper's grader settings where the test does not set them itself."""
-    grader = {k: v for k, v in paper_section().items() if k in GRADER_KEYS} if request.param == "paper" else {}
+    grader = (
+        {k: v for k, v in paper_section().items() if k in GRADER_KEYS} if request.param == "paper" else {}
+    )
     return lambda **kw: SandboxLimits(**{**grader, **kw})
 
 
@@ -43,10 +45,17 @@ def test_infinite_loops_time_out(code, limits):
     assert result.wall_s < 5
 
 
-@pytest.mark.parametrize("create", [
-    "os.fork()", "os.system('sleep 60')", "subprocess.Popen(['sleep', '60'])", "os.execv('/bin/sleep', ['60'])",
-    "multiprocessing.Process(target=time.sleep, args=(60,)).start()", "pty.fork()",
-])
+@pytest.mark.parametrize(
+    "create",
+    [
+        "os.fork()",
+        "os.system('sleep 60')",
+        "subprocess.Popen(['sleep', '60'])",
+        "os.execv('/bin/sleep', ['60'])",
+        "multiprocessing.Process(target=time.sleep, args=(60,)).start()",
+        "pty.fork()",
+    ],
+)
 def test_process_creation_is_refused(create, limits):
     code = f"import multiprocessing, os, pty, subprocess, time\ndef f():\n    {create}\n    return 1\n"
     result = run(functional(code), limits(timeout_s=3.0))
@@ -85,8 +94,13 @@ def test_forked_children_of_a_hanging_program_are_killed_and_reaped(limits):
     assert result.reason == "timeout"  # and the fixture finds no process (zombies included) left
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(50 * 2**30)\n",
-                                  "def f():\n    hog = []\n    while True:\n        hog.append(bytearray(2**24))\n"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(50 * 2**30)\n",
+        "def f():\n    hog = []\n    while True:\n        hog.append(bytearray(2**24))\n",
+    ],
+)
 def test_memory_bombs_hit_the_address_space_limit(code, limits):
     result = run(functional(code), limits(timeout_s=5.0, memory_mb=512))
     assert result.reason == "oom" and not result.passed
@@ -113,7 +127,8 @@ def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed
             "def f():\n"
             "    errors = []\n"
             f"    for action in (lambda: os.remove({str(private)!r}), lambda: os.remove({str(public)!r}),\n"
-            f"                   lambda: os.chmod({str(public)!r}, 0o777), lambda: shutil.rmtree({shared!r})):\n"
+            f"                   lambda: os.chmod({str(public)!r}, 0o777), lambda: "
+            f"shutil.rmtree({shared!r})):\n"
             "        try:\n"
             "            action()\n"
             "        except OSError as e:\n"
@@ -127,11 +142,19 @@ def test_files_outside_the_sandbox_cannot_be_deleted_and_stray_files_are_removed
     assert not os.path.exists(stray)
 
 
-@pytest.mark.parametrize("program", [
-    functional("def f():\n    for _ in range(10**4):\n        print('x' * 10**5)\n    return 1\n"),
-    functional("import sys\nwhile True:\n    sys.stderr.write('y' * 10**5)\n"),
-    Program(code="for _ in range(10**4):\n    print('x' * 10**5)\n", style="stdio", inputs=("",), outputs=("",)),
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        functional("def f():\n    for _ in range(10**4):\n        print('x' * 10**5)\n    return 1\n"),
+        functional("import sys\nwhile True:\n    sys.stderr.write('y' * 10**5)\n"),
+        Program(
+            code="for _ in range(10**4):\n    print('x' * 10**5)\n",
+            style="stdio",
+            inputs=("",),
+            outputs=("",),
+        ),
+    ],
+)
 def test_printing_a_gigabyte_hits_the_output_cap(program, limits):
     result = run(program, limits(timeout_s=5.0, max_output_bytes=2**20))
     assert result.reason == "output_limit" and not result.passed
@@ -143,31 +166,38 @@ def test_printing_a_gigabyte_hits_the_output_cap(program, limits):
     ("def f():\n    raise SystemExit(0)\n", "failed"),
     ("import os\nprint('PASS')\nos._exit(0)\n", "crash"),
     ("import os\ndef f():\n    os._exit(0)\n", "crash"),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "oom"),  # indistinguishable from the OOM killer
+    # indistinguishable from the OOM killer
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "oom"),
 ])
 def test_exiting_early_cannot_fake_a_pass(code, reason, limits):
     result = run(functional(code), limits(timeout_s=3.0))
     assert result.reason == reason and not result.passed
 
 
-@pytest.mark.parametrize("code", [
-    # An object equal to everything.
-    "class Always:\n    def __eq__(self, other):\n        return True\ndef f():\n    return Always()\n",
-    # A subclass of int whose __eq__ lies: compared as the plain int 0.
-    "class Liar(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
-    "def f():\n    return Liar(0)\n",
-    # Patched builtins the test uses, and the harness's own exec.
-    "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.exec = lambda *a: None\ndef f():\n    return 5\n",
-    # Its own check() (the task's replaces it), a trace hook, a fake verdict on every fd, the harness module.
-    "def check(candidate):\n    pass\ndef f():\n    return 5\n",
-    "import sys\nsys.settrace(lambda *a: None)\ndef f():\n    return 1\n",
-    "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x' * 32 + b' done {\"status\": \"ok\"}\\n')\n"
-    "    except OSError:\n        pass\nos._exit(0)\n",
-    "import __main__\n__main__.run_functional = lambda *a: {'status': 'ok'}\ndef f():\n    return 5\n",
-    # Builtins patched while the tests run, to rewrite the failing verdict as it is serialised.
-    "import builtins\ndef f():\n    builtins.type = lambda x: int\n"
-    "    builtins.repr = lambda x: '{\"status\": \"ok\"}'\n    return 5\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        # An object equal to everything.
+        "class Always:\n    def __eq__(self, other):\n        return True\ndef f():\n    return Always()\n",
+        # A subclass of int whose __eq__ lies: compared as the plain int 0.
+        "class Liar(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def f():\n    return Liar(0)\n",
+        # Patched builtins the test uses, and the harness's own exec.
+        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.exec = lambda *a: None\ndef f():\n    return "
+        "5\n",
+        # Its own check() (the task's replaces it), a trace hook, a fake verdict on every fd, the harness
+        # module.
+        "def check(candidate):\n    pass\ndef f():\n    return 5\n",
+        "import sys\nsys.settrace(lambda *a: None)\ndef f():\n    return 1\n",
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x' * 32 + b' done {\"status\": "
+        "\"ok\"}\\n')\n"
+        "    except OSError:\n        pass\nos._exit(0)\n",
+        "import __main__\n__main__.run_functional = lambda *a: {'status': 'ok'}\ndef f():\n    return 5\n",
+        # Builtins patched while the tests run, to rewrite the failing verdict as it is serialised.
+        "import builtins\ndef f():\n    builtins.type = lambda x: int\n"
+        "    builtins.repr = lambda x: '{\"status\": \"ok\"}'\n    return 5\n",
+    ],
+)
 def test_tampering_cannot_fake_a_pass(code, limits):
     test = "def check(candidate):\n    assert abs(candidate() - 1) < 1e-9\n    assert candidate() == 1\n"
     assert run(functional("def f():\n    return 1\n", test), limits(timeout_s=3.0)).passed  # the control

@@ -117,7 +117,8 @@ def test_math_last_number_fallback_is_opt_in():
     assert lenient.extract_answer(text) == "4"
     assert lenient.extract_answer("so \\boxed{7} and then 9") == "7"  # boxed still wins
     assert lenient.extract_answer("no digits") is None
-    assert lenient.extract_answer("She makes 9 * 2 = 18.\n#### 1,234") == "1234"  # '####' before the last number
+    # '####' before the last number
+    assert lenient.extract_answer("She makes 9 * 2 = 18.\n#### 1,234") == "1234"
     assert lenient.extract_answer("#### 5\nlater\n#### 18.\nThen 3") == "18"
     assert strict.extract_answer("#### 5") is None
     assert get_family("math", "last_number").extract_answer("x = -2.5") == "-2.5"

@@ -49,17 +49,29 @@ def test_relative_file_path_is_found_on_sys_path(tmp_path, monkeypatch):
     assert get_workflow("wf/mine.py").ROLES == ("solver",)
 
 
-@pytest.mark.parametrize(("body", "problem"), [
-    (GOOD.replace('ROLES = ("solver",)', ""), "has no ROLES"),
-    (GOOD.replace('ROLES = ("solver",)', 'ROLES = "solver"'), "ROLES must be a non-empty tuple"),
-    (GOOD.replace("def agents(opts):\n    return", "AGENTS ="), "has no function agents()"),
-    (GOOD.replace("async def run", "def run"), "run() must be async"),
-    (GOOD.replace("family, opts, sample_index", "family"), "must take (task, client, family, opts, sample_index)"),
-    (GOOD.replace('return ["solver"]', 'return ["solver", "critic0"]'), "['critic0'], whose roles are not in ROLES"),
-    (GOOD + 'SLOT_ROLES = ("critic",)\n', "SLOT_ROLES names ['critic']"),
-    (GOOD.replace('return ["solver"]', "return 1 / 0"), "agents(WorkflowOptions()) raised ZeroDivisionError"),
-    ("import no_such_package\n", "raised while being imported: ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (GOOD.replace('ROLES = ("solver",)', ""), "has no ROLES"),
+        (GOOD.replace('ROLES = ("solver",)', 'ROLES = "solver"'), "ROLES must be a non-empty tuple"),
+        (GOOD.replace("def agents(opts):\n    return", "AGENTS ="), "has no function agents()"),
+        (GOOD.replace("async def run", "def run"), "run() must be async"),
+        (
+            GOOD.replace("family, opts, sample_index", "family"),
+            "must take (task, client, family, opts, sample_index)",
+        ),
+        (
+            GOOD.replace('return ["solver"]', 'return ["solver", "critic0"]'),
+            "['critic0'], whose roles are not in ROLES",
+        ),
+        (GOOD + 'SLOT_ROLES = ("critic",)\n', "SLOT_ROLES names ['critic']"),
+        (
+            GOOD.replace('return ["solver"]', "return 1 / 0"),
+            "agents(WorkflowOptions()) raised ZeroDivisionError",
+        ),
+        ("import no_such_package\n", "raised while being imported: ModuleNotFoundError"),
+    ],
+)
 def test_protocol_problems_name_the_module_and_the_problem(tmp_path, body, problem):
     path = _write(tmp_path, "broken", body)
     with pytest.raises(ValueError, match="marl.workflow") as e:
@@ -88,8 +100,16 @@ def test_debaters_read_each_other_and_revise_then_the_judge_picks():
         ("judge", 0)]
     # Round 2 of debater0: its own two answers, each followed by the other's answer of that round.
     seen = [m["content"] for m in ep.turns[4].messages]
-    assert seen[2] == "\\boxed{41}" and "\\boxed{7}" in seen[3] and seen[4] == "\\boxed{42}" and "\\boxed{7}" in seen[5]
-    assert "\\boxed{42}" in ep.turns[6].messages[1]["content"] and "\\boxed{8}" in ep.turns[6].messages[1]["content"]
+    assert (
+        seen[2] == "\\boxed{41}"
+        and "\\boxed{7}" in seen[3]
+        and seen[4] == "\\boxed{42}"
+        and "\\boxed{7}" in seen[5]
+    )
+    assert (
+        "\\boxed{42}" in ep.turns[6].messages[1]["content"]
+        and "\\boxed{8}" in ep.turns[6].messages[1]["content"]
+    )
     assert ep.final_answer == "42" and ep.reward == 1.0 and not ep.parse_failures
     assert len([c for c in client.calls if c.role == "debater"]) == 6
 
@@ -118,18 +138,26 @@ def test_a_file_workflow_declares_its_own_options(tmp_path):
     cls = get_workflow(path).OPTIONS  # type: ignore[attr-defined]
     defaults = workflow_options(path, WorkflowSettings())
     assert defaults.own(cls) == cls() and defaults.options == cls()
-    opts = workflow_options(path, WorkflowSettings(max_rounds=2), {"judges": 3, "style": "long", "temperature": 1})
+    opts = workflow_options(
+        path, WorkflowSettings(max_rounds=2), {"judges": 3, "style": "long", "temperature": 1}
+    )
     assert (opts.max_rounds, opts.own(cls)) == (2, cls(judges=3, style="long", temperature=1))
 
 
-@pytest.mark.parametrize(("values", "problem"), [
-    ({"judges": 0}, "marl.options.judges must be >= 1; got 0"),
-    ({"style": "medium"}, "marl.options.style must be one of short, long; got 'medium'"),
-    ({"judges": "two"}, "marl.options.judges must be an int; got 'two'"),
-    ({"judges": True}, "marl.options.judges must be an int; got True"),
-    ({"temperature": "hot"}, "marl.options.temperature must be a float; got 'hot'"),
-    ({"jugdes": 2}, "marl.options.jugdes: {path} has no option 'jugdes'; its options: judges, style, temperature"),
-])
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"judges": 0}, "marl.options.judges must be >= 1; got 0"),
+        ({"style": "medium"}, "marl.options.style must be one of short, long; got 'medium'"),
+        ({"judges": "two"}, "marl.options.judges must be an int; got 'two'"),
+        ({"judges": True}, "marl.options.judges must be an int; got True"),
+        ({"temperature": "hot"}, "marl.options.temperature must be a float; got 'hot'"),
+        (
+            {"jugdes": 2},
+            "marl.options.jugdes: {path} has no option 'jugdes'; its options: judges, style, temperature",
+        ),
+    ],
+)
 def test_a_bad_own_option_names_its_key(tmp_path, values, problem):
     path = _write(tmp_path, "judged", OWN_OPTIONS)
     with pytest.raises(ValueError) as e:

@@ -174,7 +174,11 @@ def _orch(plan: str, max_strategies: int = 3):
 def test_orch_workers_falls_back_to_a_numbered_list():
     ep, client = _orch("Two ways:\n1. Repeated addition.\n2) Use 6*(5+2)\n   and add the parts.\n\nDone.")
     assert client.agents() == ["orchestrator", "worker0", "worker1", "synthesizer"]
-    assert ep.turns[1].messages[-1]["content"].endswith("Repeated addition.\n\nPut your final answer in \\boxed{}.")
+    assert (
+        ep.turns[1]
+        .messages[-1]["content"]
+        .endswith("Repeated addition.\n\nPut your final answer in \\boxed{}.")
+    )
     assert "Use 6*(5+2) and add the parts." in ep.turns[2].messages[-1]["content"]
     assert ep.reward == 1.0 and ep.failure is None and ep.parse_failures == {"orchestrator": 1}
 
@@ -224,7 +228,8 @@ def test_parse_verdict_and_choice():
 
 
 def _eval_opt_texts(prompts: str, family=MATH) -> dict[str, str]:
-    """The system prompts, the evaluator's first request and the generator's revision request of a 2-round run."""
+    """The system prompts, the evaluator's first request and the generator's
+    revision request of a 2-round run."""
     client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{42}"],
                              "evaluator": ["Recheck the product. \\boxed{Incorrect}", "\\boxed{Correct}"]})
     ep = asyncio.run(get_workflow("eval_opt").run(TASK, client, family, WorkflowOptions(prompts=prompts), 0))
@@ -238,11 +243,16 @@ def test_eval_opt_default_prompts_are_unchanged_for_every_task():
     math, code = _eval_opt_texts("default"), _eval_opt_texts("default", CodeFamily())
     assert math["generator"] == code["generator"] == (
         "You are a careful problem solver. Reason step by step, then give the final answer.")
-    assert math["evaluator"] == code["evaluator"] and math["evaluator"].startswith("You are a strict reviewer")
-    assert math["review"].endswith("Is this solution correct? Give brief feedback, then end with \\boxed{Correct} or "
-                                   "\\boxed{Incorrect}.")
-    assert math["revise"] == ("A reviewer judged your solution incorrect:\nRecheck the product. \\boxed{Incorrect}"
-                              "\n\nRevise your solution.\n\nPut your final answer in \\boxed{}.")
+    assert math["evaluator"] == code["evaluator"] and math["evaluator"].startswith(
+        "You are a strict reviewer"
+    )
+    assert math["review"].endswith(
+        "Is this solution correct? Give brief feedback, then end with \\boxed{Correct} or \\boxed{Incorrect}."
+    )
+    assert math["revise"] == (
+        "A reviewer judged your solution incorrect:\nRecheck the product. \\boxed{Incorrect}"
+        "\n\nRevise your solution.\n\nPut your final answer in \\boxed{}."
+    )
 
 
 def test_eval_opt_paper_prompts_on_math():
@@ -275,7 +285,9 @@ def test_eval_opt_paper_shares_one_conversation_over_three_rounds():
     review, rereview = e.fill("review", problem="", answer=""), e.fill("rereview", answer="")
     revise = g.fill("revise", feedback="")
     verdicts = ["Recheck. \\boxed{Incorrect}", "No. \\boxed{Incorrect}", "\\boxed{Correct}"]
-    client = ScriptedClient({"generator": ["\\boxed{41}", "\\boxed{40}", "\\boxed{42}"], "evaluator": verdicts})
+    client = ScriptedClient(
+        {"generator": ["\\boxed{41}", "\\boxed{40}", "\\boxed{42}"], "evaluator": verdicts}
+    )
     ep = run("eval_opt", client, WorkflowOptions(prompts="paper", max_rounds=3))
     problem = f"{TASK.prompt}\n\n{MATH.instruction()}"
     revise = f"{revise}\n\n{MATH.instruction()}"
@@ -287,7 +299,9 @@ def test_eval_opt_paper_shares_one_conversation_over_three_rounds():
     for k, turn in enumerate(ep.turns):
         assert turn.messages[0] == {"role": "system", "content": g.system if k % 2 == 0 else e.system}
         assert [(m["role"], m["content"]) for m in turn.messages[1:]] == shared[: 2 * k + 1], k
-    assert [(t.role, t.round) for t in ep.turns] == [(r, i) for i in range(3) for r in ("generator", "evaluator")]
+    assert [(t.role, t.round) for t in ep.turns] == [
+        (r, i) for i in range(3) for r in ("generator", "evaluator")
+    ]
     assert ep.final_answer == "42" and ep.reward == 1.0 and ep.parse_failures == {}
 
 
@@ -300,7 +314,9 @@ def test_eval_opt_default_keeps_two_chats():
 
 
 def _code_run(workflow: str, replies: dict[str, object], prompts: str):
-    task = Task(task_id="c0", prompt="Print the sum of two numbers.", answer="", meta={"style": "stdio", "cases": []})
+    task = Task(
+        task_id="c0", prompt="Print the sum of two numbers.", answer="", meta={"style": "stdio", "cases": []}
+    )
     family = CodeFamily()
     opts = WorkflowOptions(prompts=prompts)
     return asyncio.run(get_workflow(workflow).run(task, ScriptedClient(replies), family, opts, 0)), family
@@ -314,8 +330,10 @@ def test_voting_paper_code_prompts():
     assert gen[1]["content"].endswith(family.instruction())  # a code block
     assert "most likely to pass all tests" in agg[0]["content"]
     assert "--- Solution 2 ---\n```python\nprint(1)" in agg[1]["content"]
-    assert agg[1]["content"].endswith("Which solution is most likely to pass all tests? Answer with its number as "
-                                      "\\boxed{i}, i from 1 to 3.")
+    assert agg[1]["content"].endswith(
+        "Which solution is most likely to pass all tests? Answer with its number as "
+        "\\boxed{i}, i from 1 to 3."
+    )
     assert ep.final_answer == "print(1)\n"
     default, _ = _code_run("voting", {**gens, "aggregator": "\\boxed{2}"}, "default")
     assert default.turns[3].messages[0]["content"].endswith("most likely to be correct.")
@@ -332,10 +350,19 @@ def test_orch_workers_paper_code_prompts():
     assert worker[0]["content"].startswith("You are an expert competitive programmer")
     assert worker[1]["content"].endswith(family.instruction())
     assert "one complete, runnable Python program" in synth[1]["content"]
-    assert "agreement between them" in synth[1]["content"] and synth[1]["content"].endswith(family.instruction())
+    assert "agreement between them" in synth[1]["content"] and synth[1]["content"].endswith(
+        family.instruction()
+    )
     assert ep.final_answer == "print(3)\n"
-    math = asyncio.run(get_workflow("orch_workers").run(
-        TASK, ScriptedClient({**replies, "synthesizer": "\\boxed{42}"}), MATH, WorkflowOptions(prompts="paper"), 0))
+    math = asyncio.run(
+        get_workflow("orch_workers").run(
+            TASK,
+            ScriptedClient({**replies, "synthesizer": "\\boxed{42}"}),
+            MATH,
+            WorkflowOptions(prompts="paper"),
+            0,
+        )
+    )
     assert "agreement between solutions" in math.turns[3].messages[1]["content"]
     assert "runnable" not in math.turns[3].messages[1]["content"]
 

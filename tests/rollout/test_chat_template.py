@@ -1,6 +1,6 @@
-"""model.chat_template_kwargs reaches every engine's prompt rendering: a tiny model whose chat template branches
-on `enable_thinking` (as Qwen3's does) renders other prompt ids with the flag off, the run's engines render
-exactly those ids, and the vLLM engine renders the same ids as the HF engine."""
+"""model.chat_template_kwargs reaches every engine's prompt rendering: a tiny model whose chat template
+branches on `enable_thinking` (as Qwen3's does) renders other prompt ids with the flag off, the run's engines
+render exactly those ids, and the vLLM engine renders the same ids as the HF engine."""
 
 from __future__ import annotations
 
@@ -57,17 +57,29 @@ def test_the_flag_changes_the_prompt_ids(thinking_model):
 
 
 def test_the_systems_engines_render_with_the_configs_kwargs(tmp_path, thinking_model):
-    cfg = load_config("jobs/configs/tiny.yaml", [
-        f"out_dir={tmp_path}", f"model.path={thinking_model}", "marl.workflow=single_agent", "rollout.backend=hf",
-        "rollout.engines_per_role=0", "learner.ranks=0", "rollout.torch_threads=1",
-        "model.chat_template_kwargs.enable_thinking=false", "marl.sharing=shared"])
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            f"out_dir={tmp_path}",
+            f"model.path={thinking_model}",
+            "marl.workflow=single_agent",
+            "rollout.backend=hf",
+            "rollout.engines_per_role=0",
+            "learner.ranks=0",
+            "rollout.torch_threads=1",
+            "model.chat_template_kwargs.enable_thinking=false",
+            "marl.sharing=shared",
+        ],
+    )
     handles = build_handles(run_layout(cfg), thinking_model, get_family("digit"))
     try:
         greedy = Sampling(temperature=0.0, max_new_tokens=2)
         out = asyncio.run(handles.engines["solver"].generate([MESSAGES], greedy, role="solver"))
         assert out[0].prompt_ids == _render(thinking_model, **OFF) != _render(thinking_model)
         task = Task(task_id="t", prompt="Write the digit 3.", answer="3")
-        episode = handles.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[0]
+        episode = handles.collector.collect([task], 1, Sampling(temperature=1.0, max_new_tokens=2)).episodes[
+            0
+        ]
         prompt = AutoTokenizer.from_pretrained(thinking_model).decode(episode.turns[0].completion.prompt_ids)
         assert prompt.endswith("assistant\n<think>\n\n</think>\n\n")
     finally:

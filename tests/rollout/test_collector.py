@@ -37,7 +37,9 @@ class RecordingEngines:
         self.reply, self.error, self.key = reply, error, key
         self.batches: list[tuple[list[list[Message]], Sampling]] = []
 
-    async def complete(self, request: list[Message], sampling: Sampling, role: str | None = None) -> Completion:
+    async def complete(
+        self, request: list[Message], sampling: Sampling, role: str | None = None
+    ) -> Completion:
         return (await self.generate([request], sampling, role))[0]
 
     async def generate(self, requests: list[list[Message]], sampling: Sampling,
@@ -79,10 +81,15 @@ def test_quiescence_batches_each_role_once_and_returns_episodes_task_major():
     prompts = [r[-1]["content"] for r in gen[0][0]]
     assert sorted(prompts) == sorted(t.prompt for t in TASKS for _ in range(6))
     for _, sampling in gen + agg:
-        assert (sampling.temperature, sampling.max_new_tokens) == (SAMPLING.temperature, SAMPLING.max_new_tokens)
+        assert (sampling.temperature, sampling.max_new_tokens) == (
+            SAMPLING.temperature,
+            SAMPLING.max_new_tokens,
+        )
     assert gen[0][1].seed != agg[0][1].seed
 
-    assert [(e.task.task_id, e.sample_index) for e in episodes] == [(t.task_id, i) for t in TASKS for i in range(2)]
+    assert [(e.task.task_id, e.sample_index) for e in episodes] == [
+        (t.task_id, i) for t in TASKS for i in range(2)
+    ]
     for ep in episodes:
         assert ep.workflow == "voting"
         assert [t.agent for t in ep.turns] == ["generator0", "generator1", "generator2", "aggregator"]
@@ -108,7 +115,11 @@ def test_a_role_cap_reaches_that_roles_engine_alone():
 
 def test_progress_callback_counts_each_finished_episode_once():
     seen: list[tuple[int, int]] = []
-    episodes = _collector(_engines()).collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t))).episodes
+    episodes = (
+        _collector(_engines())
+        .collect(TASKS, 2, SAMPLING, on_episode=lambda d, t: seen.append((d, t)))
+        .episodes
+    )
     assert seen == [(i, len(episodes)) for i in range(1, len(episodes) + 1)]
 
 
@@ -155,8 +166,8 @@ def test_role_without_engine_group_is_an_error():
 # ---------------------------------------------------------------- streaming over the fake
 
 class GatedGenerators(RecordingEngines):
-    """Generators whose turns on task `held` wait until some aggregator has been asked: in streaming, the other
-    episodes reach their aggregator while those turns are out; in lockstep nothing would ever ask it."""
+    """Generators whose turns on task `held` wait until some aggregator has been asked: in streaming, the
+    other episodes reach their aggregator while those turns are out; in lockstep nothing would ever ask it."""
 
     def __init__(self, held: str, asked: asyncio.Event):
         super().__init__(_generator_reply, key="generator")
@@ -164,7 +175,8 @@ class GatedGenerators(RecordingEngines):
 
     async def complete(self, request, sampling, role=None):
         if f"Write the digit {self.held}." in request[-1]["content"]:
-            await asyncio.wait_for(self.asked.wait(), 30)  # bounded: a lockstep client fails instead of hanging
+            # bounded: a lockstep client fails instead of hanging
+            await asyncio.wait_for(self.asked.wait(), 30)
         return await super().complete(request, sampling, role)
 
 
@@ -182,15 +194,20 @@ def test_streaming_sends_each_turn_alone_and_an_episode_does_not_wait_for_other_
     async def run() -> tuple[list, dict]:
         asked = asyncio.Event()
         engines = {"generator": GatedGenerators(TASKS[0].answer, asked), "aggregator": AskedAggregator(asked)}
-        episodes, timings = await asyncio.to_thread(_collector(engines, "streaming").collect, TASKS, 2, SAMPLING)
+        episodes, timings = await asyncio.to_thread(
+            _collector(engines, "streaming").collect, TASKS, 2, SAMPLING
+        )
         return episodes, {**timings, "calls": [len(r) for e in engines.values() for r, _ in e.batches]}
 
     episodes, timings = asyncio.run(run())
     assert set(timings.pop("calls")) == {1} and len(episodes) == 6  # 24 turns, one call each
     assert all(ep.reward == (1.0 if ep.task.answer != WRONG_ON else 0.0) for ep in episodes)
-    assert set(timings) == {"generate_s", "rollout/engine_busy_frac/generator", "rollout/engine_busy_frac/aggregator",
-                            *(f"rollout/turn_latency_{q}_s/{r}" for q in ("p50", "p99")
-                              for r in ("generator", "aggregator"))}
+    assert set(timings) == {
+        "generate_s",
+        "rollout/engine_busy_frac/generator",
+        "rollout/engine_busy_frac/aggregator",
+        *(f"rollout/turn_latency_{q}_s/{r}" for q in ("p50", "p99") for r in ("generator", "aggregator")),
+    }
     assert all(0.0 <= timings[f"rollout/engine_busy_frac/{g}"] <= 1.0 for g in ("generator", "aggregator"))
 
 
@@ -198,9 +215,15 @@ def test_streaming_seeds_each_turn_by_its_episode_agent_and_turn():
     engines = _engines()
     _collector(engines, "streaming").collect(TASKS, 2, SAMPLING)
     seeds = {role: sorted(s.seed for _, s in e.batches) for role, e in engines.items()}
-    want = {"generator": sorted(SAMPLING.derive(t, i, f"generator{j}", 0).seed
-                                for t in range(3) for i in range(2) for j in range(3)),
-            "aggregator": sorted(SAMPLING.derive(t, i, "aggregator", 0).seed for t in range(3) for i in range(2))}
+    want = {
+        "generator": sorted(
+            SAMPLING.derive(t, i, f"generator{j}", 0).seed
+            for t in range(3)
+            for i in range(2)
+            for j in range(3)
+        ),
+        "aggregator": sorted(SAMPLING.derive(t, i, "aggregator", 0).seed for t in range(3) for i in range(2)),
+    }
     assert seeds == want
     assert len(set(seeds["generator"])) == 18  # identical prompts of one episode still draw apart
 
@@ -216,9 +239,17 @@ def _spec() -> EngineGroupSpec:
 
 
 def _rollout(engines_per_role: int) -> SimpleNamespace:
-    return SimpleNamespace(backend="hf", engines_per_role=engines_per_role, engine_num_cpus=0.5, torch_threads=1,
-                           max_batch_size=MAX_BATCH, stall_timeout_s=120.0, start_timeout_s=600.0,
-                           lora_serving="single", replace_dead_engines=True)
+    return SimpleNamespace(
+        backend="hf",
+        engines_per_role=engines_per_role,
+        engine_num_cpus=0.5,
+        torch_threads=1,
+        max_batch_size=MAX_BATCH,
+        stall_timeout_s=120.0,
+        start_timeout_s=600.0,
+        lora_serving="single",
+        replace_dead_engines=True,
+    )
 
 
 @pytest.fixture(scope="module")

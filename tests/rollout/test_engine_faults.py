@@ -1,5 +1,5 @@
-"""Engine health through the real run handles (HF engines as Ray actors, in-process learner): a killed engine is
-replaced under its name, caught up to the current weights (fingerprint-checked) and its call retried once,
+"""Engine health through the real run handles (HF engines as Ray actors, in-process learner): a killed engine
+is replaced under its name, caught up to the current weights (fingerprint-checked) and its call retried once,
 so the step loses and duplicates nothing; an engine that stops generating tokens is replaced once it has been
 flat for rollout.stall_timeout_s, and named when its replacement stalls too; a slow engine that keeps
 generating is left alone however long it takes. The stand-ins stall or slow the engine's serving step."""
@@ -32,7 +32,8 @@ SAMPLING = Sampling(temperature=1.0, max_new_tokens=4)
 
 
 def _stall_once(flag: str) -> type:
-    """An engine whose first serving step (in any process) marks `flag` and stalls; later steps serve normally.
+    """An engine whose first serving step (in any process) marks `flag` and
+    stalls; later steps serve normally.
     Built in a function so that Ray ships the class, with `flag`, by value."""
 
     class StallOnce(HFEngine):
@@ -131,9 +132,12 @@ def test_hung_engine_trips_its_stall_deadline_and_is_named_after_one_replacement
                                                                                 monkeypatch):
     handles = _system(tmp_path, monkeypatch, _hung(), "rollout.stall_timeout_s=2")
     try:
-        with pytest.raises(GroupTimeout, match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s "
-                                               r"\(rollout\.stall_timeout_s\) \(serving role 'solver'\) after "
-                                               r"replacing the engine$"):
+        with pytest.raises(
+            GroupTimeout,
+            match=rf"^{RUN}:engine:solver:0\.generate made no progress for 2s "
+            r"\(rollout\.stall_timeout_s\) \(serving role 'solver'\) after "
+            r"replacing the engine$",
+        ):
             handles.collector.collect(TASKS[:1], 1, SAMPLING)
         assert handles.engines["solver"].replacements == 1
     finally:
@@ -158,7 +162,9 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
                                                                               monkeypatch):
     stall_s, margin_s = 2.0, 3.0  # margin: polling (1/8 of the deadline) and a loaded machine
     flag = str(tmp_path / "stopped")
-    handles = _system(tmp_path, monkeypatch, _stops_once(flag, tokens=10), f"rollout.stall_timeout_s={stall_s}")
+    handles = _system(
+        tmp_path, monkeypatch, _stops_once(flag, tokens=10), f"rollout.stall_timeout_s={stall_s}"
+    )
     group = handles.engines["solver"]
     replaced_at: list[float] = []
     replace_now = group._replace_now
@@ -175,7 +181,9 @@ def test_an_engine_that_stops_generating_is_replaced_within_the_stall_deadline(r
 @pytest.mark.slow
 def test_a_slow_engine_that_keeps_generating_outlives_the_stall_deadline(ray_cluster, tmp_path, monkeypatch):
     stall_s = 1.5
-    handles = _system(tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}")
+    handles = _system(
+        tmp_path, monkeypatch, _slow(tokens=10, every_s=0.4), f"rollout.stall_timeout_s={stall_s}"
+    )
     try:
         t0 = time.monotonic()
         episodes = handles.collector.collect(TASKS[:1], 1, SAMPLING).episodes

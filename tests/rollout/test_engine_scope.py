@@ -21,9 +21,18 @@ ROLES = ["generator", "aggregator"]
 
 
 def _system(tmp_path, sharing: str, *overrides: str):
-    cfg = load_config("jobs/configs/tiny.yaml", [
-        f"out_dir={tmp_path}", "marl.workflow=voting", f"marl.sharing={sharing}", "rollout.engines_per_role=0",
-        "learner.ranks=0", "rollout.torch_threads=1", *overrides])
+    cfg = load_config(
+        "jobs/configs/tiny.yaml",
+        [
+            f"out_dir={tmp_path}",
+            "marl.workflow=voting",
+            f"marl.sharing={sharing}",
+            "rollout.engines_per_role=0",
+            "learner.ranks=0",
+            "rollout.torch_threads=1",
+            *overrides,
+        ],
+    )
     return build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("digit"))
 
 
@@ -51,7 +60,10 @@ def test_policy_scope_with_a_shared_policy_is_one_group_for_every_role_synced_on
 def test_role_scope_keeps_a_group_per_role(tmp_path):
     handles = _system(tmp_path, "shared")
     try:
-        assert [g.group.name for g in handles.engine_groups()] == ["tiny:engine:generator", "tiny:engine:aggregator"]
+        assert [g.group.name for g in handles.engine_groups()] == [
+            "tiny:engine:generator",
+            "tiny:engine:aggregator",
+        ]
         assert handles.sync(1)["sync/verified"] == 2.0
     finally:
         handles.shutdown()
@@ -79,8 +91,14 @@ def test_multi_lora_is_one_group_serving_each_isolated_policy_through_its_adapte
 
 
 def test_merged_lora_serving_in_bf16_reports_the_update_lost_to_rounding(tmp_path):
-    handles = _system(tmp_path, "shared", "model.lora.enabled=true", "model.lora.rank=8", "model.dtype=bfloat16",
-                     "model.allow_emulated_bf16=true")  # bf16 numerics on any CPU (jobs/config/precision.py)
+    handles = _system(
+        tmp_path,
+        "shared",
+        "model.lora.enabled=true",
+        "model.lora.rank=8",
+        "model.dtype=bfloat16",
+        "model.allow_emulated_bf16=true",
+    )  # bf16 numerics on any CPU (jobs/config/precision.py)
     try:
         assert handles.sync(1)["sync/merge_rounding/shared"] == 0.0  # LoRA's B starts at 0: no update yet
         learner = handles.learners["shared"].group._members[0]

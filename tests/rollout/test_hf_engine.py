@@ -35,7 +35,9 @@ def engine(tiny) -> HFEngine:
     return HFEngine(tiny, policy_id="pi")
 
 
-def _manual_logprobs(model, prompt_ids: list[int], response_ids: list[int], temperature: float) -> torch.Tensor:
+def _manual_logprobs(
+    model, prompt_ids: list[int], response_ids: list[int], temperature: float
+) -> torch.Tensor:
     """log p(response token | prefix) from one unpadded forward pass, temperature-scaled unless greedy."""
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
@@ -133,7 +135,9 @@ def test_load_weights_switches_model_and_restores_exactly(tiny):
     original_state = _clone(engine.model.state_dict())
     original = engine.generate(REQUESTS, greedy)
 
-    other_state = _clone(AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny?seed=1")).state_dict())
+    other_state = _clone(
+        AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny?seed=1")).state_dict()
+    )
     assert other_state.keys() == original_state.keys()
     # Random tiny models (tied embeddings) greedily echo the prompt's last token whatever their seed;
     # flipping the final norm's sign makes the other model's greedy text visibly different.

@@ -1,6 +1,6 @@
-"""Merged serving with adapter-only syncs (sync.lora_delta): the adapter travels, each engine merges it into its
-own base weights, and what it serves is bit for bit the learner's merge, checked by fingerprint; an engine whose
-base differs is caught; only the layers whose adapter changed are rewritten."""
+"""Merged serving with adapter-only syncs (sync.lora_delta): the adapter travels, each engine merges it into
+its own base weights, and what it serves is bit for bit the learner's merge, checked by fingerprint; an engine
+whose base differs is caught; only the layers whose adapter changed are rewritten."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_engines_serve_the_learners_merge_from_the_adapter_alone(tmp_path, dtype
         assert all(torch.equal(served[k], v) for k, v in merged.items())  # bit for bit the learner's merge
         _move_adapter(full.learners["generator"].group._members[0], 0)
         full_bytes = full.sync(1)["sync/bytes"]
-        assert out["sync/bytes"] < full_bytes / 2  # adapters, not the merged model (tiny: rank 8 is a large share)
+        # adapters, not the merged model (tiny: rank 8 is a large share)
+        assert out["sync/bytes"] < full_bytes / 2
     finally:
         handles.shutdown()
         full.shutdown()
@@ -91,8 +92,8 @@ def test_only_layers_whose_adapter_changed_are_merged_again(tmp_path):
 
 @pytest.mark.parametrize("scale", [2.0, 0.5, 1.7, 16 / 12])
 def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
-    """The engine's merge (fused addmm for power-of-two scales, else the learner's steps in place) is bit for bit
-    learners.state.weights.merge_layer's, whose fingerprint the engine must reproduce."""
+    """The engine's merge (fused addmm for power-of-two scales, else the learner's steps in place) is bit for
+    bit learners.state.weights.merge_layer's, whose fingerprint the engine must reproduce."""
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(192, 576, generator=g) * 0.02
     b, a = torch.randn(192, 16, generator=g) * 0.01, torch.randn(16, 576, generator=g) * 0.01
@@ -103,9 +104,14 @@ def test_a_merge_into_a_reused_buffer_rounds_as_the_learners_merge(scale):
 
 @pytest.mark.parametrize("column_major", [False, True])
 def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_major):
-    """rollout.vllm.repack._adjacent: parts back to back along rows of one buffer, stored row-major or column-major
-    (BaseWeights' merge buffers), are one view of it; out of order, with a gap or of another buffer: None."""
-    whole = torch.arange(7 * 3, dtype=torch.float32).view(3, 7).T if column_major else torch.arange(21.).view(7, 3)
+    """rollout.vllm.repack._adjacent: parts back to back along rows of one buffer, stored
+    row-major or column-major (BaseWeights' merge buffers), are one view of it; out of order, with
+    a gap or of another buffer: None."""
+    whole = (
+        torch.arange(7 * 3, dtype=torch.float32).view(3, 7).T
+        if column_major
+        else torch.arange(21.0).view(7, 3)
+    )
     parts = list(whole.split([4, 1, 2]))
     view = _adjacent(parts)
     assert view is not None and view.data_ptr() == whole.data_ptr() and torch.equal(view, whole)
@@ -114,8 +120,9 @@ def test_row_blocks_of_one_buffer_load_as_one_view_whatever_its_layout(column_ma
 
 
 def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_one_view(tmp_path):
-    """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one tensor, in
-    stacking order: the in-place load takes them as one view (rollout.vllm.repack._adjacent), nothing concatenated."""
+    """The engine's merge buffers of q, k, v (stacked into vLLM's qkv_proj) are row blocks of one
+    tensor, in stacking order: the in-place load takes them as one view
+    (rollout.vllm.repack._adjacent), nothing concatenated."""
     handles = _system(tmp_path)
     try:
         learner = handles.learners["generator"].group._members[0]
@@ -129,6 +136,8 @@ def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_
         assert view is not None and view.data_ptr() == merged[names[0]].data_ptr()
         assert torch.equal(view, torch.cat([merged[n] for n in names]))
         assert _adjacent([merged[n] for n in reversed(names)]) is None  # not in stacking order: concatenated
-        assert stack_of("model.layers.1.mlp.down_proj.weight", stacks) == ["model.layers.1.mlp.down_proj.weight"]
+        assert stack_of("model.layers.1.mlp.down_proj.weight", stacks) == [
+            "model.layers.1.mlp.down_proj.weight"
+        ]
     finally:
         handles.shutdown()

@@ -127,6 +127,11 @@ def test_adapter_ranks_round_up_to_one_vllm_sizes_for():
 
     assert _lora_kwargs(0, 64) == {}
     assert _lora_kwargs(2, 4)["max_lora_rank"] == 8 and _lora_kwargs(2, 64)["max_lora_rank"] == 64
-    assert _lora_kwargs(3, 300) == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 320, "max_cpu_loras": 4}
+    assert _lora_kwargs(3, 300) == {
+        "enable_lora": True,
+        "max_loras": 3,
+        "max_lora_rank": 320,
+        "max_cpu_loras": 4,
+    }
     with pytest.raises(ValueError, match="exceeds vLLM's largest LoRA rank"):
         _lora_kwargs(1, 1024)

@@ -51,7 +51,13 @@ def test_multi_lora_serving_follows_the_merged_weight_runs_trajectory_exactly(ra
             "rollout.engines_per_role=0", "learner.ranks=0", f"rollout.lora_serving={serving}",
             "model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16", "learner.optim.lr=5e-2",
             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "ray.num_cpus=2"]))
-        keys = ("reward/mean", "loss/generator", "loss/aggregator", "grad/norm/generator", "grad/norm/aggregator")
+        keys = (
+            "reward/mean",
+            "loss/generator",
+            "loss/aggregator",
+            "grad/norm/generator",
+            "grad/norm/aggregator",
+        )
         return [{k: r[k] for k in keys if k in r} for r in read_metrics(out / "tiny")]
 
     single, multi = run("single"), run("multi")

@@ -9,24 +9,49 @@ from marl.types import Completion, Episode, Task, Turn
 from rollout.storage import SCHEMA, episodes_to_table, read_episodes, write_episodes
 
 COLUMNS = [
-    ("step", pa.int64()), ("episode", pa.int64()), ("workflow", pa.string()), ("task_id", pa.string()),
-    ("task_prompt", pa.string()), ("task_answer", pa.string()), ("task_kind", pa.string()),
-    ("sample_index", pa.int64()), ("final_answer", pa.string()), ("episode_reward", pa.float64()),
-    ("failure", pa.string()), ("parse_failures", pa.string()), ("score_info", pa.string()), ("turn", pa.int64()),
+    ("step", pa.int64()),
+    ("episode", pa.int64()),
+    ("workflow", pa.string()),
+    ("task_id", pa.string()),
+    ("task_prompt", pa.string()),
+    ("task_answer", pa.string()),
+    ("task_kind", pa.string()),
+    ("sample_index", pa.int64()),
+    ("final_answer", pa.string()),
+    ("episode_reward", pa.float64()),
+    ("failure", pa.string()),
+    ("parse_failures", pa.string()),
+    ("score_info", pa.string()),
+    ("turn", pa.int64()),
     ("role", pa.string()),
-    ("agent", pa.string()), ("round", pa.int64()), ("messages", pa.string()), ("response", pa.string()),
-    ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
-    ("logprobs", pa.list_(pa.float32())), ("finish_reason", pa.string()), ("policy_id", pa.string()),
-    ("version", pa.int64()), ("reward", pa.float64()),
+    ("agent", pa.string()),
+    ("round", pa.int64()),
+    ("messages", pa.string()),
+    ("response", pa.string()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("logprobs", pa.list_(pa.float32())),
+    ("finish_reason", pa.string()),
+    ("policy_id", pa.string()),
+    ("version", pa.int64()),
+    ("reward", pa.float64()),
 ]
 
 
 def _turn(role: str, agent: str, round_: int, text: str, reward: float, version: int = 3) -> Turn:
-    messages = [{"role": "system", "content": "Be careful — ünïcödé"}, {"role": "user", "content": f"{agent}?"}]
-    completion = Completion(text=text, prompt_ids=[1, 2, 3, 70000], response_ids=[ord(c) for c in text],
-                            logprobs=[-0.5, -1.25, -0.0078125, -3.0][: len(text)] + [-2.0] * max(len(text) - 4, 0),
-                            finish_reason="length" if len(text) > 4 else "stop", version=version,
-                            policy_id=f"policy_{role}")
+    messages = [
+        {"role": "system", "content": "Be careful — ünïcödé"},
+        {"role": "user", "content": f"{agent}?"},
+    ]
+    completion = Completion(
+        text=text,
+        prompt_ids=[1, 2, 3, 70000],
+        response_ids=[ord(c) for c in text],
+        logprobs=[-0.5, -1.25, -0.0078125, -3.0][: len(text)] + [-2.0] * max(len(text) - 4, 0),
+        finish_reason="length" if len(text) > 4 else "stop",
+        version=version,
+        policy_id=f"policy_{role}",
+    )
     return Turn(role, agent, round_, messages, completion, reward)
 
 
@@ -55,7 +80,12 @@ def test_one_row_per_turn_with_episode_fields_repeated():
     table = episodes_to_table(_episodes(), step=7)
     assert table.num_rows == 4
     rows = table.to_pylist()
-    assert [(r["step"], r["episode"], r["turn"]) for r in rows] == [(7, 0, 0), (7, 0, 1), (7, 0, 2), (7, 1, 0)]
+    assert [(r["step"], r["episode"], r["turn"]) for r in rows] == [
+        (7, 0, 0),
+        (7, 0, 1),
+        (7, 0, 2),
+        (7, 1, 0),
+    ]
     assert [r["task_id"] for r in rows] == ["math:1"] * 3 + ["digit:7"]
     assert [r["agent"] for r in rows] == ["generator", "evaluator", "generator", "orchestrator"]
     assert rows[3]["failure"] == "too_many_strategies" and rows[3]["final_answer"] is None

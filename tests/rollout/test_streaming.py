@@ -41,9 +41,17 @@ def threads():
 
 
 def _rollout() -> SimpleNamespace:
-    return SimpleNamespace(backend="hf", engines_per_role=0, engine_num_cpus=0.5, torch_threads=1,
-                           max_batch_size=4, stall_timeout_s=60.0, start_timeout_s=600.0, lora_serving="single",
-                           replace_dead_engines=True)
+    return SimpleNamespace(
+        backend="hf",
+        engines_per_role=0,
+        engine_num_cpus=0.5,
+        torch_threads=1,
+        max_batch_size=4,
+        stall_timeout_s=60.0,
+        start_timeout_s=600.0,
+        lora_serving="single",
+        replace_dead_engines=True,
+    )
 
 
 def _groups(tiny: str, roles: list[str]) -> dict[str, EngineGroup]:

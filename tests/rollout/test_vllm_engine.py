@@ -1,9 +1,9 @@
 """VLLMEngine (real vLLM, in-process, on CPU) on the built-in tiny model: completions as the HF engine shapes
-them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on eos,
-seeds, and weight sync that is verified (switch and restore exactly; the in-place path serves the tokens and
-logprobs of vLLM's reload; a load that did not land, a wrong or skipped layer and a stale tied LM head are caught
-by the engine's sketch of what vLLM serves, fused qkv/gate_up layers included; a payload that changed on the way
-by the sender), and a bf16 engine.
+them, logprobs against a manual fp32 HF forward pass and, through build_batches, the learner's, stopping on
+eos, seeds, and weight sync that is verified (switch and restore exactly; the in-place path serves the tokens
+and logprobs of vLLM's reload; a load that did not land, a wrong or skipped layer and a stale tied LM head are
+caught by the engine's sketch of what vLLM serves, fused qkv/gate_up layers included; a payload that changed
+on the way by the sender), and a bf16 engine.
 
 Measured on the tiny float32 model: vLLM's logprobs match the manual forward pass to <= 5e-7 (T = 0, 0.7,
 1, 1.3; 16 prompts x 32 tokens); the tolerance below leaves two orders of magnitude of headroom.
@@ -41,7 +41,8 @@ from tests.learners.test_engine_logprobs import REQUESTS as LEARNER_REQUESTS
 pytestmark = pytest.mark.vllm
 
 LOGPROB_TOL = 1e-4
-# vLLM's and HF's bf16 kernels round activations differently: measured <= 2.7e-3 (3 seeds x 3 prompts x 8 tokens).
+# vLLM's and HF's bf16 kernels round activations differently: measured <= 2.7e-3 (3
+# seeds x 3 prompts x 8 tokens).
 BF16_LOGPROB_TOL = 2e-2
 KV_GB = 0.25
 REQUESTS = [
@@ -85,7 +86,9 @@ def _max_logprob_error(model, completion, temperature: float) -> float:
         logits = model(ids).logits[0, len(completion.prompt_ids) - 1:-1].float()
     if temperature:
         logits = logits / temperature
-    manual = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion.response_ids)[:, None]).squeeze(-1)
+    manual = (
+        torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion.response_ids)[:, None]).squeeze(-1)
+    )
     return (manual - torch.tensor(completion.logprobs)).abs().max().item()
 
 
@@ -124,7 +127,9 @@ def test_greedy_is_the_argmax_of_the_manual_forward_and_agrees_with_the_hf_engin
     assert [c.response_ids for c in out] == [c.response_ids for c in hf.generate(REQUESTS, GREEDY)]
     for c in out:
         with torch.no_grad():
-            logits = hf.model(torch.tensor([c.prompt_ids + c.response_ids])).logits[0, len(c.prompt_ids) - 1:-1]
+            logits = hf.model(torch.tensor([c.prompt_ids + c.response_ids])).logits[
+                0, len(c.prompt_ids) - 1 : -1
+            ]
         assert logits.argmax(-1).tolist() == c.response_ids
 
 
@@ -140,7 +145,9 @@ def test_same_seed_same_samples_other_seed_other_samples(engine):
 def test_a_batch_whose_prompts_exceed_one_scheduler_step_samples_with_per_request_seeds(engine):
     # ~9k prompt tokens: more than one step's token budget. With chunked prefill vLLM's CPU runner crashes
     # here on seeded requests ("CPU Generator does not use offset"); the engine turns chunking off.
-    long = [[{"role": "user", "content": f"{i}: " + "Add these numbers up and answer. " * 4}] for i in range(64)]
+    long = [
+        [{"role": "user", "content": f"{i}: " + "Add these numbers up and answer. " * 4}] for i in range(64)
+    ]
     out = engine.generate(long, Sampling(temperature=1.0, max_new_tokens=4, seed=2))
     assert sum(len(c.prompt_ids) for c in out) > 8192
     assert len(out) == 64 and all(len(c.response_ids) == len(c.logprobs) >= 1 for c in out)
@@ -169,7 +176,8 @@ def test_load_weights_switches_model_restores_exactly_and_reports_its_own_finger
     report = engine.load_weights(other_state, version=5)
     assert report == {"version": 5, "bytes": sum(t.numel() * t.element_size() for t in other_state.values()),
                       "fingerprint": fingerprint(other_state)}
-    assert engine.own_tensors == len(other_state)  # every tensor read back from vLLM, fused and packed ones too
+    # every tensor read back from vLLM, fused and packed ones too
+    assert engine.own_tensors == len(other_state)
     switched = engine.generate(REQUESTS, GREEDY)
     assert [c.response_ids for c in switched] != [c.response_ids for c in original]
     assert {c.version for c in switched} == {5} and engine.weight_version() == 5
@@ -205,16 +213,22 @@ def test_a_load_that_did_not_land_is_an_error_of_the_engine(engine, tiny, monkey
     monkeypatch.setattr(engine, "sync_path", path)
     monkeypatch.setattr("rollout.vllm.engine.load_in_place", lambda model, weights, kernels: True)
     rpc = engine.llm.collective_rpc
-    monkeypatch.setattr(engine.llm, "collective_rpc",
-                        lambda method, *a, **kw: None if method == "reload_weights" else rpc(method, *a, **kw))
-    with pytest.raises(RuntimeError, match=r"policy 'pi': \d+ of 21 tensors serve other values than were loaded"):
+    monkeypatch.setattr(
+        engine.llm,
+        "collective_rpc",
+        lambda method, *a, **kw: None if method == "reload_weights" else rpc(method, *a, **kw),
+    )
+    with pytest.raises(
+        RuntimeError, match=r"policy 'pi': \d+ of 21 tensors serve other values than were loaded"
+    ):
         engine.load_weights(_other_state(tiny), version=9)
     assert engine.weight_version() == 0
 
 
 def test_the_fast_path_serves_what_vllms_reload_serves(engine, tiny, monkeypatch):
-    """Same weights through vLLM's reload_weights and through the in-place path: the same tokens and log-probs,
-    sampled; the payload of a tied model without `lm_head.weight` too (the head is rebuilt from the embedding)."""
+    """Same weights through vLLM's reload_weights and through the in-place path: the same tokens and
+    log-probs, sampled; the payload of a tied model without `lm_head.weight` too (the head is
+    rebuilt from the embedding)."""
     other, sampling = _other_state(tiny), Sampling(temperature=1.0, max_new_tokens=12, seed=3)
     try:
         monkeypatch.setattr(engine, "sync_path", "reload")
@@ -222,7 +236,8 @@ def test_the_fast_path_serves_what_vllms_reload_serves(engine, tiny, monkeypatch
         reloaded = engine.generate(REQUESTS, sampling)
         engine.load_weights(_state(tiny), version=2)  # back to the base, so the fast path has work to do
         monkeypatch.setattr(engine, "sync_path", "fast")
-        monkeypatch.setattr(engine.llm, "collective_rpc", _no_rpc)  # the fast path must not reload through vLLM
+        # the fast path must not reload through vLLM
+        monkeypatch.setattr(engine.llm, "collective_rpc", _no_rpc)
         # Shared, as learners send: each tensor its own buffer (fused layers' parts concatenated by the load).
         engine.load_weights(share({k: v for k, v in other.items() if k != "lm_head.weight"}), version=3)
         assert engine.own_tensors == len(other)  # the head checked through its kernel against the embedding
@@ -239,9 +254,9 @@ def _no_rpc(method, *args, **kwargs):
 
 
 def _add_to_rows(model, module: str, start: int, stop: int, delta: float) -> None:
-    """Runs inside vLLM's worker: add `delta` to rows [start, stop) of the weight the linear `module` serves. On
-    CPU that weight lives in a packed GEMM kernel: read out through the kernel (identity input), changed, and
-    repacked as vLLM does after a load; on GPU it is the parameter itself."""
+    """Runs inside vLLM's worker: add `delta` to rows [start, stop) of the weight the linear `module` serves.
+    On CPU that weight lives in a packed GEMM kernel: read out through the kernel (identity input), changed,
+    and repacked as vLLM does after a load; on GPU it is the parameter itself."""
     layer = model.get_submodule(module)
     if layer.weight.numel():
         layer.weight.data[start:stop] += delta
@@ -258,7 +273,9 @@ def _add_to_rows(model, module: str, start: int, stop: int, delta: float) -> Non
     ("self_attn.qkv_proj", "self_attn.k_proj", (128, 192)),  # q: 4 heads x 32 rows, then k and v: 2 x 32 each
     ("mlp.gate_up_proj", "mlp.up_proj", (128, 256)),  # gate, then up: 128 rows each
 ])
-def test_a_wrong_part_of_a_fused_layer_is_caught_under_its_hf_name(engine, tiny, monkeypatch, path, fused, part, rows):
+def test_a_wrong_part_of_a_fused_layer_is_caught_under_its_hf_name(
+    engine, tiny, monkeypatch, path, fused, part, rows
+):
     monkeypatch.setattr(engine, "sync_path", path)
     _patch_load(monkeypatch, engine, functools.partial(_add_to_rows, module=f"model.layers.1.{fused}",
                                                         start=rows[0], stop=rows[1], delta=0.01))
@@ -271,17 +288,24 @@ def test_a_wrong_part_of_a_fused_layer_is_caught_under_its_hf_name(engine, tiny,
 
 
 def test_a_skipped_layer_and_a_stale_tied_head_are_caught(engine, tiny, monkeypatch):
-    """The in-place path leaving one linear as it was, or not rebuilding the LM head's kernel after the embedding
-    changed (its parameter is the new embedding: only the logits path shows the old one)."""
+    """The in-place path leaving one linear as it was, or not rebuilding the LM head's kernel after the
+    embedding changed (its parameter is the new embedding: only the logits path shows the old one)."""
     def skipping(model, weights, kernels):
-        return load_in_place(model, {k: v for k, v in weights.items() if "layers.0.mlp.down" not in k}, kernels)
+        return load_in_place(
+            model, {k: v for k, v in weights.items() if "layers.0.mlp.down" not in k}, kernels
+        )
 
     real = vllm_kernels()
-    stale_head = Kernels(lambda layer, remove_weight: real.rebuild(layer, remove_weight) if remove_weight else None,
-                         real.linear_method, real.embedding_method)
+    stale_head = Kernels(
+        lambda layer, remove_weight: real.rebuild(layer, remove_weight) if remove_weight else None,
+        real.linear_method,
+        real.embedding_method,
+    )
     try:
         monkeypatch.setattr("rollout.vllm.engine.load_in_place", skipping)
-        with pytest.raises(RuntimeError, match=r"1 of 21 tensors .*: model\.layers\.0\.mlp\.down_proj\.weight"):
+        with pytest.raises(
+            RuntimeError, match=r"1 of 21 tensors .*: model\.layers\.0\.mlp\.down_proj\.weight"
+        ):
             engine.load_weights(_other_state(tiny), version=8)
         monkeypatch.undo()
         engine.load_weights(_state(tiny), version=0)  # every kernel, the head's too, on the base model again
@@ -322,21 +346,34 @@ class Source:
 
 def test_sender_catches_an_engine_that_serves_other_weights_and_names_it(tiny):
     src = Group(Source, 0, "run:learner:pi", per_member_kwargs=[{"state": _other_state(tiny)}])
-    good = Group(VLLMEngine, 0, "run:engine:generator", args=(tiny,), per_member_kwargs=[{"kv_cache_gb": KV_GB}])
+    good = Group(
+        VLLMEngine, 0, "run:engine:generator", args=(tiny,), per_member_kwargs=[{"kv_cache_gb": KV_GB}]
+    )
     bad = Group(PartialLoadEngine, 0, "run:engine:aggregator", args=(tiny,),
                 per_member_kwargs=[{"kv_cache_gb": KV_GB}])
     try:
-        out = broadcast(src, Source.get_weights, [good], EngineMember.load_weights, 1, 60.0, fingerprint=fingerprint)
+        out = broadcast(
+            src, Source.get_weights, [good], EngineMember.load_weights, 1, 60.0, fingerprint=fingerprint
+        )
         assert out["verified"] == 1.0
         with pytest.raises(SyncError, match=r"^run:engine:aggregator:0 serves weights with fingerprint"):
-            broadcast(src, Source.get_weights, [good, bad], EngineMember.load_weights, 2, 60.0, fingerprint=fingerprint)
+            broadcast(
+                src,
+                Source.get_weights,
+                [good, bad],
+                EngineMember.load_weights,
+                2,
+                60.0,
+                fingerprint=fingerprint,
+            )
     finally:
         for g in (src, good, bad):
             g.shutdown()
 
 
 def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[LoraDelta, dict]:
-    """What LearnerMember.get_lora_delta ships, after moving the adapter's B matrices (all, or one layer's)."""
+    """What LearnerMember.get_lora_delta ships, after moving the adapter's B
+    matrices (all, or one layer's)."""
     g = torch.Generator().manual_seed(version_seed)
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -348,14 +385,16 @@ def _lora_payload(model, version_seed: int, only: str | None = None) -> tuple[Lo
 
 
 def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_back_only_them(tiny, hf, monkeypatch):
-    """The engine reports every served name's sketch (to be compared with the learner's, Learner.merged_sketch),
-    read through the kernels once and then only for what a load touched: a full-weight load that overwrites a
-    layer drops its kept sketch, so the next delta's check reads it again and catches what it serves."""
+    """The engine reports every served name's sketch (to be compared with the learner's,
+    Learner.merged_sketch), read through the kernels once and then only for what a load touched: a
+    full-weight load that overwrites a layer drops its kept sketch, so the next delta's check reads it again
+    and catches what it serves."""
     engine = VLLMEngine(tiny, policy_id="pi", kv_cache_gb=KV_GB)
     lora = SimpleNamespace(enabled=True, rank=8, alpha=16, dropout=0.0, target_modules="all-linear")
     model = load_policy_model(tiny, "float32", lora)
     reloaded: list[list[str]] = []
-    warned: list[logging.LogRecord] = []  # vLLM warns about (and lists) every layer a partial reload leaves as is
+    # vLLM warns about (and lists) every layer a partial reload leaves as is
+    warned: list[logging.LogRecord] = []
     catch = logging.Handler(logging.WARNING)
     catch.emit = warned.append  # type: ignore[method-assign]
     for name in ("inplace", "layerwise"):
@@ -379,14 +418,18 @@ def test_an_adapter_delta_reloads_only_the_changed_layers_and_reads_back_only_th
 
     payload, merged = _lora_payload(model, 1, only="layers.0.self_attn.q_proj")
     assert off(engine.load_lora_delta(payload, 2)) is None
-    # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts; those
-    # three are read again, and the LM head (rebuilt with any embedding change: always read again).
-    assert reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"] and engine.own_tensors == 4
+    # One layer's adapter moved: vLLM rebuilds the fused qkv_proj it is stacked into from all three parts;
+    # those three are read again, and the LM head (rebuilt with any embedding change: always read again).
+    assert (
+        reloaded[1] == [f"model.layers.0.self_attn.{p}_proj.weight" for p in "kqv"]
+        and engine.own_tensors == 4
+    )
     assert off(engine.load_lora_delta(payload, 3)) is None and len(reloaded) == 2 and engine.own_tensors == 0
     assert not warned, [r.getMessage()[:200] for r in warned]  # muted: the console stays the run's own
 
     down = "model.layers.1.mlp.down_proj.weight"
-    engine.load_weights({down: torch.zeros_like(merged[down])}, version=4)  # served as sent: its own check passes
+    # served as sent: its own check passes
+    engine.load_weights({down: torch.zeros_like(merged[down])}, version=4)
     stale = off(engine.load_lora_delta(payload, 5))  # the adapter did not move: nothing merged or loaded
     assert engine.own_tensors == 2 and stale is not None and stale.startswith("1 of ") and down in stale
 

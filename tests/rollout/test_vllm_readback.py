@@ -1,7 +1,7 @@
-"""rollout.vllm.readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back into HF
-names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, a tied LM head read
-through its own kernel, and a changed served tensor showing in its sketch error under its HF name (the real
-engine: tests/rollout/test_vllm_engine.py)."""
+"""rollout.vllm.readback on a stand-in of vLLM's model (no vllm needed): fused q/k/v and gate/up split back
+into HF names at the config's sizes, packed CPU linears read through their GEMM, padded vocabularies, a tied
+LM head read through its own kernel, and a changed served tensor showing in its sketch error under its HF name
+(the real engine: tests/rollout/test_vllm_engine.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ HIDDEN, INTER, VOCAB, PADDED_VOCAB = 24, 40, 30, 64
 
 
 class Linear(nn.Module):
-    """A vLLM linear as the read-back sees it. `packed`: as on CPU, the weight lives only inside the GEMM kernel
-    and the parameter is emptied."""
+    """A vLLM linear as the read-back sees it. `packed`: as on CPU, the weight lives only inside the GEMM
+    kernel and the parameter is emptied."""
 
     def __init__(self, weight: torch.Tensor, packed: bool):
         super().__init__()
@@ -74,7 +74,9 @@ def _served_model(w: dict[str, torch.Tensor], packed: bool, config=CONFIG) -> nn
         "model.embed_tokens": Embedding(w["model.embed_tokens.weight"]),
         f"{attn}.qkv_proj": Linear(torch.cat([w[f"{attn}.{p}.weight"] for p in PACKED["qkv_proj"]]), packed),
         f"{attn}.o_proj": Linear(w[f"{attn}.o_proj.weight"], packed),
-        f"{mlp}.gate_up_proj": Linear(torch.cat([w[f"{mlp}.{p}.weight"] for p in PACKED["gate_up_proj"]]), packed),
+        f"{mlp}.gate_up_proj": Linear(
+            torch.cat([w[f"{mlp}.{p}.weight"] for p in PACKED["gate_up_proj"]]), packed
+        ),
         f"{mlp}.down_proj": Linear(w[f"{mlp}.down_proj.weight"], packed),
     }
     for path, module in modules.items():
@@ -117,10 +119,12 @@ def test_a_changed_part_of_a_fused_layer_shows_under_its_hf_name(packed, fused, 
     model = _served_model(w, packed)
     layer = model.get_submodule(f"model.layers.0.{fused}")
     with torch.no_grad():
-        layer.served()[rows] *= 1.001  # what vLLM serves, no longer what it was sent: by one part in a thousand
+        # what vLLM serves, no longer what it was sent: by one part in a thousand
+        layer.served()[rows] *= 1.001
     errors = served_errors(model, w)
     name = f"model.layers.0.{part}.weight"
-    assert errors[name] == pytest.approx(1e-3, rel=0.05)  # a dense relative change moves the sketch by as much
+    # a dense relative change moves the sketch by as much
+    assert errors[name] == pytest.approx(1e-3, rel=0.05)
     assert max(e for n, e in errors.items() if n != name) < 1e-6
 
 
@@ -128,7 +132,9 @@ def test_a_layout_the_config_does_not_explain_is_not_claimed_as_read_back():
     w = _hf_weights()
     wrong = SimpleNamespace(num_attention_heads=4, num_key_value_heads=1, head_dim=8, hidden_size=24)
     errors = served_errors(_served_model(w, packed=True, config=wrong), w)
-    assert sorted(errors) == sorted(n for n in w if not n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")))
+    assert sorted(errors) == sorted(
+        n for n in w if not n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))
+    )
 
 
 def test_a_tied_head_is_read_through_its_kernel_even_when_only_the_embedding_was_sent():
@@ -141,7 +147,10 @@ def test_a_tied_head_is_read_through_its_kernel_even_when_only_the_embedding_was
         model.model.embed_tokens.weight[:VOCAB] = new["model.embed_tokens.weight"]
     errors = served_errors(model, new)
     assert errors["model.embed_tokens.weight"] == 0.0 and errors["lm_head.weight"] > 5e-3
-    assert served_errors(model, {**new, "lm_head.weight": new["model.embed_tokens.weight"]})["lm_head.weight"] > 5e-3
+    assert (
+        served_errors(model, {**new, "lm_head.weight": new["model.embed_tokens.weight"]})["lm_head.weight"]
+        > 5e-3
+    )
 
 
 def test_fused_biases_are_split_like_their_weights():

@@ -7,8 +7,12 @@ from rollout.vllm.readback import vllm_module, whole_modules
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 ATTN = "model.layers.3.self_attn"
 NAMES = [f"{ATTN}.{p}_proj.{leaf}" for p in "qkvo" for leaf in ("weight", "bias")] + [
-    "model.layers.3.mlp.gate_proj.weight", "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.down_proj.weight",
-    "model.embed_tokens.weight", "model.norm.weight"]
+    "model.layers.3.mlp.gate_proj.weight",
+    "model.layers.3.mlp.up_proj.weight",
+    "model.layers.3.mlp.down_proj.weight",
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+]
 
 
 def test_each_tensor_maps_to_the_module_vllm_loads_it_into():
@@ -27,4 +31,7 @@ def test_a_changed_part_brings_every_tensor_of_its_fused_module_and_nothing_else
         "model.layers.3.mlp.up_proj.weight"]
     assert whole_modules(NAMES, [], PACKED) == []
     # A model without fused modules: each tensor is its own module's alone.
-    assert whole_modules(NAMES, [f"{ATTN}.q_proj.weight"], {}) == [f"{ATTN}.q_proj.weight", f"{ATTN}.q_proj.bias"]
+    assert whole_modules(NAMES, [f"{ATTN}.q_proj.weight"], {}) == [
+        f"{ATTN}.q_proj.weight",
+        f"{ATTN}.q_proj.bias",
+    ]

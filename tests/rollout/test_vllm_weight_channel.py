@@ -58,9 +58,17 @@ def test_nccl_into_a_vllm_engine_on_another_gpu():
         ray.init(address="local", include_dashboard=False)
     gpu = MemberOptions(num_cpus=1, num_gpus=1)
     state = {k: v.cuda() for k, v in _other_state().items()}
-    src = Group(Sender, 1, "gpu:learner:pi", options=gpu, per_member_kwargs=[{"weights": state, "backend": "nccl"}])
-    dst = Group(VLLMEngine, 1, "gpu:engine:generator", args=(resolve_model("builtin:tiny"),), options=gpu,
-                per_member_kwargs=[{"kv_cache_gb": 0.0, "gpu_memory_utilization": 0.3, "weight_channel": True}])
+    src = Group(
+        Sender, 1, "gpu:learner:pi", options=gpu, per_member_kwargs=[{"weights": state, "backend": "nccl"}]
+    )
+    dst = Group(
+        VLLMEngine,
+        1,
+        "gpu:engine:generator",
+        args=(resolve_model("builtin:tiny"),),
+        options=gpu,
+        per_member_kwargs=[{"kv_cache_gb": 0.0, "gpu_memory_utilization": 0.3, "weight_channel": True}],
+    )
     try:
         form_channel(src, [dst], 300.0)
         assert broadcast_nccl(src, [dst], 1, 300.0, fingerprint, bucket_bytes=1 << 16)["verified"] == 1.0

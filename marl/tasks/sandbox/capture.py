@@ -16,7 +16,8 @@ CHUNK = 64 * 1024
 
 @dataclass
 class Capture:
-    """What the parent saw. `stopped` is why it had to stop the child ('timeout', 'output_limit'), else None."""
+    """What the parent saw. `stopped` is why it had to stop the child ('timeout',
+    'output_limit'), else None."""
 
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)

@@ -31,8 +31,12 @@ import sys
 CLONE_NEWNET, CLONE_NEWIPC = 0x40000000, 0x08000000
 PR_SET_NO_NEW_PRIVS = 38
 RLIMITS = {
-    "cpu_s": resource.RLIMIT_CPU, "memory_bytes": resource.RLIMIT_AS, "file_bytes": resource.RLIMIT_FSIZE,
-    "open_files": resource.RLIMIT_NOFILE, "processes": resource.RLIMIT_NPROC, "core_bytes": resource.RLIMIT_CORE,
+    "cpu_s": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "file_bytes": resource.RLIMIT_FSIZE,
+    "open_files": resource.RLIMIT_NOFILE,
+    "processes": resource.RLIMIT_NPROC,
+    "core_bytes": resource.RLIMIT_CORE,
 }
 PROCESS_CALLS = (
     "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "execv", "execve", "execl", "execle",

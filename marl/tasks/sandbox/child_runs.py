@@ -21,7 +21,8 @@ ALARM, REAL_TIMER = _signal.SIGALRM, _signal.ITIMER_REAL
 
 
 class TestTimeLimit(BaseException):
-    """Raised into the candidate by the per-test alarm; a BaseException, so `except Exception` lets it pass."""
+    """Raised into the candidate by the per-test alarm; a BaseException, so
+    `except Exception` lets it pass."""
 
 
 def _expire(signum, frame):
@@ -127,8 +128,13 @@ def _plain_converter():
     exact = {int, float, complex, str, bytes, bool, type(None)}
     containers = ((dict, dict), (list, list), (tuple, tuple), (frozenset, frozenset), (set, set))
     # Each base's own conversion returns an exact copy for a subclass (bytes/complex gained theirs in 3.11).
-    scalars = ((int, int.__int__), (float, float.__float__), (str, str.__str__),
-               (bytes, getattr(bytes, "__bytes__", bytes)), (complex, getattr(complex, "__complex__", complex)))
+    scalars = (
+        (int, int.__int__),
+        (float, float.__float__),
+        (str, str.__str__),
+        (bytes, getattr(bytes, "__bytes__", bytes)),
+        (complex, getattr(complex, "__complex__", complex)),
+    )
     kind, is_a, has, items, to_int = type, isinstance, hasattr, dict.items, int.__int__
     index = __import__("operator").index
 

@@ -87,8 +87,8 @@ class SandboxLimits:
     # False: the stdlib only (`python -S`), which halves interpreter start-up and keeps the project's own
     # packages (and torch) out of reach; True: the interpreter's site-packages too (numpy, ...).
     site_packages: bool = False
-    # The LiveCodeBench harness's prelude before the candidate (marl.tasks.sandbox.prelude): star-imports of the
-    # standard modules competitive code relies on, and sys.setrecursionlimit(50000).
+    # The LiveCodeBench harness's prelude before the candidate (marl.tasks.sandbox.prelude): star-imports of
+    # the standard modules competitive code relies on, and sys.setrecursionlimit(50000).
     prelude: bool = False
     # How a stdio case's output is compared with the expected one (OUTPUT_MATCHES, compare_outputs).
     output_match: str = "lines"
@@ -96,13 +96,22 @@ class SandboxLimits:
     work_root: str = ""  # parent of the per-execution temp dirs; '' = the system temp dir
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "memory_mb", "max_output_bytes", "file_size_mb", "open_files", "max_processes"):
+        for name in (
+            "timeout_s",
+            "memory_mb",
+            "max_output_bytes",
+            "file_size_mb",
+            "open_files",
+            "max_processes",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)!r}")
         if not self.timeout_per_test_s >= 0:
             raise ValueError(f"sandbox timeout_per_test_s must be >= 0, got {self.timeout_per_test_s!r}")
         if self.output_match not in OUTPUT_MATCHES:
-            raise ValueError(f"sandbox output_match must be one of {OUTPUT_MATCHES}, got {self.output_match!r}")
+            raise ValueError(
+                f"sandbox output_match must be one of {OUTPUT_MATCHES}, got {self.output_match!r}"
+            )
 
     def for_program(self, program: Program) -> SandboxLimits:
         """The limits of one execution of `program`: timeout_s from the per-test rule when it is on (the CPU
@@ -127,8 +136,9 @@ class SandboxLimits:
 
 
 class SandboxSection(Protocol):
-    """The `data.sandbox` config section as the code family reads it: the limits a run may set, and `workers`
-    (jobs/config/schema.SandboxConfig satisfies it; marl cannot import jobs, so the contract is stated here)."""
+    """The `data.sandbox` config section as the code family reads it: the limits a run may set,
+    and `workers` (jobs/config/schema.SandboxConfig satisfies it; marl cannot import jobs, so
+    the contract is stated here)."""
 
     timeout_s: float
     timeout_per_test_s: float

@@ -49,14 +49,18 @@ def run(program: Program, limits: SandboxLimits) -> SandboxResult:
             os.chown(workdir, uid, uid)
         return _execute(program, limits, uid, workdir, start)
     except OSError as e:  # spawning failed (bad interpreter path, fd or process limits of the parent)
-        return SandboxResult(False, "error", f"could not run the sandbox: {e}", wall_s=time.monotonic() - start)
+        return SandboxResult(
+            False, "error", f"could not run the sandbox: {e}", wall_s=time.monotonic() - start
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if uid is not None:
             remove_files_of(uid)
 
 
-def _execute(program: Program, limits: SandboxLimits, uid: int | None, workdir: str, start: float) -> SandboxResult:
+def _execute(
+    program: Program, limits: SandboxLimits, uid: int | None, workdir: str, start: float
+) -> SandboxResult:
     nonce = secrets.token_hex(16)
     proc, result_fd = _spawn(limits, workdir)
     try:
@@ -126,7 +130,8 @@ def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
 
 
 def _records(data: bytearray, nonce: str) -> JsonRecord:
-    """The first record of each kind that carries the nonce; lines without it (the candidate's) are ignored."""
+    """The first record of each kind that carries the nonce; lines without it
+    (the candidate's) are ignored."""
     records: JsonRecord = {}
     token = nonce.encode()
     for line in bytes(data).split(b"\n"):
@@ -184,8 +189,8 @@ def decimal_tokens(line: str) -> list[Decimal] | None:
 
 
 def lines_decimal_equal(got: str, want: str) -> bool:
-    """LiveCodeBench's rule: both texts stripped and cut at newlines, each line stripped; as many lines, and each
-    pair equal as text or as Decimal tokens (a line that is not all numbers must be equal as text)."""
+    """LiveCodeBench's rule: both texts stripped and cut at newlines, each line stripped; as many lines, and
+    each pair equal as text or as Decimal tokens (a line that is not all numbers must be equal as text)."""
     got_lines = [line.strip() for line in got.strip().split("\n")]
     want_lines = [line.strip() for line in want.strip().split("\n")]
     if len(got_lines) != len(want_lines):

@@ -27,7 +27,7 @@ from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets, prepare
 from jobs.driver.loop import RunState, StepCallback, StopRequested, attempt
-from jobs.driver.provenance import code_version, config_header, prompt_version
+from jobs.driver.provenance import code_version, config_header, layout_record, prompt_version
 from jobs.driver.run_checkpoints import Progress
 from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
@@ -61,6 +61,9 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     version = {**code_version(), **prompt_version(cfg.marl.prompts)}
     (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
     assets, resume = prepare(cfg), _initial_resume(cfg, run_dir)
+    # The config keeps `auto` as null; what the plan resolved it to is recorded beside the code's version.
+    version |= layout_record(assets.layout)
+    (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
     log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)
     try:
         with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,

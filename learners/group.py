@@ -51,13 +51,16 @@ class LearnerGroup:
         """`group`: ranks already built and joined (a colocated policy's view of the shared ranks,
         learners/gradients/colocated.py); else this policy's own are started here."""
         policy_id, learner, algo, seed = spec.policy_id, spec.learner, spec.algo, spec.seed
-        self.policy_id, self.algo_agg = policy_id, algo.loss_agg
+        self.policy_id = policy_id
+        self.algo_agg = algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
         self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(
             algo.kl_coef, algo.kl_anchor_roles
         )
-        self.algo, self.diagnostics, self.seed = algo, learner.role_grad_diagnostics, seed
+        self.algo = algo
+        self.diagnostics = learner.role_grad_diagnostics
+        self.seed = seed
         # With a KL term a zero-advantage row still has a gradient: no step is empty.
         self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
         self.timeout = learner.update_timeout_s

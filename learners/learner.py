@@ -61,7 +61,9 @@ class Learner:
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
         torch.manual_seed(spec.seed)
-        self.policy_id, self.model_path, self.dtype = spec.policy_id, spec.model_path, model.dtype
+        self.policy_id = spec.policy_id
+        self.model_path = spec.model_path
+        self.dtype = model.dtype
         self.cfg, self.algo, self.rank = learner, algo, rank
         backend = BACKENDS[learner.backend]
         bf16 = backend.capabilities.autocast_bf16 and model.dtype == "bfloat16"

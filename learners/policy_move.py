@@ -54,7 +54,10 @@ class PolicyMove:
 
     def start(self) -> None:
         """A new training step: capture the log-probs of the micro-batches computed until `stop_capture`."""
-        self.pending, self.sampled, self.unsampled_tokens, self.capturing = [], [], 0.0, self.enabled
+        self.pending = []
+        self.sampled = []
+        self.unsampled_tokens = 0.0
+        self.capturing = self.enabled
 
     def capture(self, mb: TrainBatch, logprobs: Tensor) -> None:
         """logprobs [B, T−1] of `mb`'s shifted positions, as the loss takes them."""

@@ -60,7 +60,9 @@ class CliffTracker:
                 "history": [list(h) for h in self.history]}
 
     def load_state(self, state: JsonRecord) -> None:
-        self.peak, self.peak_step, self.below = state["peak"], state["peak_step"], state["below"]
+        self.peak = state["peak"]
+        self.peak_step = state["peak_step"]
+        self.below = state["below"]
         self.history = [tuple(h) for h in state["history"]]
 
 

@@ -74,7 +74,9 @@ class StreamingClient:
     """Sends each turn to its role's engine group at once, seeded `sampling.derive(*seed_parts)`."""
 
     def __init__(self, engines: Mapping[str, Engines], sampling: Sampling):
-        self.engines, self.sampling, self.clock = engines, sampling, RolloutClock()
+        self.engines = engines
+        self.sampling = sampling
+        self.clock = RolloutClock()
 
     async def turn(self, role: str, messages: list[Message], seed_parts: tuple[int | str, ...]) -> Completion:
         group = _engines_of(self.engines, role)
@@ -88,7 +90,9 @@ class BatchingClient:
     the batch fixes the draws)."""
 
     def __init__(self, engines: Mapping[str, Engines], sampling: Sampling):
-        self.engines, self.sampling, self.clock = engines, sampling, RolloutClock()
+        self.engines = engines
+        self.sampling = sampling
+        self.clock = RolloutClock()
         self.pending: dict[str, list[tuple[list[Message], asyncio.Future]]] = {}
         self.batches: dict[str, int] = {}
         self._flush_scheduled = False
@@ -113,7 +117,8 @@ class BatchingClient:
             self._seen = count
             asyncio.get_running_loop().call_soon(self._flush)
             return
-        self._flush_scheduled, self._seen = False, -1
+        self._flush_scheduled = False
+        self._seen = -1
         for role, queue in self.pending.items():
             if queue:
                 task = asyncio.ensure_future(self._dispatch(role, queue))

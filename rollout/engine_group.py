@@ -78,9 +78,13 @@ class EngineGroup:
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
         (model.chat_template_kwargs); `resync`: catches a replaced member up to the current weights (none: a
         replacement serves the model folder's)."""
-        self.spec, self.policy_of, self.key = spec, dict(spec.policy_of), spec.key
-        self.multi_lora, self.policy_id = spec.multi_lora, spec.policy or ""
-        self.max_batch_size, self.timeout = rollout.max_batch_size, rollout.stall_timeout_s
+        self.spec = spec
+        self.policy_of = dict(spec.policy_of)
+        self.key = spec.key
+        self.multi_lora = spec.multi_lora
+        self.policy_id = spec.policy or ""
+        self.max_batch_size = rollout.max_batch_size
+        self.timeout = rollout.stall_timeout_s
         # Also the deadline of the group's own short calls: a member's version, a replacement taking its name
         # (both may meet an engine that is still starting).
         self.start_timeout = rollout.start_timeout_s
@@ -187,7 +191,8 @@ class EngineGroup:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._slots is None:
             self._loop, self._watches = loop, {}
-            self._slots, self._locks = _Slots(self.group.size, self.max_batch_size), {}
+            self._slots = _Slots(self.group.size, self.max_batch_size)
+            self._locks = {}
         return self._watches, self._slots
 
     async def _replace(self, index: int, replaced: int, failure: GroupError) -> None:
@@ -232,7 +237,8 @@ class _Slots:
     (the lowest index among equals), and waits while every replica holds `limit`."""
 
     def __init__(self, n: int, limit: int):
-        self.inflight, self.limit = [0] * n, limit
+        self.inflight = [0] * n
+        self.limit = limit
         self._cond = asyncio.Condition()
 
     async def take(self) -> int:

@@ -42,7 +42,8 @@ class RolloutClock:
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
-        self._any, self._groups = _Busy(), dict[str, _Busy]()
+        self._any = _Busy()
+        self._groups = dict[str, _Busy]()
         self._latency: dict[str, list[float]] = {}
 
     @contextlib.contextmanager

@@ -3,9 +3,10 @@ changes; and the wording it sent: the prompt set `marl.prompts` named and a hash
 
 Recorded in the run dir's config.yaml (as comment lines, so the file still loads as a config) and in the first
 metrics row each start of the run writes (`code/commit`, `code/dirty`, `prompts/set`, `prompts/hash`; a
-resumed run records the code it resumed with). Where this package is not a git repository's root (an installed
-package, a `ray job submit` working dir copied without .git) or git is missing or fails, both read "unknown":
-recording never stops a run.
+resumed run records the code it resumed with), beside what the run's layout resolved from `auto` settings
+(`layout/gradient_checkpointing/<policy>`), which the saved config keeps as null. Where this package is not a
+git repository's root (an installed package, a `ray job submit` working dir copied without .git) or git is
+missing or fails, both read "unknown": recording never stops a run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from jobs.plan.run_layout_record import RunLayout
 from marl.prompts import load_prompt_set
 
 UNKNOWN = "unknown"
@@ -52,3 +54,9 @@ def prompt_version(spec: str) -> dict[str, str | bool]:
 def config_header(version: dict[str, str | bool]) -> str:
     """YAML comment lines to put before a run's saved config, one per entry of `version`."""
     return "".join(f"# {key}: {str(v).lower() if isinstance(v, bool) else v}\n" for key, v in version.items())
+
+
+def layout_record(layout: RunLayout) -> dict[str, str | bool]:
+    """What the run's layout resolved from `auto` settings, per policy
+    (`layout/gradient_checkpointing/<policy>`), for the config.yaml header and the first metrics row."""
+    return {f"layout/gradient_checkpointing/{pid}": on for pid, on in sorted(layout.checkpointing.items())}

@@ -51,7 +51,9 @@ class WeightSync:
     ):
         """`transport`: sync.transport; `bucket_bytes`: NCCL bucket size; `lora_delta`: a LoRA policy served
         merged ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled)."""
-        self.policy_id, self.learner, self.engines = learner.policy_id, learner, list(engines)
+        self.policy_id = learner.policy_id
+        self.learner = learner
+        self.engines = list(engines)
         self.transport, self.bucket_bytes, self.timeout_s = transport, bucket_bytes, timeout_s
         self.lora_delta = lora_delta
         self.multi_lora = self.engines[0].multi_lora

@@ -207,7 +207,9 @@ class StepDisplay:
 
     def __init__(self, steps: int, roles: list[str], mode: str = "auto", stream: IO[str] | None = None,
                  mininterval: float = 0.5):
-        self.steps, self.roles, self.stream = steps, list(roles), stream or sys.stdout
+        self.steps = steps
+        self.roles = list(roles)
+        self.stream = stream or sys.stdout
         self.mininterval = mininterval
         self._tqdm: Any = _tqdm() if mode == "bar" or (mode == "auto" and self.stream.isatty()) else None
         self._bar: Any = None

@@ -129,7 +129,8 @@ class PolicyGroup(Group[LearnerMember]):
     def __init__(self, shared: Group[ColocatedLearners], policy_id: str):
         # Not Group.__init__, which starts members: a view starts none and forwards to the shared group's.
         self.shared, self.policy_id = shared, policy_id
-        self.name, self.n = f"{shared.name}/{policy_id}", shared.n
+        self.name = f"{shared.name}/{policy_id}"
+        self.n = shared.n
 
     @property
     def size(self) -> int:

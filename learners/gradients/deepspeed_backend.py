@@ -89,8 +89,11 @@ class DeepSpeedBackend:
     min_backward_passes: ClassVar[int] = 1
 
     def __init__(self, parts: LearnerParts):
-        self.parts, self.cfg, self.rank = parts, parts.spec.learner, parts.rank
-        self.dtype, self.policy_id = parts.spec.model.dtype, parts.spec.policy_id
+        self.parts = parts
+        self.cfg = parts.spec.learner
+        self.rank = parts.rank
+        self.dtype = parts.spec.model.dtype
+        self.policy_id = parts.spec.policy_id
         self.stage = self.cfg.deepspeed.zero_stage
         self.per_role_gradients = self.stage == 2  # ZeRO-3 holds no whole weights outside forward
         self.engine: Any = None

@@ -138,4 +138,6 @@ class CodeFamily:
         return {"pool": self.pool, "checked": self._checked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.pool, self._checked, self._check_lock = state["pool"], state["checked"], threading.Lock()
+        self.pool = state["pool"]
+        self._checked = state["checked"]
+        self._check_lock = threading.Lock()

@@ -37,7 +37,8 @@ class PromptSampler:
         out: list[Task] = []
         while len(out) < k:
             if self._position == len(self._tasks):
-                self._epoch, self._position = self._epoch + 1, 0
+                self._epoch = self._epoch + 1
+                self._position = 0
                 self._order = self._permutation(self._epoch)
             take = min(k - len(out), len(self._tasks) - self._position)
             out.extend(self._tasks[i] for i in self._order[self._position : self._position + take])

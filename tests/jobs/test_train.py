@@ -90,6 +90,12 @@ def test_two_steps_of_every_workflow_and_sharing(ray_cluster, tmp_path, workflow
         assert {e.task.task_id: e.reward for e in turns} == per_task and all(e.turns for e in turns)
     assert rows[0]["code/commit"] == code_version()["code/commit"] and "code/commit" not in rows[1]
     assert (run / "config.yaml").read_text().startswith("# code/commit: ")
+    # The config keeps gradient checkpointing's `auto` as null; the run records what its layout resolved.
+    resolved = run_layout(cfg).checkpointing
+    header = (run / "config.yaml").read_text()
+    for pid in policy_map.policies:
+        assert rows[0][f"layout/gradient_checkpointing/{pid}"] is resolved[pid]
+        assert f"# layout/gradient_checkpointing/{pid}: {str(resolved[pid]).lower()}\n" in header
     assert all(f"update/policy_move/{pid}" in rows[1] for pid in policy_map.policies)
     assert rows[0]["eval/before/episodes"] == 2.0 and rows[2]["eval/episodes"] == 2.0
     assert _run_actors_gone("tiny:"), "run actors outlive the run"

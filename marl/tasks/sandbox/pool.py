@@ -24,7 +24,8 @@ class SandboxPool:
     def __init__(self, limits: SandboxLimits | None = None, workers: int = 0):
         if workers < 0:
             raise ValueError(f"sandbox workers must be >= 0 (0 = auto), got {workers}")
-        self.limits, self.workers = limits or SandboxLimits(), workers or auto_workers()
+        self.limits = limits or SandboxLimits()
+        self.workers = workers or auto_workers()
         self._setting = workers  # what travels when pickled: auto is counted again where the pool lands
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()

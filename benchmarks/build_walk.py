@@ -139,7 +139,8 @@ def main() -> int:
         print(f"{folder:<18}{b[0]:>16}{b[1]:>8}{a[0]:>16}{a[1]:>8}")
     total = {k: tuple(map(sum, zip(*v.values(), strict=True))) for k, v in shapes.items()}
     print(
-        f"{'total':<18}{total['before'][0]:>16}{total['before'][1]:>8}{total['after'][0]:>16}{total['after'][1]:>8}"
+        f"{'total':<18}{total['before'][0]:>16}{total['before'][1]:>8}"
+        f"{total['after'][0]:>16}{total['after'][1]:>8}"
     )
     print(f"\n{'build walk':<18}{'before modules':>16}{'returns':>8}{'after modules':>16}{'returns':>8}")
     for kind in ("config", "reader"):

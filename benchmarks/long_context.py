@@ -146,8 +146,9 @@ def compare(path: str, old: dict[str, object] | str, new: dict[str, object] | st
     if isinstance(old, str) or isinstance(new, str):
         return ""
     time_ratio = statistics.median(new["s"]) / statistics.median(old["s"])  # type: ignore[arg-type]
-    peak, loss, norm = (float(new[k]) for k in ("peak_gb", "loss", "grad_norm"))  # type: ignore[arg-type]
-    old_peak, old_loss, old_norm = (float(old[k]) for k in ("peak_gb", "loss", "grad_norm"))  # type: ignore[arg-type]
+    keys = ("peak_gb", "loss", "grad_norm")
+    peak, loss, norm = (float(new[k]) for k in keys)  # type: ignore[arg-type]
+    old_peak, old_loss, old_norm = (float(old[k]) for k in keys)  # type: ignore[arg-type]
     return (
         f"{'':22s} {path}/old: peak {peak / old_peak:.3f}x  time {time_ratio:.3f}x  "
         f"|Δloss| {abs(loss - old_loss):.2e}  |Δgrad norm|/norm {abs(norm - old_norm) / old_norm:.2e}"

@@ -34,10 +34,13 @@ class StampedEngine(VLLMEngine):
         parts: dict[str, list[float]] = {}
         self.parts = parts
         self._reload = timed(parts, "load", self._reload)  # type: ignore[method-assign]
-        self._check_served = timed(parts, "  of which sketch check", self._check_served)  # type: ignore[method-assign]
-        self._served_sketches = timed(parts, "served sketches", self._served_sketches)  # type: ignore[method-assign]
+        check_served = timed(parts, "  of which sketch check", self._check_served)
+        self._check_served = check_served  # type: ignore[method-assign]
+        served_sketches = timed(parts, "served sketches", self._served_sketches)
+        self._served_sketches = served_sketches  # type: ignore[method-assign]
         merge = BaseWeights.merged_layers  # this actor's process holds this one engine: its class, timed
-        BaseWeights.merged_layers = lambda base, *a, **kw: timed(parts, "merge", merge)(base, *a, **kw)  # type: ignore[method-assign]
+        timed_merge = timed(parts, "merge", merge)
+        BaseWeights.merged_layers = timed_merge  # type: ignore[method-assign]
 
     def load_weights(self, weights: Mapping[str, Any], version: int) -> dict[str, Any]:
         return self._stamped(super().load_weights, weights, version)

@@ -75,7 +75,8 @@ def _member_cpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) 
     return float(placement.bundles[i].get("CPU", 0.0)) if placement is not None else opts.num_cpus
 
 
-def _apply(member: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:  # noqa: ARG001 - __ray_call__ passes the member
+# `member`: __ray_call__ passes the actor's instance first; the function needs only its arguments.
+def _apply(member: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 

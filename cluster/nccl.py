@@ -120,7 +120,8 @@ class WeightChannel:
 
     def send(self, weights: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> int:
         layout = layout_of(weights)
-        self.store.set(f"layout/{version}", pickle.dumps(layout))  # type: ignore[arg-type]  # bytes are stored as-is
+        # bytes are stored as-is
+        self.store.set(f"layout/{version}", pickle.dumps(layout))  # type: ignore[arg-type]
         for bucket in plan_buckets(layout, bucket_bytes):
             buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8, device=self.device)
             for slot in bucket:

@@ -168,7 +168,8 @@ def collect(rows: Iterator[object], kind: str) -> tuple[list[Example], Counter[s
     seen: set[str] = set()
     index = -1
     for index, row in enumerate(rows):
-        result = row_problem(row) or CONVERT[kind](row)  # type: ignore[arg-type]  # a dict once row_problem passes
+        # a dict once row_problem passes
+        result = row_problem(row) or CONVERT[kind](row)  # type: ignore[arg-type]
         if isinstance(result, str):
             dropped[result] += 1
             continue

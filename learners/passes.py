@@ -74,8 +74,8 @@ class PolicyPasses:
 
     @torch.no_grad()
     def with_old_logprobs(self, data: TrainBatch, plan: UpdatePlan) -> TrainBatch:
-        """`data` with the behaviour policy's log-probs for the PPO ratio ([B,
-        T], aligned as rollout_logprobs).
+        """`data` with the behaviour policy's log-probs for the PPO ratio
+        ([B, T], aligned as rollout_logprobs).
 
         rollout: the engines' own. recompute: one no-grad pass of this learner, before the first optimizer
         step, over the rows a later step trains (the first step's rows use their current log-probs)."""

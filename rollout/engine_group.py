@@ -55,6 +55,14 @@ def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
     return ENGINES[rollout.backend].actor_env(slot, threads)
 
 
+def _engine_threads(rollout: RolloutSection) -> int:
+    """Torch threads per engine. vLLM drops torch to one thread unless told, so engines get their count
+    explicitly: an actor's from its CPUs, an in-process engine's (engines_per_role 0) the caller's cores."""
+    if rollout.engines_per_role:
+        return threads_for(rollout.engine_num_cpus, rollout.torch_threads)
+    return rollout.torch_threads or (os.cpu_count() or 1)
+
+
 class EngineGroup:
     """`rollout.engines_per_role` engines (0 = one in-process) serving the roles of `spec` (marl.engine_map):
     one policy's weights, or every policy's LoRA adapter on one base model (multi-LoRA)."""
@@ -97,31 +105,16 @@ class EngineGroup:
         # member -> its progress watch (a replacement gets a new one)
         self._watches: dict[int, StallWatch] = {}
         self._slots: _Slots | None = None
-        n = rollout.engines_per_role
-        # vLLM drops torch to one thread unless told: engines get their count explicitly (an
-        # in-process one, the caller's cores).
-        threads = (
-            threads_for(rollout.engine_num_cpus, rollout.torch_threads)
-            if n
-            else rollout.torch_threads or (os.cpu_count() or 1)
-        )
-        kwargs = _engine_kwargs(
-            rollout,
-            len(spec.policies) if self.multi_lora else 0,
-            lora_rank,
-            weight_channel,
-            chat_template_kwargs or {},
-        )
+        n, threads = rollout.engines_per_role, _engine_threads(rollout)
+        adapters = len(spec.policies) if self.multi_lora else 0
+        kwargs = _engine_kwargs(rollout, adapters, lora_rank, weight_channel, chat_template_kwargs or {})
         self.group: Group[EngineMember] = Group(
-            engine_cls or ENGINES[rollout.backend],
-            n,
-            name=spec.name,
+            engine_cls or ENGINES[rollout.backend], n, name=spec.name,
             args=(model_path, dtype, threads, self.policy_id),
             options=MemberOptions(num_cpus=rollout.engine_num_cpus, env=thread_env(threads)),
             per_member_kwargs=[kwargs] * max(n, 1),
             per_member_env=[_engine_env(rollout, first_slot + i) for i in range(n)] or None,
-            placement=placement,
-        )
+            placement=placement)
 
     @property
     def policies(self) -> list[str]:

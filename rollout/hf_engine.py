@@ -200,7 +200,9 @@ class _RowSampler(LogitsProcessor):
         self.sampling, self.count = sampling, count
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:  # type: ignore[override]
+    def __call__(  # type: ignore[override]
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor
+    ) -> torch.Tensor:
         """scores: [B, V] raw logits of the next token -> [B, V], -inf everywhere but each row's draw."""
         self.count(scores.shape[0])
         if self.sampling.temperature == 0:

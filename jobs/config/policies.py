@@ -50,7 +50,8 @@ ENGINE_KEYS = ("model.path", "model.dtype", "model.lora.enabled", "model.chat_te
 def policy_map_of(cfg: TrainConfig) -> PolicyMap:
     """The run's role -> policy map (ValueError on a custom map that does not name exactly the roles)."""
     custom = OmegaConf.to_container(cfg.marl.policy_map)
-    return PolicyMap.build(cfg.marl.sharing, list(roles_of(cfg.marl.workflow)), custom)  # type: ignore[arg-type]
+    roles = list(roles_of(cfg.marl.workflow))
+    return PolicyMap.build(cfg.marl.sharing, roles, custom)  # type: ignore[arg-type]
 
 
 def engine_map_of(cfg: TrainConfig, policy_map: PolicyMap) -> EngineMap:

@@ -192,11 +192,10 @@ class MarlConfig(WorkflowSettings):
     sharing: Sharing = Sharing.isolated  # shared | isolated | custom
     policy_map: dict[str, str] = field(default_factory=dict)  # role -> policy id, for sharing=custom
     # Per-policy settings: policy id (of the map `sharing` produces) -> overrides shaped like the top-level
-    # sections, of model.{path,dtype,lora.*},
-    # learner.{optim.*,micro_batch_size,ranks,rank_num_cpus,rank_num_gpus,
-    # rank_resources,gradient_checkpointing} and rollout.{engines_per_role,engine_num_cpus,engine_num_gpus,
-    # engine_resources,kv_cache_gb,gpu_memory_utilization} (jobs/config/policies.py). Unset keys are
-    # inherited.
+    # sections, of model.{path,dtype,lora.*}, learner.{optim.*,micro_batch_size,ranks,rank_num_cpus,
+    # rank_num_gpus,rank_resources,gradient_checkpointing} and rollout.{engines_per_role,engine_num_cpus,
+    # engine_num_gpus,engine_resources,kv_cache_gb,gpu_memory_utilization} (jobs/config/policies.py).
+    # Unset keys are inherited.
     policies: dict[str, Any] = field(default_factory=dict)
     # Per-role reward shaping: role -> a function path (`pkg.module.function` or
     # `path/file.py:function`) called as hook(episode, turn) -> float, that role's turn reward in place

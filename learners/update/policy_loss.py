@@ -38,8 +38,8 @@ def policy_loss(
     losses add up.
 
     logprobs [B, T−1]: the policy's, with grad. old_logprobs [B, T−1]: the behaviour policy's
-    for the PPO ratio, or None for the current ones, detached (ratio 1). rollout_logprobs [B,
-    T−1]: the engines'. advantages [B].
+    for the PPO ratio, or None for the current ones, detached (ratio 1).
+    rollout_logprobs [B, T−1]: the engines'. advantages [B].
     mask [B, T−1] bool. roles: B role names. ref_logprobs [B, T−1]: the reference's, or None for no KL term.
     entropy [B, T−1]: per-token entropy of the policy (detached; reported only). `algo`: the algo config
     section (clip_low, clip_high, loss_agg, tis_cap, kl_coef, kl_anchor_roles, kl_estimator,

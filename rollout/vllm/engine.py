@@ -100,8 +100,8 @@ class VLLMEngine(ChatServing):
                  max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
         `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
-        `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's
-        reload_weights) for new weights."""
+        `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new
+        weights."""
         if sync_path not in SYNC_PATHS:
             raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
         self.sync_path = sync_path
@@ -129,27 +129,9 @@ class VLLMEngine(ChatServing):
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
         self._lora_ids = 0
-        # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded
-        # generator, which vLLM's CPU runner cannot do ("CPU Generator does not use offset");
-        # whole prompts are scheduled.
-        self.llm = LLM(
-            model=model_path,
-            dtype=dtype,
-            seed=0,
-            enforce_eager=True,
-            distributed_executor_backend="uni",
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            enable_chunked_prefill=False,
-            use_tqdm_on_load=False,  # a progress bar per engine start and per weight reload is console noise
-            **memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len),
-            **_lora_kwargs(max_loras, max_lora_rank),
-            **(
-                {"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"}
-                if weight_channel
-                else {}
-            ),
-        )
+        memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len)
+        self.llm = LLM(**_llm_kwargs(model_path, dtype, weight_channel), **memory,
+                       **_lora_kwargs(max_loras, max_lora_rank))
         _LIVE.add(self)
         stepper = VLLMStepper(
             self.llm.llm_engine,
@@ -364,6 +346,24 @@ def _request_params(eos_ids: list[int]) -> Callable[[Sampling, int], SamplingPar
 
 # The adapter ranks vLLM sizes its LoRA buffers for; an adapter of a smaller rank fits the next one up.
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _llm_kwargs(model_path: str, dtype: str, weight_channel: bool) -> JsonRecord:
+    """The engine's `LLM` arguments but memory and LoRA. `weight_channel`: load the worker extension that
+    receives weights over NCCL."""
+    channel = {"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"} if weight_channel else {}
+    return {
+        "model": model_path, "dtype": dtype, "seed": 0, "enforce_eager": True,
+        "distributed_executor_backend": "uni", "enable_prefix_caching": True,
+        "logprobs_mode": "processed_logprobs",
+        # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded
+        # generator, which vLLM's CPU runner cannot do ("CPU Generator does not use offset"); whole
+        # prompts are scheduled.
+        "enable_chunked_prefill": False,
+        # A progress bar per engine start and per weight reload is console noise.
+        "use_tqdm_on_load": False,
+        **channel,
+    }
 
 
 def _lora_kwargs(max_loras: int, max_lora_rank: int) -> JsonRecord:

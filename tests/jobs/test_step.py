@@ -33,7 +33,8 @@ class SeedRecorder:
     seeds: list[int] = []
     lock = threading.Lock()
 
-    def __init__(self, model_path: str, dtype: str, threads: int, policy_id: str):  # noqa: ARG002 - engine args
+    # The engine's arguments, unused by this stand-in.
+    def __init__(self, model_path: str, dtype: str, threads: int, policy_id: str):
         self.policy_id = policy_id
 
     async def progress(self) -> int:

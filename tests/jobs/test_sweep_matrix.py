@@ -24,7 +24,8 @@ CMD = [
     "jobs.sweep",
     "--config",
     "jobs/configs/sweeps/tiny_matrix.yaml",
-    "overrides=[steps=1,data.eval_size=1,marl.max_rounds=1,rollout.engine_num_cpus=0.25,learner.rank_num_cpus=0.25,"
+    "overrides=[steps=1,data.eval_size=1,marl.max_rounds=1,rollout.engine_num_cpus=0.25,"
+    "learner.rank_num_cpus=0.25,"
     "checkpoint.every=1]",
 ]
 

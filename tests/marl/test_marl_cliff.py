@@ -22,7 +22,8 @@ def test_first_cliff_names_the_running_peak_and_whether_the_curve_came_back():
     fall = first_cliff([0.2, 0.25, 0.0, 0.0, 0.01], drop=0.1, window=2)
     assert fall is not None and (fall.index, fall.peak, fall.recovered) == (3, 0.25, False)
     # Back near the peak but still 0.1 below it at the end: not recovered.
-    assert first_cliff([0.5, 0.3, 0.3, 0.6, 0.4], drop=0.1, window=2).recovered is False  # type: ignore[union-attr]
+    cliff = first_cliff([0.5, 0.3, 0.3, 0.6, 0.4], drop=0.1, window=2)
+    assert cliff is not None and cliff.recovered is False
     assert first_cliff([0.5, 0.6, 0.45, 0.6], drop=0.1, window=2) is None
 
 

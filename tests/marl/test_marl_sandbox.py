@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from sandbox_leftovers import ONE_TEST, functional, machine_unharmed  # noqa: F401 - machine_unharmed is autouse
+
+# machine_unharmed is an autouse fixture: importing it is using it.
+from sandbox_leftovers import ONE_TEST, functional, machine_unharmed  # noqa: F401
 
 from marl.tasks.code import CodeFamily, program_for
 from marl.tasks.data import load_tasks

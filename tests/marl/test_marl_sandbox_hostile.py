@@ -183,10 +183,10 @@ def test_exiting_early_cannot_fake_a_pass(code, reason, limits):
         "class Liar(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
         "def f():\n    return Liar(0)\n",
         # Patched builtins the test uses, and the harness's own exec.
-        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.exec = lambda *a: None\ndef f():\n    return "
-        "5\n",
-        # Its own check() (the task's replaces it), a trace hook, a fake verdict on every fd, the harness
-        # module.
+        "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.exec = lambda *a: None\n"
+        "def f():\n    return 5\n",
+        # Its own check() (the task's replaces it), a trace hook, a fake verdict on every fd, the
+        # harness module.
         "def check(candidate):\n    pass\ndef f():\n    return 5\n",
         "import sys\nsys.settrace(lambda *a: None)\ndef f():\n    return 1\n",
         "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x' * 32 + b' done {\"status\": "

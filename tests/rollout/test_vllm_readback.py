@@ -69,7 +69,8 @@ def _served_model(w: dict[str, torch.Tensor], packed: bool, config=CONFIG) -> nn
     """vLLM's layout of `w`: q/k/v and gate/up stacked in fused linears, embeddings padded."""
     attn, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
     root = nn.Module()
-    root.config, root.packed_modules_mapping = config, PACKED  # type: ignore[assignment]  # plain attributes, as vLLM's
+    # plain attributes, as vLLM's
+    root.config, root.packed_modules_mapping = config, PACKED  # type: ignore[assignment]
     modules = {
         "model.embed_tokens": Embedding(w["model.embed_tokens.weight"]),
         f"{attn}.qkv_proj": Linear(torch.cat([w[f"{attn}.{p}.weight"] for p in PACKED["qkv_proj"]]), packed),

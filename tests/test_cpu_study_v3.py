@@ -295,3 +295,27 @@ def test_the_readme_tables_are_those_of_the_committed_runs():
     )
     for run in collect.committed():  # every committed run ran from the study's one commit, on a clean tree
         assert collect.check_provenance(run.record.path) >= 1
+
+
+def test_mean_curve_leaves_out_missing_values_by_hand():
+    from studies.cpu_smollm2_v3.figures import mean_curve
+
+    got = mean_curve([[1.0, math.nan, 3.0], [3.0, 5.0]])
+    assert got == [2.0, 5.0]  # positions past the shortest seed are not drawn
+    assert math.isnan(mean_curve([[math.nan], [math.nan]])[0])
+
+
+def test_the_figure_draws_every_committed_run(tmp_path):
+    import studies.cpu_smollm2_v3.collect as collect
+    from studies.cpu_smollm2_v3.figures import draw, per_step
+
+    runs = collect.committed()
+    out = draw(runs, tmp_path / "figure.png", collect.parse_rate, collect.eval_series)
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1170, 675)  # 13 x 7.5 inches at 90 dpi
+    voting = [r for r in runs if r.arm.startswith("voting")]
+    for run in voting:  # the per-step panels have their data in every voting run
+        steps, shares = per_step(run.record.rows, "grad/step_norm_share/aggregator")
+        assert len(steps) == len(shares) > 0 and all(0.0 <= s <= 1.0 for s in shares)

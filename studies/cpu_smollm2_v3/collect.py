@@ -7,7 +7,7 @@
    finish reason, the rewards; no prompts, ids or log-probs). **A run whose start rows record another commit
    than STUDY_COMMIT, or uncommitted changes, is refused**: the study runs from one pinned commit.
 2. Rewrites the README's measured tables (between `<!-- table:NAME -->` and
-   `<!-- /table -->`) from the committed runs.
+   `<!-- /table -->`) from the committed runs, and draws them in `cpu_smollm2_v3_mechanics.png` (figures.py).
 
 `--check` changes nothing and exits 1 when the README's tables differ from the committed runs'.
 """
@@ -32,11 +32,13 @@ from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_rea
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, load, paired_counts, provenance_table
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
 from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v3.figures import draw
 from studies.cpu_smollm2_v3.gate import gate_table, lengths_table
 from studies.cpu_smollm2_v3.stats import permutation_p, welch
 
 HERE = Path(__file__).resolve().parent
 RUNS, GATE, README = HERE / "runs", HERE / "gate", HERE / "README.md"
+FIGURE = HERE / "cpu_smollm2_v3_mechanics.png"
 SWEEPS = sorted(Path("runs/sweeps").glob("cpu_study_v3_s[0-9]_*"))
 # The commit the tag study-v3 names, written to COMMIT once pinned: every run of the study recorded it
 # (studies/cpu_smollm2_v3/run.py). The file comes after the commit it names, so that commit cannot hold it.
@@ -231,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"README tables {'differ: ' + ', '.join(stale) if stale else 'match'} the committed runs")
         return 1 if stale else 0
     README.write_text(rewrite_readme(text, computed))
+    if runs := committed(RUNS):
+        draw(runs, FIGURE, parse_rate, eval_series)
     return 0
 
 

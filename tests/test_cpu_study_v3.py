@@ -319,3 +319,14 @@ def test_the_figure_draws_every_committed_run(tmp_path):
     for run in voting:  # the per-step panels have their data in every voting run
         steps, shares = per_step(run.record.rows, "grad/step_norm_share/aggregator")
         assert len(steps) == len(shares) > 0 and all(0.0 <= s <= 1.0 for s in shares)
+
+
+def test_checkpointed_runner_adds_checkpointing_to_the_voting_cells_only():
+    from studies.cpu_smollm2_v3 import checkpointed
+
+    voting = checkpointed.cell_sweep(0, {"marl.workflow": "voting", "marl.sharing": "isolated"}, 64, 32)
+    single = checkpointed.cell_sweep(1, {"marl.workflow": "single_agent", "marl.sharing": "shared"}, 64, 32)
+    assert voting["overrides"][-1] == "learner.gradient_checkpointing=true"
+    assert voting["overrides"][:-1] == cell_sweep(0, {"marl.workflow": "voting", "marl.sharing": "isolated"},
+                                                  64, 32)["overrides"]
+    assert "learner.gradient_checkpointing=true" not in single["overrides"]

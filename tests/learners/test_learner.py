@@ -292,3 +292,17 @@ def test_the_merged_sketch_is_the_served_merges_from_the_module_or_its_snapshot(
     assert max(max(sketch_error(direct[n], sketch(n, w)), sketch_error(kept[n], sketch(n, w)))
                for n, w in merged.items()) < 1e-6
     assert "sync/merge_rounding/p" in learner.sync_metrics()
+
+
+@pytest.mark.parametrize("overrides", [(), LORA], ids=["full", "lora"])
+def test_gradient_checkpointing_leaves_the_update_bit_identical(make_learner, overrides):
+    """Checkpointing recomputes each layer's forward in the backward pass with the same kernels on the same
+    inputs: what it changes is memory and time, never a weight (a study relies on this to fit its box)."""
+    batch = make_batch(ROWS)
+    learners = [make_learner(*overrides, f"learner.gradient_checkpointing={on}") for on in ("false", "true")]
+    assert [learner.model.is_gradient_checkpointing for learner in learners] == [False, True]
+    metrics = [update(learner, batch) for learner in learners]
+    plain, checkpointed = (learner.get_weights() for learner in learners)
+    assert plain.keys() == checkpointed.keys()
+    assert all(torch.equal(plain[k], checkpointed[k]) for k in plain)
+    assert metrics[0].step.grad_norm == metrics[1].step.grad_norm

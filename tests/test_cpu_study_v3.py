@@ -275,6 +275,23 @@ def test_slim_turns_keep_what_roles_wrote_and_its_length(tmp_path):
     assert "messages" not in table[0] and "logprobs" not in table[0] and table[1]["response"] == "\\boxed{1}"
 
 
+def test_training_shares_average_the_steps_with_a_gradient_and_movement_every_step(tmp_path):
+    from studies.cpu_smollm2_v3.collect import _training_mean
+
+    run_dir = _voting_run(tmp_path, 0)
+    rows = [{"step": s, "grad/step_norm_share/aggregator": a, "grad/step_norm_share/generator": g,
+             "update/policy_move/shared": m} for s, a, g, m in
+            [(0, 0.0, 0.0, 0.0), (1, 0.2, 0.8, 0.3), (2, 0.0, 0.0, 0.0), (3, 0.4, 0.6, 0.1)]]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = Run(SP, 0, load_run(run_dir), [0.1, 0.2], 64, {}, 3e-4)
+    # A step with no advantage logs 0 for every role; it is left out of the shares, not of the movement.
+    assert _training_mean(run, "grad/step_norm_share/", True) == pytest.approx(
+        {"aggregator": 0.3, "generator": 0.7})
+    assert _training_mean(run, "grad/step_norm_share/", False) == pytest.approx(
+        {"aggregator": 0.15, "generator": 0.35})
+    assert _training_mean(run, "update/policy_move/", False) == pytest.approx({"shared": 0.1})
+
+
 def test_tests_table_runs_the_seed_level_tests_in_order():
     def run(arm, seed, final):
         return Run(arm, seed, None, [0.1, final], 64, {}, 3e-4)  # type: ignore[arg-type]
@@ -303,6 +320,16 @@ def test_mean_curve_leaves_out_missing_values_by_hand():
     got = mean_curve([[1.0, math.nan, 3.0], [3.0, 5.0]])
     assert got == [2.0, 5.0]  # positions past the shortest seed are not drawn
     assert math.isnan(mean_curve([[math.nan], [math.nan]])[0])
+
+
+def test_a_share_is_not_drawn_on_a_step_without_a_gradient():
+    from studies.cpu_smollm2_v3.figures import share_per_step
+
+    rows = [{"step": 0, "grad/step_norm_share/aggregator": 0.0, "grad/step_norm_share/generator": 0.0},
+            {"step": 1, "grad/step_norm_share/aggregator": 0.0, "grad/step_norm_share/generator": 1.0},
+            {"step": 2, "grad/step_norm_share/aggregator": 0.25, "grad/step_norm_share/generator": 0.75}]
+    steps, shares = share_per_step(rows, "grad/step_norm_share/aggregator")
+    assert steps == [0, 1, 2] and math.isnan(shares[0]) and shares[1:] == [0.0, 0.25]
 
 
 def test_the_figure_draws_every_committed_run(tmp_path):

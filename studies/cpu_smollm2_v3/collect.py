@@ -165,25 +165,33 @@ def mechanics_table(runs: list[Run]) -> str:
     return _table(["arm", "measure", "step 0", "10", "20", "30", "40"], rows)
 
 
-def _training_mean(run: Run, prefix: str) -> dict[str, float]:
-    """Per suffix of `prefix` (a role or a policy): the mean over the run's training steps."""
+def _training_mean(run: Run, prefix: str, with_gradient: bool) -> dict[str, float]:
+    """Per suffix of `prefix` (a role or a policy): the mean over the run's training steps. With
+    `with_gradient`, over the steps whose values under `prefix` sum above 0: a step where no row carried an
+    advantage logs every role's share as 0, which is not a share, so averaging it in would report how often a
+    step trained rather than which role drove it."""
     values: dict[str, list[float]] = {}
     for row in run.record.rows:
-        for key, v in row.items():
-            if key.startswith(prefix) and isinstance(v, int | float) and v == v:
-                values.setdefault(key.removeprefix(prefix), []).append(float(v))
+        step = {key.removeprefix(prefix): float(v) for key, v in row.items()
+                if key.startswith(prefix) and isinstance(v, int | float) and v == v}
+        if with_gradient and sum(step.values()) <= 0:
+            continue
+        for name, v in step.items():
+            values.setdefault(name, []).append(v)
     return {k: statistics.fmean(v) for k, v in values.items()}
 
 
 def training_table(runs: list[Run]) -> str:
     """Per arm and role or policy, mean ± SD over seeds of the per-run training means: the gradient norm share
-    and mass share of the step, and the policy movement per step."""
+    and mass share of the step (over the steps with a gradient), and the policy movement per step (every step,
+    0 where it did not move)."""
     rows = []
     for arm, group in by_arm(runs).items():
-        for label, prefix in (("gradient norm share", "grad/step_norm_share/"),
-                              ("gradient mass share", "grad/step_mass_share/"),
-                              ("policy move per step", "update/policy_move/")):
-            per_run = [_training_mean(r, prefix) for r in group]
+        for label, prefix, with_gradient in (
+                ("gradient norm share (steps with a gradient)", "grad/step_norm_share/", True),
+                ("gradient mass share (steps with a gradient)", "grad/step_mass_share/", True),
+                ("policy move per step", "update/policy_move/", False)):
+            per_run = [_training_mean(r, prefix, with_gradient) for r in group]
             for name in sorted({k for m in per_run for k in m}):
                 m, sd = mean_sd([p[name] for p in per_run if name in p])
                 rows.append([arm, label, name, f"{_fmt(m, 4)} ± {_fmt(sd, 4)}"])

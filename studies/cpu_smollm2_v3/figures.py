@@ -32,6 +32,17 @@ def per_step(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[floa
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
+def share_per_step(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """`per_step` of a role's share (`<prefix>/<role>`), NaN on the steps where every role's share under the
+    prefix is 0: no row carried an advantage, so there was no gradient to share."""
+    prefix = key.rsplit("/", 1)[0] + "/"
+    steps, values = per_step(rows, key)
+    totals = {int(r["step"]): sum(float(v) for k, v in r.items()
+                                  if k.startswith(prefix) and isinstance(v, int | float))
+              for r in rows if key in r}
+    return steps, [v if totals[s] > 0 else math.nan for s, v in zip(steps, values, strict=True)]
+
+
 def mean_curve(curves: list[list[float]]) -> list[float]:
     """Mean over seeds at each position, NaNs left out (NaN where no seed has a value)."""
     columns = zip(*curves, strict=False)
@@ -46,9 +57,10 @@ def _draw_arms(ax: Any, runs: list[Run], series: Callable[[Run], tuple[list[int]
         colour = COLOURS.get(arm, "tab:green")
         curves = [series(r) for r in group]
         for xs, ys in curves:
-            ax.plot(xs, ys, color=colour, alpha=0.35, linewidth=0.8)
+            # Markers keep the points between NaNs (steps without a gradient) visible.
+            ax.plot(xs, ys, color=colour, alpha=0.35, linewidth=0.8, marker=".", markersize=3)
         shortest = min(curves, key=lambda c: len(c[0]))[0]  # the mean stops where a seed's curve does
-        ax.plot(shortest, mean_curve([ys for _, ys in curves]), color=colour, linewidth=2.2,
+        ax.plot(shortest, mean_curve([ys for _, ys in curves]), color=colour, linewidth=2.2, marker=".",
                 label=f"{arm} ({len(group)} seed{'s' if len(group) > 1 else ''})")
 
 
@@ -71,8 +83,8 @@ def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]],
          lambda r: at_evals(eval_series(r.record.rows, "eval/choice/accuracy/aggregator")), True),
         ("Aggregator response length\n(evaluations)", "tokens",
          lambda r: at_evals(eval_series(r.record.rows, "eval/response_len/aggregator")), True),
-        ("Aggregator share of the step's\ngradient norm (training steps)", "share",
-         lambda r: per_step(r.record.rows, "grad/step_norm_share/aggregator"), True),
+        ("Aggregator share of the step's\ngradient norm (steps with a gradient)", "share",
+         lambda r: share_per_step(r.record.rows, "grad/step_norm_share/aggregator"), True),
     ]
     for ax, (title, ylabel, series, voting_only) in zip(axes.flat, panels, strict=False):
         _draw_arms(ax, runs, series, voting_only)

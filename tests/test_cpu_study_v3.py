@@ -24,6 +24,7 @@ from studies.cpu_smollm2_v3.collect import (
     SP,
     ProvenanceError,
     check_provenance,
+    choice_counts,
     eval_series,
     parse_rate,
     slim_turns,
@@ -273,6 +274,19 @@ def test_slim_turns_keep_what_roles_wrote_and_its_length(tmp_path):
         (0, "generator", 2, "stop"), (0, "aggregator", 3, "length"), (10, "generator", 2, "stop"),
         (10, "aggregator", 3, "length")]
     assert "messages" not in table[0] and "logprobs" not in table[0] and table[1]["response"] == "\\boxed{1}"
+
+
+def test_choice_counts_read_the_aggregator_turns_as_the_workflow_parses_them(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    turns = [  # (step, role, response): 1, 3, unparsed (prose, and an out-of-range box), a generator ignored
+        (0, "aggregator", "\\boxed{1}"), (0, "aggregator", "so \\boxed{3}."), (0, "aggregator", "It is 2."),
+        (0, "generator", "\\boxed{2}"), (10, "aggregator", "\\boxed{7}"), (10, "aggregator", "\\boxed{2}"),
+    ]
+    columns = dict(zip(("step", "role", "response"), map(list, zip(*turns, strict=True)), strict=True))
+    pq.write_table(pa.table(columns), tmp_path / "eval_turns.parquet")
+    assert choice_counts(tmp_path) == {0: [1, 0, 1, 1], 10: [0, 1, 0, 1]}
 
 
 def test_training_shares_average_the_steps_with_a_gradient_and_movement_every_step(tmp_path):

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from jobs.driver.eval_records import TURNS_DIR
 from jobs.report import find_runs
+from marl.workflows.common import parse_choice
 from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, load, paired_counts, provenance_table
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
@@ -165,6 +166,36 @@ def mechanics_table(runs: list[Run]) -> str:
     return _table(["arm", "measure", "step 0", "10", "20", "30", "40"], rows)
 
 
+def choice_counts(run_dir: Path, k: int = 3) -> dict[int, list[int]]:
+    """Per evaluation (steps done), the aggregator's turns by what the workflow's parser reads: counts of
+    choices 1..k, then of unparsed turns (which the workflow resolves by its fallback), from the committed
+    eval_turns.parquet."""
+    table = pq.read_table(run_dir / "eval_turns.parquet", columns=["step", "role", "response"]).to_pylist()
+    counts: dict[int, list[int]] = {}
+    for turn in table:
+        if turn["role"] == "aggregator":
+            choice = parse_choice(turn["response"], k)
+            counts.setdefault(turn["step"], [0] * (k + 1))[(choice or k + 1) - 1] += 1
+    return dict(sorted(counts.items()))
+
+
+def choices_table(runs: list[Run]) -> str:
+    """Voting arms: the aggregator's parsed choices at each evaluation, pooled over the seeds' turns, as
+    `1 / 2 / 3 / unparsed` shares. Added after the first seeds showed it converging on response 1."""
+    rows = []
+    for arm, group in by_arm(runs).items():
+        if not arm.startswith("voting"):
+            continue
+        pooled: dict[int, list[int]] = {}
+        for run in group:
+            for step, counts in choice_counts(run.record.path).items():
+                before = pooled.get(step, [0] * len(counts))
+                pooled[step] = [a + b for a, b in zip(before, counts, strict=True)]
+        cells = [" / ".join(f"{c / sum(v):.2f}" for c in v) for _, v in sorted(pooled.items())]
+        rows.append([arm, str(len(group)), *cells])
+    return _table(["arm", "seeds", "step 0", "10", "20", "30", "40"], rows)
+
+
 def _training_mean(run: Run, prefix: str, with_gradient: bool) -> dict[str, float]:
     """Per suffix of `prefix` (a role or a policy): the mean over the run's training steps. With
     `with_gradient`, over the steps whose values under `prefix` sum above 0: a step where no row carried an
@@ -205,7 +236,8 @@ def starts_table(runs: list[Run]) -> str:
 
 
 TABLES: dict[str, Callable[[list[Run]], str]] = {
-    "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "training": training_table,
+    "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "choices": choices_table,
+    "training": training_table,
     "provenance": provenance_table, "starts": starts_table,
 }
 

@@ -27,6 +27,7 @@ from studies.cpu_smollm2_v3.collect import (
     choice_counts,
     eval_series,
     parse_rate,
+    run_minutes,
     slim_turns,
 )
 from studies.cpu_smollm2_v3.collect import tests_table as seed_tests_table
@@ -287,6 +288,13 @@ def test_choice_counts_read_the_aggregator_turns_as_the_workflow_parses_them(tmp
     columns = dict(zip(("step", "role", "response"), map(list, zip(*turns, strict=True)), strict=True))
     pq.write_table(pa.table(columns), tmp_path / "eval_turns.parquet")
     assert choice_counts(tmp_path) == {0: [1, 0, 1, 1], 10: [0, 1, 0, 1]}
+
+
+def test_run_minutes_sum_steps_and_evaluations_by_hand():
+    rows = [{"time/step_s": 30.0, "time/eval_before_s": 60.0, "time/update_s": 20.0},
+            {"time/step_s": 45.0, "time/eval_s": 45.0, "eval/accuracy": 0.5}, {"time/step_s": float("nan")}]
+    assert run_minutes(rows) != run_minutes(rows)  # a NaN is not hidden
+    assert run_minutes(rows[:2]) == 3.0  # 30 + 60 + 45 + 45 s; update_s is inside step_s, not added
 
 
 def test_training_shares_average_the_steps_with_a_gradient_and_movement_every_step(tmp_path):

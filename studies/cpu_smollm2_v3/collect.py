@@ -229,10 +229,21 @@ def training_table(runs: list[Run]) -> str:
     return _table(["arm", "measure", "role / policy", "mean over training (± SD over seeds)"], rows)
 
 
+def run_minutes(rows: list[dict[str, Any]]) -> float:
+    """Minutes of a run's training steps and evaluations, summed from its metrics (time/step_s, time/eval_s,
+    time/eval_before_s): the work the run kept, without start-up, and without steps a resumed run redid."""
+    keys = ("time/step_s", "time/eval_s", "time/eval_before_s")
+    return sum(float(r[k]) for r in rows for k in keys if isinstance(r.get(k), int | float)) / 60
+
+
 def starts_table(runs: list[Run]) -> str:
-    """Per run: how many times it started (a resumed run continues from its newest checkpoint)."""
-    rows = [[r.arm, str(r.seed), str(check_provenance(r.record.path))] for r in runs]
-    return _table(["arm", "seed", "starts"], rows)
+    """Per run: how many times it started (a resumed run continues from its newest checkpoint) and the minutes
+    of steps and evaluations it logged; then the total."""
+    rows = [[r.arm, str(r.seed), str(check_provenance(r.record.path)), f"{run_minutes(r.record.rows):.1f}"]
+            for r in runs]
+    total = sum(run_minutes(r.record.rows) for r in runs)
+    rows.append(["all", f"{len(runs)} runs", "", f"{total:.1f} ({total / 60:.1f} h)"])
+    return _table(["arm", "seed", "starts", "minutes of steps and evaluations"], rows)
 
 
 TABLES: dict[str, Callable[[list[Run]], str]] = {

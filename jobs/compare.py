@@ -54,6 +54,10 @@ def role_lines(run: RunRecord) -> list[str]:
         if f"eval/before/choice/accuracy/{role}" in base:
             chose = f"{_choice(base, role, 'eval/before/')} -> {_choice(final, role)}"
             line += f"; chooses a right answer {chose}"
+        if f"eval/before/choice/first/{role}" in base:
+            first = (f"{_fmt(float(base[f'eval/before/choice/first/{role}']))} -> "
+                     f"{_fmt(float(final.get(f'eval/choice/first/{role}', math.nan)))}")
+            line += f"; picks the first response shown {first}"
         lines.append(line)
     return lines
 

@@ -59,13 +59,17 @@ def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
 
 
 def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
-    """voting's aggregator as a chooser: `choice/available/aggregator`, the episodes in which at least one
-    generator's answer scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer
-    (the episode's reward) scores 1 (NaN without any). Only for families scored inline (math): scoring every
+    """voting's aggregator as a chooser: `choice/first/aggregator`, the fraction of episodes recording a
+    choice (score_info 'choice') where it chose the first response shown (a position preference, whichever
+    generator wrote it); `choice/available/aggregator`, the episodes in which at least one generator's answer
+    scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer (the episode's
+    reward) scores 1 (NaN without any). Accuracy only for families scored inline (math): scoring every
     candidate of a code task would run the sandbox K more times. {} when no episode has an aggregator over
     generators."""
+    chosen = [ep.score_info["choice"] for ep in episodes if "choice" in ep.score_info]
+    first = {"choice/first/aggregator": sum(c == 1 for c in chosen) / len(chosen)} if chosen else {}
     if isinstance(family, AsyncScoring):
-        return {}
+        return first
     available = right = 0
     for ep in episodes:
         candidates = [t for t in ep.turns if t.role == "generator"]
@@ -75,6 +79,6 @@ def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, flo
             available += 1
             right += ep.reward == 1.0
     if not available and not any(t.role == "aggregator" for ep in episodes for t in ep.turns):
-        return {}
-    return {"choice/available/aggregator": float(available),
+        return first
+    return {**first, "choice/available/aggregator": float(available),
             "choice/accuracy/aggregator": right / available if available else float("nan")}

@@ -178,8 +178,9 @@ class DataConfig:
 
 @dataclass
 class MarlConfig(WorkflowSettings):
-    """The `marl` section; the built-in workflows' settings (num_generators, max_rounds, max_strategies,
-    prompts) are declared, with their bounds, once: marl/workflows/options.py's WorkflowSettings."""
+    """The `marl` section; the built-in workflows' settings (num_generators, shuffle_candidates, max_rounds,
+    max_strategies, prompts) are declared, with their bounds, once: marl/workflows/options.py's
+    WorkflowSettings."""
 
     # single_agent | eval_opt | voting | orch_workers, or the user's own module: a dotted
     # module path (my_pkg.debate) or a file path (examples/debate.py), imported and checked at

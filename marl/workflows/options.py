@@ -35,6 +35,9 @@ class WorkflowSettings:
     """The built-in workflows' settings: the `marl.*` keys of the same names."""
 
     num_generators: int = positive(3)  # voting: K parallel generators
+    # voting: show the aggregator the K responses in an order drawn per episode (seeded by task and sample)
+    # instead of the generators' order, so a preference for a position is not a preference for a generator
+    shuffle_candidates: bool = False
     max_rounds: int = positive(3)  # eval_opt: at most R generator turns
     max_strategies: int = positive(3)  # orch_workers: more strategies than this ends the episode
     # Wording of the workflows' prompts: a built-in prompt set, default (this project's) | paper (as in arXiv

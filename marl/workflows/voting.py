@@ -2,13 +2,19 @@
 
 The aggregator sees the problem and the K responses numbered 1..K and must answer \\boxed{i}. Fallbacks, each
 recorded as one parse failure of 'aggregator': the first standalone number in 1..K in its text, else response
-1. The final answer is extracted from the chosen response. The wording comes from the prompt set
+1. The final answer is extracted from the chosen response; the position chosen is recorded (score_info
+'choice'). The responses come in the generators' order, or with `marl.shuffle_candidates` in an order drawn
+per episode (score_info 'shown': the generators' indices in the order shown), which separates a preference
+for a position from one for a generator. The wording comes from the prompt set
 `marl.prompts` names (marl/prompts/; PROMPT_SPEC below): under `paper` the responses are "--- Solution i ---"
 blocks, and on code tasks the generators are competitive programmers and the aggregator picks the solution
 most likely to pass all tests.
 """
 
 from __future__ import annotations
+
+import hashlib
+import random
 
 from marl.prompts import RoleWording
 from marl.tasks.base import TaskFamily
@@ -58,6 +64,16 @@ def choices(k: int) -> str:
     return f"{', '.join(boxed[:-1])} or {boxed[-1]}" if k > 1 else boxed[0]
 
 
+def candidate_order(task: Task, sample_index: int, k: int, shuffle: bool) -> list[int]:
+    """The generators' indices in the order the aggregator reads them: 0..k-1, or with `shuffle` a permutation
+    drawn from the task id and sample index (the same on a rerun, different across a task's samples)."""
+    order = list(range(k))
+    if shuffle:
+        digest = hashlib.sha256(f"{task.task_id}\0{sample_index}".encode()).digest()
+        random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
+    return order
+
+
 def choose(text: str, k: int, episode: Episode) -> int:
     """The aggregator's 1-based choice, falling back (and noting a parse failure) when unparsable."""
     choice = parse_choice(text, k)
@@ -77,10 +93,14 @@ async def run(
     prompt = [*gen.opening(), user(asking(w, gen.fill("user", problem=task.prompt), family.instruction()))]
     generators = await ask_all(client, "generator", names, [prompt] * len(names))
     episode.turns.extend(generators)
-    responses = [t.text for t in generators]
+    order = candidate_order(task, sample_index, len(generators), opts.shuffle_candidates)
+    responses = [generators[i].text for i in order]
     agg_msgs = [*agg.opening(), user(_aggregate_prompt(task, responses, agg))]
     aggregator = await ask(client, "aggregator", "aggregator", 0, agg_msgs)
     episode.turns.append(aggregator)
     chosen = choose(aggregator.text, len(responses), episode)
-    set_final_answer(episode, family, generators[chosen - 1])
+    episode.score_info["choice"] = chosen
+    if opts.shuffle_candidates:
+        episode.score_info["shown"] = order
+    set_final_answer(episode, family, generators[order[chosen - 1]])
     return episode

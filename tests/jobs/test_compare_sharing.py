@@ -44,15 +44,17 @@ def _write_run(path: Path, sharing: str, rows: list[dict]) -> None:
 def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_path):
     base = {"step": 0, "time/step_s": 1.0, "eval/accuracy_before": 0.25, "eval/before/episodes": 4.0,
             "eval/before/turns/aggregator": 4.0, "eval/before/parse_failures/aggregator": 1.0,
-            "eval/before/choice/accuracy/aggregator": 0.5, "eval/before/choice/available/aggregator": 2.0}
+            "eval/before/choice/accuracy/aggregator": 0.5, "eval/before/choice/available/aggregator": 2.0,
+            "eval/before/choice/first/aggregator": 0.5}
     final = {"step": 2, "eval/accuracy": 0.5, "eval/episodes": 4.0, "eval/turns/aggregator": 4.0,
-             "eval/choice/accuracy/aggregator": 2 / 3, "eval/choice/available/aggregator": 3.0}
+             "eval/choice/accuracy/aggregator": 2 / 3, "eval/choice/available/aggregator": 3.0,
+             "eval/choice/first/aggregator": 1.0}
     _write_run(tmp_path / "a", "shared", [base, {"step": 1, "time/step_s": 1.0}, final])
     text = comparison([load_run(tmp_path / "a")])
     assert parse_rate(base, "aggregator", "eval/before/") == 0.75 and parse_rate(final, "aggregator") == 1.0
     assert "a · voting · shared   0: 0.250  2: 0.500" in text
     assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; chooses a right answer "
-            "0.50 (of 2) -> 0.67 (of 3)") in text
+            "0.50 (of 2) -> 0.67 (of 3); picks the first response shown 0.50 -> 1.00") in text
 
 
 # The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22

@@ -19,6 +19,16 @@ def test_yaml_and_overrides_merge_onto_the_schema():
     assert cfg.algo.clip_high == 0.28  # schema default survives
 
 
+def test_a_workflow_setting_reaches_the_workflow_from_an_override():
+    from marl.workflows import workflow_options
+
+    cfg = load_config(TINY, ["marl.workflow=voting", "marl.shuffle_candidates=true"])
+    assert workflow_options(cfg.marl.workflow, cfg.marl).shuffle_candidates is True
+    assert workflow_options("voting", load_config(TINY).marl).shuffle_candidates is False
+    with pytest.raises(ConfigError, match=r"marl\.shuffle_candidates"):
+        load_config(TINY, ["marl.shuffle_candidates=sometimes"])
+
+
 def test_chat_template_kwargs_from_yaml_and_from_an_override(tmp_path):
     assert load_config(TINY).model.chat_template_kwargs == {}
     override = load_config(TINY, ["model.chat_template_kwargs.enable_thinking=false"])

@@ -73,6 +73,9 @@ def test_one_training_step_on_the_code_task(ray_cluster, tmp_path, workflow):
     # orch_workers also records how its parser read the plan (a scored episode's plan was read somehow).
     plan = [i.pop("plan_format") for i in infos] if workflow == "orch_workers" else []
     assert all(p in ("strategy", "numbered", "lines") for p in plan)
+    # voting records the position its aggregator chose (its fallback reads a random model's text as 1..3).
+    chosen = [i.pop("choice") for i in infos] if workflow == "voting" else []
+    assert all(c in (1, 2, 3) for c in chosen)
     assert all(i == {"answer_role": ANSWERING[workflow], "reason": "no_code_block"} for i in infos)
     # A random orchestrator's plan may be blank or too long (a line per strategy),
     # ending its episodes unscored.

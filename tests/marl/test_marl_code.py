@@ -203,7 +203,8 @@ def test_voting_on_code_scores_the_chosen_program(family):
     client = ScriptedClient({"generator0": WRONG, "generator1": RIGHT, "generator2": "no idea",
                              "aggregator": "\\boxed{3}"})
     ep = run("voting", client, family)
-    assert ep.reward == 0.0 and ep.score_info == {"answer_role": "generator", "reason": "no_code_block"}
+    assert ep.reward == 0.0
+    assert ep.score_info == {"answer_role": "generator", "reason": "no_code_block", "choice": 3}
 
 
 def test_orch_workers_on_code_scores_the_synthesised_program(family):

@@ -8,11 +8,13 @@ import pytest
 from marl_scripted import ScriptedClient
 
 from marl.episode import run_episode
+from marl.episode_metrics import choice_metrics
 from marl.tasks import MathFamily
 from marl.tasks.code import CodeFamily
 from marl.types import Task
 from marl.workflows import WORKFLOWS, get_workflow, roles_of
 from marl.workflows.common import WorkflowOptions, parse_choice, parse_plan, parse_verdict
+from marl.workflows.voting import candidate_order
 
 TASK = Task(task_id="t0", prompt="What is 6 * 7?", answer="42")
 MATH = MathFamily()
@@ -112,6 +114,34 @@ def test_voting_parallel_identical_prompts_and_boxed_choice():
     agg_prompt = ep.turns[3].messages[-1]["content"]
     assert "Response 1:\n\\boxed{40}" in agg_prompt and "Response 3:\n\\boxed{42}" in agg_prompt
     assert ep.final_answer == "41" and ep.parse_failures == {}
+
+
+def test_voting_shuffled_candidates_map_the_choice_back_to_its_generator():
+    gens = {f"generator{i}": f"\\boxed{{{40 + i}}}" for i in range(3)}
+    opts = WorkflowOptions(shuffle_candidates=True)
+    orders = {tuple(candidate_order(Task(f"t{i}", "", ""), s, 3, True)) for i in range(8) for s in range(8)}
+    assert len(orders) == 6  # every permutation of 3 is drawn over 64 (task, sample) pairs
+    assert candidate_order(TASK, 3, 3, False) == [0, 1, 2]
+    for pick in (1, 2, 3):
+        ep = run("voting", ScriptedClient({**gens, "aggregator": f"\\boxed{{{pick}}}"}), opts)
+        shown = ep.score_info["shown"]
+        assert sorted(shown) == [0, 1, 2] and shown == candidate_order(TASK, 3, 3, True)  # seeded: same again
+        prompt = ep.turns[3].messages[-1]["content"]
+        for position, generator in enumerate(shown, start=1):
+            assert f"Response {position}:\n\\boxed{{{40 + generator}}}" in prompt
+        assert ep.final_answer == str(40 + shown[pick - 1]) and ep.score_info["choice"] == pick
+    ep = run("voting", ScriptedClient({**gens, "aggregator": "\\boxed{2}"}))  # default: the generators' order
+    assert ep.final_answer == "41" and ep.score_info["choice"] == 2 and "shown" not in ep.score_info
+
+
+def test_choice_metrics_count_the_first_position_picked():
+    gens = {f"generator{i}": f"\\boxed{{{40 + i}}}" for i in range(3)}
+    picks = ["\\boxed{1}", "\\boxed{3}", "no idea", "\\boxed{2}"]  # "no idea" falls back to response 1
+    episodes = [run("voting", ScriptedClient({**gens, "aggregator": a})) for a in picks]
+    metrics = choice_metrics(episodes, MATH)
+    assert metrics["choice/first/aggregator"] == 0.5
+    assert metrics["choice/available/aggregator"] == 4 and metrics["choice/accuracy/aggregator"] == 0.25
+    assert choice_metrics([run("single_agent", ScriptedClient({"solver": "\\boxed{42}"}))], MATH) == {}
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ most likely to pass all tests.
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 from marl.prompts import RoleWording
+from marl.seeds import derive_seed
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows.common import (
@@ -69,8 +69,7 @@ def candidate_order(task: Task, sample_index: int, k: int, shuffle: bool) -> lis
     drawn from the task id and sample index (the same on a rerun, different across a task's samples)."""
     order = list(range(k))
     if shuffle:
-        digest = hashlib.sha256(f"{task.task_id}\0{sample_index}".encode()).digest()
-        random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
+        random.Random(derive_seed(0, "candidate_order", task.task_id, sample_index)).shuffle(order)
     return order
 
 

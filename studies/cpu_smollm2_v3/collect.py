@@ -239,9 +239,10 @@ def run_minutes(rows: list[dict[str, Any]]) -> float:
 def starts_table(runs: list[Run]) -> str:
     """Per run: how many times it started (a resumed run continues from its newest checkpoint) and the minutes
     of steps and evaluations it logged; then the total."""
-    rows = [[r.arm, str(r.seed), str(check_provenance(r.record.path)), f"{run_minutes(r.record.rows):.1f}"]
-            for r in runs]
-    total = sum(run_minutes(r.record.rows) for r in runs)
+    minutes = [run_minutes(r.record.rows) for r in runs]
+    pairs = zip(runs, minutes, strict=True)
+    rows = [[r.arm, str(r.seed), str(check_provenance(r.record.path)), f"{m:.1f}"] for r, m in pairs]
+    total = sum(minutes)
     rows.append(["all", f"{len(runs)} runs", "", f"{total:.1f} ({total / 60:.1f} h)"])
     return _table(["arm", "seed", "starts", "minutes of steps and evaluations"], rows)
 

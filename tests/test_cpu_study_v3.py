@@ -314,6 +314,22 @@ def test_training_shares_average_the_steps_with_a_gradient_and_movement_every_st
     assert _training_mean(run, "update/policy_move/", False) == pytest.approx({"shared": 0.1})
 
 
+def test_role_norms_keep_the_steps_where_both_roles_trained_and_the_table_takes_medians(tmp_path):
+    from studies.cpu_smollm2_v3.collect import role_norms, role_norms_table
+
+    rows = [{"step": s, "grad/role_norm/aggregator": a, "grad/role_norm/generator": g} for s, (a, g) in
+            enumerate([(0.0, 0.5), (0.9, 0.3), (0.2, 0.0), (0.4, 0.4), (0.5, 0.1)])] + [{"step": 9}]
+    assert role_norms(rows) == [(0.9, 0.3), (0.4, 0.4), (0.5, 0.1)]
+    run_dir = _voting_run(tmp_path, 0)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = Run(IP, 0, load_run(run_dir), [0.1, 0.2], 64, {}, 3e-4)
+    idle = Run(SP, 1, load_run(_voting_run(tmp_path, 1)), [0.1, 0.2], 64, {}, 3e-4)
+    table = role_norms_table([run, idle, Run(SA, 0, None, [0.1], 64, {}, 3e-4)])  # type: ignore[arg-type]
+    # Ratios 3, 1 and 5: their median is 3, not the ratio of the medians (0.5 / 0.3).
+    assert f"| {IP} | 0 | 3 | 0.500 | 0.300 | 3.00 |" in table
+    assert f"| {SP} | 1 | 0 | – | – | – |" in table and SA not in table
+
+
 def test_tests_table_runs_the_seed_level_tests_in_order():
     def run(arm, seed, final):
         return Run(arm, seed, None, [0.1, final], 64, {}, 3e-4)  # type: ignore[arg-type]

@@ -229,6 +229,37 @@ def training_table(runs: list[Run]) -> str:
     return _table(["arm", "measure", "role / policy", "mean over training (± SD over seeds)"], rows)
 
 
+def role_norms(rows: list[dict[str, Any]], first: str = "aggregator", second: str = "generator",
+               ) -> list[tuple[float, float]]:
+    """`grad/role_norm/<first>` and `<second>` at each training step where both roles' rows carried a gradient
+    (both norms above 0): the step's mean over its optimizer steps of each role's gradient norm."""
+    keys = (f"grad/role_norm/{first}", f"grad/role_norm/{second}")
+    pairs = [(row.get(keys[0]), row.get(keys[1])) for row in rows]
+    return [(float(a), float(b)) for a, b in pairs
+            if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and b > 0]
+
+
+def role_norms_table(runs: list[Run]) -> str:
+    """Voting arms, per seed: the median over the steps where both roles trained of the aggregator's and the
+    generators' gradient norms and of their ratio. Added after the data, to hold the runs against the authors'
+    "supervisory roles often have 5-8x larger grad norms than generators" (under isolated policies)."""
+    rows = []
+    for arm, group in by_arm(runs).items():
+        if not arm.startswith("voting"):
+            continue
+        for run in sorted(group, key=lambda r: r.seed):
+            pairs = role_norms(run.record.rows)
+            if not pairs:
+                rows.append([arm, str(run.seed), "0", "–", "–", "–"])
+                continue
+            medians = [statistics.median(v) for v in zip(*pairs, strict=True)]
+            ratio = statistics.median(a / b for a, b in pairs)
+            rows.append([arm, str(run.seed), str(len(pairs)), _fmt(medians[0], 3), _fmt(medians[1], 3),
+                         _fmt(ratio, 2)])
+    return _table(["arm", "seed", "steps both roles trained", "aggregator norm", "generator norm",
+                   "aggregator / generator"], rows)
+
+
 def run_minutes(rows: list[dict[str, Any]]) -> float:
     """Minutes of a run's training steps and evaluations, summed from its metrics (time/step_s, time/eval_s,
     time/eval_before_s): the work the run kept, without start-up, and without steps a resumed run redid."""
@@ -249,7 +280,7 @@ def starts_table(runs: list[Run]) -> str:
 
 TABLES: dict[str, Callable[[list[Run]], str]] = {
     "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "choices": choices_table,
-    "training": training_table,
+    "training": training_table, "role_norms": role_norms_table,
     "provenance": provenance_table, "starts": starts_table,
 }
 

@@ -330,6 +330,23 @@ def test_role_norms_keep_the_steps_where_both_roles_trained_and_the_table_takes_
     assert f"| {SP} | 1 | 0 | – | – | – |" in table and SA not in table
 
 
+def test_mechanics_table_means_each_evaluation_over_seeds(tmp_path):
+    from studies.cpu_smollm2_v3.collect import mechanics_table
+
+    runs = []
+    for seed, available in enumerate([(2.0, 3.0), (4.0, 1.0)]):
+        run_dir = _voting_run(tmp_path, seed)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows[0]["eval/before/choice/available/aggregator"] = available[0]
+        rows[1]["eval/choice/available/aggregator"] = available[1]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(Run(SP, seed, load_run(run_dir), [0.25, 0.5], 4, {}, 3e-4))
+    table = mechanics_table(runs)
+    assert f"| {SP} | episodes with a right candidate | 3.000 | 2.000 |" in table
+    assert f"| {SP} | aggregator parse rate | 0.750 | 1.000 |" in table  # 1 of 4 failed at base, none after
+    assert f"| {SP} | aggregator choice accuracy | – | 0.750 |" in table
+
+
 def test_tests_table_runs_the_seed_level_tests_in_order():
     def run(arm, seed, final):
         return Run(arm, seed, None, [0.1, final], 64, {}, 3e-4)  # type: ignore[arg-type]

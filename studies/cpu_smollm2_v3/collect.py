@@ -150,13 +150,16 @@ def _mean_over(group: list[Run], series: Callable[[Run], list[float]]) -> list[s
 
 
 def mechanics_table(runs: list[Run]) -> str:
-    """Voting arms, mean over seeds at each evaluation: the aggregator's parse rate, its choice accuracy on
-    episodes with a right candidate, and its response length."""
+    """Voting arms, mean over seeds at each evaluation: how many episodes had a right candidate (at least one
+    generator answered right: what the aggregator can at best reach), the aggregator's parse rate, its choice
+    accuracy on those episodes, and its response length."""
     rows = []
     for arm, group in by_arm(runs).items():
         if not arm.startswith("voting"):
             continue
         for label, series in (
+                ("episodes with a right candidate", lambda r: eval_series(r.record.rows,
+                                                                          "eval/choice/available/aggregator")),
                 ("aggregator parse rate", lambda r: parse_rate(r.record.rows, "aggregator")),
                 ("aggregator choice accuracy", lambda r: eval_series(r.record.rows,
                                                                      "eval/choice/accuracy/aggregator")),

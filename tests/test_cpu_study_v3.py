@@ -396,7 +396,7 @@ def test_the_figure_draws_every_committed_run(tmp_path):
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (1170, 675)  # 13 x 7.5 inches at 90 dpi
+    assert (width, height) == (1530, 675)  # 17 x 7.5 inches at 90 dpi
     voting = [r for r in runs if r.arm.startswith("voting")]
     for run in voting:  # the per-step panels have their data in every voting run
         steps, shares = per_step(run.record.rows, "grad/step_norm_share/aggregator")

@@ -1,9 +1,9 @@
 """Study 3's figure, drawn from the committed runs by `collect.py`: `cpu_smollm2_v3_mechanics.png` beside the
 README (linked into docs/studies/).
 
-Six panels, one colour per arm, a thin line per seed and a thick one for the mean over seeds:
-- at each evaluation: held-out accuracy; the aggregator's parse rate, its choice accuracy on episodes with a
-  right candidate, and its response length (voting arms);
+Eight panels, one colour per arm, a thin line per seed and a thick one for the mean over seeds:
+- at each evaluation: held-out accuracy; the episodes with a right candidate (the generators' side), the
+  aggregator's parse rate, its choice accuracy on those episodes, and its response length (voting arms);
 - per training step: the aggregator's share of the step's gradient norm, and how far the step moved each
   policy (`update/policy_move/<policy>`; an isolated arm's policies are drawn dashed for the aggregator's).
 """
@@ -69,14 +69,16 @@ def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]],
     """Writes the figure of `runs` to `out`; `parse_rate` and `eval_series` are collect.py's readers."""
     from matplotlib.figure import Figure  # Agg, no pyplot state
 
-    fig = Figure(figsize=(13, 7.5), dpi=90, layout="constrained")
-    axes = fig.subplots(2, 3)
+    fig = Figure(figsize=(17, 7.5), dpi=90, layout="constrained")
+    axes = fig.subplots(2, 4)
 
     def at_evals(values: list[float]) -> tuple[list[int], list[float]]:
         return _eval_xs(len(values)), values
 
     panels: list[tuple[str, str, Callable[[Run], tuple[list[int], list[float]]], bool]] = [
         ("Held-out accuracy\n(64 tasks)", "accuracy", lambda r: at_evals(r.curve), False),
+        ("Episodes with a right candidate\n(of 64: a generator answered right)", "episodes",
+         lambda r: at_evals(eval_series(r.record.rows, "eval/choice/available/aggregator")), True),
         ("Aggregator parse rate\n(evaluations)", "parsed turns",
          lambda r: at_evals(parse_rate(r.record.rows, "aggregator")), True),
         ("Aggregator choice accuracy\n(episodes with a right candidate)", "accuracy",
@@ -90,7 +92,7 @@ def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]],
         _draw_arms(ax, runs, series, voting_only)
         ax.set(title=title, xlabel="training steps done", ylabel=ylabel)
         ax.grid(alpha=0.3)
-    move = axes.flat[5]
+    move = axes.flat[6]
     for arm, group in by_arm(runs).items():
         for run in group:
             keys = {k for row in run.record.rows for k in row if k.startswith("update/policy_move/")}
@@ -102,7 +104,9 @@ def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]],
     move.set(title="Policy movement per step\n(dashed: an isolated aggregator's policy)",
              xlabel="training step", ylabel="mean |Δ log-prob|")
     move.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize="small")
+    legend = axes.flat[7]  # the eighth panel holds the key, which the first panel's lines would crowd
+    legend.set_axis_off()
+    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center")
     fig.suptitle("Study 3 (SmolLM2-135M, chain_sum): thin lines are seeds, thick lines their mean")
     fig.savefig(out)
     return out

@@ -347,6 +347,48 @@ def test_mechanics_table_means_each_evaluation_over_seeds(tmp_path):
     assert f"| {SP} | aggregator choice accuracy | – | 0.750 |" in table
 
 
+def test_grading_again_gives_every_committed_single_agent_turn_its_logged_reward():
+    import pyarrow.parquet as pq
+
+    import studies.cpu_smollm2_v3.collect as collect
+
+    runs = [r for r in collect.committed() if r.arm == SA]
+    assert runs, "the study has committed single-agent runs"
+    path = runs[0].record.path
+    graded = collect.graded_turns(path, "solver")
+    turns = pq.read_table(path / "eval_turns.parquet", columns=["step", "episode", "reward"]).to_pylist()
+    logged: dict[int, dict[int, float]] = {}
+    for t in turns:
+        logged.setdefault(t["step"], {})[t["episode"]] = t["reward"]
+    assert {step: [e[0][1] for e in episodes] for step, episodes in graded.items()} == {
+        step: list(by_episode.values()) for step, by_episode in logged.items()}
+    assert sum(len(e) for e in graded.values()) == len(turns) == 5 * 64
+
+
+def test_generator_measures_by_hand(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from studies.cpu_smollm2_v3.collect import generator_measures, graded_turns
+
+    spec = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&min_digits=1&max_digits=2"
+    (tmp_path / "config.yaml").write_text(
+        f"data:\n  eval: '{spec}'\n  eval_size: 2\n  eval_seed: 0\n  task: math\n  answer_fallback: none\n")
+    from marl.tasks.data import load_tasks
+    tasks = load_tasks(spec, 2, 1_000_000_000, "math")
+    right = [f"\\boxed{{{t.answer}}}" for t in tasks]
+    # Step 0: episode 0 all three right (they agree); episode 1 one right, two alike but wrong, one unread.
+    rows = [(0, 0, 0, right[0]), (0, 0, 0, right[0]), (0, 0, 0, right[0]),
+            (0, 1, 1, right[1]), (0, 1, 1, "\\boxed{-1}"), (0, 1, 1, "no answer")]
+    turns = [{"step": st, "episode": ep, "task_id": tasks[t].task_id, "role": "generator", "response": r}
+             for st, ep, t, r in rows]
+    turns.append({"step": 0, "episode": 0, "task_id": tasks[0].task_id, "role": "aggregator",
+                  "response": "\\boxed{1}"})
+    pq.write_table(pa.Table.from_pylist(turns), tmp_path / "eval_turns.parquet")
+    assert [score for _, score in graded_turns(tmp_path, "generator")[0][1]] == [1.0, 0.0, 0.0]
+    assert generator_measures(tmp_path) == ([4 / 6], [0.5])
+
+
 def test_tests_table_runs_the_seed_level_tests_in_order():
     def run(arm, seed, final):
         return Run(arm, seed, None, [0.1, final], 64, {}, 3e-4)  # type: ignore[arg-type]

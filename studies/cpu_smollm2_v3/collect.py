@@ -27,10 +27,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.driver.eval_records import TURNS_DIR
+from jobs.driver.run_data import EVAL_SEED_OFFSET
 from jobs.report import find_runs
+from marl.tasks import get_family
+from marl.tasks.data import load_tasks
 from marl.workflows.common import parse_choice
 from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, load, paired_counts, provenance_table
+from studies.cpu_smollm2_v2.collect import _config as config_of
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
 from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
 from studies.cpu_smollm2_v3.figures import draw
@@ -143,10 +147,14 @@ def parse_rate(rows: list[dict[str, Any]], role: str) -> list[float]:
     return [1 - (f if f == f else 0.0) / n if n else math.nan for n, f in zip(turns, failed, strict=True)]
 
 
-def _mean_over(group: list[Run], series: Callable[[Run], list[float]]) -> list[str]:
+def _mean_columns(series: list[list[float]]) -> list[str]:
     """Mean over seeds at each evaluation (NaNs left out), formatted."""
-    columns = list(zip(*(series(r) for r in group), strict=False))
+    columns = list(zip(*series, strict=False))
     return [_fmt(statistics.fmean(v) if (v := [x for x in col if x == x]) else math.nan) for col in columns]
+
+
+def _mean_over(group: list[Run], series: Callable[[Run], list[float]]) -> list[str]:
+    return _mean_columns([series(r) for r in group])
 
 
 def mechanics_table(runs: list[Run]) -> str:
@@ -197,6 +205,53 @@ def choices_table(runs: list[Run]) -> str:
         cells = [" / ".join(f"{c / sum(v):.2f}" for c in v) for _, v in sorted(pooled.items())]
         rows.append([arm, str(len(group)), *cells])
     return _table(["arm", "seeds", "step 0", "10", "20", "30", "40"], rows)
+
+
+Graded = tuple[str | None, float]  # an answer as the task family reads it, and its score
+
+
+def graded_turns(run_dir: Path, role: str) -> dict[int, list[list[Graded]]]:
+    """Per evaluation (steps done), per episode: each of `role`'s turns graded again from the committed turns,
+    its answer as the run's task family reads it and its score. The held-out tasks are drawn again as the run
+    drew them (data.eval, its size, eval_seed + EVAL_SEED_OFFSET), which the committed turns do not hold."""
+    data = config_of(run_dir)["data"]
+    tasks = load_tasks(data["eval"], data["eval_size"], data["eval_seed"] + EVAL_SEED_OFFSET, data["task"])
+    by_id = {t.task_id: t for t in tasks}
+    family = get_family(data["task"], data.get("answer_fallback", "none"))
+    columns = ["step", "episode", "task_id", "role", "response"]
+    episodes: dict[int, dict[int, list[Graded]]] = {}
+    for turn in pq.read_table(run_dir / "eval_turns.parquet", columns=columns).to_pylist():
+        if turn["role"] == role:
+            answer = family.extract_answer(turn["response"])
+            graded = (answer, float(family.score(by_id[turn["task_id"]], answer)))
+            episodes.setdefault(turn["step"], {}).setdefault(turn["episode"], []).append(graded)
+    return {step: list(by_episode.values()) for step, by_episode in sorted(episodes.items())}
+
+
+def generator_measures(run_dir: Path) -> tuple[list[float], list[float]]:
+    """Per evaluation: the generators' accuracy (right turns / turns) and their agreement (the share of
+    episodes whose generators all gave the same answer, an answer being read)."""
+    accuracy, agreement = [], []
+    for episodes in graded_turns(run_dir, "generator").values():
+        turns = [g for episode in episodes for g in episode]
+        accuracy.append(sum(score for _, score in turns) / len(turns))
+        same = [len({a for a, _ in e}) == 1 and e[0][0] is not None for e in episodes]
+        agreement.append(sum(same) / len(episodes))
+    return accuracy, agreement
+
+
+def generators_table(runs: list[Run]) -> str:
+    """Voting arms, mean over seeds at each evaluation: the generators' accuracy and agreement, graded again
+    from the committed turns. Added after the data, to see the generators' side of the shared cliffs and how
+    alike the parallel generators become."""
+    rows = []
+    for arm, group in by_arm(runs).items():
+        if not arm.startswith("voting"):
+            continue
+        accuracy, agreement = zip(*(generator_measures(r.record.path) for r in group), strict=True)
+        for label, per_run in (("generator accuracy", accuracy), ("generators agree", agreement)):
+            rows.append([arm, label, *_mean_columns(list(per_run))])
+    return _table(["arm", "measure", "step 0", "10", "20", "30", "40"], rows)
 
 
 def _training_mean(run: Run, prefix: str, with_gradient: bool) -> dict[str, float]:
@@ -283,6 +338,7 @@ def starts_table(runs: list[Run]) -> str:
 
 TABLES: dict[str, Callable[[list[Run]], str]] = {
     "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "choices": choices_table,
+    "generators": generators_table,
     "training": training_table, "role_norms": role_norms_table,
     "provenance": provenance_table, "starts": starts_table,
 }

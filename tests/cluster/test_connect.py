@@ -4,6 +4,7 @@ in tests/jobs/test_head_runs.py."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -84,11 +85,18 @@ def test_host_port():
         cc.host_port("head")
 
 
+def _accept_until_closed(server: socket.socket) -> None:
+    """Accepts connections and never speaks, until the test closes `server` under it."""
+    with contextlib.suppress(OSError):
+        while True:
+            server.accept()
+
+
 def test_a_dead_port_and_a_socket_that_is_not_grpc_do_not_answer():
     with socket.socket() as silent:  # accepts connections, never speaks
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        threading.Thread(target=lambda: [silent.accept() for _ in range(8)], daemon=True).start()
+        threading.Thread(target=_accept_until_closed, args=(silent,), daemon=True).start()
         t0 = time.monotonic()
         assert not cc.answers(f"127.0.0.1:{silent.getsockname()[1]}", 1.0)
         assert not cc.answers(f"127.0.0.1:{free_port()}", 1.0)

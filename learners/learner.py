@@ -24,6 +24,7 @@ rounded to bf16 once per sync, as the engines serve them.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -139,7 +140,13 @@ class Learner:
             if self.cfg.optim.schedule_unit == "optimizer_step":
                 self.scheduler.step()
         if self.cfg.optim.schedule_unit != "optimizer_step":  # step, update_call: learners.schedule
-            self.scheduler.step()
+            with warnings.catch_warnings():
+                # An update that took no optimizer step (no row carried an advantage) still advances a
+                # per-step schedule, so the lr follows the training step; torch's order check reads that
+                # as a mistake and warns.
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before",
+                                        UserWarning)
+                self.scheduler.step()
         move = self._measure_move(data, plan, taken)
         if move is not None:
             sums = dataclasses.replace(sums, move=move[0], move_tokens=move[1])

@@ -399,6 +399,24 @@ def test_tests_table_runs_the_seed_level_tests_in_order():
     assert table[3].startswith(f"| {SP} vs {SA} |") and table[4].startswith(f"| {IP} vs {SA} |")
 
 
+def test_seeds_and_cliff_tables_apply_the_rule_per_run_by_hand():
+    from studies.cpu_smollm2_v3.collect import cliff_tests_table, seeds_table
+
+    def run(arm, seed, curve):
+        return Run(arm, seed, None, curve, 64, {}, 3e-4)  # type: ignore[arg-type]
+    # 0.5 -> 0.1 is 0.4 below the peak (two standard errors at 64 tasks: about 0.16): a cliff;
+    # 0.3 -> 0.25 is not
+    runs = [run(SP, 0, [0.1, 0.5, 0.1]), run(SP, 1, [0.1, 0.3, 0.25]), run(IP, 0, [0.1, 0.2, 0.3]),
+            run(IP, 1, [0.2, 0.2, 0.2])]
+    table = seeds_table(runs)
+    assert f"| {SP} | 0 | 0.100 | 0.500 | 0.100 | +0.000 | yes |" in table
+    assert f"| {SP} | 1 | 0.100 | 0.300 | 0.250 | +0.150 | no |" in table
+    assert f"| {IP} | 0 | 0.100 | 0.300 | 0.300 | +0.200 | no |" in table
+    cliffs = cliff_tests_table(runs).splitlines()
+    # Fisher on [[1, 1], [0, 2]]: both tables with a cliff in one arm are as likely (1/2 each) -> p = 1
+    assert cliffs[2] == f"| {SP} vs {IP} | 1/2 vs 0/2 | 1.000 |" and len(cliffs) == 3  # no SA runs
+
+
 def test_the_readme_tables_are_those_of_the_committed_runs():
     import studies.cpu_smollm2_v3.collect as collect
 

@@ -7,6 +7,7 @@ It is imported lazily so `import marl` stays light.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from enum import StrEnum
@@ -71,6 +72,16 @@ def _looks_explosive(answer: str) -> bool:
     opened = sum(answer.count(c) for c in "([{")
     closed = sum(answer.count(c) for c in ")]}")
     return opened != closed or bool(_EXPLOSIVE.search(answer))
+
+
+def _no_timeout_advice(record: logging.LogRecord) -> bool:
+    """Drops math-verify's one-time "Timeout is disabled" warning: off the main thread there is no timeout to
+    give it, and _looks_explosive is the bound it advises, so the line only reached every run's console."""
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_no_timeout_advice)
 
 
 def _verify(gold: str, answer: str) -> bool:

@@ -33,10 +33,18 @@ from marl.tasks import get_family
 from marl.tasks.data import load_tasks
 from marl.workflows.common import parse_choice
 from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
-from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, load, paired_counts, provenance_table
+from studies.cpu_smollm2_v2.collect import (
+    Run,
+    arms_table,
+    by_arm,
+    cliff,
+    load,
+    paired_counts,
+    provenance_table,
+)
 from studies.cpu_smollm2_v2.collect import _config as config_of
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
-from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v2.stats import fisher_exact, mcnemar_exact, mean_sd
 from studies.cpu_smollm2_v3.figures import draw
 from studies.cpu_smollm2_v3.gate import gate_table, lengths_table
 from studies.cpu_smollm2_v3.stats import permutation_p, welch
@@ -131,6 +139,25 @@ def tests_table(runs: list[Run]) -> str:
         )
     return _table(["comparison", "seeds", "final difference", "permutation p", "Welch t", "Welch p",
                    "pooled tasks right only in first / second", "McNemar p (not the test)"], rows)
+
+
+def seeds_table(runs: list[Run]) -> str:
+    """Per run: base, peak, final, the final's gain over the base and whether it cliffed under the rule."""
+    rows = [[r.arm, str(r.seed), _fmt(r.curve[0]), _fmt(max(r.curve)), _fmt(r.curve[-1]),
+             f"{r.curve[-1] - r.curve[0]:+.3f}", "yes" if cliff(r) else "no"] for r in runs]
+    return _table(["arm", "seed", "base", "peak", "final", "final - base", "cliff (rule)"], rows)
+
+
+def cliff_tests_table(runs: list[Run]) -> str:
+    """Per comparison: cliffs in each arm and Fisher's exact p on them (added after the data: the design's
+    test is on final accuracy)."""
+    arms, rows = by_arm(runs), []
+    for x, y in COMPARISONS:
+        if x in arms and y in arms:
+            cx, cy = sum(map(cliff, arms[x])), sum(map(cliff, arms[y]))
+            p = fisher_exact(cx, len(arms[x]) - cx, cy, len(arms[y]) - cy)
+            rows.append([f"{x} vs {y}", f"{cx}/{len(arms[x])} vs {cy}/{len(arms[y])}", _fmt(p)])
+    return _table(["comparison", "cliffs", "Fisher p (not the test)"], rows)
 
 
 def eval_series(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -337,7 +364,8 @@ def starts_table(runs: list[Run]) -> str:
 
 
 TABLES: dict[str, Callable[[list[Run]], str]] = {
-    "arms": arms_table, "tests": tests_table, "mechanics": mechanics_table, "choices": choices_table,
+    "arms": arms_table, "seeds": seeds_table, "tests": tests_table, "cliff_tests": cliff_tests_table,
+    "mechanics": mechanics_table, "choices": choices_table,
     "generators": generators_table,
     "training": training_table, "role_norms": role_norms_table,
     "provenance": provenance_table, "starts": starts_table,

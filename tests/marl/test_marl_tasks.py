@@ -89,6 +89,31 @@ def test_math_scores_off_the_main_thread():
         assert pool.submit(MATH.score, task("x^2+y^2"), "y^2 + x^2").result() == 1.0
 
 
+def test_off_the_main_thread_math_verify_timeout_advice_stays_off_the_console(monkeypatch, caplog):
+    import logging
+
+    import math_verify.grader
+    import math_verify.parser
+
+    from marl.tasks.math import _no_timeout_advice
+
+    def score_in_thread() -> list[str]:
+        for module in (math_verify.parser, math_verify.grader):  # it warns once per process
+            monkeypatch.setattr(module, "TIMEOUT_WARNING_SHOWN", False)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), ThreadPoolExecutor(1) as pool:
+            assert pool.submit(MATH.score, task("0.5"), "\\frac{1}{2}").result() == 1.0
+        return [r.getMessage() for r in caplog.records if r.name.startswith("math_verify")]
+
+    assert score_in_thread() == []
+    parser_log = logging.getLogger("math_verify.parser")
+    parser_log.removeFilter(_no_timeout_advice)  # without the filter the advice reaches the handlers
+    try:
+        assert any(m.startswith("Timeout is disabled") for m in score_in_thread())
+    finally:
+        parser_log.addFilter(_no_timeout_advice)
+
+
 def test_digit_family():
     digit = DigitFamily()
     assert digit.instruction() == ""

@@ -22,6 +22,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from cluster.driver_env import driver_env
 from cluster.member import Call
 from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
@@ -73,6 +74,10 @@ def _resource_options(opts: MemberOptions, placement: GroupPlacement | None, i: 
 
 def _member_cpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) -> float:
     return float(placement.bundles[i].get("CPU", 0.0)) if placement is not None else opts.num_cpus
+
+
+def _member_gpus(opts: MemberOptions, placement: GroupPlacement | None, i: int) -> float:
+    return float(placement.bundles[i].get("GPU", 0.0)) if placement is not None else opts.num_gpus
 
 
 # `member`: __ray_call__ passes the actor's instance first; the function needs only its arguments.
@@ -134,9 +139,12 @@ class Group(Generic[M]):
         envs = [{**opts.env, **e} for e in per_member_env] if per_member_env else [dict(opts.env)] * n
         if placement is not None and len(placement.indices) != n:
             raise GroupError(f"{name}: {n} members but {len(placement.indices)} placement bundles")
-        # Thread pools as large as the member's CPUs, unless the caller's environment says otherwise.
+        # Thread pools as large as the member's CPUs and the driver's log settings, unless the caller's
+        # environment says otherwise.
         envs = [
-            {**thread_env(threads_for(_member_cpus(opts, placement, i))), **env} for i, env in enumerate(envs)
+            {**driver_env(cpu_only=not _member_gpus(opts, placement, i)),
+             **thread_env(threads_for(_member_cpus(opts, placement, i))), **env}
+            for i, env in enumerate(envs)
         ]
         remote_cls: Any = ray.remote(cls)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from cluster.driver_env import driver_env
 from cluster.fingerprint import fingerprint_terms
 from cluster.payloads import AdapterPayload
 from marl.types import JsonRecord
@@ -25,7 +26,7 @@ def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
         "VLLM_CACHE_ROOT": cache_root,
         # The driver's choice (tracking.verbose) reaches engine actors, whose environment is not the driver's.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-        **{k: os.environ[k] for k in ("TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS") if k in os.environ},
+        **driver_env(cpu_only=False),  # vLLM does not read DeepSpeed's accelerator
     }
 
 

@@ -183,16 +183,21 @@ def paired_counts(a: list[Run], b: list[Run]) -> tuple[int, int, int]:
     return pairs, only_a, only_b
 
 
+def cliff_comparison(a: list[Run], b: list[Run]) -> tuple[str, float]:
+    """Two arms' cliff counts under the rule ("c/n vs c/n") and Fisher's exact p on them."""
+    ca, cb = sum(map(cliff, a)), sum(map(cliff, b))
+    return f"{ca}/{len(a)} vs {cb}/{len(b)}", fisher_exact(ca, len(a) - ca, cb, len(b) - cb)
+
+
 def tests_table(runs: list[Run]) -> str:
     """Per comparison: cliff counts and Fisher's exact p; final accuracies paired by seed and task, McNemar's
     exact p on the discordant pairs."""
     arms, rows = by_arm(runs), []
     for x, y in comparisons(list(arms)):
-        ca, cb = sum(map(cliff, arms[x])), sum(map(cliff, arms[y]))
-        p_cliff = fisher_exact(ca, len(arms[x]) - ca, cb, len(arms[y]) - cb)
+        counts, p_cliff = cliff_comparison(arms[x], arms[y])
         pairs, only_a, only_b = paired_counts(arms[x], arms[y])
         diff = (only_a - only_b) / pairs if pairs else math.nan
-        rows.append([f"{x} vs {y}", f"{ca}/{len(arms[x])} vs {cb}/{len(arms[y])}", _fmt(p_cliff), str(pairs),
+        rows.append([f"{x} vs {y}", counts, _fmt(p_cliff), str(pairs),
                      f"{only_a} / {only_b}", f"{diff:+.3f}" if pairs else "–",
                      _fmt(mcnemar_exact(only_a, only_b)) if pairs else "–"])
     return _table(["comparison", "cliffs", "Fisher p", "paired tasks", "right only in first / second",

@@ -38,13 +38,14 @@ from studies.cpu_smollm2_v2.collect import (
     arms_table,
     by_arm,
     cliff,
+    cliff_comparison,
     load,
     paired_counts,
     provenance_table,
 )
 from studies.cpu_smollm2_v2.collect import _config as config_of
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
-from studies.cpu_smollm2_v2.stats import fisher_exact, mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
 from studies.cpu_smollm2_v3.figures import draw
 from studies.cpu_smollm2_v3.gate import gate_table, lengths_table
 from studies.cpu_smollm2_v3.stats import permutation_p, welch
@@ -154,9 +155,8 @@ def cliff_tests_table(runs: list[Run]) -> str:
     arms, rows = by_arm(runs), []
     for x, y in COMPARISONS:
         if x in arms and y in arms:
-            cx, cy = sum(map(cliff, arms[x])), sum(map(cliff, arms[y]))
-            p = fisher_exact(cx, len(arms[x]) - cx, cy, len(arms[y]) - cy)
-            rows.append([f"{x} vs {y}", f"{cx}/{len(arms[x])} vs {cy}/{len(arms[y])}", _fmt(p)])
+            counts, p = cliff_comparison(arms[x], arms[y])
+            rows.append([f"{x} vs {y}", counts, _fmt(p)])
     return _table(["comparison", "cliffs", "Fisher p (not the test)"], rows)
 
 

@@ -25,6 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from cluster.driver_env import driver_env
 from cluster.member import Call
 from cluster.placement import GroupPlacement
+from cluster.stop import ray_call, wait_refs
 from cluster.threads import thread_env, threads_for
 
 M = TypeVar("M", covariant=True)  # the member class (or a Protocol it satisfies)
@@ -261,14 +262,15 @@ class Group(Generic[M]):
 
     def _get(self, refs: list[Any], indices: list[int], method: str, timeout: float) -> list[Any]:
         deadline = time.monotonic() + timeout
-        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        not_ready = wait_refs(refs, timeout)
         if not_ready:
             late = [f"{self.name}:{indices[refs.index(r)]}" for r in not_ready]
             raise GroupTimeout(f"{', '.join(late)}.{method} missed its {timeout:g}s deadline")
         out = []
         for i, ref in zip(indices, refs, strict=True):
             try:
-                out.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0)))
+                with ray_call():
+                    out.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0)))
             except GetTimeoutError:
                 raise GroupTimeout(f"{self.name}:{i}.{method} missed its {timeout:g}s deadline") from None
             except (RayActorError, RayTaskError) as e:

@@ -23,6 +23,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.bundles import STRATEGIES, Demand, Layout, layout
+from cluster.stop import wait_refs
 
 
 class PlacementError(RuntimeError):
@@ -106,8 +107,12 @@ def place(demands: Sequence[Demand], strategy: str = "PACK", timeout_s: float = 
         raise PlacementError(f"placement: strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     plan = layout(demands)
     pg = placement_group(plan.bundles, strategy=strategy, name=name)
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if not ready:
+    try:
+        late = wait_refs([pg.ready()], timeout_s)
+    except BaseException:  # a stop while waiting for the cluster: the group is not left reserved
+        remove_placement_group(pg)
+        raise
+    if late:
         remove_placement_group(pg)
         raise PlacementError(shortfall(demands, plan, strategy, timeout_s, name))
     return RunPlacement(pg, plan, owned=True)

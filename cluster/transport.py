@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import ray
 
 from cluster.group import Group, GroupTimeout, Pending
+from cluster.stop import ray_call
 
 S = TypeVar("S")  # the source member
 D = TypeVar("D")  # a destination member
@@ -62,7 +63,10 @@ def broadcast(
     pendings = []
     for dst in dsts:
         if dst.local:
-            arg = ray.get(payload, timeout=_left(deadline)) if isinstance(payload, ray.ObjectRef) else payload
+            arg = payload
+            if isinstance(payload, ray.ObjectRef):
+                with ray_call():
+                    arg = ray.get(payload, timeout=_left(deadline))
         else:
             if remote_payload is None:
                 remote_payload = ray.put(payload)  # once, shared by every remote destination

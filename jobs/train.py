@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -22,11 +20,12 @@ import torch
 from cluster.connect import ConnectError, connect
 from cluster.group import GroupError
 from cluster.placement import PlacementError
+from cluster.stop import StopRequested, sigterm_stops
 from jobs.config import ConfigError, load_config, to_yaml
 from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets, prepare
-from jobs.driver.loop import RunState, StepCallback, StopRequested, attempt
+from jobs.driver.loop import RunState, StepCallback, attempt
 from jobs.driver.provenance import code_version, config_header, layout_record, prompt_version
 from jobs.driver.run_checkpoints import Progress
 from jobs.telemetry.tracking import RunLog
@@ -67,8 +66,7 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)
     try:
         with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
-                     quiet=not cfg.tracking.verbose):
-            _install_stop_handler()
+                     quiet=not cfg.tracking.verbose), sigterm_stops():
             summary, failures, lost = _attempts(cfg, assets, run_dir, log, callbacks, resume)
     finally:
         log.close()
@@ -148,15 +146,6 @@ def _restart_point(run: RunState, error: GroupError, failures: int, resume: Path
 
 
 EXIT_CONFIG, EXIT_INPUT, EXIT_TRAINING, EXIT_STOPPED = 2, 3, 4, 143
-
-
-def _install_stop_handler() -> None:
-    # Only the main thread may set signal handlers (a Tune trainable runs the driver elsewhere).
-    if threading.current_thread() is threading.main_thread():
-        def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
-            raise StopRequested(f"signal {signum}")
-
-        signal.signal(signal.SIGTERM, _raise)
 
 
 def _print_plan(cfg: TrainConfig) -> int:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from cluster import stop
 from cluster.group import GroupError
+from cluster.stop import StopRequested
 from jobs.config import to_yaml
 from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
@@ -31,13 +33,6 @@ from marl.cliff import CliffTracker
 from marl.seeds import derive_seed
 from marl.types import Episode, Task
 from rollout.engine import Sampling
-
-
-class StopRequested(BaseException):
-    """SIGTERM (e.g. `ray job stop`): unwind through the cleanup that releases actors.
-
-    A BaseException, like KeyboardInterrupt, so that `except Exception` handlers on the way (which turn a
-    member's failure into an attributable GroupError) cannot re-label a stop as a training failure."""
 
 
 class StepCallback(Protocol):
@@ -129,6 +124,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
             final.update(_evaluate_whole_split(run, handles, acc_after))
         run.log.log(cfg.steps, final)
     except StopRequested:
+        stop.acknowledge()  # the checkpoint's own waits must not raise it again
         _checkpoint_on_stop(run, handles)
         raise
     except GroupError:

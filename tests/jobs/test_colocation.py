@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cluster.stop import StopRequested
 from jobs.config import ConfigError, load_config
-from jobs.driver.loop import StopRequested
 from jobs.models.resolve import resolve_model
 from jobs.models.shape import shape_of
 from jobs.plan.layout import run_layout

@@ -18,10 +18,10 @@ import ray
 
 import learners.state.state_io
 from cluster.group import GroupError
+from cluster.stop import StopRequested
 from jobs.config import load_config
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError
-from jobs.driver.loop import StopRequested
 from jobs.telemetry.tracking import read_metrics
 from jobs.train import main, train
 

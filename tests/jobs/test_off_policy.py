@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from cluster.stop import StopRequested
 from jobs.config import load_config
-from jobs.driver.loop import StopRequested
 from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 

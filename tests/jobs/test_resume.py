@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from cluster.stop import StopRequested
 from jobs.config import load_config
 from jobs.driver import run_checkpoints as ckpt
-from jobs.driver.loop import StopRequested
 from jobs.telemetry.tracking import read_metrics
 from jobs.train import train
 

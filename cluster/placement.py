@@ -108,13 +108,11 @@ def place(demands: Sequence[Demand], strategy: str = "PACK", timeout_s: float = 
     plan = layout(demands)
     pg = placement_group(plan.bundles, strategy=strategy, name=name)
     try:
-        late = wait_refs([pg.ready()], timeout_s)
-    except BaseException:  # a stop while waiting for the cluster: the group is not left reserved
+        if wait_refs([pg.ready()], timeout_s):
+            raise PlacementError(shortfall(demands, plan, strategy, timeout_s, name))
+    except BaseException:  # too late, or a stop while waiting: the group is not left reserved
         remove_placement_group(pg)
         raise
-    if late:
-        remove_placement_group(pg)
-        raise PlacementError(shortfall(demands, plan, strategy, timeout_s, name))
     return RunPlacement(pg, plan, owned=True)
 
 

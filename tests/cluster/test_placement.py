@@ -1,9 +1,12 @@
 """cluster.placement: the layout of bundles, members scheduled into the bundle they were given, adopting an
 enclosing placement group (a Tune trial's), an unsatisfiable placement group failing within its deadline
-with the resource named, and release."""
+with the resource named, one removed when a stop comes while it waits, and release."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import pytest
@@ -14,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.bundles import TOKEN_CPU, Demand, layout
 from cluster.group import Group, GroupError
 from cluster.placement import GroupPlacement, PlacementError, place
+from cluster.stop import StopRequested, sigterm_stops
 
 SLOTS = {"slot0": 1, "slot1": 1, "slot2": 1}  # one unit each: a bundle holding slotK can only be bundle K
 RAY_RESOURCES = SLOTS  # the `ray_cluster` fixture's cluster has them (tests/conftest.py)
@@ -88,6 +92,16 @@ def test_unsatisfiable_placement_fails_within_its_deadline_naming_the_resource(r
     assert all(v["state"] == "REMOVED" for v in placement_group_table().values() if v["name"] == "too_big")
     with pytest.raises(PlacementError, match="strategy must be one of"):
         place([Demand("a", 1, {"CPU": 0.1})], strategy="TIGHT")
+
+
+def test_a_stop_while_waiting_for_the_cluster_removes_the_placement_group(ray_cluster):
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    with sigterm_stops():
+        timer.start()
+        with pytest.raises(StopRequested):
+            place([Demand("run:engine:gen", 1, {"CPU": 0.5, "GPU": 1})], timeout_s=60.0, name="stopped")
+        timer.join()
+    assert all(v["state"] == "REMOVED" for v in placement_group_table().values() if v["name"] == "stopped")
 
 
 @ray.remote(num_cpus=0)

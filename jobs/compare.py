@@ -1,11 +1,13 @@
 """The side-by-side comparison of a sweep's runs: `python -m jobs.compare RUN_DIR|SWEEP_DIR [...] --out DIR`,
 and what a sweep with `compare: true` prints at its end (jobs/configs/compare_sharing.yaml).
 
-For every run: its held-out accuracy at each evaluation, and for its coordinating role (voting's aggregator,
-eval_opt's evaluator, orch_workers' orchestrator) the parse rate (its turns the workflow could parse) and, for
-the aggregator, the choice accuracy (of the episodes in which at least one generator was right, those where it
-chose a right one) at base and at the final evaluation. Then the report of jobs.report (plots, index.html) is
-written.
+For every run: its held-out accuracy at each evaluation, and for its coordinating roles (voting's aggregator,
+eval_opt's evaluator, orch_workers' orchestrator and synthesizer) the parse rate (its turns the workflow could
+parse) and, for the roles that decide among other roles' answers (the aggregator, the synthesizer), the
+decision accuracy (of the episodes in which at least one candidate was right, those whose final answer is
+right) beside what a random pick, a majority vote and always taking the first candidate would have scored over
+the same episodes, at base and at the final evaluation: a parse is not a decision, and a role no better than
+its chance baselines does nothing. Then the report of jobs.report (plots, index.html) is written.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 
 from jobs.report import RunRecord, eval_curve, find_runs, load_run, report
 
-COORDINATING = ("aggregator", "evaluator", "orchestrator")
+COORDINATING = ("aggregator", "evaluator", "orchestrator", "synthesizer")
+# The chance baselines of a deciding role, as marl.episode_metrics.decision_baselines names them.
+BASELINES = (("random", "a random pick"), ("majority", "a majority vote"),
+             ("always_first", "always the first"))
 
 
 def parse_rate(row: dict[str, Any], role: str, prefix: str = "eval/") -> float:
@@ -33,15 +38,27 @@ def _fmt(value: float, n: float | None = None) -> str:
     return f"{value:.2f}" + (f" (of {int(n)})" if n is not None else "")
 
 
-def _choice(row: dict[str, Any], role: str, prefix: str = "eval/") -> str:
-    """Choice accuracy and its denominator (the episodes with at least one right candidate)."""
-    return _fmt(float(row.get(f"{prefix}choice/accuracy/{role}", math.nan)),
-                row.get(f"{prefix}choice/available/{role}"))
+def _metric(row: dict[str, Any], key: str) -> float:
+    return float(row.get(key, math.nan))
+
+
+def decision_line(base: dict[str, Any], final: dict[str, Any], role: str) -> str:
+    """A deciding role's accuracy at base -> final evaluation, each with its denominator, then its chance
+    baselines over the same episodes."""
+    def at(row: dict[str, Any], prefix: str, name: str, n: bool = False) -> str:
+        return _fmt(_metric(row, f"{prefix}choice/{name}/{role}"),
+                    row.get(f"{prefix}choice/available/{role}") if n else None)
+
+    text = (f"decides right {at(base, 'eval/before/', 'accuracy', True)} -> "
+            f"{at(final, 'eval/', 'accuracy', True)}")
+    chance = [f"{label} {at(base, 'eval/before/', name)} -> {at(final, 'eval/', name)}"
+              for name, label in BASELINES if f"eval/before/choice/{name}/{role}" in base]
+    return text + (f" (chance: {', '.join(chance)})" if chance else "")
 
 
 def role_lines(run: RunRecord) -> list[str]:
-    """The coordinating role's parse rate, and the aggregator's choice accuracy, at base -> final
-    evaluation."""
+    """The coordinating roles' parse rates, and the deciding roles' accuracy beside their chance baselines,
+    at base -> final evaluation."""
     empty: dict[str, Any] = {}
     base = next((r for r in run.rows if "eval/before/episodes" in r), empty)
     final = next((r for r in reversed(run.rows) if "eval/episodes" in r and "time/step_s" not in r), empty)
@@ -52,11 +69,10 @@ def role_lines(run: RunRecord) -> list[str]:
         before, after = _fmt(parse_rate(base, role, "eval/before/")), _fmt(parse_rate(final, role))
         line = f"  {run.sharing:<9} {role}: parses {before} at base -> {after} after training"
         if f"eval/before/choice/accuracy/{role}" in base:
-            chose = f"{_choice(base, role, 'eval/before/')} -> {_choice(final, role)}"
-            line += f"; chooses a right answer {chose}"
+            line += f"; {decision_line(base, final, role)}"
         if f"eval/before/choice/first/{role}" in base:
             first = (f"{_fmt(float(base[f'eval/before/choice/first/{role}']))} -> "
-                     f"{_fmt(float(final.get(f'eval/choice/first/{role}', math.nan)))}")
+                     f"{_fmt(_metric(final, f'eval/choice/first/{role}'))}")
             line += f"; picks the first response shown {first}"
         lines.append(line)
     return lines

@@ -58,27 +58,73 @@ def code_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
     return out
 
 
-def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
-    """voting's aggregator as a chooser: `choice/first/aggregator`, the fraction of episodes recording a
-    choice (score_info 'choice') where it chose the first response shown (a position preference, whichever
-    generator wrote it); `choice/available/aggregator`, the episodes in which at least one generator's answer
-    scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer (the episode's
-    reward) scores 1 (NaN without any). Accuracy only for families scored inline (math): scoring every
-    candidate of a code task would run the sandbox K more times. {} when no episode has an aggregator over
-    generators."""
-    chosen = [ep.score_info["choice"] for ep in episodes if "choice" in ep.score_info]
-    first = {"choice/first/aggregator": sum(c == 1 for c in chosen) / len(chosen)} if chosen else {}
-    if isinstance(family, AsyncScoring):
-        return first
-    available = right = 0
+# The roles that decide among other roles' answers: decider -> the role whose answers it decides among.
+DECIDERS = {"aggregator": "generator", "synthesizer": "worker"}
+
+
+def majority_accuracy(answers: list[str | None], right: list[bool]) -> float:
+    """The expected score of a majority vote over `answers` ([K] extracted answers, None where none could be
+    extracted: it casts no vote; `right` [K] whether each scores 1), ties broken uniformly at random: the
+    share of right answers among the most frequent ones. 0 when no answer votes."""
+    counts: dict[str, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return 0.0
+    top = max(counts.values())
+    tied = {a for a, c in counts.items() if c == top}
+    return sum(r for a, r in zip(answers, right, strict=True) if a in tied) / (top * len(tied))
+
+
+def decision_baselines(candidates: list[bool], answers: list[str | None],
+                       shown: list[int] | None) -> dict[str, float]:
+    """What a decider scores without deciding, on one episode with a right candidate: `random` (a uniform
+    pick among the K candidates: right/K), `majority` (majority_accuracy), `always_first` (the first
+    candidate shown: `shown[0]` when the workflow shuffled them, else candidate 0)."""
+    first = shown[0] if shown else 0
+    return {"random": sum(candidates) / len(candidates), "majority": majority_accuracy(answers, candidates),
+            "always_first": float(candidates[first])}
+
+
+def decider_metrics(episodes: list[Episode], family: TaskFamily, decider: str, over: str) -> dict[str, float]:
+    """`choice/{available,accuracy,random,majority,always_first}/<decider>` over the episodes in which some
+    `over` turn's answer scores 1 (choice_metrics); {} when no episode has both roles."""
+    sums = {"accuracy": 0.0, "random": 0.0, "majority": 0.0, "always_first": 0.0}
+    available, seen = 0, False
     for ep in episodes:
-        candidates = [t for t in ep.turns if t.role == "generator"]
-        if not candidates or not any(t.role == "aggregator" for t in ep.turns):
+        candidates = [t for t in ep.turns if t.role == over]
+        if not candidates or not any(t.role == decider for t in ep.turns):
             continue
-        if any(family.score(ep.task, family.extract_answer(t.text)) == 1.0 for t in candidates):
+        seen = True
+        answers = [family.extract_answer(t.text) for t in candidates]
+        right = [family.score(ep.task, a) == 1.0 for a in answers]
+        if any(right):
             available += 1
-            right += ep.reward == 1.0
-    if not available and not any(t.role == "aggregator" for ep in episodes for t in ep.turns):
-        return first
-    return {**first, "choice/available/aggregator": float(available),
-            "choice/accuracy/aggregator": right / available if available else float("nan")}
+            sums["accuracy"] += ep.reward == 1.0
+            for name, value in decision_baselines(right, answers, ep.score_info.get("shown")).items():
+                sums[name] += value
+    if not seen:
+        return {}
+    return {f"choice/available/{decider}": float(available),
+            **{f"choice/{name}/{decider}": total / available if available else float("nan")
+               for name, total in sums.items()}}
+
+
+def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
+    """The deciding roles (DECIDERS: voting's aggregator, orch_workers' synthesizer) against chance.
+    `choice/first/aggregator`: the fraction of episodes recording a choice (score_info 'choice') where it
+    chose the first response shown (a position preference, whichever generator wrote it). Per decider `<d>`:
+    `choice/available/<d>`, the episodes in which at least one candidate's answer scores 1;
+    `choice/accuracy/<d>`, the fraction of those whose final answer (the episode's reward) scores 1; and
+    beside it, over the same episodes, what `choice/{random,majority,always_first}/<d>` would have scored
+    (decision_baselines): a decider that beats none of them does not decide. NaN without available
+    episodes. Accuracy only for families scored inline (math): scoring every candidate of a code task would
+    run the sandbox K more times."""
+    chosen = [ep.score_info["choice"] for ep in episodes if "choice" in ep.score_info]
+    out = {"choice/first/aggregator": sum(c == 1 for c in chosen) / len(chosen)} if chosen else {}
+    if isinstance(family, AsyncScoring):
+        return out
+    for decider, over in DECIDERS.items():
+        out.update(decider_metrics(episodes, family, decider, over))
+    return out

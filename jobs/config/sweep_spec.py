@@ -22,6 +22,7 @@ search:                             # sampled afresh for each of num_samples rep
 num_samples: 1
 metric: reward/mean
 mode: max
+vars: {steps: 3}                    # the file's own values, read as ${vars.steps}: one override changes all
 ```
 
 `when` and `exclude` name config dotpaths the grid sets (a mapping's keys, not its label), and each must match
@@ -88,6 +89,9 @@ class SweepConfig:
     # <storage_path>/<name>/report.
     compare: bool = False
     ray: SweepRayConfig = field(default_factory=SweepRayConfig)
+    # Values the file itself reads by interpolation (`${vars.workflow}` in its name, overrides, grid), so that
+    # one command-line override (`vars.workflow=orch_workers`) changes every place that names it.
+    vars: dict[str, Any] = field(default_factory=dict)
 
 
 def load_sweep(path: str, overrides: list[str] | None = None) -> SweepConfig:

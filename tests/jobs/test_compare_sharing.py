@@ -45,16 +45,27 @@ def test_the_comparison_prints_curves_and_the_aggregators_parse_and_choice(tmp_p
     base = {"step": 0, "time/step_s": 1.0, "eval/accuracy_before": 0.25, "eval/before/episodes": 4.0,
             "eval/before/turns/aggregator": 4.0, "eval/before/parse_failures/aggregator": 1.0,
             "eval/before/choice/accuracy/aggregator": 0.5, "eval/before/choice/available/aggregator": 2.0,
-            "eval/before/choice/first/aggregator": 0.5}
+            "eval/before/choice/first/aggregator": 0.5, "eval/before/choice/random/aggregator": 0.5,
+            "eval/before/choice/majority/aggregator": 0.25, "eval/before/choice/always_first/aggregator": 0.5}
     final = {"step": 2, "eval/accuracy": 0.5, "eval/episodes": 4.0, "eval/turns/aggregator": 4.0,
              "eval/choice/accuracy/aggregator": 2 / 3, "eval/choice/available/aggregator": 3.0,
-             "eval/choice/first/aggregator": 1.0}
+             "eval/choice/first/aggregator": 1.0, "eval/choice/random/aggregator": 0.6,
+             "eval/choice/majority/aggregator": 0.8, "eval/choice/always_first/aggregator": 1.0}
     _write_run(tmp_path / "a", "shared", [base, {"step": 1, "time/step_s": 1.0}, final])
     text = comparison([load_run(tmp_path / "a")])
     assert parse_rate(base, "aggregator", "eval/before/") == 0.75 and parse_rate(final, "aggregator") == 1.0
     assert "a · voting · shared   0: 0.250  2: 0.500" in text
-    assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; chooses a right answer "
-            "0.50 (of 2) -> 0.67 (of 3); picks the first response shown 0.50 -> 1.00") in text
+    assert ("shared    aggregator: parses 0.75 at base -> 1.00 after training; decides right "
+            "0.50 (of 2) -> 0.67 (of 3) (chance: a random pick 0.50 -> 0.60, a majority vote 0.25 -> 0.80, "
+            "always the first 0.50 -> 1.00); picks the first response shown 0.50 -> 1.00") in text
+
+
+def test_one_override_makes_the_comparison_orchestrator_workers():
+    spec = load_sweep(COMPARE, ["vars.workflow=orch_workers"])
+    cells = validate(spec)
+    cfg = load_config(spec.base, [*spec.overrides, "marl.sharing=isolated"])
+    assert (spec.name, cfg.run_name, cfg.marl.workflow) == ("compare_orch_workers",) * 2 + ("orch_workers",)
+    assert [c["marl.sharing"] for c in cells] == ["shared", "isolated"] and spec.compare
 
 
 # The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22
@@ -81,7 +92,7 @@ def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     command = [".venv/bin/python", "-m", "jobs.sweep", "--config", str(sweep), f"storage_path={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=20 * 60, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    runs = sorted((tmp_path / "compare_sharing" / "runs").iterdir())
+    runs = sorted((tmp_path / "compare_voting" / "runs").iterdir())
     assert len(runs) == 2
     for run in runs:
         rows = read_metrics(run)
@@ -92,5 +103,5 @@ def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     out = done.stdout
     assert "held-out accuracy by training steps done:" in out
     assert "voting · shared" in out and "voting · isolated" in out
-    assert out.count("aggregator: parses") == 2 and "chooses a right answer" in out
-    assert (tmp_path / "compare_sharing" / "report" / "index.html").is_file() and "report with plots:" in out
+    assert out.count("aggregator: parses") == 2 and "decides right" in out and "a random pick" in out
+    assert (tmp_path / "compare_voting" / "report" / "index.html").is_file() and "report with plots:" in out

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from jobs.driver.eval_records import append_eval, eval_metrics, read_eval
+from marl.episode_metrics import decision_baselines, majority_accuracy
 from marl.tasks import MathFamily
 from marl.types import Completion, Episode, Task, Turn
 
@@ -52,6 +55,11 @@ def test_the_aggregators_choice_accuracy_counts_episodes_with_a_right_candidate(
                 voting_episode("d", ["4", "6", "7"], 1, "\\boxed{1}")]  # none right: not counted
     m = eval_metrics(episodes, MathFamily())
     assert m["eval/choice/available/aggregator"] == 3.0 and m["eval/choice/accuracy/aggregator"] == 2 / 3
+    # over a, b, c: a random pick 1/3, 1/3, 2/3; a majority vote 1/3 (a three-way tie), 1/3, 1 (two 5s);
+    # always the first 0, 1, 0
+    assert m["eval/choice/random/aggregator"] == pytest.approx(4 / 9)
+    assert m["eval/choice/majority/aggregator"] == pytest.approx(5 / 9)
+    assert m["eval/choice/always_first/aggregator"] == pytest.approx(1 / 3)
     assert m["eval/turns/generator"] == 12.0 and m["eval/response_len/generator"] == 2.0  # lengths 1, 2, 3
     assert m["eval/response_len/aggregator"] == 4.0
     none_right = eval_metrics([episodes[3]], MathFamily())
@@ -70,3 +78,38 @@ def test_episode_failures_and_plan_formats_are_counted():
         "eval/failures/too_many_strategies": 1.0, "eval/failures/unparsable_plan": 1.0,
         "eval/plan_format/strategy": 1.0, "eval/plan_format/numbered": 1.0, "eval/plan_format/lines": 1.0,
         "eval/plan_format/none": 1.0}
+
+
+def test_majority_vote_and_first_shown_baselines():
+    assert majority_accuracy(["5", "5", "4"], [True, True, False]) == 1.0
+    assert majority_accuracy(["4", "4", "5"], [False, False, True]) == 0.0
+    assert majority_accuracy(["4", "5", None], [False, True, False]) == 0.5  # a tie; None casts no vote
+    assert majority_accuracy([None, None], [False, False]) == 0.0
+    # a shuffled display: the first response shown was candidate 2
+    assert decision_baselines([False, False, True], ["4", "6", "5"], [2, 0, 1])["always_first"] == 1.0
+    assert decision_baselines([False, False, True], ["4", "6", "5"], None)["always_first"] == 0.0
+
+
+def orch_episode(task_id: str, answers: list[str], final: str) -> Episode:
+    """A scored orch_workers episode on '2 + 3': a plan, one worker per answer, a synthesizer answering
+    `final`."""
+    def turn(role: str, agent: str, text: str) -> Turn:
+        return Turn(role, agent, 0, [], Completion(text, [1], [1], [0.0]))
+
+    turns = [turn("orchestrator", "orchestrator", "STRATEGY 1: add"),
+             *(turn("worker", f"worker{i}", f"\\boxed{{{a}}}") for i, a in enumerate(answers)),
+             turn("synthesizer", "synthesizer", f"\\boxed{{{final}}}")]
+    return Episode(task=Task(task_id, "2 + 3", "5"), sample_index=0, workflow="orch_workers", turns=turns,
+                   reward=float(final == "5"))
+
+
+def test_the_synthesizer_is_held_against_its_workers():
+    episodes = [orch_episode("a", ["5", "4"], "5"),  # right, one right worker
+                orch_episode("b", ["5", "5", "6"], "6"),  # wrong against a right majority
+                orch_episode("c", ["4", "6"], "5")]  # right, but no worker was: not counted
+    m = eval_metrics(episodes, MathFamily())
+    assert m["eval/choice/available/synthesizer"] == 2.0 and m["eval/choice/accuracy/synthesizer"] == 0.5
+    assert m["eval/choice/random/synthesizer"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert m["eval/choice/majority/synthesizer"] == pytest.approx((1 / 2 + 1) / 2)
+    assert m["eval/choice/always_first/synthesizer"] == 1.0
+    assert not any(k.endswith("/aggregator") for k in m if k.startswith("eval/choice/"))

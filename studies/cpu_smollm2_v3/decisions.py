@@ -148,7 +148,7 @@ def decisions_table(runs: list[Run]) -> str:
         if not arm.startswith("voting"):
             continue
         per_run = [[decision_measures(e) for e in voting_decisions(r.record.path).values()] for r in group]
-        ones = [first_choices(r.record.path) for r in group]
+        ones = [[float(n) for n in first_choices(r.record.path)] for r in group]
         for label, key in DECISION_ROWS:
             series = ones if key == "ones" else [[m[key] for m in run] for run in per_run]
             rows.append([arm, label, *_mean_columns(series)])

@@ -380,10 +380,10 @@ def test_generator_measures_by_hand(tmp_path):
     # Step 0: episode 0 all three right (they agree); episode 1 one right, two alike but wrong, one unread.
     rows = [(0, 0, 0, right[0]), (0, 0, 0, right[0]), (0, 0, 0, right[0]),
             (0, 1, 1, right[1]), (0, 1, 1, "\\boxed{-1}"), (0, 1, 1, "no answer")]
-    turns = [{"step": st, "episode": ep, "task_id": tasks[t].task_id, "role": "generator", "response": r}
-             for st, ep, t, r in rows]
+    turns = [{"step": st, "episode": ep, "task_id": tasks[t].task_id, "role": "generator",
+              "agent": f"generator{i % 3}", "response": r} for i, (st, ep, t, r) in enumerate(rows)]
     turns.append({"step": 0, "episode": 0, "task_id": tasks[0].task_id, "role": "aggregator",
-                  "response": "\\boxed{1}"})
+                  "agent": "aggregator", "response": "\\boxed{1}"})
     pq.write_table(pa.Table.from_pylist(turns), tmp_path / "eval_turns.parquet")
     assert [score for _, score in graded_turns(tmp_path, "generator")[0][1]] == [1.0, 0.0, 0.0]
     assert generator_measures(tmp_path) == ([4 / 6], [0.5])

@@ -27,10 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.driver.eval_records import TURNS_DIR
-from jobs.driver.run_data import EVAL_SEED_OFFSET
 from jobs.report import find_runs
-from marl.tasks import get_family
-from marl.tasks.data import load_tasks
 from marl.workflows.common import parse_choice
 from studies.cpu_smollm2.collect import _fmt, _table, readme_tables, rewrite_readme
 from studies.cpu_smollm2_v2.collect import (
@@ -43,9 +40,9 @@ from studies.cpu_smollm2_v2.collect import (
     paired_counts,
     provenance_table,
 )
-from studies.cpu_smollm2_v2.collect import _config as config_of
 from studies.cpu_smollm2_v2.collect import copy_runs as copy_v2_files
 from studies.cpu_smollm2_v2.stats import mcnemar_exact, mean_sd
+from studies.cpu_smollm2_v3.decisions import Graded, decisions_table, graded_by_episode
 from studies.cpu_smollm2_v3.figures import draw
 from studies.cpu_smollm2_v3.gate import gate_table, lengths_table
 from studies.cpu_smollm2_v3.stats import permutation_p, welch
@@ -234,25 +231,9 @@ def choices_table(runs: list[Run]) -> str:
     return _table(["arm", "seeds", "step 0", "10", "20", "30", "40"], rows)
 
 
-Graded = tuple[str | None, float]  # an answer as the task family reads it, and its score
-
-
 def graded_turns(run_dir: Path, role: str) -> dict[int, list[list[Graded]]]:
-    """Per evaluation (steps done), per episode: each of `role`'s turns graded again from the committed turns,
-    its answer as the run's task family reads it and its score. The held-out tasks are drawn again as the run
-    drew them (data.eval, its size, eval_seed + EVAL_SEED_OFFSET), which the committed turns do not hold."""
-    data = config_of(run_dir)["data"]
-    tasks = load_tasks(data["eval"], data["eval_size"], data["eval_seed"] + EVAL_SEED_OFFSET, data["task"])
-    by_id = {t.task_id: t for t in tasks}
-    family = get_family(data["task"], data.get("answer_fallback", "none"))
-    columns = ["step", "episode", "task_id", "role", "response"]
-    episodes: dict[int, dict[int, list[Graded]]] = {}
-    for turn in pq.read_table(run_dir / "eval_turns.parquet", columns=columns).to_pylist():
-        if turn["role"] == role:
-            answer = family.extract_answer(turn["response"])
-            graded = (answer, float(family.score(by_id[turn["task_id"]], answer)))
-            episodes.setdefault(turn["step"], {}).setdefault(turn["episode"], []).append(graded)
-    return {step: list(by_episode.values()) for step, by_episode in sorted(episodes.items())}
+    """Per evaluation (steps done), per episode: each of `role`'s turns graded again (decisions.py)."""
+    return {step: list(e.values()) for step, e in graded_by_episode(run_dir, role).items()}
 
 
 def generator_measures(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -366,7 +347,7 @@ def starts_table(runs: list[Run]) -> str:
 TABLES: dict[str, Callable[[list[Run]], str]] = {
     "arms": arms_table, "seeds": seeds_table, "tests": tests_table, "cliff_tests": cliff_tests_table,
     "mechanics": mechanics_table, "choices": choices_table,
-    "generators": generators_table,
+    "generators": generators_table, "decisions": decisions_table,
     "training": training_table, "role_norms": role_norms_table,
     "provenance": provenance_table, "starts": starts_table,
 }

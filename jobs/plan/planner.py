@@ -39,6 +39,7 @@ from learners.compute.memory import (
 )
 from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
+from rollout.sections import kv_cache_bytes
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share,
@@ -190,14 +191,21 @@ def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
         pc = layout.engine_config(spec.policy)
         shape, r = shape_of(pc.model.path), pc.rollout
         adapters = len(spec.policies) if spec.multi_lora else 0
-        if r.engine_num_gpus > 0:
-            share = r.gpu_memory_utilization * memory
-        else:  # CPU: rollout.kv_cache_gb is the KV cache itself
-            share = r.kv_cache_gb * GIB + 2.0 * shape.params() + ENGINE_RESERVE
+        share = engine_share(r.kv_cache_gb, r.gpu_memory_utilization, r.engine_num_gpus > 0, shape, memory)
         mem = engine_memory(shape, share, pc.model.lora.rank, adapters, longest_sequence(pc))
         out += [Member(f"engine:{spec.key}#{i}", r.engine_num_gpus, mem.share, engine=mem)
                 for i in range(max(r.engines_per_role, 1))]
     return out
+
+
+def engine_share(kv_cache_gb: float | None, utilization: float, on_gpu: bool, shape: ModelShape,
+                 memory: float) -> float:
+    """An engine's bytes as the engine sizes itself (rollout.sections.kv_cache_bytes, which the engine reads
+    too): a set KV cache plus weights and the reserve, else `utilization` of the GPU's `memory`."""
+    kv = kv_cache_bytes(kv_cache_gb, on_gpu)
+    if kv is None:
+        return utilization * memory
+    return kv + 2.0 * shape.params() + ENGINE_RESERVE
 
 
 def pack(members: list[Member]) -> list[list[Member]]:

@@ -450,6 +450,11 @@ class LearnerConfig:
     # there. Needs logits_chunk_tokens.
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
+    # A run of this many consecutive optimizer steps of one policy that did not apply (an inf or NaN
+    # gradient norm: DeepSpeed's "OVERFLOW! Skipping step", or the torch backend's own skip) stops the run
+    # with an error naming the policy (exit 4), after the step's metrics are logged; every such step is
+    # counted in update/skipped_steps/<policy> and update/nonfinite_steps/<policy> either way. 0 = never stop.
+    max_consecutive_skipped_steps: int = non_negative(5)
     # Policies update at once (true), one after another (false), or auto (null): at once unless CPU learners
     # would need more threads than the node has cores (jobs/driver/updates.py).
     concurrent_updates: bool | None = auto_bool()

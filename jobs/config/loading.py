@@ -347,10 +347,6 @@ def _check_serving(cfg: TrainConfig) -> None:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)
             raise ConfigError(f"config: sync.transport=nccl needs engines that receive weights over NCCL "
                               f"(rollout.backend={receiving}); got rollout.backend={backend}")
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")
 
 
 def _check_task_sources(cfg: TrainConfig) -> None:

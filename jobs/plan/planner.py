@@ -102,17 +102,16 @@ def member_share(m: Member) -> float:
 
 
 def gpu_memory(layout: RunLayout) -> float:
-    """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for
-    no GPU (a CPU run is never checked)."""
+    """Bytes per GPU: `ray.gpu_memory_gb`, else the cluster's nodes' (the smallest of their GPUs, by device or
+    accelerator type: cluster/gpus.py), 0 when unknown or when the run asks for no GPU (a CPU run is never
+    checked)."""
     cfg = layout.cfg
     if not _uses_gpus(layout):
         return 0.0
     declared = OmegaConf.select(as_node(cfg), "ray.gpu_memory_gb", default=0.0)
     if declared:
         return float(declared) * GIB
-    import torch
-
-    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
+    return layout.gpus.memory_per_gpu()
 
 
 def _uses_gpus(layout: RunLayout) -> bool:

@@ -284,8 +284,9 @@ class Learner:
     def sync_metrics(self) -> dict[str, float]:
         return self.weights.sync_metrics()
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.weights.nccl_join(host, port, rank, world_size, timeout_s)
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
+        self.weights.nccl_join(host, port, rank, world_size, timeout_s, backend)
 
     def nccl_send(self, version: int, bucket_bytes: int,
                   fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:

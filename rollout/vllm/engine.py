@@ -275,9 +275,11 @@ class VLLMEngine(ChatServing):
         return {"version": version, "bytes": payload.nbytes, "fingerprint": served}
 
     @between_calls
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
         """Join the learner's NCCL weight channel (cluster.nccl) from inside vLLM's worker."""
-        self.llm.collective_rpc("weight_channel_join", args=(host, port, rank, world_size, timeout_s))
+        self.llm.collective_rpc("weight_channel_join",
+                                args=(host, port, rank, world_size, timeout_s, backend))
 
     @between_calls
     def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:

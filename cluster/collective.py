@@ -34,9 +34,19 @@ class CollectiveMember(Protocol):
         ...
 
 
+def node_address() -> str:
+    """This process's node as the other nodes reach it: the IP Ray registered the node under (inside a Ray
+    worker, or a driver connected to Ray), loopback in a process without Ray (in-process members only meet
+    members of the same process). Not gethostbyname(gethostname()): on Debian-style hosts /etc/hosts maps
+    the hostname to 127.0.1.1, which no other node reaches."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
 def rendezvous_address() -> tuple[str, int]:
     """A reachable address and free port on this member's node (called on rank 0)."""
-    host = socket.gethostbyname(socket.gethostname())
+    host = node_address()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return host, s.getsockname()[1]

@@ -48,7 +48,8 @@ class WeightSender(Protocol):
 
     def rendezvous_address(self) -> tuple[str, int]: ...
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None: ...
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
+                  /) -> None: ...
 
     def nccl_send(self, version: int, bucket_bytes: int,
                   fingerprint: Callable[[Mapping[str, Any]], float], /) -> dict[str, float]:
@@ -59,7 +60,8 @@ class WeightSender(Protocol):
 class WeightReceiver(Protocol):
     """A receiving member (an engine): joins the channel and serves what arrives."""
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None: ...
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
+                  /) -> None: ...
 
     def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:
         """Receive one broadcast and serve it; returns {"version", "bytes",
@@ -141,17 +143,20 @@ class WeightChannel:
                 yield slot.name, raw.view(getattr(torch, slot.dtype)).reshape(slot.shape)
 
 
-def form_channel(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], timeout: float) -> int:
-    """Form the channel once: src member 0 is rank 0, the destinations' members follow in order. Returns
-    the world size."""
+def form_channel(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver]], timeout: float,
+                 backend: str) -> int:
+    """Form the channel once: src member 0 is rank 0, the destinations' members follow in order, every one on
+    the c10d `backend` the caller decided once for all of them (jobs/config/gpu_rules.channel_backend: no end
+    re-derives it from its own device). Returns the world size."""
     deadline = time.monotonic() + timeout
     host, port = src.submit_to([0], WeightSender.rendezvous_address).result(timeout)[0]
     world = 1 + sum(d.size for d in dsts)
-    joins = [src.submit_to([0], WeightSender.nccl_join, host, port, 0, world, timeout)]
+    joins = [src.submit_to([0], WeightSender.nccl_join, host, port, 0, world, timeout, backend)]
     rank = 1
     for dst in dsts:
-        joins.append(dst.submit_each([Call(WeightReceiver.nccl_join, host, port, rank + i, world, timeout)
-                                      for i in range(dst.size)]))
+        joins.append(dst.submit_each([
+            Call(WeightReceiver.nccl_join, host, port, rank + i, world, timeout, backend)
+            for i in range(dst.size)]))
         rank += dst.size
     for pending in joins:
         pending.result(max(deadline - time.monotonic(), 0.01))

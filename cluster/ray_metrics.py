@@ -23,6 +23,11 @@ METRIC_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TAG_KEY = re.compile(r"^(?!__)[a-zA-Z_][a-zA-Z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
+# An inf value, or a NaN under NAN_IS_A_VALUE (a gradient gone non-finite; elsewhere NaN means "undefined this
+# step"), as every metric sink of a run records it (jobs/telemetry/tracking.py).
+NONFINITE_SENTINEL = 3.0e38  # the top of float32's range, which every sink stores
+NAN_IS_A_VALUE = ("grad/", "last/grad/")
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -109,7 +114,11 @@ class RayMetricsSink:
         if self._step_spec is not None:
             self._record(self._step_spec, float(step), {})
         for key, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if math.isinf(value) or (math.isnan(value) and key.startswith(NAN_IS_A_VALUE)):
+                value = -NONFINITE_SENTINEL if value < 0 else NONFINITE_SENTINEL  # shown, not dropped
+            elif math.isnan(value):  # undefined this step
                 continue
             for spec, tags in self._route(key):
                 self._record(spec, float(value), tags)

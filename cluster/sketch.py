@@ -26,6 +26,15 @@ SKETCH_PROBES = 4
 # matrix moves the sketch by its relative change (an optimizer step of lr 2e-5 moves weights of size ~0.02
 # by ~1e-3; a skipped layer by ~1).
 SKETCH_RTOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+# The bf16 tolerance is wider than one optimizer step, so a weight one version stale passes the sketch: a step
+# of lr 2e-5 moves an element of size ~0.02 by a sixth of a bf16 ulp, so about one element in six changes,
+# by one ulp. Where the engine serves exactly what was sent (full weights: the learner's own tensors cast to
+# the serving dtype), `checked_sketch` adds this many whole columns of the matrix, read through the same
+# kernel with one-hot inputs (a sum of one nonzero product: exact in every dtype; a vector's elements are
+# read as they are), at least EXACT_ELEMENTS elements where the matrix has them, and `checked_error`
+# requires them bit for bit: a stale or partly loaded tensor then fails (thousands of elements, ~1/6 moved).
+EXACT_COLUMNS = 4
+EXACT_ELEMENTS = 4096
 
 
 @functools.lru_cache(maxsize=1024)  # a model's tensors (Qwen3-4B: ~400 of cols × k fp32, ≤ 160 KB)
@@ -39,6 +48,41 @@ def probes(name: str, cols: int, k: int = SKETCH_PROBES) -> torch.Tensor:
     return (
         torch.randint(0, 2, (cols, k), generator=g, dtype=torch.int8).float().mul_(2).sub_(1).T.contiguous().T
     )
+
+
+def sample_columns(name: str, rows: int, cols: int) -> torch.Tensor:
+    """The column indices `checked_sketch` reads exactly, seeded by `name`: EXACT_COLUMNS of them, or as
+    many as make EXACT_ELEMENTS elements of a matrix with few rows (a norm's vector: all of it, to 4,096)."""
+    n = min(cols, max(EXACT_COLUMNS, -(-EXACT_ELEMENTS // max(rows, 1))))
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ 0x5EED)
+    return torch.randperm(cols, generator=g)[:n].sort().values
+
+
+def one_hot_columns(columns: torch.Tensor, cols: int) -> torch.Tensor:
+    """[cols, len(columns)] fp32: W @ this = W[:, columns], exactly, through any GEMM."""
+    out = torch.zeros(cols, len(columns))
+    out[columns, torch.arange(len(columns))] = 1.0
+    return out
+
+
+def checked_sketch(name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[rows, SKETCH_PROBES + e] fp32 on CPU: the sketch, then the `sample_columns` of `tensor` as served in
+    `dtype` (the serving dtype: rounded as the engine's load rounds them; None = as they are)."""
+    w = as_matrix(tensor.detach())
+    picked = w[:, sample_columns(name, w.shape[0], w.shape[1]).to(w.device)]
+    if dtype is not None and w.is_floating_point():
+        picked = picked.to(dtype)
+    return torch.cat([sketch(name, tensor), picked.float().cpu()], dim=1)
+
+
+def checked_error(served: torch.Tensor, expected: torch.Tensor) -> float:
+    """`sketch_error` of the probe columns of two `checked_sketch`es, or inf when their sampled columns are
+    not bit-equal (or the shapes differ)."""
+    if served.shape != expected.shape:
+        return float("inf")
+    if not torch.equal(served[:, SKETCH_PROBES:], expected[:, SKETCH_PROBES:]):
+        return float("inf")
+    return sketch_error(served[:, :SKETCH_PROBES], expected[:, :SKETCH_PROBES])
 
 
 def as_matrix(tensor: torch.Tensor) -> torch.Tensor:

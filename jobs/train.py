@@ -28,6 +28,8 @@ from jobs.driver.assets import InputError, RunAssets, prepare
 from jobs.driver.loop import RunState, StepCallback, attempt
 from jobs.driver.provenance import code_version, config_header, layout_record, prompt_version
 from jobs.driver.run_checkpoints import Progress
+from jobs.driver.updates import SkippedStepsError
+from jobs.plan.cluster_check import refuse_on_cluster
 from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
@@ -59,17 +61,21 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     version = {**code_version(), **prompt_version(cfg.marl.prompts)}
     (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
-    assets, resume = prepare(cfg), _initial_resume(cfg, run_dir)
-    # The config keeps `auto` as null; what the plan resolved it to is recorded beside the code's version.
-    version |= layout_record(assets.layout)
-    (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
-    log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)
-    try:
-        with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
-                     quiet=not cfg.tracking.verbose), sigterm_stops():
+    resume = _initial_resume(cfg, run_dir)
+    with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
+                 quiet=not cfg.tracking.verbose), sigterm_stops():
+        # Connected first: the layout, its plan and the NCCL gate read the GPUs of the cluster's nodes
+        # (cluster/gpus.py), which a driver on a CPU head node does not have itself.
+        assets = prepare(cfg)
+        refuse_on_cluster(assets.layout)
+        # The config keeps `auto` as null; what the plan resolved it to is recorded beside the code's version.
+        version |= layout_record(assets.layout)
+        (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
+        log = RunLog.for_run(run_dir, cfg, assets.layout.policy_map.roles, first_row=version)
+        try:
             summary, failures, lost = _attempts(cfg, assets, run_dir, log, callbacks, resume)
-    finally:
-        log.close()
+        finally:
+            log.close()
     summary.update({"time/total_s": time.perf_counter() - t_start, "train/failures": float(failures),
                     "train/steps_lost": float(lost)})
     print(f"[{cfg.run_name}] held-out accuracy {summary['eval/accuracy_before']:.3f} -> "
@@ -199,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         train(cfg)
+    except ConfigError as e:  # what the cluster's GPUs refuse (refuse_on_cluster), before any actor starts
+        print(e, file=sys.stderr)
+        return EXIT_CONFIG
     except (PlacementError, ConnectError) as e:  # no cluster to join, or resources it cannot hold: fixed in
         print(e, file=sys.stderr)  # the config or the environment, found before any actor starts
         return EXIT_CONFIG
@@ -208,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"[{cfg.run_name}] stopped by {e}; actors released", file=sys.stderr)
         return EXIT_STOPPED
-    except RoleDropError as e:  # a guard that stopped the run, not a crash: its message says all
+    except (RoleDropError, SkippedStepsError) as e:  # a guard that stopped the run: its message says all
         print(f"[{cfg.run_name}] training stopped: {e}", file=sys.stderr)
         return EXIT_TRAINING
     except Exception:  # noqa: BLE001 - any other failure is a training failure with its traceback

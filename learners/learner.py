@@ -24,6 +24,7 @@ rounded to bf16 once per sync, as the engines serve them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
@@ -103,6 +104,9 @@ class Learner:
         )
         self.move = PolicyMove(learner.policy_move and sample_size(learner.diagnostics.sample_rows) != 0)
         self.step = 0
+        # Optimizer steps that left the weights as they were (a non-finite gradient): this training step's,
+        # and the run of consecutive ones across training steps (the driver stops the run on a long one).
+        self.nonfinite_steps, self.nonfinite_run = 0, 0
         self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
 
     # -- collective membership (delegated to cluster) --
@@ -119,6 +123,7 @@ class Learner:
         optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with
         `plan.roles`) per-role gradient metrics (the step uses their sum)."""
         self.model.train()
+        self.nonfinite_steps = 0
         self.passes.pad_id = batch.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
         if plan.move_weights is not None:  # the policy movement's sample (learners/diagnostic_sample.py)
@@ -157,7 +162,8 @@ class Learner:
         means = mean_and_last(per_step or [{"lr": lr, "grad_norm": 0.0}])
         step = StepMetrics(grad_norm=means.pop("grad_norm"), last_grad_norm=means.pop("last/grad_norm"),
                            lr=means.pop("lr"), last_lr=means.pop("last/lr"), optimizer_steps=len(taken),
-                           skipped_steps=len(plan.steps) - len(taken), role_grads=means)
+                           skipped_steps=len(plan.steps) - len(taken), role_grads=means,
+                           nonfinite_steps=self.nonfinite_steps, nonfinite_run=self.nonfinite_run)
         return RankMetrics(sums, step)
 
     def _measure_move(self, data: TrainBatch, plan: UpdatePlan,
@@ -187,8 +193,17 @@ class Learner:
             metrics = role_grad_metrics(role_grads, roles, self.policy_id)
         else:
             total = self._backward(mb, normalizer, sums)
-        metrics["lr"], metrics["grad_norm"] = self.backend.step()
+        lr, norm, applied = self.backend.step()
+        metrics["lr"], metrics["grad_norm"] = lr, norm
+        self._count_applied(applied and math.isfinite(norm))
         return metrics, total
+
+    def _count_applied(self, applied: bool) -> None:
+        """A step that did not apply (the backend skipped it, or its gradient norm is inf or NaN) counts in
+        this training step's `nonfinite_steps` and in the run of consecutive ones; an applied step ends
+        that run."""
+        self.nonfinite_steps += not applied
+        self.nonfinite_run = 0 if applied else self.nonfinite_run + 1
 
     def _backward(self, data: TrainBatch, normalizer: float, sums: TokenSums) -> TokenSums:
         """The backend's backward through each micro-batch's loss, built as the backend consumes it
@@ -269,8 +284,9 @@ class Learner:
     def sync_metrics(self) -> dict[str, float]:
         return self.weights.sync_metrics()
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.weights.nccl_join(host, port, rank, world_size, timeout_s)
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
+        self.weights.nccl_join(host, port, rank, world_size, timeout_s, backend)
 
     def nccl_send(self, version: int, bucket_bytes: int,
                   fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:

@@ -100,6 +100,10 @@ class StepMetrics:
     optimizer_steps: int
     skipped_steps: int
     role_grads: Mapping[str, float] = field(default_factory=dict)
+    # Of the steps taken, those that did not apply (non-finite gradient: DeepSpeed's overflow skip, or the
+    # torch backend's), and the run of consecutive ones up to this step's last (across training steps).
+    nonfinite_steps: int = 0
+    nonfinite_run: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,10 @@ def merge_rank_metrics(per_rank: Sequence[RankMetrics], policy_id: str,
            f"clip_frac/{policy_id}": total.clip_frac / max(total.tokens, 1.0),
            # The share of the micro-batches' positions (rows × widest row) that were padding.
            f"batch/padding_frac/{policy_id}": total.padded_positions / max(total.positions, 1.0),
-           f"update/skipped_steps/{policy_id}": float(first.skipped_steps)}
+           # Optimizer steps that did not change the weights: planned skips and non-finite ones.
+           f"update/skipped_steps/{policy_id}": float(first.skipped_steps + first.nonfinite_steps),
+           f"update/nonfinite_steps/{policy_id}": float(first.nonfinite_steps),
+           f"update/nonfinite_run/{policy_id}": float(first.nonfinite_run)}
     if total.dual_clip_frac is not None:  # tokens whose loss the −A·c cap held (verl's clipfrac_lower)
         out[f"clip_frac/dual/{policy_id}"] = total.dual_clip_frac / max(total.tokens, 1.0)
     if total.move_tokens is not None:

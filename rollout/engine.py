@@ -117,8 +117,10 @@ class EngineMember(Protocol):
         """Multi-LoRA serving: serve the adapter payload (rollout.lora) as its policy's adapter."""
         ...
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, /) -> None:
-        """Join the learner's NCCL weight channel (cluster.nccl) as `rank`."""
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
+                  /) -> None:
+        """Join the learner's NCCL weight channel (cluster.nccl) as `rank`, on the c10d `backend` the driver
+        chose for every end."""
         ...
 
     def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:

@@ -179,7 +179,8 @@ class HFEngine(ChatServing):
                 "sketch": pack({name: sketch(name, own[name]) for name in delta.names}),
                 "sketch_rtol": SKETCH_RTOL[self.model.dtype]}
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
         raise NotImplementedError("the hf engine receives weights through the object store; "
                                   "sync.transport=nccl needs rollout.backend=vllm")
 

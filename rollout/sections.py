@@ -9,6 +9,10 @@ from typing import Protocol
 
 from rollout.engine import EngineBackendName
 
+GIB = 2**30
+# `rollout.kv_cache_gb` unset on a CPU engine: vLLM's CPU backend would otherwise reserve most of the machine.
+CPU_KV_CACHE_GB = 1.0
+
 
 class VllmSyncPath(StrEnum):
     """`rollout.vllm_sync_path`: how a vLLM engine takes new weights (in place, or vLLM's reload_weights)."""
@@ -26,7 +30,23 @@ class RolloutSection(Protocol):
     stall_timeout_s: float
     start_timeout_s: float
     replace_dead_engines: bool
-    kv_cache_gb: float
+    kv_cache_gb: float | None
     gpu_memory_utilization: float
     max_model_len: int
     vllm_sync_path: VllmSyncPath
+
+
+def kv_cache_bytes(kv_cache_gb: float | None, on_gpu: bool) -> int | None:
+    """The KV cache one vLLM engine reserves, in bytes, or None: vLLM sizes it from
+    `rollout.gpu_memory_utilization` (GPU only). The engine (rollout/vllm/support.py) and the planner
+    (jobs/plan/planner.py) both read `rollout.kv_cache_gb` through this, so they plan what runs.
+    Unset: CPU_KV_CACHE_GB on CPU, the utilization on GPU; > 0: that many GiB on either (on GPU it
+    overrides the utilization, as vLLM's kv_cache_memory_bytes does); 0: the utilization (GPU only)."""
+    if kv_cache_gb is None:
+        return None if on_gpu else int(CPU_KV_CACHE_GB * GIB)
+    if kv_cache_gb > 0:
+        return int(kv_cache_gb * GIB)
+    if on_gpu:
+        return None
+    raise ValueError("rollout.kv_cache_gb=0 sizes the KV cache by rollout.gpu_memory_utilization, which only "
+                     "a GPU engine can; set it > 0 (or leave it unset) for vLLM engines on CPU")

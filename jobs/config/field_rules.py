@@ -41,6 +41,8 @@ class FieldRule:
         if self.choices and value not in self.choices and not (
                 isinstance(value, str) and value.lower() in self.choices):
             return f"{self.key} must be one of {', '.join(self.choices)}; got {_plain(value)!r}"
+        if value is None:  # an unset optional number (`null`): decided where it is read
+            return None
         if self.above is not None and not value > self.above:
             return f"{self.key} must be > {self.above:g}; got {value!r}"
         if self.min is not None and value < self.min:

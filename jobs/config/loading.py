@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
+from jobs.config.gpu_rules import gpu_problem
 from jobs.config.policies import (
     ENGINE_KEYS,
     POLICY_KEYS,
@@ -136,6 +137,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_lengths(cfg)
     _check_task_sources(cfg)
     _check_serving(cfg)
+    _check_gpu_layout(cfg)
     _check_checkpoint(cfg)
     _check_learner_options(cfg)
     _check_verl_update_details(cfg)
@@ -146,6 +148,16 @@ def validate(cfg: TrainConfig) -> None:
     _check_policies(cfg)
     _check_dtype(cfg)
     _check_lora_colocate(cfg)
+
+
+def _check_gpu_layout(cfg: TrainConfig) -> None:
+    try:
+        policy_map = policy_map_of(cfg)
+    except ValueError:  # a custom map that does not fit the workflow: _check_policies names it
+        return
+    problem = gpu_problem(cfg, policy_map)
+    if problem:
+        raise ConfigError(f"config: {problem}")
 
 
 def _check_lora_colocate(cfg: TrainConfig) -> None:
@@ -347,10 +359,6 @@ def _check_serving(cfg: TrainConfig) -> None:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)
             raise ConfigError(f"config: sync.transport=nccl needs engines that receive weights over NCCL "
                               f"(rollout.backend={receiving}); got rollout.backend={backend}")
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("config: sync.transport=nccl needs CUDA; use object_store on this machine")
 
 
 def _check_task_sources(cfg: TrainConfig) -> None:

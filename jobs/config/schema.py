@@ -239,8 +239,11 @@ class RolloutConfig:
     start_timeout_s: float = positive(600.0)
     # lockstep: the largest chunk of one engine call; streaming: the most calls in flight on one engine.
     max_batch_size: int = positive(64)
-    # vllm only. KV cache per engine in GiB (required on CPU); 0 = size it by gpu_memory_utilization (GPU).
-    kv_cache_gb: float = non_negative(1.0)
+    # vllm only. KV cache per engine in GiB. null (unset) = auto: 1.0 on a CPU engine, and on a GPU engine
+    # vLLM sizes it from gpu_memory_utilization; > 0 = that many GiB on either (on GPU it overrides
+    # gpu_memory_utilization); 0 = by gpu_memory_utilization (GPU engines only). The planner reads it as the
+    # engine does (rollout/sections.py kv_cache_bytes).
+    kv_cache_gb: float | None = non_negative(None)
     gpu_memory_utilization: float = 0.9
     max_model_len: int = non_negative(0)  # 0 = the model's own limit
     # vllm only. How an engine takes new weights: fast = in place, rebuilding only the changed modules' CPU
@@ -447,6 +450,11 @@ class LearnerConfig:
     # there. Needs logits_chunk_tokens.
     padding_free: bool = False
     update_timeout_s: float = positive(1800.0)
+    # A run of this many consecutive optimizer steps of one policy that did not apply (an inf or NaN
+    # gradient norm: DeepSpeed's "OVERFLOW! Skipping step", or the torch backend's own skip) stops the run
+    # with an error naming the policy (exit 4), after the step's metrics are logged; every such step is
+    # counted in update/skipped_steps/<policy> and update/nonfinite_steps/<policy> either way. 0 = never stop.
+    max_consecutive_skipped_steps: int = non_negative(5)
     # Policies update at once (true), one after another (false), or auto (null): at once unless CPU learners
     # would need more threads than the node has cores (jobs/driver/updates.py).
     concurrent_updates: bool | None = auto_bool()

@@ -12,6 +12,7 @@ from typing import cast
 from omegaconf import DictConfig, OmegaConf
 
 from cluster.placement import GroupPlacement, RunPlacement
+from jobs.config.gpu_rules import channel_backend
 from jobs.config.schema import TrainConfig
 from jobs.driver.resources import build_placement
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
@@ -100,7 +101,8 @@ def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
     syncs.update({
         pid: WeightSync(learners[pid], _distinct_groups(engines, policy_map, pid), cfg.sync.transport,
                         cfg.sync.bucket_mb << 20, cfg.sync_timeout_s,
-                        lora_delta=pc.model.lora.enabled and cfg.sync.lora_delta)
+                        lora_delta=pc.model.lora.enabled and cfg.sync.lora_delta,
+                        channel_backend=channel_backend(cfg.sync.transport))
         for pid, pc in configs.items()
     })
     # Fails before any rollout on an unknown workflow or a bad option.

@@ -28,6 +28,7 @@ from jobs.driver.full_eval import full_evaluation
 from jobs.driver.handles import RunHandles, build_handles
 from jobs.driver.run_checkpoints import Progress
 from jobs.driver.step import RolloutSource, role_caps, train_step
+from jobs.driver.updates import check_skipped_steps
 from jobs.telemetry.tracking import RunLog
 from marl.cliff import CliffTracker
 from marl.seeds import derive_seed
@@ -229,6 +230,7 @@ def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
             metrics.update({"time/eval_before_s": run.base_eval_s, **run.base_parse})
     run.learners_ahead = False
     run.log.log(step, metrics)
+    check_skipped_steps(metrics, cfg.learner.max_consecutive_skipped_steps, step)  # after the row is logged
     every = cfg.checkpoint.every
     folder = _save(run, handles) if every and run.progress.step % every == 0 else None
     for cb in run.callbacks:

@@ -55,3 +55,24 @@ def _timed(fn: Callable[[], None] | None) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+class SkippedStepsError(RuntimeError):
+    """A policy's optimizer steps did not apply `learner.max_consecutive_skipped_steps` times in a row."""
+
+
+def check_skipped_steps(metrics: Mapping[str, float], limit: int, step: int) -> None:
+    """SkippedStepsError naming the policy whose run of consecutive optimizer steps that did not apply
+    (`update/nonfinite_run/<policy>`, learners/rank_metrics.py) reached `limit`; 0 never stops."""
+    prefix = "update/nonfinite_run/"
+    for key, run in metrics.items():
+        if limit and key.startswith(prefix) and run >= limit:
+            pid = key[len(prefix):]
+            raise SkippedStepsError(
+                f"policy {pid!r}: its last {int(run)} optimizer steps did not apply (the gradient norm was "
+                f"inf or NaN, grad/norm/{pid}={metrics.get(f'grad/norm/{pid}', float('nan'))}; DeepSpeed "
+                f"reports these as 'OVERFLOW! Skipping step'), up to step {step}: the weights no longer "
+                f"move. learner.max_consecutive_skipped_steps={limit} (0 = never stop); lower "
+                "learner.optim.lr, or find what turns the gradient non-finite (model.dtype overflow, "
+                "the loss's inputs)"
+            )

@@ -48,9 +48,13 @@ class WeightSync:
         bucket_bytes: int,
         timeout_s: float,
         lora_delta: bool,
+        channel_backend: str,
     ):
         """`transport`: sync.transport; `bucket_bytes`: NCCL bucket size; `lora_delta`: a LoRA policy served
-        merged ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled)."""
+        merged ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled);
+        `channel_backend`: the c10d backend of the NCCL channel, decided once for both ends
+        (jobs/config/gpu_rules.channel_backend; gloo in CPU tests)."""
+        self.channel_backend = channel_backend
         self.policy_id = learner.policy_id
         self.learner = learner
         self.engines = list(engines)
@@ -64,7 +68,8 @@ class WeightSync:
         """Form the NCCL channel learner rank 0 → every engine, unless it stands
         (nothing for the object store)."""
         if self.transport == "nccl" and not self.channel_ready:
-            form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s)
+            form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s,
+                         self.channel_backend)
             self.channel_ready = True
 
     def run(self, version: int) -> dict[str, float]:

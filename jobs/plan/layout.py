@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from cluster.bundles import Demand
+from cluster.gpus import ClusterGpus, cluster_gpus
 from jobs.config.colocation import colocated, colocated_name
 from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig
@@ -28,9 +29,10 @@ from marl.engine_map import EngineMap
 from marl.names import group_name
 
 
-def run_layout(cfg: TrainConfig) -> RunLayout:
-    """The layout of `cfg` (ValueError on a custom map that does not name exactly the workflow's roles, or on
-    a model the planner cannot size when there is GPU memory to plan against)."""
+def run_layout(cfg: TrainConfig, gpus: ClusterGpus | None = None) -> RunLayout:
+    """The layout of `cfg` on `gpus` (default: the connected cluster's, else this machine's: cluster/gpus.py)
+    (ValueError on a custom map that does not name exactly the workflow's roles, or on a model the planner
+    cannot size when there is GPU memory to plan against)."""
     policy_map = policy_map_of(cfg)
     configs = policy_configs(cfg, policy_map)
     engine_map = engine_map_of(cfg, policy_map)
@@ -42,7 +44,8 @@ def run_layout(cfg: TrainConfig) -> RunLayout:
         *_learner_demands(cfg, configs, learner_groups, shared),
     )
     configured = {pid: bool(pc.learner.gradient_checkpointing) for pid, pc in configs.items()}  # auto: off
-    layout = RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands, configured)
+    layout = RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands, configured,
+                       cluster_gpus() if gpus is None else gpus)
     resolved = resolve_checkpointing(layout)  # planned on this layout, auto as off
     return layout if resolved == configured else replace(layout, checkpointing=resolved)
 

@@ -39,6 +39,7 @@ from learners.compute.memory import (
 )
 from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
+from rollout.sections import kv_cache_bytes
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share,
@@ -101,17 +102,16 @@ def member_share(m: Member) -> float:
 
 
 def gpu_memory(layout: RunLayout) -> float:
-    """Bytes per GPU: `ray.gpu_memory_gb`, else the local GPU's when torch sees one; 0 when the run asks for
-    no GPU (a CPU run is never checked)."""
+    """Bytes per GPU: `ray.gpu_memory_gb`, else the cluster's nodes' (the smallest of their GPUs, by device or
+    accelerator type: cluster/gpus.py), 0 when unknown or when the run asks for no GPU (a CPU run is never
+    checked)."""
     cfg = layout.cfg
     if not _uses_gpus(layout):
         return 0.0
     declared = OmegaConf.select(as_node(cfg), "ray.gpu_memory_gb", default=0.0)
     if declared:
         return float(declared) * GIB
-    import torch
-
-    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
+    return layout.gpus.memory_per_gpu()
 
 
 def _uses_gpus(layout: RunLayout) -> bool:
@@ -190,14 +190,21 @@ def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
         pc = layout.engine_config(spec.policy)
         shape, r = shape_of(pc.model.path), pc.rollout
         adapters = len(spec.policies) if spec.multi_lora else 0
-        if r.engine_num_gpus > 0:
-            share = r.gpu_memory_utilization * memory
-        else:  # CPU: rollout.kv_cache_gb is the KV cache itself
-            share = r.kv_cache_gb * GIB + 2.0 * shape.params() + ENGINE_RESERVE
+        share = engine_share(r.kv_cache_gb, r.gpu_memory_utilization, r.engine_num_gpus > 0, shape, memory)
         mem = engine_memory(shape, share, pc.model.lora.rank, adapters, longest_sequence(pc))
         out += [Member(f"engine:{spec.key}#{i}", r.engine_num_gpus, mem.share, engine=mem)
                 for i in range(max(r.engines_per_role, 1))]
     return out
+
+
+def engine_share(kv_cache_gb: float | None, utilization: float, on_gpu: bool, shape: ModelShape,
+                 memory: float) -> float:
+    """An engine's bytes as the engine sizes itself (rollout.sections.kv_cache_bytes, which the engine reads
+    too): a set KV cache plus weights and the reserve, else `utilization` of the GPU's `memory`."""
+    kv = kv_cache_bytes(kv_cache_gb, on_gpu)
+    if kv is None:
+        return utilization * memory
+    return kv + 2.0 * shape.params() + ENGINE_RESERVE
 
 
 def pack(members: list[Member]) -> list[list[Member]]:

@@ -6,9 +6,10 @@ Build one with `jobs.plan.layout.run_layout(cfg)`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster.bundles import Demand
+from cluster.gpus import ClusterGpus
 from jobs.config.schema import TrainConfig
 from marl.engine_map import EngineMap
 from marl.policy_map import PolicyMap
@@ -28,6 +29,9 @@ class RunLayout:
     demands: tuple[Demand, ...]
     # policy -> learner.gradient_checkpointing, auto resolved by the plan (planner.resolve_checkpointing)
     checkpointing: Mapping[str, bool]
+    # The GPUs of the cluster's nodes (cluster/gpus.py), read once where the layout is built: the plan, the
+    # `auto` checkpointing and the NCCL gate read these, never the driver's own devices.
+    gpus: ClusterGpus = field(default_factory=ClusterGpus)
 
     def engine_config(self, policy: str | None) -> TrainConfig:
         """The config an engine group of `policy` is built from (None: the

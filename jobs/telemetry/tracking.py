@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
@@ -20,6 +21,7 @@ from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
 
+from cluster.ray_metrics import NAN_IS_A_VALUE, NONFINITE_SENTINEL  # shared with the dashboard sink
 from jobs.config import ConfigError
 from jobs.config.schema import TrainConfig
 from marl.types import JsonRecord
@@ -65,6 +67,7 @@ class RunLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {**metrics, **derived_metrics(metrics)}
+        row |= nonfinite_flags(row)
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **self.first_row, **row}) + "\n")
         self.first_row = {}
@@ -90,9 +93,41 @@ def derived_metrics(m: dict[str, float]) -> dict[str, float]:
     return {}
 
 
-def _finite(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+# An inf metric (the grad norm of a step that overflowed) is neither dropped nor sent as is (sinks differ in
+# what they accept): every sink gets it as ±NONFINITE_SENTINEL and, from RunLog.log, `<key>/nonfinite` = 1
+# beside it; metrics.jsonl keeps the value itself (Infinity). NaN also stands for "undefined this step"
+# (eval/accuracy without an eval, a ratio of empty counts) and is dropped as such, except under
+# NAN_IS_A_VALUE, where it is a gradient gone non-finite: sent as +NONFINITE_SENTINEL, flagged 2.
+
+
+def _nonfinite_flag(key: str, v: Any) -> float | None:
+    """1.0 for an infinite number, 2.0 for a NaN that is a value (NAN_IS_A_VALUE), else None."""
+    if not _number(v) or math.isfinite(v):
+        return None
+    if math.isinf(v):
+        return 1.0
+    return 2.0 if key.startswith(NAN_IS_A_VALUE) else None
+
+
+def nonfinite_flags(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """`<key>/nonfinite` (`_nonfinite_flag`) for every flagged number of `metrics`."""
+    return {f"{k}/nonfinite": flag for k, v in metrics.items() if (flag := _nonfinite_flag(k, v)) is not None}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers of `metrics` as a sink takes them: finite ones as they are, flagged ones
+    (`_nonfinite_flag`) as the sentinel of their sign, undefined NaNs left out."""
+    out = {}
+    for k, v in metrics.items():
+        if _number(v) and math.isfinite(v):
+            out[k] = float(v)
+        elif _nonfinite_flag(k, v) is not None:
+            out[k] = -NONFINITE_SENTINEL if v < 0 else NONFINITE_SENTINEL
+    return out
 
 
 def flat_config(cfg: TrainConfig) -> dict[str, str]:
@@ -126,7 +161,7 @@ class TensorBoardSink:
         self._writer = SummaryWriter(str(log_dir))
 
     def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        for k, v in _finite(metrics).items():
+        for k, v in _scalars(metrics).items():
             self._writer.add_scalar(k, v, step)
         self._writer.flush()
 
@@ -175,7 +210,7 @@ class MlflowSink:
 
         now = int(time.time() * 1000)
         batch = [Metric(k.replace("/", ".") if self._flat_keys else k, v, now, step)
-                 for k, v in _finite(metrics).items()]
+                 for k, v in _scalars(metrics).items()]
         self._client.log_batch(self.run_id, metrics=batch)
 
     def close(self) -> None:
@@ -191,7 +226,7 @@ class WandbSink:
                               reinit="create_new")
 
     def on_step(self, step: int, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        self.run.log(_finite(metrics), step=step, commit=True)  # not held back until the next step arrives
+        self.run.log(_scalars(metrics), step=step, commit=True)  # not held back until the next step arrives
 
     def close(self) -> None:
         self.run.finish()

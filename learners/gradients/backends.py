@@ -118,8 +118,9 @@ class GradientBackend(Protocol):
         rank), the step's gradient."""
         ...
 
-    def step(self) -> tuple[float, float]:
-        """Clip the step's gradient and take the optimizer step: (the lr it used, the gradient norm)."""
+    def step(self) -> tuple[float, float, bool]:
+        """Clip the step's gradient and take the optimizer step: (the lr it used, the gradient norm, whether
+        the step applied: False when the gradient was not finite and the weights were left as they were)."""
         ...
 
     def after_update(self) -> None:

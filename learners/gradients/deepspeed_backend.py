@@ -165,10 +165,14 @@ class DeepSpeedBackend:
                                                                               strict=True))
         self.engine.backward(surrogate, scale_wrt_gas=False)
 
-    def step(self) -> tuple[float, float]:
+    def step(self) -> tuple[float, float, bool]:
         lr = float(self.engine.get_lr()[0])
+        skipped = self.engine.skipped_steps
         self.engine.step()
-        return lr, float(self.engine.get_global_grad_norm() or 0.0)
+        # An overflowed (fp16) or non-finite (bf16 check_grad_overflow) gradient: DeepSpeed skips the step
+        # ("OVERFLOW! Skipping step") and counts it in engine.skipped_steps, which this step's delta reads.
+        applied = self.engine.skipped_steps == skipped
+        return lr, float(self.engine.get_global_grad_norm() or 0.0), applied
 
     def after_update(self) -> None:
         self._take_snapshot()

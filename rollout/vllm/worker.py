@@ -4,8 +4,6 @@ through the engine's Python process. Reached through `LLM.collective_rpc("weight
 
 from __future__ import annotations
 
-import torch
-
 from cluster.fingerprint import fingerprint
 from cluster.nccl import WeightChannel
 from cluster.packing import tensor_bytes
@@ -17,8 +15,9 @@ from rollout.vllm.repack import Kernels, load_in_place
 class WeightChannelExtension:
     """Mixed into vLLM's Worker class, so `self` is the worker (model_runner, reload_weights)."""
 
-    def weight_channel_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    def weight_channel_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                            backend: str) -> None:
+        # The backend is the driver's decision for every end of the channel, never this device's guess.
         self.weight_channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
     def weight_channel_receive(self, version: int, bucket_bytes: int, kernels: Kernels | None) -> Report:

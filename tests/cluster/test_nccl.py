@@ -60,8 +60,10 @@ class Sender:
     def rendezvous_address(self) -> tuple[str, int]:
         return collective.rendezvous_address()
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, self.backend)
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
+        assert backend == self.backend, "every end of a channel is handed the one backend"
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
     def nccl_send(self, version: int, bucket_bytes: int, fingerprint_fn) -> dict[str, float]:
         weights = {k: v.to(self.channel.device) for k, v in self.weights.items()}
@@ -78,8 +80,10 @@ class Receiver:
         self.corrupting, self.backend = corrupting, backend
         self.served: dict[str, torch.Tensor] = {}
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, self.backend)
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                  backend: str) -> None:
+        assert backend == self.backend, "every end of a channel is handed the one backend"
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
 
     def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
         self.served = {k: v.clone() for k, v in self.channel.receive(version, bucket_bytes)}
@@ -97,7 +101,7 @@ def _channel(n_receivers: int, corrupting_last: bool = False) -> tuple[Group, li
     dsts = [Group(Receiver, 0, f"run:engine:r{i}",
                   per_member_kwargs=[{"corrupting": corrupting_last and i == n_receivers - 1}])
             for i in range(n_receivers)]
-    assert form_channel(src, dsts, TIMEOUT) == 1 + n_receivers
+    assert form_channel(src, dsts, TIMEOUT, "gloo") == 1 + n_receivers
     return src, dsts
 
 
@@ -138,7 +142,7 @@ def test_nccl_broadcast_between_two_gpus(ray_gpus):
                 per_member_kwargs=[{"backend": "nccl", "weights": _weights(0)}])
     dst = Group(Receiver, 1, "gpu:engine:r0", options=gpu, per_member_kwargs=[{"backend": "nccl"}])
     try:
-        form_channel(src, [dst], TIMEOUT)
+        form_channel(src, [dst], TIMEOUT, "nccl")
         out = broadcast_nccl(src, [dst], 7, TIMEOUT, fingerprint, bucket_bytes=64)
         assert out["verified"] == 1.0
         got = dst.submit(Receiver.get).result(TIMEOUT)[0]

@@ -47,9 +47,9 @@ class Rank0:
     def rendezvous_address(self):
         return collective.rendezvous_address()
 
-    def nccl_join(self, host, port, rank, world_size, timeout_s):
+    def nccl_join(self, host, port, rank, world_size, timeout_s, backend):
         self.joins += 1
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend="gloo")
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend=backend)
 
     def nccl_send(self, version, bucket_bytes, fingerprint_fn):
         return {
@@ -83,9 +83,9 @@ class Engine:
         return {"version": version, "bytes": 1, "sketch": {n: sketch(n, w) for n, w in WEIGHTS.items()},
                 "sketch_rtol": 1e-6}
 
-    def nccl_join(self, host, port, rank, world_size, timeout_s):
+    def nccl_join(self, host, port, rank, world_size, timeout_s, backend):
         self.joins += 1
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend="gloo")
+        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend=backend)
 
     def nccl_receive(self, version, bucket_bytes):
         return self._report("nccl_receive", version, dict(self.channel.receive(version, bucket_bytes)))
@@ -133,7 +133,8 @@ def _history(engines: Engines) -> tuple[list[tuple[str, int]], int]:
 
 def _sync(engines: list[Engines], transport: str = "object_store", lora_delta: bool = False,
           pid: str = "pi") -> WeightSync:
-    return WeightSync(Learners(pid), engines, transport, 64, TIMEOUT, lora_delta)  # type: ignore[arg-type]
+    return WeightSync(Learners(pid), engines, transport, 64, TIMEOUT, lora_delta,  # type: ignore[arg-type]
+                      channel_backend="gloo")
 
 
 @pytest.mark.parametrize(("multi_lora", "transport", "lora_delta", "method"), [

@@ -35,7 +35,7 @@ class CountingBackend(TorchBackend):
                                                                       lora_colocate=False)
     steps = 0
 
-    def step(self) -> tuple[float, float]:
+    def step(self) -> tuple[float, float, bool]:
         type(self).steps += 1
         return super().step()
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from rollout.vllm.readback import part_rows, served_errors
+from cluster.sketch import SKETCH_RTOL, sketch, sketch_error
+from rollout.vllm.readback import part_rows, served_errors, served_sketches
 
 CONFIG = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=24)
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -26,7 +27,8 @@ class Linear(nn.Module):
         super().__init__()
         self.output_size_per_partition, self.input_size_per_partition = weight.shape
         self.kernel = weight.clone()
-        self.weight = nn.Parameter(torch.empty(0) if packed else weight.clone(), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype) if packed else weight.clone(),
+                                   requires_grad=False)  # vLLM keeps the dtype of an emptied weight
         self.quant_method = SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.served().T)
 
     def served(self) -> torch.Tensor:
@@ -124,9 +126,11 @@ def test_a_changed_part_of_a_fused_layer_shows_under_its_hf_name(packed, fused, 
         layer.served()[rows] *= 1.001
     errors = served_errors(model, w)
     name = f"model.layers.0.{part}.weight"
-    # a dense relative change moves the sketch by as much
-    assert errors[name] == pytest.approx(1e-3, rel=0.05)
+    assert errors[name] == float("inf")  # its sampled columns are not the sent ones
     assert max(e for n, e in errors.items() if n != name) < 1e-6
+    # a dense relative change moves the probe sketch by as much
+    served = served_sketches(model, {name: tuple(w[name].shape)})[name]
+    assert sketch_error(served, sketch(name, w[name])) == pytest.approx(1e-3, rel=0.05)
 
 
 def test_a_layout_the_config_does_not_explain_is_not_claimed_as_read_back():
@@ -169,4 +173,33 @@ def test_fused_biases_are_split_like_their_weights():
     with torch.no_grad():
         qkv.bias[48:] = 0.0  # v's bias
     errors = served_errors(model, sent)
-    assert errors[f"{attn}.v_proj.bias"] == pytest.approx(1.0) and errors[f"{attn}.k_proj.bias"] == 0.0
+    # v's elements are not the sent ones (and its sketch is off by 1.0); k's are
+    assert errors[f"{attn}.v_proj.bias"] == float("inf") and errors[f"{attn}.k_proj.bias"] == 0.0
+    v_bias = f"{attn}.v_proj.bias"
+    served = served_sketches(model, {v_bias: tuple(biases[v_bias].shape)})[v_bias]
+    assert sketch_error(served, sketch(v_bias, biases[v_bias])) == pytest.approx(1.0)
+
+
+def _one_step(w: dict[str, torch.Tensor], lr: float = 2e-5, seed: int = 1) -> dict[str, torch.Tensor]:
+    """`w` after one Adam-like step of `lr` (every element moves by lr, either way), in `w`'s dtype."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: (t.float() + lr * torch.randint(0, 2, t.shape, generator=g).mul(2).sub(1)).to(t.dtype)
+            for n, t in w.items()}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_bf16_engine_one_step_stale_is_caught(packed):
+    """A bf16 engine still serving version v-1 when told it got v (one lr-2e-5 step apart: ~1/6 of the
+    elements moved by one bf16 ulp): the probe sketch alone stays within the bf16 tolerance, so the check
+    must read sampled elements exactly. Served as sent, every tensor passes."""
+    weights = {n: (t * 0.02).to(torch.bfloat16) for n, t in _hf_weights().items()}  # Qwen-like scale
+    current = _one_step(weights)
+    stale = _served_model(weights, packed)  # bf16 GEMMs: the probes' products round to bf16 as vLLM's do
+    served = served_sketches(stale, {n: tuple(t.shape) for n, t in current.items()})
+    rtol = SKETCH_RTOL[torch.bfloat16]
+    assert max(sketch_error(served[n], sketch(n, current[n])) for n in current) < rtol  # the old check passes
+    errors = served_errors(stale, current)
+    changed = [n for n in current if not torch.equal(current[n], weights[n])]
+    assert changed and all(errors[n] > rtol for n in changed), errors
+    fresh = served_errors(_served_model(current, packed), current)
+    assert max(fresh.values()) <= rtol

@@ -36,7 +36,7 @@ def test_engine_receives_a_bucketed_broadcast_inside_its_worker_and_verifies_it(
                 per_member_kwargs=[{"kv_cache_gb": 0.25, "weight_channel": True}])
     try:
         before = dst.submit(EngineMember.generate, REQUESTS, GREEDY).result(120)[0]
-        assert form_channel(src, [dst], 120.0) == 2
+        assert form_channel(src, [dst], 120.0, "gloo") == 2
         out = broadcast_nccl(src, [dst], 5, 120.0, fingerprint, bucket_bytes=4096)  # many buckets
         assert out["verified"] == 1.0
         after = dst.submit(EngineMember.generate, REQUESTS, GREEDY).result(120)[0]
@@ -70,7 +70,7 @@ def test_nccl_into_a_vllm_engine_on_another_gpu():
         per_member_kwargs=[{"kv_cache_gb": 0.0, "gpu_memory_utilization": 0.3, "weight_channel": True}],
     )
     try:
-        form_channel(src, [dst], 300.0)
+        form_channel(src, [dst], 300.0, "nccl")
         assert broadcast_nccl(src, [dst], 1, 300.0, fingerprint, bucket_bytes=1 << 16)["verified"] == 1.0
     finally:
         src.shutdown()

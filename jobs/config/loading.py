@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
+from jobs.config.gpu_layout import layout_problem
 from jobs.config.policies import (
     ENGINE_KEYS,
     POLICY_KEYS,
@@ -146,10 +147,20 @@ def validate(cfg: TrainConfig) -> None:
     _check_policies(cfg)
     _check_dtype(cfg)
     _check_lora_colocate(cfg)
+    _check_gpu_layout(cfg)
 
 
 def _check_lora_colocate(cfg: TrainConfig) -> None:
     problem = colocate_problem(cfg)
+    if problem:
+        raise ConfigError(f"config: {problem}")
+
+
+def _check_gpu_layout(cfg: TrainConfig) -> None:
+    try:
+        problem = layout_problem(cfg)
+    except ValueError as e:  # a custom map that names the wrong roles: _check_policies words it
+        raise ConfigError(f"config: {e}") from None
     if problem:
         raise ConfigError(f"config: {problem}")
 

@@ -24,7 +24,7 @@ from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows.options import WorkflowSettings
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
-from rollout.sections import VllmSyncPath
+from rollout.sections import GpuLayout, VllmSyncPath
 
 # Bounds and choices live on the fields they constrain: jobs.config checks every field that carries one
 # (a bad value is an error naming its key) and the config reference lists them. Choices are str Enums,
@@ -273,6 +273,14 @@ class RolloutConfig:
     # Roles must be the workflow's; algo.max_len must hold the largest cap. {} =
     # sampling.max_new_tokens for all.
     role_max_new_tokens: dict[str, int] = field(default_factory=dict)
+    # separate: engines and learner ranks each hold their GPUs (or fractions) all the time. colocated: the
+    # paper's hybrid engine (verl's): one engine per GPU of the run, learner rank i on engine i's GPU, the
+    # two taking turns: engines sleep during the update (vLLM sleep mode on CUDA; on CPU the hf engine
+    # really frees its weights), learners offload their optimizer states during the rollout (DeepSpeed's
+    # offload_states; the torch backend moves them to a host buffer). Needs one engine group
+    # (rollout.lora_serving=multi or one policy), every learner group's ranks = engines_per_role, and the
+    # object-store sync (jobs/config/gpu_layout.py).
+    layout: GpuLayout = GpuLayout.separate
 
 
 @dataclass

@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
-from jobs.config.gpu_layout import layout_problem
+from jobs.config.gpu_layout import layout_problem, transport_problem
 from jobs.config.policies import (
     ENGINE_KEYS,
     POLICY_KEYS,
@@ -353,6 +353,14 @@ def _check_serving(cfg: TrainConfig) -> None:
             raise ConfigError(f"config: rollout.lora_serving=multi needs engines that serve several LoRA "
                               f"adapters; rollout.backend={backend} does not: use "
                               "rollout.lora_serving=single")
+    problem = transport_problem(cfg)  # the layout's transports (jobs/config/gpu_layout.py)
+    if problem:
+        raise ConfigError(f"config: {problem}")
+    if cfg.sync.transport == "ipc":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("config: sync.transport=ipc needs CUDA; use object_store on this machine")
     if cfg.sync.transport == "nccl":
         if not engine_capabilities(backend).weight_channel:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)

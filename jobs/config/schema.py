@@ -71,6 +71,7 @@ class CliffAction(StrEnum):
 class SyncTransport(StrEnum):
     object_store = "object_store"
     nccl = "nccl"
+    ipc = "ipc"
 
 
 class Progress(StrEnum):
@@ -504,7 +505,9 @@ class CheckpointConfig:
 @dataclass
 class SyncConfig:
     # object_store: through Ray's object store (any machine); nccl: learner rank 0 broadcasts to every engine
-    # over its own NCCL process group (CUDA only). Multi-LoRA adapters always take the object store.
+    # over its own NCCL process group (CUDA only); ipc: CUDA IPC to the engine on the learner's own GPU
+    # (rollout.layout=colocated with vLLM on GPUs: vLLM's IPC weight-transfer engine). Multi-LoRA adapters
+    # always take the object store.
     transport: SyncTransport = SyncTransport.object_store
     bucket_mb: int = positive(256)  # nccl: tensors travel packed in flat buckets of at most this size
     # LoRA policies served merged (rollout.lora_serving=single), object store: a sync ships the adapter alone

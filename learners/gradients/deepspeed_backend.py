@@ -225,17 +225,6 @@ class DeepSpeedBackend:
         return int(client["step"])
 
 
-def _global_max(n: int, device: torch.device) -> int:
-    t = torch.tensor([n], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
-def _fsync_tree(folder: Path) -> None:
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        with open(file, "rb") as f:
-            os.fsync(f.fileno())
-
     # -- rollout.layout=colocated: the engine's own offload (ZeRO-1/2: stage_1_and_2.offload_states; ZeRO-3:
     # stage3.offload_states). Every state the ZeRO optimizer owns goes (fp32 master weights, optimizer
     # states, the gradient buffers) but the bf16 module weights, which the sync after the update reads.
@@ -256,6 +245,17 @@ def _fsync_tree(folder: Path) -> None:
         before = _device_bytes()
         self.engine.reload_states()
         return float(_device_bytes() - before)
+
+def _global_max(n: int, device: torch.device) -> int:
+    t = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def _device_bytes() -> int:

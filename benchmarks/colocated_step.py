@@ -22,6 +22,9 @@ from jobs.train import train
 
 QUICKSTART = "jobs/configs/quickstart.yaml"
 LAYOUTS = ("separate", "colocated")
+# vLLM's sleep mode is CUDA-only (the layout refuses vLLM without GPUs): on CPU both layouts run the hf
+# engine, whose sleep really frees its weights.
+CPU = ["rollout.backend=hf"]
 PHASES = ("update", "step", "sleep", "offload", "wake")
 
 
@@ -29,7 +32,7 @@ def run_layout(layout: str, out: Path, steps: int, extra: list[str]) -> dict[str
     """One quickstart run under `layout`; the medians of its steps after the first (seconds)."""
     cfg = load_config(QUICKSTART, [f"out_dir={out / layout}", f"steps={steps}", "eval_every=0",
                                    "data.eval_size=0", "checkpoint.every=0", f"rollout.layout={layout}",
-                                   *extra])
+                                   *CPU, *extra])
     train(cfg)
     rows = [r for r in read_metrics(out / layout / cfg.run_name) if "time/step_s" in r][1:]
     keys = [k for k in PHASES if all(f"time/{k}_s" in r for r in rows)]

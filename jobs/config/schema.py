@@ -279,8 +279,8 @@ class RolloutConfig:
     # two taking turns: engines sleep during the update (vLLM sleep mode on CUDA; on CPU the hf engine
     # really frees its weights), learners offload their optimizer states during the rollout (DeepSpeed's
     # offload_states; the torch backend moves them to a host buffer). Needs one engine group
-    # (rollout.lora_serving=multi or one policy), every learner group's ranks = engines_per_role, and the
-    # object-store sync (jobs/config/gpu_layout.py).
+    # (rollout.lora_serving=multi or one policy), every learner group's ranks = engines_per_role, and a sync
+    # that works on one GPU: sync.transport=ipc on GPUs, object_store anywhere (jobs/config/gpu_layout.py).
     layout: GpuLayout = GpuLayout.separate
 
 

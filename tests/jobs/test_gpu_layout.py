@@ -132,3 +132,22 @@ def test_a_colocated_run_trains_the_separate_layouts_weights_exactly(ray_cluster
             assert r[f"offload/bytes/{pid}"] > 0  # AdamW's moments and step counters
     separate = [r for r in read_metrics(tmp_path / "separate" / "tiny") if "time/step_s" in r]
     assert not any(k.startswith(("colocate/", "offload/", "reload/")) for r in separate for k in r)
+
+
+def test_the_paper_cells_are_planned_in_both_layouts_side_by_side():
+    """Qwen3-4B's longest cell: colocated it takes two whole GPUs and its fullest GPU holds the larger phase;
+    the fractional layout holds everything resident on 1.5 GPUs; both fit only with checkpointing, and the
+    table shows both rows."""
+    from jobs.plan.cells import cell_plan, markdown
+
+    colocated, fractional = (cell_plan("4B", "eval_opt isolated", layout)
+                             for layout in ("colocated", "fractional"))
+    assert (colocated.gpus, fractional.gpus) == (2, 1.5)
+    assert colocated.rollout_gib is not None and colocated.update_gib is not None
+    assert colocated.peak_gib == max(colocated.rollout_gib, colocated.update_gib) <= FIT_FRACTION * 80
+    assert fractional.rollout_gib is None
+    for p in (colocated, fractional):
+        assert p.fits and p.needs_checkpointing and p.peak_off_gib > 80
+    assert colocated.step_s < fractional.step_s  # two engines roll out where one did
+    table = markdown([colocated, fractional]).splitlines()
+    assert len(table) == 4 and "| Qwen3-4B | eval_opt isolated | colocated | 2 |" in table[2]

@@ -134,7 +134,9 @@ class VLLMEngine(ChatServing):
         self._lora_ids = 0
         memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len)
         if sleep_mode:
-            check_available()
+            from vllm.platforms import current_platform
+
+            check_available(current_platform)
         self.llm = LLM(**_llm_kwargs(model_path, dtype, weight_channel), **memory,
                        **_lora_kwargs(max_loras, max_lora_rank), **sleep_kwargs(sleep_mode))
         self.sleep_mode = VllmSleep(self.llm)

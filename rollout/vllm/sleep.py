@@ -21,10 +21,9 @@ def sleep_kwargs(enabled: bool) -> dict[str, Any]:
     return {"enable_sleep_mode": True} if enabled else {}
 
 
-def check_available() -> None:
-    """RuntimeError unless vLLM's platform has a sleep mode (CUDA, ROCm, XPU in vLLM 0.32)."""
-    from vllm.platforms import current_platform
-
+def check_available(current_platform: Any) -> None:
+    """RuntimeError unless vLLM's platform (`vllm.platforms.current_platform`, passed in by the engine: only
+    rollout/vllm/engine.py imports vllm) has a sleep mode (CUDA, ROCm, XPU in vLLM 0.32)."""
     if not current_platform.is_sleep_mode_available():
         raise RuntimeError(
             "rollout.layout=colocated: vLLM's sleep mode is not available on this platform "

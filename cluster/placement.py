@@ -81,7 +81,8 @@ class RunPlacement:
         idx = self.layout.indices[name]
         if not idx:
             return None
-        return GroupPlacement(self.pg, idx, [self.layout.bundles[i] for i in idx])
+        # what each member asks for: its own share of a bundle it may share with other groups' members
+        return GroupPlacement(self.pg, idx, self.layout.requests[name])
 
     def release(self) -> None:
         """Remove the placement group if this run created it (a Tune trial's belongs to Tune)."""

@@ -146,6 +146,19 @@ class LearnerGroup:
         """Every rank restores the policy's state from `path`."""
         self.group.submit(LearnerMember.load_state, path).result(self.timeout)
 
+    def offload_states(self) -> dict[str, float]:
+        """Every rank's optimizer states off its device (rollout.layout=colocated, during the rollout)."""
+        return self._moved(self.group.submit(LearnerMember.offload_states).result(self.timeout), "offload")
+
+    def reload_states(self) -> dict[str, float]:
+        """Every rank's states back for the update."""
+        return self._moved(self.group.submit(LearnerMember.reload_states).result(self.timeout), "reload")
+
+    def _moved(self, per_rank: list[dict[str, float]], what: str) -> dict[str, float]:
+        calls = f"{what}s"
+        return {f"{what}/bytes/{self.policy_id}": sum(r["bytes"] for r in per_rank),
+                f"{what}/calls/{self.policy_id}": max(r[calls] for r in per_rank)}
+
     def shutdown(self) -> None:
         self.group.shutdown()
 

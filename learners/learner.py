@@ -38,6 +38,7 @@ from learners.batch import TrainBatch
 from learners.compute.padding_free import attention_implementation
 from learners.diagnostic_sample import sample_size
 from learners.gradients.backends import BACKENDS, GradientBackend, LearnerParts
+from learners.gradients.offload import Offloads
 from learners.member import LearnerSpec
 from learners.passes import PolicyPasses
 from learners.policy_move import PolicyMove
@@ -108,6 +109,7 @@ class Learner:
         # and the run of consecutive ones across training steps (the driver stops the run on a long one).
         self.nonfinite_steps, self.nonfinite_run = 0, 0
         self.weights = WeightServer(self.model, self.policy_id, self.model_path, self.dtype, self.backend)
+        self.offloads = Offloads(self.backend.offload_states, self.backend.reload_states)
 
     # -- collective membership (delegated to cluster) --
     def rendezvous_address(self) -> tuple[str, int]:
@@ -122,6 +124,7 @@ class Learner:
         and step metrics: the steps taken and skipped (`plan.skip`: neither the optimizer nor an
         optimizer-step schedule advances), the taken steps' mean and last grad norm, lr and (with
         `plan.roles`) per-role gradient metrics (the step uses their sum)."""
+        self.offloads.check_resident("update")
         self.model.train()
         self.nonfinite_steps = 0
         self.passes.pad_id = batch.pad_id
@@ -297,10 +300,19 @@ class Learner:
 
     # -- checkpoint state (the contract is in learners/state/state_io.py; the layout is the backend's) --
     def save_state(self, path: str) -> None:
-        self.backend.save_state(path, self.step)
+        with self.offloads.resident():
+            self.backend.save_state(path, self.step)
 
     def load_state(self, path: str) -> None:
-        self.step = self.backend.load_state(path)
+        with self.offloads.resident():
+            self.step = self.backend.load_state(path)
+
+    # -- rollout.layout=colocated (learners/gradients/offload.py) --
+    def offload_states(self) -> dict[str, float]:
+        return self.offloads.offload()
+
+    def reload_states(self) -> dict[str, float]:
+        return self.offloads.reload()
 
 
 def _policy_module(spec: LearnerSpec, dtype: str, attention: str | None,

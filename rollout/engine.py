@@ -131,6 +131,29 @@ class EngineMember(Protocol):
         """The version of the weights served (the last one loaded; 0 = the model folder's)."""
         ...
 
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        """Release the engine's memory for the learner on its GPU (rollout.layout=colocated; levels and tags:
+        rollout/sleep.py); {"freed_bytes", "sleeps"}. No call may be in flight until `wake_up`."""
+        ...
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> dict[str, float]:
+        """Take back what `tags` name ("weights" before a sync loads into them, then "kv_cache");
+        {"restored_bytes", "wakes"}."""
+        ...
+
+
+def served_by(adapter: str | None, loaded: Mapping[str, object], own: str) -> str:
+    """The policy whose weights served a request, as its Completion reports it: `adapter` when that adapter is
+    loaded; BASE_MODEL when it was asked for but is not (vLLM serves such a request from the base model,
+    without an error, and so does the hf engine); else the engine's own policy `own` (merged serving)."""
+    if adapter is None:
+        return own
+    return adapter if adapter in loaded else BASE_MODEL
+
+
+# What a Completion's policy_id says when a request asked for an adapter the engine did not hold.
+BASE_MODEL = "<base model>"
+
 
 ENGINES: Registry[EngineBackendName, EngineMember] = Registry(EngineBackendName, "rollout.backend", {
     EngineBackendName.hf: "rollout.hf_engine:HFEngine",

@@ -46,6 +46,7 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
         "max_lora_rank": lora_rank,
         "weight_channel": weight_channel,
         "sync_path": rollout.vllm_sync_path,
+        "sleep_mode": rollout.layout == "colocated",
     }
 
 
@@ -207,8 +208,22 @@ class EngineGroup:
     def versions(self) -> list[int]:
         return self.group.submit(EngineMember.weight_version).result(self.start_timeout)
 
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        """Every member releases its memory (rollout.layout=colocated: the update runs on these GPUs);
+        {"freed_bytes": all members', "sleeps": the most calls any member has taken}."""
+        return _summed(self.group.submit(EngineMember.sleep, level).result(self.start_timeout))
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> dict[str, float]:
+        """Every member takes back what `tags` name (rollout/sleep.py)."""
+        return _summed(self.group.submit(EngineMember.wake_up, tags).result(self.start_timeout))
+
     def shutdown(self) -> None:
         self.group.shutdown()
+
+
+def _summed(reports: list[dict[str, float]]) -> dict[str, float]:
+    """Members' sleep/wake reports: bytes summed, call counters at their largest."""
+    return {k: (sum if k.endswith("bytes") else max)(r[k] for r in reports) for k in reports[0]}
 
 
 def _replaceable(group: Group, error: GroupError) -> bool:

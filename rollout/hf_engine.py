@@ -25,9 +25,10 @@ from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL, sketch
 from cluster.transport import Report
 from marl.types import Completion
-from rollout.engine import EngineCapabilities, Sampling
+from rollout.engine import EngineCapabilities, Sampling, served_by
 from rollout.lora import BaseWeights, write_adapter
 from rollout.serving import ChatServing, Job, ServingLoop, between_calls
+from rollout.sleep import WAKE_TAGS, WeightStash
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,6 +60,7 @@ class HFEngine(ChatServing):
         self._base: BaseWeights | None = None  # adapter-delta sync: the base weights, read on first use
         self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
         self._queue: list[Job] = []  # admitted calls, served first come first served
+        self.sleep_mode = WeightStash(self.model)  # rollout.layout=colocated: weights freed during the update
         self.loop = ServingLoop(self, f"hf:{policy_id}")
 
     # The serving loop's Stepper (rollout.serving), on the loop's thread.
@@ -78,6 +80,7 @@ class HFEngine(ChatServing):
     def step(self, count: Callable[[int], None]) -> None:
         """Serve the first queued call, batched with the single-request calls queued behind it that share its
         adapter and sampling settings (a call of several requests is always its own batch)."""
+        self.sleep_mode.check_awake("generate")
         batch = _next_batch(self._queue)
         self._queue = [job for job in self._queue if job not in batch]  # identity: Job compares by identity
         prompts = [p for job in batch for p in job.prompts]
@@ -117,7 +120,7 @@ class HFEngine(ChatServing):
             prompt_ids=prompt, response_ids=tokens[:n], logprobs=lp[:n].tolist(),
             finish_reason="stop" if end is not None else "length",
             version=self.adapter_versions.get(adapter, 0) if adapter else self.version,
-            policy_id=adapter or self.policy_id,
+            policy_id=served_by(adapter, self.adapter_versions, self.policy_id),
         )
 
     def _adapter_scope(self, adapter: str | None) -> contextlib.AbstractContextManager:
@@ -143,6 +146,7 @@ class HFEngine(ChatServing):
                     self.model.load_adapter(folder, adapter_name=name)
                 else:
                     self.model = PeftModel.from_pretrained(self.model, folder, adapter_name=name).eval()
+                    self.sleep_mode.module = self.model  # the adapters' parameters sleep with the base
         self.adapter_versions[name] = version
         self.version = version
         served = get_peft_model_state_dict(self.model, adapter_name=name)
@@ -190,6 +194,16 @@ class HFEngine(ChatServing):
 
     def weight_version(self) -> int:
         return self.version
+
+    @between_calls
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        """Free every weight's memory (level 1: a host copy kept; rollout/sleep.py). No KV cache outlives a
+        call here, so there is none to drop."""
+        return self.sleep_mode.sleep(level)
+
+    @between_calls
+    def wake_up(self, tags: tuple[str, ...] = WAKE_TAGS) -> dict[str, float]:
+        return self.sleep_mode.wake_up(tags)
 
 
 class _RowSampler(LogitsProcessor):

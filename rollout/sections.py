@@ -21,6 +21,16 @@ class VllmSyncPath(StrEnum):
     reload = "reload"
 
 
+class GpuLayout(StrEnum):
+    """`rollout.layout`: where engines and learner ranks run. separate: each on GPUs (or GPU fractions) of its
+    own, all resident at once; colocated: the paper's hybrid engine, one engine per GPU of the trial and one
+    rank of each learner group on the same GPU, taking turns (engines asleep during the update, the
+    learners' optimizer states offloaded during the rollout: jobs/driver/phases.py)."""
+
+    separate = "separate"
+    colocated = "colocated"
+
+
 class RolloutSection(Protocol):
     backend: EngineBackendName
     engines_per_role: int
@@ -34,6 +44,7 @@ class RolloutSection(Protocol):
     gpu_memory_utilization: float
     max_model_len: int
     vllm_sync_path: VllmSyncPath
+    layout: GpuLayout
 
 
 def kv_cache_bytes(kv_cache_gb: float | None, on_gpu: bool) -> int | None:

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
+from jobs.config.gpu_layout import layout_problem, transport_problem
 from jobs.config.gpu_rules import gpu_problem
 from jobs.config.policies import (
     ENGINE_KEYS,
@@ -148,9 +149,10 @@ def validate(cfg: TrainConfig) -> None:
     _check_policies(cfg)
     _check_dtype(cfg)
     _check_lora_colocate(cfg)
+    _check_gpu_rules(cfg)
 
 
-def _check_gpu_layout(cfg: TrainConfig) -> None:
+def _check_gpu_rules(cfg: TrainConfig) -> None:
     try:
         policy_map = policy_map_of(cfg)
     except ValueError:  # a custom map that does not fit the workflow: _check_policies names it
@@ -162,6 +164,15 @@ def _check_gpu_layout(cfg: TrainConfig) -> None:
 
 def _check_lora_colocate(cfg: TrainConfig) -> None:
     problem = colocate_problem(cfg)
+    if problem:
+        raise ConfigError(f"config: {problem}")
+
+
+def _check_gpu_layout(cfg: TrainConfig) -> None:
+    try:
+        problem = layout_problem(cfg)
+    except ValueError as e:  # a custom map that names the wrong roles: _check_policies words it
+        raise ConfigError(f"config: {e}") from None
     if problem:
         raise ConfigError(f"config: {problem}")
 
@@ -354,6 +365,14 @@ def _check_serving(cfg: TrainConfig) -> None:
             raise ConfigError(f"config: rollout.lora_serving=multi needs engines that serve several LoRA "
                               f"adapters; rollout.backend={backend} does not: use "
                               "rollout.lora_serving=single")
+    problem = transport_problem(cfg)  # the layout's transports (jobs/config/gpu_layout.py)
+    if problem:
+        raise ConfigError(f"config: {problem}")
+    if cfg.sync.transport == "ipc":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("config: sync.transport=ipc needs CUDA; use object_store on this machine")
     if cfg.sync.transport == "nccl":
         if not engine_capabilities(backend).weight_channel:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)

@@ -24,7 +24,7 @@ from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows.options import WorkflowSettings
 from rollout.clients import RolloutModeName
 from rollout.engine import EngineBackendName
-from rollout.sections import VllmSyncPath
+from rollout.sections import GpuLayout, VllmSyncPath
 
 # Bounds and choices live on the fields they constrain: jobs.config checks every field that carries one
 # (a bad value is an error naming its key) and the config reference lists them. Choices are str Enums,
@@ -71,6 +71,7 @@ class CliffAction(StrEnum):
 class SyncTransport(StrEnum):
     object_store = "object_store"
     nccl = "nccl"
+    ipc = "ipc"
 
 
 class Progress(StrEnum):
@@ -276,6 +277,14 @@ class RolloutConfig:
     # Roles must be the workflow's; algo.max_len must hold the largest cap. {} =
     # sampling.max_new_tokens for all.
     role_max_new_tokens: dict[str, int] = field(default_factory=dict)
+    # separate: engines and learner ranks each hold their GPUs (or fractions) all the time. colocated: the
+    # paper's hybrid engine (verl's): one engine per GPU of the run, learner rank i on engine i's GPU, the
+    # two taking turns: engines sleep during the update (vLLM sleep mode on CUDA; on CPU the hf engine
+    # really frees its weights), learners offload their optimizer states during the rollout (DeepSpeed's
+    # offload_states; the torch backend moves them to a host buffer). Needs one engine group
+    # (rollout.lora_serving=multi or one policy), every learner group's ranks = engines_per_role, and a sync
+    # that works on one GPU: sync.transport=ipc on GPUs, object_store anywhere (jobs/config/gpu_layout.py).
+    layout: GpuLayout = GpuLayout.separate
 
 
 @dataclass
@@ -504,7 +513,9 @@ class CheckpointConfig:
 @dataclass
 class SyncConfig:
     # object_store: through Ray's object store (any machine); nccl: learner rank 0 broadcasts to every engine
-    # over its own NCCL process group (CUDA only). Multi-LoRA adapters always take the object store.
+    # over its own NCCL process group (CUDA only); ipc: CUDA IPC to the engine on the learner's own GPU
+    # (rollout.layout=colocated with vLLM on GPUs: vLLM's IPC weight-transfer engine). Multi-LoRA adapters
+    # always take the object store.
     transport: SyncTransport = SyncTransport.object_store
     bucket_mb: int = positive(256)  # nccl: tensors travel packed in flat buckets of at most this size
     # LoRA policies served merged (rollout.lora_serving=single), object store: a sync ships the adapter alone

@@ -6,7 +6,7 @@ which learner feeds which engines."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from cluster.placement import GroupPlacement, RunPlacement
 from jobs.config.gpu_rules import channel_backend
 from jobs.config.schema import TrainConfig
+from jobs.driver.phases import Phases
 from jobs.driver.resources import build_placement
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 from jobs.models.resolve import resolve_model
@@ -40,6 +41,8 @@ class RunHandles:
     collector: Collector
     syncs: dict[str, WeightSync]  # policy -> its learner's sync to the engines serving its roles
     placement: RunPlacement | None = None  # the run's placement group; released after its members
+    # rollout.layout=colocated: the step's sleep / reload / offload / wake calls (no-ops when separate)
+    phases: Phases = field(default_factory=lambda: Phases([], {}, active=False))
 
     def engine_groups(self, policy_id: str | None = None) -> list[EngineGroup]:
         """Distinct engine groups (of one policy's roles): a group serving several roles counts once."""
@@ -50,6 +53,10 @@ class RunHandles:
         engine confirms `version` and the fingerprint of the weights it now serves
         (jobs/driver/weight_sync.py)."""
         return sync_all(self.syncs, version)
+
+    def weight_versions(self) -> dict[str, int]:
+        """policy -> the version its engines serve (the last sync's)."""
+        return {pid: sync.version for pid, sync in self.syncs.items()}
 
     def shutdown(self) -> None:
         groups: list[EngineGroup | LearnerGroup] = [*self.engine_groups(), *self.learners.values()]
@@ -65,7 +72,9 @@ def build_handles(layout: RunLayout, model_path: str | Mapping[str, str], family
     paths = dict(model_path) if isinstance(model_path, Mapping) else model_paths(layout, model_path)
     placement = build_placement(layout)  # all bundles reserved before any member starts
     try:
-        return _build_groups(layout, paths, family, placement)
+        handles = _build_groups(layout, paths, family, placement)
+        handles.phases.offload_learners()  # colocated: the first rollout runs with the states away
+        return handles
     except BaseException:
         if placement is not None:
             placement.release()  # also ends the members already started in it
@@ -109,7 +118,8 @@ def _build_groups(layout: RunLayout, paths: dict[str, str], family: TaskFamily,
     options = workflow_options(cfg.marl.workflow, cfg.marl, cfg.marl.options)
     shaping = load_shaping(cfg.marl.reward_shaping, roles_of(cfg.marl.workflow))
     collector = Collector(engines, cfg.marl.workflow, family, options, shaping, mode=cfg.rollout.mode)
-    return RunHandles(policy_map, learners, engines, collector, syncs, placement)
+    phases = Phases(_distinct_groups(engines, policy_map), learners, active=cfg.rollout.layout == "colocated")
+    return RunHandles(policy_map, learners, engines, collector, syncs, placement, phases)
 
 
 def _learner_groups(layout: RunLayout, paths: dict[str, str],

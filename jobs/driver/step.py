@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jobs.config.schema import RolloutConfig, TrainConfig
 from jobs.driver.handles import RunHandles
+from jobs.driver.served import check_served
 from jobs.driver.updates import run_concurrently, update_all
 from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rewards
 from learners.role_grads import step_role_shares
@@ -31,7 +32,10 @@ from rollout.storage import write_episodes
 # the episodes were collected during the previous step's update), store = the step's Parquet file, advantage =
 # advantages and batch building, update = every policy's optimizer step, with prefetch = the next step's
 # rollout run meanwhile. The sync reports its own time/sync_s.
-PHASES = ("rollout", "generate", "prefetch", "store", "advantage", "update")
+# Under rollout.layout=colocated (jobs/driver/phases.py) also: sleep = the engines releasing their memory and
+# the learners reloading their optimizer states, offload = the reverse after the update (with the engines'
+# weights back for the sync), wake = the engines' KV caches back.
+PHASES = ("rollout", "generate", "prefetch", "store", "advantage", "sleep", "update", "offload", "wake")
 
 
 class PhaseTimer:
@@ -70,6 +74,8 @@ class StepRollout:
     generate_s: float
     # rollout.rollout_stats: busy share, latency
     engine_metrics: dict[str, float] = field(default_factory=dict)
+    # policy -> the weight version its engines served when the collection began (jobs/driver/served.py)
+    versions: dict[str, int] = field(default_factory=dict)
 
 
 def role_caps(rollout: RolloutConfig) -> tuple[tuple[str, int], ...]:
@@ -108,9 +114,11 @@ class RolloutSource:
     def collect(self, tasks: list[Task], step: int,
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
         t0 = time.perf_counter()
+        versions = self.handles.weight_versions()
         episodes, timings = self.handles.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
                                                           self.sampling(step), on_episode)
-        return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings)
+        return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings,
+                           versions)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:
         """Step `step`'s episodes: prefetched during the previous update, or
@@ -156,24 +164,31 @@ def train_step(
     """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
     policy, or policy -> pad id (policies on different base models). `before_update` runs once the batches
     passed their checks, just before any learner changes."""
-    timer = PhaseTimer()
+    timer, phases = PhaseTimer(), handles.phases  # phases: no-ops unless rollout.layout=colocated
     rollout = source.take(step, timer)
+    check_served(rollout.episodes, handles.policy_map, rollout.versions, step)
     with timer.phase("store"):
         write_episodes(rollout.episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
     with timer.phase("advantage"):
         batches, batch_stats = step_batches(handles, cfg, rollout.episodes, step, pad_id)
         if before_update is not None:
             before_update()
+    with timer.phase("sleep"):
+        moved = {**phases.sleep_engines(), **phases.reload_learners()}
     with timer.phase("update"):
         concurrent = run_concurrently(cfg.learner, len(handles.learners))
         updated, prefetch_s = update_all(handles.learners, batches, step, pad_id, concurrent,
                                          source.during_update(step))
     timer.add("prefetch", prefetch_s)
+    with timer.phase("offload"):
+        moved |= {**phases.offload_learners(), **phases.wake_engines(("weights",))}
     version = step + 1 if version is None else version
     synced = handles.sync(version=version)
+    with timer.phase("wake"):
+        moved |= phases.wake_engines(("kv_cache",))
     shares = step_role_shares(updated, handles.policy_map.roles)
     return {**rollout_metrics(rollout, handles.policy_map.roles, version), **updated, **shares, **synced,
-            **{k: float(v) for k, v in batch_stats.items()}, **timer.metrics()}
+            **{k: float(v) for k, v in batch_stats.items()}, **moved, **timer.metrics()}
 
 
 def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,

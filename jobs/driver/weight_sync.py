@@ -5,6 +5,7 @@ the engine side. The one place that knows which payload each serving mode ships 
 |----------------------------------|---------------------------------------------------|------------------|
 | multi-LoRA (lora_serving=multi)  | get_adapter → load_adapter                        | object store     |
 | merged, sync.transport=nccl      | nccl_send → nccl_receive (bucketed broadcast)     | NCCL channel     |
+| merged, sync.transport=ipc       | cluster.weight_transfer's IPC sender (colocated)  | CUDA IPC         |
 | merged LoRA, sync.lora_delta     | get_lora_delta → load_lora_delta (engines merge)  | object store     |
 | merged, otherwise                | get_packed_weights → load_weights                 | object store     |
 
@@ -21,6 +22,7 @@ formed anew before its next sync.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +32,7 @@ from cluster.fingerprint import fingerprint
 from cluster.nccl import broadcast_nccl, form_channel
 from cluster.sketch import sketch_mismatch
 from cluster.transport import broadcast
+from jobs.config.gpu_layout import IPC_SENDER
 from learners.group import LearnerGroup
 from learners.member import LearnerMember
 from rollout.engine import EngineMember
@@ -107,6 +110,9 @@ class WeightSync:
             )
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
+        if self.transport == "ipc" and indices is None:  # colocated: CUDA IPC to the engine on the same GPU
+            send = getattr(importlib.import_module("cluster.weight_transfer"), IPC_SENDER)
+            return send(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
             return broadcast(

@@ -10,7 +10,8 @@ Per run: for each engine group, rollout.engines_per_role members of {engine_num_
 engine_num_gpus, engine_resources}, and for each policy, learner.ranks members of {rank_num_cpus,
 rank_num_gpus, rank_resources}, each read from the settings of the policy the group serves (a
 multi-LoRA engine group's from the top level; with learner.lora_colocate one learner group holds
-every policy on the top-level rank settings).
+every policy on the top-level rank settings). Under rollout.layout=colocated every group's member i
+shares bundle i (one GPU: engine i and rank i of each learner group).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from jobs.plan.run_layout_record import RunLayout
 from marl.engine_map import EngineMap
 from marl.names import group_name
 
+GPU_SHARE = "gpu"  # rollout.layout=colocated: every group's member i in bundle i
+
 
 def run_layout(cfg: TrainConfig, gpus: ClusterGpus | None = None) -> RunLayout:
     """The layout of `cfg` on `gpus` (default: the connected cluster's, else this machine's: cluster/gpus.py)
@@ -43,6 +46,8 @@ def run_layout(cfg: TrainConfig, gpus: ClusterGpus | None = None) -> RunLayout:
         *_engine_demands(cfg, engine_map, configs),
         *_learner_demands(cfg, configs, learner_groups, shared),
     )
+    if cfg.rollout.layout == "colocated":  # engine i and rank i of every learner group: one bundle, one GPU
+        demands = tuple(replace(d, share=GPU_SHARE) for d in demands)
     configured = {pid: bool(pc.learner.gradient_checkpointing) for pid, pc in configs.items()}  # auto: off
     layout = RunLayout(cfg, policy_map, engine_map, configs, learner_groups, shared, demands, configured,
                        cluster_gpus() if gpus is None else gpus)

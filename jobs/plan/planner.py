@@ -7,7 +7,9 @@ The run layout (jobs/plan/layout.py) resolves `learner.gradient_checkpointing=au
 print it (jobs/plan/report.py).
 
 GPU sharing follows Ray's fractional GPUs: members of one trial take their GPU fractions first-fit, in the
-order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs.
+order the run creates them (engines, then learner ranks), a member of one GPU or more takes whole GPUs. Under
+rollout.layout=colocated GPU i holds engine i and rank i of every learner group, and its peak is the larger of
+its rollout and update phases (jobs/plan/phases.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from omegaconf import OmegaConf
 
 from jobs.config.schema import TrainConfig, as_node
 from jobs.models.shape import shape_of
+from jobs.plan.phases import GpuPhases, colocated_gpus, gpu_phases, switch_seconds
 from jobs.plan.rollout_estimate import (
     ENGINE_RESERVE,
     EXPECTED_FILL,
@@ -54,6 +57,7 @@ FIT_KEYS = (
     "learner.rank_num_gpus",
     "learner.logits_chunk_tokens",
     "learner.padding_free",
+    "rollout.layout",
 )
 # The learner's measured rate (benchmarks/results/2026-12-04-gpu-check-h200.md: this learner on one H200 at
 # prime-rl's four single-GPU baselines, bf16 DeepSpeed ZeRO-2, checkpointing on, 16,384-65,536 tokens per
@@ -88,8 +92,13 @@ class Plan:
     # policy -> its rank with checkpointing (on, off)
     either_way: dict[str, tuple[LearnerMemory, LearnerMemory]]
     times: dict[str, float] = field(default_factory=dict)  # rollout_s, update_s, ... per step (estimates)
+    # rollout.layout=colocated: each GPU's rollout and update phases (jobs/plan/phases.py); None: separate,
+    # every member resident at its peak at once
+    phases: list[GpuPhases] | None = None
 
     def gpu_bytes(self) -> list[float]:
+        if self.phases is not None:
+            return [p.peak for p in self.phases]
         return [sum(m.peak * member_share(m) for m in members) for members in self.gpus]
 
     def fits(self) -> bool:
@@ -141,7 +150,14 @@ def make_plan(layout: RunLayout, memory: float | None = None, checkpointing: dic
         members += colocated
     on_gpu = times and any(m.gpus > 0 and m.engine is not None for m in members)  # the time model is a GPU's
     times_ = step_times(layout, members) if on_gpu else {}
-    return Plan(memory, members, pack(members), ckpt, either_way, times_)
+    if cfg.rollout.layout != "colocated":
+        return Plan(memory, members, pack(members), ckpt, either_way, times_)
+    if times_:  # the phase switches: engine weights and learner states to host memory and back
+        times_["switch_s"] = switch_seconds(members)
+        times_["step_s"] += times_["switch_s"]
+        times_["step_s_at_caps"] += times_["switch_s"]
+    gpus = colocated_gpus(members)
+    return Plan(memory, members, gpus, ckpt, either_way, times_, [gpu_phases(g) for g in gpus])
 
 
 def _colocated_members(cfg: TrainConfig, configs: Mapping[str, TrainConfig], policy_map: PolicyMap,
@@ -360,11 +376,16 @@ def check(plan: Plan) -> None:
                 "of KV cache, less than one sequence of the longest prompt and response: raise "
                 "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens"
             )
-    for gpu in overfull(plan):
+    for gpu, used in zip(plan.gpus, plan.gpu_bytes(), strict=True):
+        if used <= FIT_FRACTION * plan.memory:
+            continue
         held = " + ".join(f"{m.name} {m.peak * member_share(m) / GIB:.1f}" for m in gpu)
+        if plan.phases is not None:  # colocated: the larger phase
+            phase = plan.phases[plan.gpus.index(gpu)]
+            held = (f"rollout phase {phase.rollout / GIB:.1f}, update phase {phase.update / GIB:.1f} "
+                    f"(of {held})")
         raise PlanError(
             f"the plan does not fit {plan.memory / GIB:g} GiB GPUs (ray.gpu_memory_gb; at most "
-            f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = "
-            f"{sum(m.peak * member_share(m) for m in gpu) / GIB:.1f} GiB; change {', '.join(FIT_KEYS)} "
-            "(`python -m jobs.train --plan` shows every term)"
+            f"{FIT_FRACTION:.0%} of it planned): one GPU holds {held} GiB = {used / GIB:.1f} GiB; change "
+            f"{', '.join(FIT_KEYS)} (`python -m jobs.train --plan` shows every term)"
         )

@@ -4,6 +4,7 @@ estimates (`python -m jobs.train --plan`, `python -m jobs.sweep --dry-run`)."""
 from __future__ import annotations
 
 from jobs.config.schema import TrainConfig
+from jobs.plan.phases import GpuPhases
 from jobs.plan.planner import FIT_FRACTION, Member, Plan, longest_sequence, member_share
 from jobs.plan.rollout_estimate import EXPECTED_FILL
 from learners.compute.memory import GIB
@@ -53,7 +54,7 @@ def format_plan(cfg: TrainConfig, plan: Plan) -> str:
     lines = [f"[{cfg.run_name}] plan: {limit}; longest sequence {longest_sequence(cfg):,} tokens; {tokens}"]
     for i, (gpu, used) in enumerate(zip(plan.gpus, plan.gpu_bytes(), strict=True)):
         share = f" ({used / plan.memory:.0%})" if plan.memory else ""
-        lines.append(f"GPU {i}: {gib(used)} GiB{share}")
+        lines.append(f"GPU {i}: {gib(used)} GiB{share}" + (_phases(plan.phases[i]) if plan.phases else ""))
         lines += [f"  {describe_member(m, plan)}" for m in gpu]
     cpu = [m for m in plan.members if m.gpus <= 0]
     if cpu:
@@ -66,6 +67,13 @@ def format_plan(cfg: TrainConfig, plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def _phases(p: GpuPhases) -> str:
+    """A colocated GPU's two phases (jobs/plan/phases.py)."""
+    return (f", the larger of its phases: rollout {gib(p.rollout)} GiB (engine awake, learner states "
+            f"offloaded), update {gib(p.update)} GiB (engine asleep, learner at its peak); resident in both "
+            f"{gib(p.resident)} GiB")
+
+
 def format_times(t: dict[str, float]) -> str:
     """Per-step seconds (estimates on H100s; sources in
     jobs/plan/rollout_estimate.py and jobs/plan/planner.py)."""
@@ -76,4 +84,5 @@ def format_times(t: dict[str, float]) -> str:
         f"({t['generated_tokens']:,.0f} tokens at {t['decode_tokens_per_s']:,.0f} tokens/s, "
         f"{t['concurrency']:.0f} sequences per engine), update {t['update_s']:.0f} s ({updates}), step "
         f"{t['step_s']:.0f} s; every turn at its caps: step {t['step_s_at_caps']:.0f} s"
+        + (f"; phase switches {t['switch_s']:.0f} s of each step (colocated)" if "switch_s" in t else "")
     )

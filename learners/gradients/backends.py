@@ -141,6 +141,15 @@ class GradientBackend(Protocol):
         """Restore what save_state wrote; returns the update counter."""
         ...
 
+    def offload_states(self) -> float:
+        """Move the optimizer's states off the device (rollout.layout=colocated, during the rollout);
+        returns the bytes moved (device bytes freed on GPU)."""
+        ...
+
+    def reload_states(self) -> float:
+        """Bring back what offload_states moved, bit for bit; returns the bytes moved."""
+        ...
+
 
 
 BACKENDS: Registry[LearnerBackendName, GradientBackend] = Registry(LearnerBackendName, "learner.backend", {

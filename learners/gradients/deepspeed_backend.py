@@ -229,6 +229,27 @@ class DeepSpeedBackend:
         return int(client["step"])
 
 
+    # -- rollout.layout=colocated: the engine's own offload (ZeRO-1/2: stage_1_and_2.offload_states; ZeRO-3:
+    # stage3.offload_states). Every state the ZeRO optimizer owns goes (fp32 master weights, optimizer
+    # states, the gradient buffers) but the bf16 module weights, which the sync after the update reads.
+    def offload_states(self) -> float:
+        if self.engine is None:  # not built yet: no ZeRO state exists to move
+            return 0.0
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+        keep = {OffloadStateTypeEnum.lp_params}
+        before = _device_bytes()
+        self.engine.offload_states(include=[s for s in OffloadStateTypeEnum if s not in keep],
+                                   device=OffloadDeviceEnum.cpu, pin_memory=torch.cuda.is_available())
+        return float(before - _device_bytes())
+
+    def reload_states(self) -> float:
+        if self.engine is None:
+            return 0.0
+        before = _device_bytes()
+        self.engine.reload_states()
+        return float(_device_bytes() - before)
+
 def _global_max(n: int, device: torch.device) -> int:
     t = torch.tensor([n], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -240,3 +261,7 @@ def _fsync_tree(folder: Path) -> None:
         with open(file, "rb") as f:
             os.fsync(f.fileno())
 
+
+def _device_bytes() -> int:
+    """The device memory this process's tensors hold (0 on CPU, where DeepSpeed's moves are host to host)."""
+    return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0

@@ -15,6 +15,7 @@ import torch
 from cluster import collective
 from learners.batch import TrainBatch
 from learners.gradients.backends import BackendCapabilities, LearnerParts
+from learners.gradients.offload import OptimizerStash
 from learners.role_grads import assign_flat_grads, flat_grads
 from learners.state.state_io import load_learner_state, save_learner_state
 
@@ -33,6 +34,7 @@ class TorchBackend:
     def __init__(self, parts: LearnerParts):
         self.parts = parts
         self.grad_clip = parts.spec.learner.optim.grad_clip
+        self.stash = OptimizerStash(parts.optimizer)
 
     def join(self, backend: str, host: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         collective.join(backend, host, port, rank, world, timeout_s)
@@ -81,3 +83,10 @@ class TorchBackend:
     def load_state(self, path: str) -> int:
         p = self.parts
         return load_learner_state(path, p.rank, p.model, p.optimizer, p.scheduler)
+
+    # -- rollout.layout=colocated: the optimizer states off the device during the rollout --
+    def offload_states(self) -> float:
+        return self.stash.offload()
+
+    def reload_states(self) -> float:
+        return self.stash.reload()

@@ -39,12 +39,14 @@ from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL
 from cluster.transport import Report
 from marl.types import Completion, JsonRecord
-from rollout.engine import EngineCapabilities, Sampling
+from rollout.engine import EngineCapabilities, Sampling, served_by
 from rollout.lora import BaseWeights, write_adapter
 from rollout.serving import ChatServing, ServingLoop, between_calls
+from rollout.sleep import WAKE_TAGS
 from rollout.vllm.platform import Platform, current_platform, engine_options
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
 from rollout.vllm.repack import Kernels, load_in_place
+from rollout.vllm.sleep import VllmSleep, check_available, sleep_kwargs
 from rollout.vllm.stepper import VLLMStepper
 from rollout.vllm.support import (
     adapter_fingerprint_served,
@@ -99,11 +101,12 @@ class VLLMEngine(ChatServing):
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
                  chat_template_kwargs: dict | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, max_model_len: int = 0, max_loras: int = 0,
-                 max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast"):
+                 max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast",
+                 sleep_mode: bool = False):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
         `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
         `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new
-        weights."""
+        weights. `sleep_mode`: built with vLLM's sleep mode (rollout.layout=colocated; CUDA only)."""
         if sync_path not in SYNC_PATHS:
             raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
         self.sync_path = sync_path
@@ -136,8 +139,13 @@ class VLLMEngine(ChatServing):
         self._lora_ids = 0
         memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len,
                                on_gpu=current_platform() == Platform.cuda)
+        if sleep_mode:
+            from vllm.platforms import current_platform as vllm_platform
+
+            check_available(vllm_platform)
         self.llm = LLM(**_llm_kwargs(model_path, dtype, weight_channel), **options.llm_kwargs, **memory,
-                       **_lora_kwargs(max_loras, max_lora_rank))
+                       **_lora_kwargs(max_loras, max_lora_rank), **sleep_kwargs(sleep_mode))
+        self.sleep_mode = VllmSleep(self.llm)
         _LIVE.add(self)
         stepper = VLLMStepper(
             self.llm.llm_engine,
@@ -159,7 +167,7 @@ class VLLMEngine(ChatServing):
         return Completion(
             text=self.tokenizer.decode(tokens, skip_special_tokens=True), prompt_ids=prompt,
             response_ids=tokens, logprobs=logprobs, finish_reason="stop" if stopped else "length",
-            version=version, policy_id=adapter or self.policy_id,
+            version=version, policy_id=served_by(adapter, self.adapters, self.policy_id),
         )
 
     @between_calls
@@ -297,6 +305,17 @@ class VLLMEngine(ChatServing):
 
     def weight_version(self) -> int:
         return self.version
+
+    @between_calls
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        """vLLM's sleep (rollout/vllm/sleep.py), with no call in flight."""
+        with _PROCESS_LOCK:
+            return self.sleep_mode.sleep(level)
+
+    @between_calls
+    def wake_up(self, tags: tuple[str, ...] = WAKE_TAGS) -> dict[str, float]:
+        with _PROCESS_LOCK:
+            return self.sleep_mode.wake_up(tags)
 
 
 def vllm_kernels() -> Kernels:

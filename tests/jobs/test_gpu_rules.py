@@ -45,10 +45,12 @@ def test_nccl_with_an_end_on_cpu_is_refused_as_mismatched_backends(cpu_side):
 
 
 def test_nccl_between_members_on_gpu_fractions_is_refused():
-    """paper_base.yaml's layout, an engine at 0.5 GPU beside a learner rank at 0.5: NCCL refuses two ranks
-    on one device."""
+    """paper_base.yaml's former layout, an engine at 0.5 GPU beside a learner rank at 0.5 (now colocated,
+    refused with NCCL by jobs/config/gpu_layout.py): NCCL refuses two ranks on one device."""
     with pytest.raises(ConfigError, match=r"may share one GPU: rollout\.engine_num_gpus=0\.5 and "
                                           r"learner\.rank_num_gpus=0\.5"):
+        load_config(TINY, [*WHOLE, "rollout.engine_num_gpus=0.5", "learner.rank_num_gpus=0.5"])
+    with pytest.raises(ConfigError, match=r"sync\.transport=nccl cannot run under rollout\.layout=colocated"):
         load_config(PAPER, ["sync.transport=nccl"])
     # one fractional engine beside a whole-GPU rank cannot share a device with another channel member
     assert load_config(TINY, [*WHOLE, "rollout.engine_num_gpus=0.5"]).sync.transport == "nccl"

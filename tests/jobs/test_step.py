@@ -60,7 +60,7 @@ def _handles(cfg) -> SimpleNamespace:
                                               engine_cls=cast(type[EngineMember], SeedRecorder))
                for spec in engine_map.groups}
     collector = Collector(engines, "eval_opt", get_family("digit"), WorkflowOptions(max_rounds=3))
-    return SimpleNamespace(collector=collector, engines=engines)
+    return SimpleNamespace(collector=collector, engines=engines, weight_versions=dict)
 
 
 def test_no_two_requests_share_a_seed_within_or_across_consecutive_steps(tmp_path):
@@ -103,7 +103,7 @@ def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_be
     )
     collector = FakeCollector()
     sampler = PromptSampler(digit_tasks(8, 0), 0)
-    source = RolloutSource(SimpleNamespace(collector=collector), cfg, sampler)
+    source = RolloutSource(SimpleNamespace(collector=collector, weight_versions=dict), cfg, sampler)
     timer = PhaseTimer()
     source.take(0, timer)  # nothing prefetched yet: collected now, timed as the step's rollout
     after_step0 = sampler.state()
@@ -123,7 +123,7 @@ def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_be
 
 
 def test_synchronous_source_never_prefetches(tmp_path):
-    source = RolloutSource(SimpleNamespace(collector=FakeCollector()), _cfg(tmp_path),
+    source = RolloutSource(SimpleNamespace(collector=FakeCollector(), weight_versions=dict), _cfg(tmp_path),
                            PromptSampler(digit_tasks(8, 0), 0))
     assert source.during_update(0) is None
 

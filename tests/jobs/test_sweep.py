@@ -113,9 +113,9 @@ def test_paper_matrix_fits_two_gpus_per_trial():
     setup, some = setup_of(spec), [c for c in all_cells if c["seed"] == 0 and c["model.path"].endswith("4B")]
     gpus = [sum(b.get("GPU", 0.0) for b in trial_resources(setup, {"grid": c}).bundles) for c in some]
     assert len(some) == 14 and 0 < min(gpus) and max(gpus) <= 2.0
-    # Multi-LoRA serving: one engine group whatever the workflow, so GPUs follow the policies alone: half a
-    # GPU for the engine and for each policy's rank (the memory plan's packing, docs/scaling.md).
-    assert (min(gpus), max(gpus)) == (1.0, 2.0)
+    # The colocated layout (the paper's): every trial holds two whole GPUs, each one engine and one rank of
+    # the learner group (multi-LoRA serving and colocated adapters: one of each whatever the workflow).
+    assert (min(gpus), max(gpus)) == (2.0, 2.0)
     plans = [make_plan(run_layout(trial_config(setup, {"grid": c}, "p"))) for c in some]
     assert all(p.fits() and p.memory == 80 * GIB for p in plans)  # every 4B cell fits an 80 GB GPU
     cfg = trial_config(setup, {"grid": some[-1]}, "p")

@@ -135,3 +135,29 @@ def test_adapter_ranks_round_up_to_one_vllm_sizes_for():
     }
     with pytest.raises(ValueError, match="exceeds vLLM's largest LoRA rank"):
         _lora_kwargs(1, 1024)
+
+
+def test_a_turn_the_base_model_served_for_a_missing_adapter_fails_the_step(engine, adapters):
+    """An adapter never loaded: the engine serves its requests from the base model without an
+    error (as vLLM does), but the completion says so, and the step's served check stops on it instead of
+    training that policy on the base model's samples."""
+    from jobs.driver.served import ServedError, check_served
+    from marl.policy_map import PolicyMap
+    from marl.types import Episode, Task, Turn
+    from rollout.engine import BASE_MODEL
+
+    engine.load_adapter(adapters["a1"], 5)
+    served = {p: engine.generate(REQUESTS[:1], GREEDY, p)[0] for p in ("a", "never-loaded")}
+    assert (served["a"].policy_id, served["a"].version) == ("a", 5)
+    assert served["never-loaded"].policy_id == BASE_MODEL
+    roles = {"a": "solver", "never-loaded": "critic"}
+    turns = [Turn(role=roles[p], agent=roles[p], round=0, messages=[], completion=c)
+             for p, c in served.items()]
+    episode = Episode(task=Task("t", "q", "1"), sample_index=0, workflow="voting", turns=turns)
+    policy_map = PolicyMap((("solver", "a"), ("critic", "never-loaded")))
+    check_served([episode], policy_map, {"a": 5}, step=5)  # never-loaded untracked: nothing to check
+    with pytest.raises(ServedError, match=r"role 'critic': expected policy 'never-loaded' at version 5, "
+                                          r"served by '<base model>' at version 0 \(1 turns\)"):
+        check_served([episode], policy_map, {"a": 5, "never-loaded": 5}, step=5)
+    with pytest.raises(ServedError, match="expected policy 'a' at version 6, served by 'a' at version 5"):
+        check_served([episode], policy_map, {"a": 6}, step=6)  # a stale adapter fails the same way

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from marl.tasks.base import AsyncScoring, TaskFamily
 from marl.types import Episode
+from marl.workflows.common import parse_verdict
 
 
 def episode_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
@@ -64,21 +65,54 @@ def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, flo
     generator wrote it); `choice/available/aggregator`, the episodes in which at least one generator's answer
     scores 1, and `choice/accuracy/aggregator`, the fraction of those whose chosen answer (the episode's
     reward) scores 1 (NaN without any). Accuracy only for families scored inline (math): scoring every
-    candidate of a code task would run the sandbox K more times. {} when no episode has an aggregator over
-    generators."""
+    candidate of a code task would run the sandbox K more times. Beside the accuracy, its chance baselines on
+    the same episodes: `choice/always_first/aggregator` (the first response shown scores 1) and
+    `choice/random/aggregator` (the expected accuracy of a uniform pick: the share of candidates scoring 1).
+    {} when no episode has an aggregator over generators."""
     chosen = [ep.score_info["choice"] for ep in episodes if "choice" in ep.score_info]
     first = {"choice/first/aggregator": sum(c == 1 for c in chosen) / len(chosen)} if chosen else {}
     if isinstance(family, AsyncScoring):
         return first
-    available = right = 0
+    available, right, first_right, random_right = 0, 0, 0, 0.0
     for ep in episodes:
         candidates = [t for t in ep.turns if t.role == "generator"]
         if not candidates or not any(t.role == "aggregator" for t in ep.turns):
             continue
-        if any(family.score(ep.task, family.extract_answer(t.text)) == 1.0 for t in candidates):
+        scores = [family.score(ep.task, family.extract_answer(t.text)) == 1.0 for t in candidates]
+        if any(scores):
             available += 1
             right += ep.reward == 1.0
+            first_right += scores[ep.score_info.get("shown", [0])[0]]
+            random_right += sum(scores) / len(scores)
     if not available and not any(t.role == "aggregator" for ep in episodes for t in ep.turns):
         return first
+    share = (lambda n: n / available) if available else (lambda n: float("nan"))
     return {**first, "choice/available/aggregator": float(available),
-            "choice/accuracy/aggregator": right / available if available else float("nan")}
+            "choice/accuracy/aggregator": share(right), "choice/always_first/aggregator": share(first_right),
+            "choice/random/aggregator": share(random_right)}
+
+
+def verdict_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
+    """eval_opt's evaluator as a judge: each evaluator turn's verdict (marl.workflows.common.parse_verdict;
+    unparsable = Incorrect, as the workflow reads it) against the true grade of the generator answer just
+    before it. `verdict/judged/evaluator` (verdicts), `verdict/accuracy/evaluator` (verdicts that match the
+    grade), `verdict/correct_share/evaluator` (judged answers that are right) and `verdict/majority/evaluator`
+    (a judge that always gives the more common grade: the chance baseline). Families scored inline only; {}
+    when no episode has an evaluator."""
+    if isinstance(family, AsyncScoring):
+        return {}
+    pairs = []
+    for ep in episodes:
+        answer = None
+        for t in ep.turns:
+            if t.role == "generator":
+                answer = t.text
+            elif t.role == "evaluator" and answer is not None:
+                grade = family.score(ep.task, family.extract_answer(answer)) == 1.0
+                pairs.append((bool(parse_verdict(t.text)), grade))
+    if not pairs:
+        return {}
+    share = sum(g for _, g in pairs) / len(pairs)
+    return {"verdict/judged/evaluator": float(len(pairs)),
+            "verdict/accuracy/evaluator": sum(v == g for v, g in pairs) / len(pairs),
+            "verdict/correct_share/evaluator": share, "verdict/majority/evaluator": max(share, 1 - share)}

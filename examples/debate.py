@@ -5,7 +5,8 @@ A workflow written outside the project, against `marl` alone: train it with
 A workflow module has ROLES, agents(opts) and an async run(task, client, family, opts, sample_index) that
 returns an Episode; every model call goes through `client` (one Turn per call, routed by its role). Its
 own options are the dataclass OPTIONS names, each field with its bounds: `marl.options.debaters=3` sets N,
-checked at config load like any key; `opts.own(Options)` reads them. Its
+checked at config load like any key; `opts.own(Options)` reads them. Beside them, guards(opts) declares the
+judge's output guard (on with `marl.guards.judge=builtin`). Its
 wording is data: PROMPT_SPEC names the templates each role fills, and the text comes from the prompt set
 `marl.prompts` names when that set has a `debate` section (marl.prompts=my_prompts.yaml), else from
 debate.yaml beside this file (PROMPT_FILE). Either is checked against PROMPT_SPEC at config load.
@@ -17,6 +18,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from marl.guards import Guard, boxed_choices
 from marl.prompts import RoleWording, WorkflowWording
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task, Turn
@@ -45,6 +47,13 @@ class Options:
 
 
 OPTIONS = Options
+
+
+def guards(opts: WorkflowOptions) -> dict[str, Guard]:
+    """The judge's built-in output guard (`marl.guards.judge: builtin`): 200 characters of reasoning at most,
+    then \\boxed{i} for one of the debaters, what `parse_choice` reads (marl/guards.py)."""
+    picks = [str(i) for i in range(1, opts.own(Options).debaters + 1)]
+    return {"judge": Guard("choice", boxed_choices(picks), budget=200)}
 
 # role -> template -> the placeholders it may use (as the built-in workflows' PROMPT_SPEC)
 PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {

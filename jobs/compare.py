@@ -3,7 +3,8 @@ and what a sweep with `compare: true` prints at its end (jobs/configs/compare_sh
 
 For every run: its held-out accuracy at each evaluation, and for its coordinating roles (voting's aggregator,
 eval_opt's evaluator, orch_workers' orchestrator and synthesizer) the parse rate (its turns the workflow could
-parse) and, for the roles that decide among other roles' answers (the aggregator, the synthesizer), the
+parse), the evaluator's verdicts that match the true grade beside a judge always giving the more common grade,
+and, for the roles that decide among other roles' answers (the aggregator, the synthesizer), the
 decision accuracy (of the episodes in which at least one candidate was right, those whose final answer is
 right) beside what a random pick, a majority vote and always taking the first candidate would have scored over
 the same episodes, at base and at the final evaluation: a parse is not a decision, and a role no better than
@@ -56,6 +57,17 @@ def decision_line(base: dict[str, Any], final: dict[str, Any], role: str) -> str
     return text + (f" (chance: {', '.join(chance)})" if chance else "")
 
 
+def verdict_line(base: dict[str, Any], final: dict[str, Any], role: str) -> str:
+    """A judging role's verdicts that match the true grade, at base -> final, beside a judge always giving
+    the more common grade."""
+    def at(row: dict[str, Any], prefix: str, name: str) -> str:
+        return _fmt(_metric(row, f"{prefix}verdict/{name}/{role}"))
+
+    return (f"judges right {at(base, 'eval/before/', 'accuracy')} -> {at(final, 'eval/', 'accuracy')} "
+            f"(chance: always the more common grade {at(base, 'eval/before/', 'majority')} -> "
+            f"{at(final, 'eval/', 'majority')})")
+
+
 def role_lines(run: RunRecord) -> list[str]:
     """The coordinating roles' parse rates, and the deciding roles' accuracy beside their chance baselines,
     at base -> final evaluation."""
@@ -70,6 +82,8 @@ def role_lines(run: RunRecord) -> list[str]:
         line = f"  {run.sharing:<9} {role}: parses {before} at base -> {after} after training"
         if f"eval/before/choice/accuracy/{role}" in base:
             line += f"; {decision_line(base, final, role)}"
+        if f"eval/before/verdict/accuracy/{role}" in base:
+            line += f"; {verdict_line(base, final, role)}"
         if f"eval/before/choice/first/{role}" in base:
             first = (f"{_fmt(float(base[f'eval/before/choice/first/{role}']))} -> "
                      f"{_fmt(_metric(final, f'eval/choice/first/{role}'))}")

@@ -46,6 +46,9 @@ class TrainBatch:
     # [B] float or None: a row's weight in the policy movement's sample (learners/diagnostic_sample.py), 0 =
     # not measured; set by a learner from its plan, never by build_batches. None = every row at weight 1.
     move_weights: Tensor | None = None
+    # role -> the grammar text of its output guard (marl.guard_grammar): the learner replays it over those
+    # rows' tokens and masks their logits as the engines did (learners/compute/guard_masks.py). {} = none.
+    guards: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
@@ -85,6 +88,7 @@ class TrainBatch:
             pad_id=self.pad_id,
             old_logprobs=self.old_logprobs[idx, :width] if self.old_logprobs is not None else None,
             move_weights=self.move_weights[idx] if self.move_weights is not None else None,
+            guards=self.guards,
         )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
@@ -143,6 +147,7 @@ class TrainBatch:
             pad_id=batches[0].pad_id,
             old_logprobs=cat("old_logprobs", 0.0) if batches[0].old_logprobs is not None else None,
             move_weights=_cat_optional([b.move_weights for b in batches]),
+            guards=batches[0].guards,
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:
@@ -215,7 +220,7 @@ def _row(turn: Turn, advantage: float, max_len: int | None, max_prompt_len: int 
     return _Row(turn, cut, len(c.prompt_ids), list(c.logprobs[:kept]), len(cut) < len(tokens), advantage)
 
 
-def _stack_rows(policy_id: str, rows: list[_Row], pad_id: int) -> TrainBatch:
+def _stack_rows(policy_id: str, rows: list[_Row], pad_id: int, guards: Mapping[str, str]) -> TrainBatch:
     """One right-padded TrainBatch from rows."""
     shape = (len(rows), max(len(r.tokens) for r in rows))
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -239,6 +244,7 @@ def _stack_rows(policy_id: str, rows: list[_Row], pad_id: int) -> TrainBatch:
         roles=[r.turn.role for r in rows],
         agents=[r.turn.agent for r in rows],
         pad_id=pad_id,
+        guards={role: text for role, text in guards.items() if any(r.turn.role == role for r in rows)},
     )
 
 
@@ -250,6 +256,7 @@ def build_batches(
     max_len: int | None = None,
     max_prompt_len: int | None = None,
     balance_ranks: int = 0,
+    guards: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
@@ -263,7 +270,9 @@ def build_batches(
     each of policy_map.roles): 'batch/rows', 'batch/dropped_empty', 'batch/dropped_truncated' (lost to the
     length caps), 'batch/truncated' (rows kept with part of their response cut). `balance_ranks` > 0: the kept
     rows of every policy together take verl's balanced order over that many ranks (learners/update/balance.py)
-    before they are split per policy. Raises ValueError on a length mismatch or an empty prompt.
+    before they are split per policy. `guards` (role -> grammar text): the output guards the roles' turns
+    were sampled under, carried as each batch's `guards`. Raises ValueError on a length mismatch or an empty
+    prompt.
     """
     turns = [t for ep in episodes for t in ep.turns]
     if tuple(advantages.shape) != (len(turns),):
@@ -288,7 +297,7 @@ def build_batches(
     for row in kept:
         per_policy[policy_map[row.turn.role]].append(row)
     pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(per_policy, pad_id)
-    return {p: _stack_rows(p, rows, pads[p]) for p, rows in per_policy.items() if rows}, stats
+    return {p: _stack_rows(p, rows, pads[p], guards or {}) for p, rows in per_policy.items() if rows}, stats
 
 
 class RoleDropError(RuntimeError):

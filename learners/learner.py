@@ -102,6 +102,7 @@ class Learner:
             algo,
             temperature=spec.temperature if spec.temperature > 0 else 1.0,
             autocast=autocast,
+            model_path=spec.model_path,
         )
         self.move = PolicyMove(learner.policy_move and sample_size(learner.diagnostics.sample_rows) != 0)
         self.step = 0

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from learners.batch import TrainBatch
+from learners.compute.guard_masks import GuardReplay, LossMasks
 from learners.compute.logprob_head import sequence_logprobs
 from learners.gradients.backends import GradientBackend
 from learners.rank_metrics import TokenSums
@@ -49,6 +50,11 @@ class PolicyPasses:
     temperature: float
     autocast: torch.dtype | None
     pad_id: int = 0  # a token id for idle passes; the batch's own once one arrives
+    # the policy's model folder: its tokenizer replays guarded rows' grammars
+    # (learners/compute/guard_masks.py)
+    model_path: str = ""
+    replay_guards: bool = True  # False only to measure what the replay corrects (benchmarks/guards.py)
+    _replay: GuardReplay | None = None
 
     def micro_rows(self, lengths: list[int]) -> list[list[int]]:
         """Row positions per micro-batch: `learner.micro_batch_size` rows, or
@@ -127,7 +133,16 @@ class PolicyPasses:
         loss_mask[:, 1:] are meaningful."""
         runner = self.backend.runner(plain) if model is None else model
         return self._sequence_logprobs(self.model if model is None else model, runner, mb.input_ids,
-                                       mb.attention_mask, mb.loss_mask, entropy=entropy)
+                                       mb.attention_mask, mb.loss_mask, entropy=entropy,
+                                       allowed=self.guard_masks(mb))
+
+    def guard_masks(self, mb: TrainBatch) -> LossMasks | None:
+        """The allowed tokens at mb's loss positions of guarded rows (their grammar replayed), or None."""
+        if not mb.guards or not self.replay_guards:
+            return None
+        if self._replay is None:
+            self._replay = GuardReplay(self.model_path, int(self.model.config.vocab_size))
+        return self._replay.loss_masks(mb.input_ids, mb.loss_mask, mb.roles, mb.guards)
 
     @torch.no_grad()
     def policy_logprobs(self, mb: TrainBatch) -> torch.Tensor:
@@ -150,9 +165,10 @@ class PolicyPasses:
         attention_mask: torch.Tensor,
         loss_mask: torch.Tensor,
         entropy: bool = False,
+        allowed: LossMasks | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext():
             return sequence_logprobs(model, runner, input_ids, attention_mask, loss_mask,
                                      temperature=self.temperature, chunk=self.cfg.logits_chunk_tokens,
                                      entropy=entropy, padding_free=self.cfg.padding_free,
-                                     agree=self.backend.matched_passes)
+                                     agree=self.backend.matched_passes, allowed=allowed)

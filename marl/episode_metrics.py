@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from marl.tasks.base import AsyncScoring, TaskFamily
 from marl.types import Episode
+from marl.workflows.common import parse_verdict
 
 
 def episode_metrics(episodes: list[Episode], roles: list[str]) -> dict[str, float]:
@@ -128,3 +129,29 @@ def choice_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, flo
     for decider, over in DECIDERS.items():
         out.update(decider_metrics(episodes, family, decider, over))
     return out
+
+
+def verdict_metrics(episodes: list[Episode], family: TaskFamily) -> dict[str, float]:
+    """eval_opt's evaluator as a judge: each evaluator turn's verdict (marl.workflows.common.parse_verdict;
+    unparsable = Incorrect, as the workflow reads it) against the true grade of the generator answer just
+    before it. `verdict/judged/evaluator` (verdicts), `verdict/accuracy/evaluator` (verdicts that match the
+    grade), `verdict/correct_share/evaluator` (judged answers that are right) and `verdict/majority/evaluator`
+    (a judge that always gives the more common grade: the chance baseline). Families scored inline only; {}
+    when no episode has an evaluator."""
+    if isinstance(family, AsyncScoring):
+        return {}
+    pairs = []
+    for ep in episodes:
+        answer = None
+        for t in ep.turns:
+            if t.role == "generator":
+                answer = t.text
+            elif t.role == "evaluator" and answer is not None:
+                grade = family.score(ep.task, family.extract_answer(answer)) == 1.0
+                pairs.append((bool(parse_verdict(t.text)), grade))
+    if not pairs:
+        return {}
+    share = sum(g for _, g in pairs) / len(pairs)
+    return {"verdict/judged/evaluator": float(len(pairs)),
+            "verdict/accuracy/evaluator": sum(v == g for v, g in pairs) / len(pairs),
+            "verdict/correct_share/evaluator": share, "verdict/majority/evaluator": max(share, 1 - share)}

@@ -52,11 +52,15 @@ class Sampling:
     seed: int = 0
     # (role, cap) pairs overriding max_new_tokens for those roles' turns (rollout.role_max_new_tokens).
     role_caps: tuple[tuple[str, int], ...] = ()
+    # The output guard the call's turns are sampled under: its grammar's EBNF text (marl.guard_grammar), "" =
+    # none; and the (role, grammar) pairs that set it per role (marl.guards).
+    guard: str = ""
+    role_guards: tuple[tuple[str, str], ...] = ()
 
     def for_role(self, role: str) -> Sampling:
-        """This sampling with `role`'s own response cap, if it has one."""
-        cap = dict(self.role_caps).get(role)
-        return self if cap is None else dataclasses.replace(self, max_new_tokens=cap)
+        """This sampling with `role`'s own response cap and guard, if it has them."""
+        cap = dict(self.role_caps).get(role, self.max_new_tokens)
+        return dataclasses.replace(self, max_new_tokens=cap, guard=dict(self.role_guards).get(role, ""))
 
     def derive(self, *parts: int | str) -> Sampling:
         """This sampling with a seed derived from its own for `parts` (a role's k-th batch, an engine chunk,

@@ -3,7 +3,10 @@ adapter, for CPU tests and laptops.
 
 Calls are served on the engine's serving loop (rollout.serving). A call of several requests (a
 lockstep chunk) is one batched `generate`; single-request calls queued together (streaming) are merged
-into one batch. Every row samples from its own generator seeded `sampling.request_seed(i)`, as vLLM
+into one batch. A guarded call (Sampling.guard) samples under its grammar: a logits processor holds each row
+to the tokens xgrammar's matcher allows (marl.guard_grammar, the masks vLLM's structured outputs apply), and
+the reported logprobs are of that masked distribution. Every row samples from its own generator seeded
+`sampling.request_seed(i)`, as vLLM
 seeds each request, so a request's draws do not depend on what it was batched with, nor on another
 engine's thread reseeding torch's global one.
 """
@@ -24,6 +27,7 @@ from cluster.packing import pack, tensor_bytes
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL, sketch
 from cluster.transport import Report
+from marl.guard_grammar import TokenMasks, unpack
 from marl.types import Completion
 from rollout.engine import EngineCapabilities, Sampling, served_by
 from rollout.lora import BaseWeights, write_adapter
@@ -61,6 +65,7 @@ class HFEngine(ChatServing):
         self.adapter_versions: dict[str, int] = {}  # multi-LoRA serving: adapter (policy id) -> version
         self._queue: list[Job] = []  # admitted calls, served first come first served
         self.sleep_mode = WeightStash(self.model)  # rollout.layout=colocated: weights freed during the update
+        self._masks: TokenMasks | None = None  # guarded calls: the guards' grammars for this tokenizer
         self.loop = ServingLoop(self, f"hf:{policy_id}")
 
     # The serving loop's Stepper (rollout.serving), on the loop's thread.
@@ -95,19 +100,29 @@ class HFEngine(ChatServing):
     def _generate(self, prompts: list[list[int]], seeds: list[int], sampling: Sampling, adapter: str | None,
                   count: Callable[[int], None]) -> list[Completion]:
         ids, mask = _left_pad(prompts, self.pad_id)
+        guard = _GuardProcessor(self.token_masks(), sampling.guard, len(prompts)) if sampling.guard else None
+        processors = [*([guard] if guard else []), _RowSampler(sampling, seeds, count)]
         # Greedy decoding over what _RowSampler leaves: its own draw (sampling) or the argmax (temperature 0).
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=False,
             temperature=None, top_p=None, top_k=None, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
-            logits_processor=LogitsProcessorList([_RowSampler(sampling, seeds, count)]),
+            logits_processor=LogitsProcessorList(processors),
             return_dict_in_generate=True, output_logits=True,
         )
         new = out.sequences[:, ids.shape[1]:]
         logits = torch.stack(out.logits, dim=1).float()  # [B, new, V], raw (before temperature)
+        if guard is not None:  # the distribution sampled from: the guard's mask at every step
+            logits = logits.masked_fill(~guard.allowed(), float("-inf"))
         if sampling.temperature != 0:
             logits = logits / sampling.temperature
         lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         return [self._completion(p, row, lp, adapter) for p, row, lp in zip(prompts, new, lps, strict=True)]
+
+    def token_masks(self) -> TokenMasks:
+        """The guards' grammars compiled for this engine's tokenizer (built on the first guarded call)."""
+        if self._masks is None:
+            self._masks = TokenMasks(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
+        return self._masks
 
     def _completion(
         self, prompt: list[int], row: torch.Tensor, lp: torch.Tensor, adapter: str | None
@@ -228,6 +243,34 @@ class _RowSampler(LogitsProcessor):
         return out.scatter_(1, torch.stack(picks), 0.0)
 
 
+class _GuardProcessor(LogitsProcessor):
+    """Holds each row to its guard: before every step the row's matcher takes the row's last token and fills
+    the tokens it allows next; the others get -inf. Keeps every step's masks for the reported logprobs."""
+
+    def __init__(self, masks: TokenMasks, grammar: str, rows: int):
+        self.masks = masks
+        self.matchers = [masks.matcher(grammar) for _ in range(rows)]
+        self.steps: list[torch.Tensor] = []  # per step: [B, words] int32
+
+    def __call__(  # type: ignore[override]
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor
+    ) -> torch.Tensor:
+        """scores [B, V] -> [B, V], -inf where the row's guard allows no token."""
+        bits = self.masks.empty(len(self.matchers))
+        for i, matcher in enumerate(self.matchers):
+            if self.steps and not matcher.is_terminated() and not matcher.accept_token(int(input_ids[i, -1])):
+                raise RuntimeError(f"row {i}: the sampled token {int(input_ids[i, -1])} left its guard")
+            self.masks.fill(matcher, bits, i)
+        self.steps.append(torch.from_numpy(bits))
+        allowed = torch.from_numpy(unpack(bits, scores.shape[-1]))
+        return scores.masked_fill(~allowed, float("-inf"))
+
+    def allowed(self) -> torch.Tensor:
+        """Every step's allowed tokens [B, steps, V] bool."""
+        vocab = self.masks.vocab_size
+        return torch.stack([torch.from_numpy(unpack(b.numpy(), vocab)) for b in self.steps], dim=1)
+
+
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """probs: [B, V] -> [B, V] renormalised over the smallest set of top tokens
     holding `top_p` of the mass."""
@@ -252,7 +295,7 @@ def _next_batch(queue: list[Job]) -> list[Job]:
 
 def _batch_key(job: Job) -> tuple:
     s = job.sampling
-    return job.adapter, s.temperature, s.top_p, s.max_new_tokens
+    return job.adapter, s.temperature, s.top_p, s.max_new_tokens, s.guard
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -20,6 +20,7 @@ from jobs.config.colocation import colocate_problem
 from jobs.config.field_rules import auto_rules, check_fields, choice_problem
 from jobs.config.gpu_layout import layout_problem, transport_problem
 from jobs.config.gpu_rules import gpu_problem
+from jobs.config.guards import guards_problem
 from jobs.config.policies import (
     ENGINE_KEYS,
     POLICY_KEYS,
@@ -145,6 +146,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_data_fidelity(cfg)
     _check_tracking(cfg)
     _check_role_caps(cfg)
+    _check_guards(cfg)
     _check_reward_shaping(cfg)
     _check_policies(cfg)
     _check_dtype(cfg)
@@ -449,6 +451,12 @@ def _check_role_caps(cfg: TrainConfig) -> None:
         if not 0 < cap <= cfg.algo.max_len:
             raise ConfigError(f"config: rollout.role_max_new_tokens.{role} must be in (0, algo.max_len = "
                               f"{cfg.algo.max_len}]; got {cap!r}")
+
+
+def _check_guards(cfg: TrainConfig) -> None:
+    problem = guards_problem(cfg)
+    if problem:
+        raise ConfigError(f"config: {problem}")
 
 
 def _check_lengths(cfg: TrainConfig) -> None:

@@ -204,6 +204,13 @@ class MarlConfig(WorkflowSettings):
     # of the episode's outcome (marl/rewards.py;
     # examples/format_penalty.py). Imported and checked at config load. {} = the outcome on every turn.
     reward_shaping: dict[str, str] = field(default_factory=dict)
+    # Output guards (marl/guards.py): role -> `builtin` (the workflow's own guard for that role: voting's
+    # aggregator, eval_opt's evaluator, orch_workers' orchestrator), {budget: N} (the built-in with a
+    # free-text budget of N characters) or {kind: choice|regex|ebnf|json_schema, text | choices, budget}.
+    # Both engines sample the role's turns under the grammar and the learner replays it
+    # (docs/workflows.md#output-guards). Checked at load: the role, the grammar (compiled now) and the
+    # role's response cap. {} = none (as the paper).
+    guards: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

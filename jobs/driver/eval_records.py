@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from marl.episode_metrics import choice_metrics
+from marl.episode_metrics import choice_metrics, verdict_metrics
 from marl.tasks.base import TaskFamily
 from marl.types import Episode
 from rollout.storage import write_episodes
@@ -71,8 +71,9 @@ def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> d
     (turns of that role the workflow could not parse, summed over the episodes), eval/failures/<reason>
     (episodes the workflow ended early: too_many_strategies, unparsable_plan), eval/plan_format/<format>
     (orch_workers: how its parser read each plan, strategy | numbered | lines | none), eval/turns/<role> and
-    eval/response_len/<role> (mean response tokens), and with `family` the aggregator's choice accuracy
-    (eval/choice/*, marl.episode_metrics.choice_metrics)."""
+    eval/response_len/<role> (mean response tokens), and with `family` the coordinating roles' decision
+    accuracy beside its chance baselines: the aggregator's choice (eval/choice/*, choice_metrics) and the
+    evaluator's verdict against the true grade (eval/verdict/*, verdict_metrics, marl.episode_metrics)."""
     out = {"eval/accuracy": sum(e.reward for e in episodes) / len(episodes) if episodes else float("nan"),
            "eval/episodes": float(len(episodes))}
     lengths: dict[str, list[int]] = {}
@@ -88,5 +89,6 @@ def eval_metrics(episodes: list[Episode], family: TaskFamily | None = None) -> d
         out[f"eval/turns/{role}"] = float(len(n))
         out[f"eval/response_len/{role}"] = sum(n) / len(n)
     if family is not None:
-        out.update({f"eval/{k}": v for k, v in choice_metrics(episodes, family).items()})
+        decisions = {**choice_metrics(episodes, family), **verdict_metrics(episodes, family)}
+        out.update({f"eval/{k}": v for k, v in decisions.items()})
     return out

@@ -20,6 +20,7 @@ from cluster import stop
 from cluster.group import GroupError
 from cluster.stop import StopRequested
 from jobs.config import to_yaml
+from jobs.config.guards import role_guards, run_guards
 from jobs.config.schema import TrainConfig
 from jobs.driver import run_checkpoints as ckpt
 from jobs.driver.assets import InputError, RunAssets
@@ -31,6 +32,8 @@ from jobs.driver.step import RolloutSource, role_caps, train_step
 from jobs.driver.updates import check_skipped_steps
 from jobs.telemetry.tracking import RunLog
 from marl.cliff import CliffTracker
+from marl.guard_grammar import at_budget
+from marl.guards import guard_metrics
 from marl.seeds import derive_seed
 from marl.types import Episode, Task
 from rollout.engine import Sampling
@@ -70,7 +73,7 @@ class RunState:
 
 # The base evaluation's figures logged with step 0 as eval/before/*, beside eval/accuracy_before.
 BASE_KEYS = ("eval/parse_failures/", "eval/turns/", "eval/response_len/", "eval/choice/", "eval/failures/",
-             "eval/plan_format/")
+             "eval/plan_format/", "eval/verdict/", "eval/guard/")
 
 
 def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[Episode]:
@@ -84,6 +87,7 @@ def evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task]) -> list[E
         s.max_new_tokens,
         seed=derive_seed(cfg.seed, "eval"),
         role_caps=role_caps(cfg.rollout),
+        role_guards=role_guards(cfg),
     )
     return handles.collector.collect(tasks, 1, sampling).episodes
 
@@ -97,7 +101,9 @@ def timed_evaluate(handles: RunHandles, cfg: TrainConfig, tasks: list[Task], run
     episodes = evaluate(handles, cfg, tasks)
     append_eval(run_dir, steps_done, episodes)
     write_eval_turns(run_dir, steps_done, episodes)
-    return {**eval_metrics(episodes, handles.collector.family), "time/eval_s": time.perf_counter() - t0}
+    guarded = {f"eval/{k}": v for k, v in guard_metrics(episodes, run_guards(cfg), at_budget).items()}
+    return {**eval_metrics(episodes, handles.collector.family), **guarded,
+            "time/eval_s": time.perf_counter() - t0}
 
 
 def attempt(run: RunState, resume: Path | None) -> dict[str, float]:

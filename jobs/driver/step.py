@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs.config.guards import role_guards, run_guards
 from jobs.config.schema import RolloutConfig, TrainConfig
 from jobs.driver.handles import RunHandles
 from jobs.driver.served import check_served
@@ -21,6 +22,8 @@ from learners.batch import TrainBatch, build_batches, check_role_drops, flat_rew
 from learners.role_grads import step_role_shares
 from learners.update.advantages import ADVANTAGE_ESTIMATORS, group_keys, keys_to_ids
 from marl.episode_metrics import episode_metrics
+from marl.guard_grammar import at_budget
+from marl.guards import guard_metrics
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
@@ -109,6 +112,7 @@ class RolloutSource:
             s.max_new_tokens,
             seed=derive_seed(self.cfg.seed, "rollout", step),
             role_caps=role_caps(self.cfg.rollout),
+            role_guards=role_guards(self.cfg),
         )
 
     def collect(self, tasks: list[Task], step: int,
@@ -187,8 +191,9 @@ def train_step(
     with timer.phase("wake"):
         moved |= phases.wake_engines(("kv_cache",))
     shares = step_role_shares(updated, handles.policy_map.roles)
-    return {**rollout_metrics(rollout, handles.policy_map.roles, version), **updated, **shares, **synced,
-            **{k: float(v) for k, v in batch_stats.items()}, **moved, **timer.metrics()}
+    guarded = guard_metrics(rollout.episodes, run_guards(cfg), at_budget)
+    return {**rollout_metrics(rollout, handles.policy_map.roles, version), **guarded, **updated, **shares,
+            **synced, **{k: float(v) for k, v in batch_stats.items()}, **moved, **timer.metrics()}
 
 
 def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
@@ -207,6 +212,7 @@ def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode],
         cfg.algo.max_len,
         cfg.rollout.max_prompt_tokens or None,
         balance_ranks=balance_ranks(cfg),
+        guards=dict(role_guards(cfg)),
     )
     check_role_drops(batch_stats, step, cfg.algo.max_role_drop_frac)
     return batches, batch_stats

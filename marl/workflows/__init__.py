@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
+from marl.guards import Guard, read_guards
 from marl.plugins import PluginError, is_file_spec, load_module
 from marl.prompts import PromptSetError, load_prompt_set
 from marl.tasks.base import TaskFamily
@@ -133,6 +134,15 @@ def workflow_own_options(name: str, values: Mapping[str, Any]) -> object:
     return own_options(getattr(get_workflow(name), "OPTIONS", None), values, name)
 
 
+def workflow_guards(name: str, opts: WorkflowOptions, values: Mapping[str, Any]) -> dict[str, Guard]:
+    """The run's output guards (role -> Guard) from `values` (`marl.guards`), the built-in ones read from the
+    workflow module's `guards(opts)` (declared beside its options; none when it has no such function). Raises
+    ValueError naming `marl.guards.<role>`."""
+    module = get_workflow(name)
+    builtin = getattr(module, "guards", None)
+    return read_guards(values, roles_of(name), lambda: builtin(opts) if builtin else {}, name)
+
+
 def agent_role(agent: str) -> str:
     """The role an agent name is an instance of: `generator1` -> `generator`, `judge` -> `judge`."""
     return re.sub(r"\d+$", "", agent)
@@ -178,4 +188,4 @@ def check_prompts(spec: str, workflow: str) -> None:
 
 __all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "WorkflowSettings", "agent_role",
            "check_prompts", "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_options",
-           "workflow_own_options", "workflow_problem"]
+           "workflow_guards", "workflow_own_options", "workflow_problem"]

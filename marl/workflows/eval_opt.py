@@ -17,6 +17,7 @@ after its own system prompt (and worked examples, if the set gives any).
 
 from __future__ import annotations
 
+from marl.guards import Guard, boxed_choices
 from marl.prompts import RoleWording, WorkflowWording
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
@@ -48,6 +49,12 @@ HISTORIES: tuple[str, ...] = ("separate", "shared")  # the set's `settings: {his
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return ["generator", "evaluator"]
+
+
+def guards(opts: WorkflowOptions) -> dict[str, Guard]:
+    """The built-in guards (marl.guards.evaluator: builtin): the evaluator writes its feedback within 200
+    characters, then its verdict \\boxed{Correct} or \\boxed{Incorrect}, what `parse_verdict` reads."""
+    return {"evaluator": Guard("choice", boxed_choices(["Correct", "Incorrect"]), budget=200)}
 
 
 async def run(

@@ -13,6 +13,7 @@ the synthesizer writes one complete runnable program.
 
 from __future__ import annotations
 
+from marl.guards import Guard
 from marl.prompts import RoleWording
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
@@ -42,6 +43,29 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
 def agents(opts: WorkflowOptions) -> list[str]:
     """Every agent that may speak; fewer workers run when fewer strategies are proposed."""
     return ["orchestrator"] + [f"worker{i}" for i in range(opts.max_strategies)] + ["synthesizer"]
+
+
+# A strategy line of the orchestrator's guard: at most this many characters, its first one neither a space nor
+# the markdown emphasis the plan parser skips (so no line reads as a strategy with no text).
+STRATEGY_CHARS = 64
+
+
+def plan_grammar(max_strategies: int) -> str:
+    """EBNF of a plan of 1..max_strategies lines 'STRATEGY k: <text>', what parse_plan reads as 'strategy'."""
+    nested = ""
+    for k in range(max_strategies, 1, -1):
+        nested = f' ("\\nSTRATEGY {k}: " line{nested})?'
+    return (f'root ::= "STRATEGY 1: " line{nested}\n'
+            f'line ::= first [ -~]{{0,{STRATEGY_CHARS - 1}}}\n'
+            'first ::= [!-)] | [+-^] | [`-~]')
+
+
+def guards(opts: WorkflowOptions) -> dict[str, Guard]:
+    """The built-in guards (marl.guards.orchestrator: builtin): the orchestrator writes its plan alone, 1 to
+    max_strategies 'STRATEGY k:' lines of at most STRATEGY_CHARS characters each, so no plan is unparsable
+    or too long."""
+    longest = sum(len(f"STRATEGY {k}: ") + STRATEGY_CHARS + 1 for k in range(1, opts.max_strategies + 1))
+    return {"orchestrator": Guard("ebnf", plan_grammar(opts.max_strategies), 0, format_chars=longest)}
 
 
 def _synthesis_prompt(task: Task, strategies: list[str], solutions: list[str], w: RoleWording) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+from marl.guards import Guard, boxed_choices
 from marl.prompts import RoleWording
 from marl.seeds import derive_seed
 from marl.tasks.base import TaskFamily
@@ -49,6 +50,13 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return [f"generator{i}" for i in range(opts.num_generators)] + ["aggregator"]
+
+
+def guards(opts: WorkflowOptions) -> dict[str, Guard]:
+    """The built-in guards (marl.guards.aggregator: builtin): the aggregator reasons within 200 characters,
+    then answers \\boxed{k} with k in 1..K, what `choose` parses."""
+    return {"aggregator": Guard("choice", boxed_choices([str(i) for i in range(1, opts.num_generators + 1)]),
+                                budget=200)}
 
 
 def _aggregate_prompt(task: Task, responses: list[str], w: RoleWording) -> str:

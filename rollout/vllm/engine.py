@@ -14,7 +14,8 @@ still unset before importing vllm).
 Logprobs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probabilities after temperature (and
 top-k/top-p) processing, i.e. log_softmax(logits / T), what the learner computes. With top_p < 1 they are of
 the truncated distribution, which the learner does not model; `rollout/logprob_diff/<role>` shows the gap.
-Greedy requests get log_softmax of the raw logits, as in the HF engine.
+Greedy requests get log_softmax of the raw logits, as in the HF engine. A guarded request's grammar bitmask
+is applied to the logits before the sampler, so both logprobs modes report the masked distribution's.
 """
 
 from __future__ import annotations
@@ -353,10 +354,15 @@ def _request_params(eos_ids: list[int]) -> Callable[[Sampling, int], SamplingPar
     """(sampling, seed) -> the SamplingParams of one request: one sample, the sampled token's logprob, stopped
     at the model's end tokens, no detokenizing (the adapter decodes), each step's new tokens only (DELTA)."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     def make(sampling: Sampling, seed: int) -> SamplingParams:
+        # A guarded turn (marl.guards): vLLM's structured outputs on the guard's one EBNF text, through
+        # xgrammar (_llm_kwargs), whose matcher the HF engine and the learner use too.
+        guard = (
+            {"structured_outputs": StructuredOutputsParams(grammar=sampling.guard)} if sampling.guard else {})
         return SamplingParams(
+            **guard,
             n=1,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -382,6 +388,9 @@ def _llm_kwargs(model_path: str, dtype: str, weight_channel: bool) -> JsonRecord
     return {
         "model": model_path, "dtype": dtype, "seed": 0, "enable_prefix_caching": True,
         "logprobs_mode": "processed_logprobs",
+        # Guarded turns through xgrammar, never another backend `auto` could fall back to: the HF engine and
+        # the learner replay xgrammar's masks.
+        "structured_outputs_config": {"backend": "xgrammar"},
         # A progress bar per engine start and per weight reload is console noise.
         "use_tqdm_on_load": False,
         **channel,

@@ -105,3 +105,15 @@ def test_compare_sharing_trains_both_arms_and_prints_the_comparison(tmp_path):
     assert "voting · shared" in out and "voting · isolated" in out
     assert out.count("aggregator: parses") == 2 and "decides right" in out and "a random pick" in out
     assert (tmp_path / "compare_voting" / "report" / "index.html").is_file() and "report with plots:" in out
+
+
+def test_the_evaluators_verdicts_are_shown_beside_the_more_common_grade(tmp_path):
+    base = {"step": 0, "time/step_s": 1.0, "eval/accuracy_before": 0.25, "eval/before/episodes": 4.0,
+            "eval/before/turns/evaluator": 4.0, "eval/before/verdict/accuracy/evaluator": 0.5,
+            "eval/before/verdict/majority/evaluator": 0.75}
+    final = {"step": 2, "eval/accuracy": 0.5, "eval/episodes": 4.0, "eval/turns/evaluator": 4.0,
+             "eval/verdict/accuracy/evaluator": 0.8, "eval/verdict/majority/evaluator": 0.6}
+    _write_run(tmp_path / "a", "isolated", [base, {"step": 1, "time/step_s": 1.0}, final])
+    text = comparison([load_run(tmp_path / "a")])
+    assert ("evaluator: parses 1.00 at base -> 1.00 after training; judges right 0.50 -> 0.80 (chance: "
+            "always the more common grade 0.75 -> 0.60)") in text

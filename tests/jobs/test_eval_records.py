@@ -68,6 +68,37 @@ def test_the_aggregators_choice_accuracy_counts_episodes_with_a_right_candidate(
     assert not any(k.startswith("eval/choice/") for k in eval_metrics([episode("e", 1.0)], MathFamily()))
 
 
+def test_the_aggregators_choice_accuracy_comes_with_its_chance_baselines():
+    episodes = [voting_episode("a", ["4", "5", "6"], 2, "\\boxed{2}"),  # first shown wrong; random 1/3
+                voting_episode("b", ["5", "4", "6"], 3, "\\boxed{3}"),  # first shown right; random 1/3
+                voting_episode("c", ["4", "5", "5"], 3, "\\boxed{3}")]  # first shown wrong; random 2/3
+    episodes[0].score_info["shown"] = [1, 0, 2]  # shuffled: the right answer was shown first
+    m = eval_metrics(episodes, MathFamily())
+    assert m["eval/choice/always_first/aggregator"] == 2 / 3
+    assert abs(m["eval/choice/random/aggregator"] - (1 / 3 + 1 / 3 + 2 / 3) / 3) < 1e-12
+
+
+def eval_opt_episode(task_id: str, rounds: list[tuple[str, str]]) -> Episode:
+    """An eval_opt episode on '2 + 3' of (answer, verdict text) rounds."""
+    turns = []
+    for r, (answer, verdict) in enumerate(rounds):
+        text = f"\\boxed{{{answer}}}"
+        turns.append(Turn("generator", "generator", r, [], Completion(text, [1], [1], [0.0])))
+        turns.append(Turn("evaluator", "evaluator", r, [], Completion(verdict, [1], [1], [0.0])))
+    return Episode(task=Task(task_id, "2 + 3", "5"), sample_index=0, workflow="eval_opt", turns=turns)
+
+
+def test_the_evaluators_verdicts_are_scored_against_the_true_grade_of_the_answer_they_judged():
+    episodes = [eval_opt_episode("a", [("4", "\\boxed{Incorrect}"), ("5", "\\boxed{Correct}")]),  # 2 right
+                eval_opt_episode("b", [("4", "\\boxed{Correct}")]),  # wrong
+                eval_opt_episode("c", [("6", "Yes, it is correct.")])]  # unparsable reads Incorrect: right
+    m = eval_metrics(episodes, MathFamily())
+    assert m["eval/verdict/judged/evaluator"] == 4.0 and m["eval/verdict/accuracy/evaluator"] == 3 / 4
+    assert m["eval/verdict/correct_share/evaluator"] == 1 / 4
+    assert m["eval/verdict/majority/evaluator"] == 3 / 4
+    assert not any(k.startswith("eval/verdict/") for k in eval_metrics(episodes[:0], MathFamily()))
+
+
 def test_episode_failures_and_plan_formats_are_counted():
     plans = [Episode(task=Task("a", "1+1", "2"), sample_index=0, workflow="orch_workers", failure=failure,
                      score_info={"plan_format": fmt} if fmt else {})

@@ -464,3 +464,44 @@ def test_collecting_one_engine_leaves_the_other_engines_of_the_process_serving(e
     del other
     gc.collect()
     assert engine.generate(REQUESTS[:1], GREEDY)[0].response_ids == before
+
+
+def test_a_guarded_request_is_held_to_the_hf_engines_masks_and_reports_the_masked_logprobs(engine, hf):
+    # One grammar (marl.guards): vLLM's own xgrammar backend (as its engine core builds it) and the HF
+    # engine's matcher allow the same tokens at every position of the responses vLLM sampled, and vLLM's
+    # processed logprobs are those of the masked distribution (its runner applies the bitmask before the
+    # sampler).
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    from marl.guard_grammar import grammar_text, unpack
+    from marl.guards import Guard, boxed_choices
+
+    text = grammar_text(Guard("choice", boxed_choices(["Correct", "Incorrect"]), budget=6))
+    out = engine.generate(REQUESTS, Sampling(1.0, max_new_tokens=24, seed=3, guard=text))
+    config = engine.llm.llm_engine.vllm_config
+    backend = XgrammarBackend(config, tokenizer=engine.llm.get_tokenizer(),
+                              vocab_size=config.model_config.get_vocab_size())
+    masks = hf.token_masks()
+    removed = 0.0
+    for i, c in enumerate(out):
+        assert c.finish_reason == "stop" and c.text.endswith(("{Correct}", "{Incorrect}")), c.text
+        theirs = backend.compile_grammar(StructuredOutputOptions.GRAMMAR, text,
+                                         stop_token_ids=set(engine.eos_ids))
+        bits = torch.full((1, masks.words), -1, dtype=torch.int32)
+        ours = masks.replay(text, c.response_ids)
+        for pos, token in enumerate(c.response_ids):
+            theirs.fill_bitmask(bits, 0)
+            assert (bits[0].numpy() == ours[pos]).all(), (i, pos)
+            assert theirs.accept_tokens(str(i), [token])
+        allowed = torch.from_numpy(unpack(ours, masks.vocab_size))
+        ids = torch.tensor([c.prompt_ids + c.response_ids])
+        with torch.no_grad():
+            logits = hf.model(ids).logits[0, len(c.prompt_ids) - 1:-1].float()
+        target = torch.tensor(c.response_ids)[:, None]
+        masked = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), -1)
+        masked = masked.gather(-1, target).squeeze(-1)
+        free = torch.log_softmax(logits, -1).gather(-1, target).squeeze(-1)
+        assert (masked - torch.tensor(c.logprobs)).abs().max().item() < LOGPROB_TOL
+        removed = max(removed, (masked - free).max().item())
+    assert removed > 0.1  # the masks removed mass somewhere, so the check above could tell them apart

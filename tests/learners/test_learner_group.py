@@ -94,6 +94,8 @@ def test_merge_rank_metrics_by_hand():
             "optim/steps/p": 2.0,
             "batch/padding_frac/p": 4.0 / 25.0,
             "update/skipped_steps/p": 1.0,
+            "update/nonfinite_steps/p": 0.0,
+            "update/nonfinite_run/p": 0.0,
             "update/policy_move/p": 0.4 / 12.0,
             "entropy/generator": 12.0 / 6.0,
             "rollout/logprob_diff/generator": 0.6 / 6.0,
@@ -111,7 +113,7 @@ def test_merge_rank_metrics_with_no_tokens_anywhere():
     assert merge_rank_metrics([empty, empty], "p") == {
         "loss/p": 0.0, "grad/norm/p": 0.0, "lr/p": 5e-4, "clip_frac/p": 0.0,
         "last/grad/norm/p": 0.0, "last/lr/p": 5e-4, "optim/steps/p": 1.0, "batch/padding_frac/p": 0.0,
-        "update/skipped_steps/p": 0.0,
+        "update/skipped_steps/p": 0.0, "update/nonfinite_steps/p": 0.0, "update/nonfinite_run/p": 0.0,
     }
 
 
@@ -130,6 +132,8 @@ def test_in_process_group_steps_on_an_empty_batch():
         "optim/steps/p": 1.0,
         "batch/padding_frac/p": 0.0,
         "update/skipped_steps/p": 0.0,
+        "update/nonfinite_steps/p": 0.0,
+        "update/nonfinite_run/p": 0.0,
         "update/policy_move/p": 0.0,
         "update/diag_rows/p": 0.0,
         "update/policy_move_rows/p": 0.0,
@@ -176,7 +180,8 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
             "grad/mass_share/evaluator", "grad/mass/generator", "grad/mass/evaluator",
             "clip_frac/role/generator", "clip_frac/role/evaluator",
             "optim/steps/p", "update/skipped_steps/p", "update/policy_move/p", "update/diag_rows/p",
-            "update/policy_move_rows/p"} | LAST == set(m)
+            "update/policy_move_rows/p", "update/nonfinite_steps/p",
+            "update/nonfinite_run/p"} | LAST == set(m)
 
 
 def test_two_ranks_with_one_row(one_and_two_ranks):

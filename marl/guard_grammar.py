@@ -83,6 +83,18 @@ def at_budget(guard: Guard, text: str) -> bool:
     return bool(matcher.accept_string(text[guard.budget:]) and matcher.is_completed())
 
 
+def merged_eos(generation_eos: int | list[int] | None, tokenizer_eos: int | None) -> list[int]:
+    """The end tokens a turn stops on: the generation config's, then the tokenizer's if it is not among
+    them. Both engines stop on these and the learner's replay ends a guard's grammar on them (TokenMasks),
+    so all three read them through this one rule (each reads the generation config where it loads models:
+    marl imports no model library)."""
+    ids = list(generation_eos) if isinstance(generation_eos, list) else (
+        [generation_eos] if generation_eos is not None else [])
+    if tokenizer_eos is not None and tokenizer_eos not in ids:
+        ids.append(tokenizer_eos)
+    return ids
+
+
 class TokenMasks:
     """The guards' grammars compiled for one tokenizer: `vocab_size` (the model's logits width) and
     `stop_ids` (the end tokens a turn may stop on, allowed where the grammar is complete)."""

@@ -27,7 +27,7 @@ from cluster.packing import pack, tensor_bytes
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL, sketch
 from cluster.transport import Report
-from marl.guard_grammar import TokenMasks, unpack
+from marl.guard_grammar import TokenMasks, merged_eos, unpack
 from marl.types import Completion
 from rollout.engine import EngineCapabilities, Sampling, served_by
 from rollout.lora import BaseWeights, write_adapter
@@ -56,7 +56,7 @@ class HFEngine(ChatServing):
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_ids = merged_eos(self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id)
         self.policy_id = policy_id
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
@@ -296,14 +296,6 @@ def _next_batch(queue: list[Job]) -> list[Job]:
 def _batch_key(job: Job) -> tuple:
     s = job.sampling
     return job.adapter, s.temperature, s.top_p, s.max_new_tokens, s.guard
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

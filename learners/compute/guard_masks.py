@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from marl.guard_grammar import TokenMasks
+from marl.guard_grammar import TokenMasks, merged_eos
 
 # Enough rows for the passes of one update of a few hundred guarded turns; older ones are replayed again.
 _CACHE_ROWS = 4096
@@ -56,18 +56,15 @@ class LossMasks:
 
 
 def stop_ids(model_path: str, tokenizer: Any) -> list[int]:
-    """The end tokens a turn stops on, as the engines read them: the generation config's, then the
-    tokenizer's."""
+    """The end tokens a turn stops on, as the vLLM engine reads them (marl.guard_grammar.merged_eos of the
+    folder's generation config and the tokenizer)."""
     from transformers import GenerationConfig
 
     try:
         eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    ids = list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
+    return merged_eos(eos, tokenizer.eos_token_id)
 
 
 class GuardReplay:

@@ -13,6 +13,7 @@ import torch
 from cluster.driver_env import driver_env
 from cluster.fingerprint import fingerprint_terms
 from cluster.payloads import AdapterPayload
+from marl.guard_grammar import merged_eos
 from marl.types import JsonRecord
 from rollout.sections import kv_cache_bytes
 
@@ -55,17 +56,15 @@ def memory_kwargs(kv_cache_gb: float | None, gpu_memory_utilization: float, max_
 
 
 def eos_ids_of(model_path: str, tokenizer: Any) -> list[int]:
-    """The generation config's eos ids plus the tokenizer's, as the HF engine stops on."""
+    """marl.guard_grammar.merged_eos of the folder's generation config (none without
+    generation_config.json) and the tokenizer: what the engine stops on."""
     from transformers import GenerationConfig
 
     try:
         eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    ids = list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
+    return merged_eos(eos, tokenizer.eos_token_id)
 
 
 def adapter_fingerprint_served(worker: Any, lora_id: int, payload: AdapterPayload) -> float:

@@ -45,11 +45,12 @@ def episodes_of(completions: list[Completion]) -> list[Episode]:
 
 
 def learner_gap(model_path: str, completions: list[Completion], advantages: list[float],
-                temperature: float = TEMPERATURE) -> dict[str, float]:
-    """role -> the learner's rollout/logprob_diff on the engine's rows (one in-process update, fp32)."""
+                temperature: float = TEMPERATURE, guards: dict[str, str] | None = None) -> dict[str, float]:
+    """role -> the learner's rollout/logprob_diff on the engine's rows (one in-process update, fp32), the
+    batch carrying `guards` (role -> grammar text) when given."""
     pad = AutoTokenizer.from_pretrained(model_path).pad_token_id or 0
     batches, _ = build_batches(
-        episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), pad
+        episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), pad, guards=guards
     )
     cfg = load_config(
         "jobs/configs/tiny.yaml",

@@ -5,22 +5,19 @@ does not replay is caught. The vLLM engine's side is in tests/rollout/test_vllm_
 from __future__ import annotations
 
 import pytest
-import torch
 
 from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
-from learners.batch import build_batches
-from learners.group import LearnerGroup
-from learners.member import LearnerSpec
 from marl.guard_grammar import at_budget, grammar_text
 from marl.guards import Guard, boxed_choices, guard_metrics
-from marl.policy_map import PolicyMap
 from marl.types import Completion, Episode, Task, Turn
 from marl.workflows import eval_opt, orch_workers, voting
 from marl.workflows.common import WorkflowOptions, parse_choice, parse_plan, parse_verdict
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
-from tests.learners.test_engine_logprobs import DIFF_TOL, REQUESTS, ROLES, TEMPERATURE, episodes_of
+from tests.learners.test_engine_logprobs import DIFF_TOL, REQUESTS, TEMPERATURE, learner_gap
+
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 
 BASE = ["rollout.sampling.max_new_tokens=64", "algo.max_len=512"]
 VERDICT = Guard("choice", boxed_choices(["Correct", "Incorrect"]), budget=6)
@@ -75,24 +72,6 @@ def test_built_in_guards_always_parse(engine, module, role, parses):
         assert any(at_budget(guard, c.text) for c in out)
 
 
-def _guarded_gap(tiny: str, completions, guards: dict[str, str]) -> dict[str, float]:
-    """role -> the learner's rollout/logprob_diff on the engine's rows, the batch carrying `guards`."""
-    pad = 0
-    batches, _ = build_batches(episodes_of(completions), PolicyMap.shared(ROLES, "p"),
-                               torch.tensor([1.0, -1.0, 0.5, -0.5]), pad, guards=guards)
-    cfg = load_config("jobs/configs/tiny.yaml", ["learner.ranks=0", "model.dtype=float32",
-                                                  "learner.optim.lr=1e-3", "model.lora.enabled=false",
-                                                  "algo.kl_coef=0.0"])
-    group = LearnerGroup(LearnerSpec(policy_id="p", model_path=tiny, model=cfg.model, learner=cfg.learner,
-                                     algo=cfg.algo, temperature=TEMPERATURE, total_steps=2, seed=0),
-                         "logprobs")
-    try:
-        metrics = group.update(batches["p"])
-    finally:
-        group.shutdown()
-    return {role: metrics[f"rollout/logprob_diff/{role}"] for role in ROLES}
-
-
 @pytest.fixture(scope="module")
 def guarded_run(engine, tiny):
     """The evaluator's rows (REQUESTS 1 and 3) sampled under VERDICT, the generator's unguarded."""
@@ -104,14 +83,14 @@ def guarded_run(engine, tiny):
 
 def test_the_learner_replays_the_guard_to_the_engines_logprobs(guarded_run):
     tiny, completions, guards = guarded_run
-    gaps = _guarded_gap(tiny, completions, guards)
+    gaps = learner_gap(tiny, completions, ADVANTAGES, guards=guards)
     assert all(gap < DIFF_TOL for gap in gaps.values()), gaps
 
 
 def test_a_learner_that_does_not_replay_the_guard_is_caught(guarded_run):
     # The same rows without the guard's replay: the evaluator's log-probs are of the unmasked distribution.
     tiny, completions, _ = guarded_run
-    gaps = _guarded_gap(tiny, completions, {})
+    gaps = learner_gap(tiny, completions, ADVANTAGES, guards={})
     assert gaps["generator"] < DIFF_TOL and gaps["evaluator"] > 1e-2, gaps
 
 

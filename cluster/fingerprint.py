@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -46,3 +46,23 @@ def fingerprint(weights: Mapping[str, Any], k: int = SAMPLES_PER_TENSOR) -> floa
     """Exactly rounded float64 sum of every tensor's terms. Tensors (any device, any float dtype) or numpy
     arrays; O(k) work per tensor. fsum is order-independent, so parts may be computed in other processes."""
     return math.fsum(x for name in weights for x in fingerprint_terms(name, weights[name], k))
+
+
+class Running:
+    """`fingerprint` of a stream of named tensors, taken as they pass (a bucketed sync never holds them all):
+    the same terms, summed exactly at the end, so `value()` equals `fingerprint` of the whole set."""
+
+    def __init__(self, k: int = SAMPLES_PER_TENSOR):
+        self.k = k
+        self.terms: list[float] = []
+
+    def add(self, name: str, tensor: Any) -> None:
+        self.terms.extend(fingerprint_terms(name, tensor, self.k))
+
+    def through(self, pairs: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        for name, tensor in pairs:
+            self.add(name, tensor)
+            yield name, tensor
+
+    def value(self) -> float:
+        return math.fsum(self.terms)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -34,6 +34,7 @@ import torch
 from cluster import collective
 from cluster.packing import PackedTensors
 from cluster.payloads import AdapterPayload, LoraDelta
+from cluster.weight_transfer import Layout
 from learners.batch import TrainBatch
 from learners.compute.padding_free import attention_implementation
 from learners.diagnostic_sample import sample_size
@@ -288,13 +289,24 @@ class Learner:
     def sync_metrics(self) -> dict[str, float]:
         return self.weights.sync_metrics()
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                  backend: str) -> None:
-        self.weights.nccl_join(host, port, rank, world_size, timeout_s, backend)
+    def nccl_join(self, host: str, port: int, world_size: int, timeout_s: float, backend: str,
+                  bucket_bytes: int) -> None:
+        self.weights.nccl_join(host, port, world_size, timeout_s, backend, bucket_bytes)
 
-    def nccl_send(self, version: int, bucket_bytes: int,
-                  fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:
-        return self.weights.nccl_send(version, bucket_bytes, fingerprint)
+    def weight_layout(self) -> Layout:
+        return self.weights.weight_layout()
+
+    def nccl_send(self, version: int) -> dict[str, float]:
+        return self.weights.nccl_send(version)
+
+    def ipc_open(self, bucket_bytes: int) -> None:
+        self.weights.ipc_open(bucket_bytes)
+
+    def ipc_next(self) -> dict[str, Any] | None:
+        return self.weights.ipc_next()
+
+    def ipc_close(self) -> dict[str, float]:
+        return self.weights.ipc_close()
 
     def export(self, out_dir: str) -> str:
         return self.weights.export(out_dir)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cluster.collective import CollectiveMember
-from cluster.nccl import WeightSender
+from cluster.weight_transfer import WeightSender
 from learners.sections import AlgoSection, LearnerSection, ModelSection
 
 if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
@@ -47,7 +47,7 @@ class LearnerSpec:
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):
     """One data-parallel rank of a policy: trains on its shard, hands out weights (its WeightServer,
-    learners/state/weight_server.py; rank 0 also over the NCCL channel: WeightSender), saves and restores
+    learners/state/weight_server.py; rank 0 also over the weight channel: WeightSender), saves and restores
     state; ranks form a process group (CollectiveMember)."""
 
     def __init__(self, spec: LearnerSpec, rank: int = 0) -> None: ...

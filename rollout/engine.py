@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from marl.registry import Registry
 from marl.seeds import derive_seed
@@ -19,6 +19,7 @@ from marl.types import Completion, Message
 if TYPE_CHECKING:  # the contract needs no torch to import
     from torch import Tensor
 
+    from cluster.buckets import Meta
     from cluster.payloads import AdapterPayload, LoraDelta
     from cluster.transport import Report
 
@@ -122,13 +123,25 @@ class EngineMember(Protocol):
         ...
 
     def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
-                  /) -> None:
-        """Join the learner's NCCL weight channel (cluster.nccl) as `rank`, on the c10d `backend` the driver
-        chose for every end."""
+                  bucket_bytes: int, /) -> None:
+        """Join the learner's weight channel (cluster.weight_transfer) as `rank`, on the c10d `backend` the
+        driver chose for every end; a second join aborts the channel it replaces."""
         ...
 
-    def nccl_receive(self, version: int, bucket_bytes: int, /) -> dict[str, float]:
-        """Receive one broadcast over the channel and serve it."""
+    def nccl_receive(self, version: int, layout: list[Meta], /) -> dict[str, float]:
+        """Receive one broadcast over the channel (`layout`: what it holds, in order) and serve it."""
+        ...
+
+    def ipc_start(self) -> None:
+        """A colocated sync over CUDA IPC begins (cluster.weight_transfer.broadcast_ipc)."""
+        ...
+
+    def ipc_load(self, info: dict[str, Any], /) -> None:
+        """Load one bucket of the learner's IPC buffer on this engine's GPU."""
+        ...
+
+    def ipc_finish(self, version: int, /) -> dict[str, float]:
+        """After the last bucket: serve them as `version`; reports as nccl_receive does."""
         ...
 
     def weight_version(self) -> int:

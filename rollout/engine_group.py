@@ -31,7 +31,7 @@ from rollout.stall import StallWatch
 Resync = Callable[["EngineGroup", int], None]
 
 
-def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weight_channel: bool,
+def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weight_channel: str,
                    chat_template_kwargs: Mapping[str, Any]) -> JsonRecord:
     # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
@@ -77,13 +77,14 @@ class EngineGroup:
         first_slot: int = 0,
         placement: GroupPlacement | None = None,
         lora_rank: int = 0,
-        weight_channel: bool = False,
+        weight_channel: str = "",
         engine_cls: type[EngineMember] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         resync: Resync | None = None,
     ):
         """`first_slot`: this group's first engine's index among all engines of the run (CPU core binding);
-        `lora_rank`: adapters' rank (multi-LoRA); `weight_channel`: engines receive weights over NCCL;
+        `lora_rank`: adapters' rank (multi-LoRA); `weight_channel`: the transport (nccl, ipc) engines
+        receive weights over through vLLM's weight-transfer engines, or "";
         `engine_cls`: instead of the backend's; `chat_template_kwargs`: extra chat template variables
         (model.chat_template_kwargs); `resync`: catches a replaced member up to the current weights (none: a
         replacement serves the model folder's)."""

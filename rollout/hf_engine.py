@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
@@ -198,14 +198,21 @@ class HFEngine(ChatServing):
                 "sketch": pack({name: sketch(name, own[name]) for name in delta.names}),
                 "sketch_rtol": SKETCH_RTOL[self.model.dtype]}
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                  backend: str) -> None:
-        raise NotImplementedError("the hf engine receives weights through the object store; "
-                                  "sync.transport=nccl needs rollout.backend=vllm")
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
+                  bucket_bytes: int) -> None:
+        raise NotImplementedError(_NO_CHANNEL)
 
-    def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
-        raise NotImplementedError("the hf engine receives weights through the object store; "
-                                  "sync.transport=nccl needs rollout.backend=vllm")
+    def nccl_receive(self, version: int, layout: list[Any]) -> dict[str, float]:
+        raise NotImplementedError(_NO_CHANNEL)
+
+    def ipc_start(self) -> None:
+        raise NotImplementedError(_NO_CHANNEL)
+
+    def ipc_load(self, info: dict[str, Any]) -> None:
+        raise NotImplementedError(_NO_CHANNEL)
+
+    def ipc_finish(self, version: int) -> dict[str, float]:
+        raise NotImplementedError(_NO_CHANNEL)
 
     def weight_version(self) -> int:
         return self.version
@@ -306,3 +313,7 @@ def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
         ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
         mask[i, width - len(s):] = 1
     return ids, mask
+
+
+_NO_CHANNEL = ("the hf engine receives weights through the object store; sync.transport=nccl or ipc needs "
+               "rollout.backend=vllm")

@@ -88,9 +88,11 @@ class BaseWeights:
     fingerprinted. Each layer merges into an fp32 buffer of its own, reused by every sync (`merge_into`);
     the parts of a fused stack (`stacks`: the model's packed_modules_mapping, e.g. qkv_proj -> q, k, v)
     into row blocks of one buffer, in stacking order, so that the engine loads the stack as one view
-    instead of concatenating it."""
+    instead of concatenating it. Base weights, buffers and the merge live on `device`: an engine on a GPU
+    merges there, not in host fp32 buffers (about 3x the model's bytes of host memory per engine)."""
 
-    def __init__(self, model_path: str, dtype: torch.dtype, stacks: dict[str, list[str]] | None = None):
+    def __init__(self, model_path: str, dtype: torch.dtype, stacks: dict[str, list[str]] | None = None,
+                 device: torch.device | str = "cpu"):
         import glob
 
         import torch
@@ -99,8 +101,8 @@ class BaseWeights:
         files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
         if not files:
             raise FileNotFoundError(f"{model_path}: no *.safetensors files to hold the base weights of")
-        self.dtype = dtype
-        self.base = {k: v.to(dtype) for f in files for k, v in load_file(f).items()}
+        self.dtype, self.device = dtype, torch.device(device)
+        self.base = {k: v.to(self.device, dtype) for f in files for k, v in load_file(f).items()}
         with open(os.path.join(model_path, "config.json")) as f:
             tied = json.load(f).get("tie_word_embeddings", False)
         if tied and "lm_head.weight" not in self.base and "model.embed_tokens.weight" in self.base:
@@ -134,9 +136,10 @@ class BaseWeights:
                 continue
             if weight not in self._buffers:
                 self._allocate(weight)
+            b, a = b.to(self.device), a.to(self.device)  # the payload arrives in host memory
             merged = merge_into(self._buffers[weight], self.base[weight].float(), b.float(), a.float(), scale)
             out[weight] = merged if self.dtype == self._torch.float32 else merged.to(self.dtype)
-            self._last[weight] = (a.clone(), b.clone())
+            self._last[weight] = (ab["A"].clone(), ab["B"].clone())  # as they arrived: compared with the next
         return out
 
     def _allocate(self, weight: str) -> None:
@@ -150,7 +153,8 @@ class BaseWeights:
         if not all(n in self.base and self.base[n].shape[1:] == self.base[weight].shape[1:] for n in group):
             group = [weight]
         rows = [self.base[n].shape[0] for n in group]
-        whole = self._torch.empty(*self.base[weight].shape[1:], sum(rows), dtype=self._torch.float32).T
+        whole = self._torch.empty(*self.base[weight].shape[1:], sum(rows), dtype=self._torch.float32,
+                                  device=self.device).T
         self._buffers.update(zip(group, whole.split(rows), strict=True))
         for n in group:  # addmm first copies W0 into its output: the same layout makes that a plain copy
             self.base[n] = self.base[n].T.contiguous().T

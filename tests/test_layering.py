@@ -19,8 +19,12 @@ ALLOWED = {
     "learners": {"learners", "marl", "cluster"},
     "jobs": OURS,
 }
-# The only modules allowed to import these (lazily, inside an adapter).
-FENCES = {"vllm": {"rollout/vllm/engine.py"}, "deepspeed": {"learners/gradients/deepspeed_backend.py"}}
+# The only modules allowed to import these (lazily, inside an adapter). vLLM's weight-transfer engines have
+# two sides: the worker's (rollout/vllm/worker.py, imported by vLLM itself inside its worker, so at top
+# level) and the trainer's (cluster/weight_transfer.py, lazily, on the CUDA path only: the gloo path and the
+# driver run without vllm).
+FENCES = {"vllm": {"rollout/vllm/engine.py", "rollout/vllm/worker.py", "cluster/weight_transfer.py"},
+          "deepspeed": {"learners/gradients/deepspeed_backend.py"}}
 MARL_FORBIDDEN = {"ray", "torch", "vllm", "deepspeed", "transformers"}
 # Ray's API (object refs, actors, its exceptions) stays in cluster/ and the jobs/ entry points;
 # benchmarks, tests and scripts are not layers. Every other top-level folder of Python code (a new
@@ -282,7 +286,8 @@ def test_every_module_imports_first_in_a_fresh_process():
 
 
 # A GPU machine that measures the learner (benchmarks/gpu_check.sh) may have torch and DeepSpeed but no Ray or
-# vLLM: the learner, its DeepSpeed backend, the config and the planner must import there.
+# vLLM: the learner, its DeepSpeed backend, the config, the planner, and the bucket and IPC sender code that
+# benchmarks/gpu_questions.py runs there, must import there.
 WITHOUT_RAY = """
 import importlib, sys
 for blocked in ("ray", "vllm"):
@@ -294,7 +299,8 @@ for name in sys.argv[1:]:
 
 def test_the_learner_config_and_planner_import_without_ray_or_vllm():
     modules = ["jobs.config", "jobs.models.resolve", "jobs.plan.planner", "learners.learner",
-               "learners.gradients.deepspeed_backend"]
+               "learners.gradients.deepspeed_backend", "cluster.buckets", "cluster.weight_transfer",
+               "benchmarks.gpu_questions"]
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_RAY, *modules],
         cwd=ROOT,

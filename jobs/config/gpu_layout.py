@@ -15,7 +15,7 @@ from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig
 
 # The seam to the weight-transfer engines: under sync.transport=ipc the sync calls cluster.weight_transfer.
-# <IPC_SENDER>(learner group, engine groups, version, timeout_s, fingerprint, bucket_bytes) -> its report
+# <IPC_SENDER>(learner group, engine groups, version, timeout_s, bucket_bytes) -> its report
 IPC_SENDER = "broadcast_ipc"
 
 

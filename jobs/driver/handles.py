@@ -191,7 +191,7 @@ def _engine_groups(layout: RunLayout, paths: dict[str, str], bundles: Callable[[
             first_slot=slot,
             placement=bundles(spec.name),
             lora_rank=lora_rank,
-            weight_channel=cfg.sync.transport == "nccl",
+            weight_channel=cfg.sync.transport if cfg.sync.transport in ("nccl", "ipc") else "",
             resync=resync,
             chat_template_kwargs=_plain(pc.model.chat_template_kwargs),
         )

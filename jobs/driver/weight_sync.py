@@ -4,8 +4,8 @@ the engine side. The one place that knows which payload each serving mode ships 
 | serving                          | payload (learner method → engine method)          | transport        |
 |----------------------------------|---------------------------------------------------|------------------|
 | multi-LoRA (lora_serving=multi)  | get_adapter → load_adapter                        | object store     |
-| merged, sync.transport=nccl      | nccl_send → nccl_receive (bucketed broadcast)     | NCCL channel     |
-| merged, sync.transport=ipc       | cluster.weight_transfer's IPC sender (colocated)  | CUDA IPC         |
+| merged, sync.transport=nccl      | nccl_send → nccl_receive (bucketed broadcast)     | vLLM's NCCL      |
+| merged, sync.transport=ipc       | ipc_next → ipc_load, bucket by bucket (colocated) | vLLM's CUDA IPC  |
 | merged LoRA, sync.lora_delta     | get_lora_delta → load_lora_delta (engines merge)  | object store     |
 | merged, otherwise                | get_packed_weights → load_weights                 | object store     |
 
@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cluster.fingerprint import fingerprint
-from cluster.nccl import broadcast_nccl, form_channel
 from cluster.sketch import sketch_mismatch
 from cluster.transport import broadcast
+from cluster.weight_transfer import broadcast_nccl, form_channel
 from jobs.config.gpu_layout import IPC_SENDER
 from learners.group import LearnerGroup
 from learners.member import LearnerMember
@@ -53,8 +53,9 @@ class WeightSync:
         lora_delta: bool,
         channel_backend: str,
     ):
-        """`transport`: sync.transport; `bucket_bytes`: NCCL bucket size; `lora_delta`: a LoRA policy served
-        merged ships its adapter alone over the object store (sync.lora_delta with model.lora.enabled);
+        """`transport`: sync.transport; `bucket_bytes`: the NCCL and IPC bucket size; `lora_delta`: a LoRA
+        policy served merged ships its adapter alone over the object store (sync.lora_delta with
+        model.lora.enabled);
         `channel_backend`: the c10d backend of the NCCL channel, decided once for both ends
         (jobs/config/gpu_rules.channel_backend; gloo in CPU tests)."""
         self.channel_backend = channel_backend
@@ -72,7 +73,7 @@ class WeightSync:
         (nothing for the object store)."""
         if self.transport == "nccl" and not self.channel_ready:
             form_channel(self.learner.group, [e.group for e in self.engines], self.timeout_s,
-                         self.channel_backend)
+                         self.bucket_bytes, self.channel_backend)
             self.channel_ready = True
 
     def run(self, version: int) -> dict[str, float]:
@@ -109,10 +110,10 @@ class WeightSync:
                 indices=indices,
             )
         if self.transport == "nccl" and indices is None:
-            return broadcast_nccl(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
+            return broadcast_nccl(src, dsts, version, timeout)
         if self.transport == "ipc" and indices is None:  # colocated: CUDA IPC to the engine on the same GPU
             send = getattr(importlib.import_module("cluster.weight_transfer"), IPC_SENDER)
-            return send(src, dsts, version, timeout, fingerprint, self.bucket_bytes)
+            return send(src, dsts, version, timeout, self.bucket_bytes)
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
             return broadcast(

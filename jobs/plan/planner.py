@@ -189,7 +189,8 @@ def learner_setup(pc: TrainConfig, roles: int, checkpointing: bool) -> LearnerSe
         zero_stage=capabilities(lr.backend).zero_stage(lr.deepspeed.zero_stage), ranks=max(lr.ranks, 1),
         checkpointing=checkpointing, logits_chunk=lr.logits_chunk_tokens,
         role_rows=roles if lr.role_grad_diagnostics else 0, device="gpu" if lr.rank_num_gpus > 0 else "cpu",
-        padding_free=lr.padding_free, longest_row=pc.algo.max_len)
+        padding_free=lr.padding_free, longest_row=pc.algo.max_len,
+        sync_bucket_bytes=pc.sync.bucket_mb << 20 if pc.sync.transport in ("nccl", "ipc") else 0)
 
 
 def longest_sequence(cfg: TrainConfig) -> int:

@@ -41,6 +41,12 @@ class ModelShape:
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
+    def largest_module_params(self) -> int:
+        """Weights of the largest module a by-module export gathers at once (learners/state/export.py): the
+        embedding (or the untied LM head, as large), else a layer's widest linear (gate, up or down)."""
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate,
+                   self.hidden * self.heads * self.head_dim)
+
     def params(self) -> int:
         """All weights: layers, embedding (and an untied LM head), final norm."""
         embed = self.vocab * self.hidden * (1 if self.tied else 2)
@@ -79,6 +85,7 @@ class LearnerSetup:
     padding_free: bool = False  # learner.padding_free: a micro-batch's rows packed end to end in one row
     # the widest row a micro-batch pads to (algo.max_len); 0: rows of one length, no padding
     longest_row: int = 0
+    sync_bucket_bytes: int = 0  # sync.bucket_mb of a bucketed sync from device memory (nccl, ipc); 0: none
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,9 @@ class LearnerMemory:
     logits: float
     runtime: float
     pool: float = 0.0  # the caching allocator's reserve over the allocated peak (GPU_ALLOCATOR_POOL)
+    # what the weight export after the update needs beyond the micro-batch's activations and logits (gone by
+    # then): `export_transient` over activations + logits, when larger
+    export: float = 0.0
 
     def total(self) -> float:
         return sum(getattr(self, f.name) for f in fields(self))
@@ -200,6 +210,15 @@ def model_states(s: ModelShape, setup: LearnerSetup) -> tuple[float, float, floa
     return weights, 6.0 * trainable / n, 12.0 * trainable / n, role_grads
 
 
+def export_transient(s: ModelShape, setup: LearnerSetup) -> float:
+    """Bytes the weight export after an update holds at once, on top of the model states: under ZeRO-3 the
+    largest module gathered whole and rank 0's copy of it (learners/state/export.py gathers module by module:
+    the snapshot's transient, not the whole model's), and the sync's buckets from device memory (vLLM's packed
+    producer keeps two in flight; the IPC sender one buffer)."""
+    gathered = 2.0 * weight_bytes(setup) * s.largest_module_params() if setup.zero_stage == 3 else 0.0
+    return gathered + 2.0 * setup.sync_bucket_bytes
+
+
 def weight_bytes(setup: LearnerSetup) -> float:
     """Bytes per weight a rank holds (model_states): DeepSpeed's bf16 on a GPU, else fp32 (the torch
     backend's, and DeepSpeed's CPU stand-in)."""
@@ -209,15 +228,17 @@ def weight_bytes(setup: LearnerSetup) -> float:
 def learner_memory(s: ModelShape, setup: LearnerSetup) -> LearnerMemory:
     """One rank's peak during a micro-batch's forward and backward, term by term."""
     weights, grads, optim, role_grads = model_states(s, setup)
+    acts, head = activations(s, setup), logits(s, setup)
     return with_pool(
         LearnerMemory(
             weights=weights,
             gradients=grads,
             optimizer=optim,
             role_grads=role_grads,
-            activations=activations(s, setup),
-            logits=logits(s, setup),
+            activations=acts,
+            logits=head,
             runtime=GPU_RUNTIME if setup.device == "gpu" else CPU_RUNTIME,
+            export=max(0.0, export_transient(s, setup) - acts - head),
         ),
         setup.device,
     )
@@ -246,4 +267,5 @@ def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory
                          gradients=sum(p.gradients for p in parts), optimizer=sum(p.optimizer for p in parts),
                          role_grads=sum(p.role_grads for p in parts),
                          activations=max(p.activations for p in parts), logits=max(p.logits for p in parts),
-                         runtime=max(p.runtime for p in parts)), setups[0].device)
+                         runtime=max(p.runtime for p in parts), export=max(p.export for p in parts)),
+                     setups[0].device)

@@ -27,8 +27,8 @@ into one [roles × params] buffer), and handed to the engine as the gradient of 
 g_p>; the step still goes through ZeRO's reduction, clipping and partitioned optimizer. Under ZeRO-3 the
 weights exist only inside forward, so no per-role buffer is built: grad/role_norm, grad/norm_share,
 grad/dominance and grad/cos are not reported; every other metric (grad/mass_share, the per-role entropy, KL,
-clip fraction) is. ZeRO-3 gathers the full weights once per training step on every rank (rank 0 keeps a copy
-for get_weights/export, which the driver calls on rank 0 alone).
+clip fraction) is. ZeRO-3 gathers the weights once per training step, one module at a time on every rank
+(rank 0 keeps a host copy for get_weights/export, which the driver calls on rank 0 alone).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from cluster import collective
 from learners.batch import TrainBatch
 from learners.gradients.backends import BackendCapabilities, LearnerParts
 from learners.sections import LearnerSection
+from learners.state.export import snapshot_by_module
 from learners.state.state_io import StateError, read_state, rng_file, write_fsynced
-from learners.state.weights import WeightSnapshot, is_lora, take_snapshot
+from learners.state.weights import WeightSnapshot, is_lora
 from marl.types import JsonRecord
 
 CHECKPOINT_TAG = "deepspeed"
@@ -183,10 +184,11 @@ class DeepSpeedBackend:
             return
         import deepspeed
 
-        model = self.parts.model
-        with deepspeed.zero.GatheredParameters(list(model.parameters())):
-            if self.rank == 0:
-                self._snapshot = take_snapshot(model, self.policy_id)
+        # Module by module (learners/state/export.py): the transient is the largest module gathered, not the
+        # model; every rank enters each gather, rank 0 alone copies to the host.
+        self._snapshot = snapshot_by_module(self.parts.model, self.policy_id,
+                                            lambda params: deepspeed.zero.GatheredParameters(params),
+                                            copies=self.rank == 0)
 
     def snapshot(self) -> WeightSnapshot | None:
         if self.stage == 3 and self.engine is not None and self._snapshot is None:

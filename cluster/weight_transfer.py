@@ -8,8 +8,8 @@ on top.
   receives with vLLM's NCCL engine (rollout/vllm/worker.py, `CheckedNcclEngine`), bucket by bucket into the
   model. On CPU the same roles run over gloo (cluster.buckets, the same bucket rule), which is what tests run.
 - `sync.transport=ipc` (rollout.layout=colocated: engine i on learner rank i's GPU): every rank packs its
-  device weights into one exported buffer (cluster.buckets.ipc_buckets, vLLM's packed IPC format) and the engine on
-  the same GPU opens each bucket with vLLM's IPC engine (`CheckedIpcEngine`).
+  device weights into one exported buffer (cluster.buckets.ipc_buckets, vLLM's packed IPC format) and the
+  engine on the same GPU opens each bucket with vLLM's IPC engine (`CheckedIpcEngine`).
 
 The driver hands each engine the layout first (names, shapes, dtypes: vLLM's update info), as vLLM's trainer
 engines do through their client; then sender and receivers run together. Every engine reports the version it

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from jobs.models.shape import qwen3_shape
-from learners.compute.memory import GIB, LearnerSetup, learner_memory, mask_entries
+from learners.compute.memory import GIB, LearnerSetup, export_transient, learner_memory, mask_entries
 
 # Qwen3 model cards: total and non-embedding parameters (billions).
 PUBLISHED = {"0.6b": (0.6, 0.44), "1.7b": (1.7, 1.4), "4b": (4.0, 3.6)}
@@ -40,6 +40,24 @@ def test_zero2_model_states_follow_deepspeeds_estimator():
     lora = learner_memory(s, GPU)  # frozen bf16 base, 18 bytes per adapter parameter on one rank
     assert lora.weights == pytest.approx(2 * (p + s.lora_params(64)))
     assert lora.gradients + lora.optimizer == pytest.approx(18 * s.lora_params(64))
+
+
+def test_the_export_transient_is_the_largest_module_and_the_buckets_not_the_model():
+    """ZeRO-3 exports module by module (learners/state/export.py): the largest module (Qwen3-4B: the
+    embedding, 151,936 × 2,560) gathered and copied on rank 0, plus two sync buckets in flight; it shows in the peak only
+    where it exceeds the micro-batch's activations and logits, gone by then."""
+    s = qwen3_shape("4b")
+    assert s.largest_module_params() == 151936 * 2560
+    zero3 = dataclasses.replace(GPU, zero_stage=3, lora_rank=0, sync_bucket_bytes=1 << 30)
+    assert export_transient(s, zero3) == pytest.approx(2 * 2 * 151936 * 2560 + 2 * (1 << 30))
+    assert export_transient(s, zero3) < 0.5 * 2 * s.params()  # the old all-at-once gather: the whole model
+    # ZeRO-2 holds whole weights: the buckets alone
+    assert export_transient(s, dataclasses.replace(zero3, zero_stage=2)) == 2 * (1 << 30)
+    m = learner_memory(s, zero3)
+    assert m.export == max(0.0, export_transient(s, zero3) - m.activations - m.logits)
+    tiny_batch = learner_memory(s, dataclasses.replace(zero3, tokens=16))
+    assert tiny_batch.export > 0 and tiny_batch.total() > learner_memory(
+        s, dataclasses.replace(zero3, tokens=16, sync_bucket_bytes=0)).total()
 
 
 def test_activations_at_the_budget_with_and_without_checkpointing():

@@ -44,8 +44,8 @@ def test_zero2_model_states_follow_deepspeeds_estimator():
 
 def test_the_export_transient_is_the_largest_module_and_the_buckets_not_the_model():
     """ZeRO-3 exports module by module (learners/state/export.py): the largest module (Qwen3-4B: the
-    embedding, 151,936 × 2,560) gathered and copied on rank 0, plus two sync buckets in flight; it shows in the peak only
-    where it exceeds the micro-batch's activations and logits, gone by then."""
+    embedding, 151,936 × 2,560) gathered and copied on rank 0, plus two sync buckets in flight; it shows in
+    the peak only where it exceeds the micro-batch's activations and logits, gone by then."""
     s = qwen3_shape("4b")
     assert s.largest_module_params() == 151936 * 2560
     zero3 = dataclasses.replace(GPU, zero_stage=3, lora_rank=0, sync_bucket_bytes=1 << 30)

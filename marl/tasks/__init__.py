@@ -29,7 +29,7 @@ TASKS: Registry[TaskFamilySpec] = Registry("data.task", {
     "math": _builtin(lambda s: MathFamily(s.answer_fallback), "math", "gsm8k"),
     "digit": _builtin(lambda s: DigitFamily(), "digit", "digit"),
     "code": _builtin(lambda s: CodeFamily.from_config(s.sandbox), "code", "humaneval"),
-}, declares="TASK_FAMILY")
+}, declares="TASK_FAMILY", declared=TaskFamilySpec)
 
 
 def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxSection | None = None) -> TaskFamily:

@@ -48,6 +48,10 @@ def test_a_module_that_declares_no_family_is_a_config_error(tmp_path, capsys):
         load_config(TINY, [f"data.task={bad}"])
     assert main(["--config", TINY, f"data.task={bad}"]) == 2
     assert "declares no TASK_FAMILY" in capsys.readouterr().err
+    scorer_only = tmp_path / "scorer_only.py"
+    scorer_only.write_text("from examples.parity import ParityFamily\nTASK_FAMILY = ParityFamily\n")
+    with pytest.raises(ConfigError, match=rf"data\.task={scorer_only}: TASK_FAMILY must be a TaskFamilySpec"):
+        load_config(TINY, [f"data.task={scorer_only}"])
 
 
 def test_parity_trains_two_steps_on_the_data_it_wrote(ray_cluster, tmp_path):

@@ -62,3 +62,5 @@ def test_a_plugin_module_declares_its_variant(tmp_path):
     assert paints.problem("oli") == ("paint.kind must be one of oil, or a module path (a module declaring "
                                      "PAINT); got 'oli'")
     assert paints.label().endswith("(a module declaring PAINT)")
+    typed = Registry("paint.kind", {}, declares="PAINT", declared=int)
+    assert typed.problem(str(good)) == f"paint.kind={good}: PAINT must be a int; got 'gouache'"

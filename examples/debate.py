@@ -5,7 +5,8 @@ A workflow written outside the project, against `marl` alone: train it with
 A workflow module has ROLES, agents(opts) and an async run(task, client, family, opts, sample_index) that
 returns an Episode; every model call goes through `client` (one Turn per call, routed by its role). Its
 own options are the dataclass OPTIONS names, each field with its bounds: `marl.options.debaters=3` sets N,
-checked at config load like any key; `opts.own(Options)` reads them. Beside them, guards(opts) declares the
+checked at config load like any key; `opts.own(Options)` reads them. turn_shape(opts) tells the planner how
+many turns each role takes at the caps. Beside them, guards(opts) declares the
 judge's output guard (on with `marl.guards.judge=builtin`). Its
 wording is data: PROMPT_SPEC names the templates each role fills, and the text comes from the prompt set
 `marl.prompts` names when that set has a `debate` section (marl.prompts=my_prompts.yaml), else from
@@ -34,6 +35,7 @@ from marl.workflows.common import (
     wording,
 )
 from marl.workflows.options import at_least
+from marl.workflows.turns import TurnShape
 from marl.workflows.voting import choices
 
 NAME = "debate"
@@ -67,6 +69,13 @@ PROMPT_FILE = str(Path(__file__).with_suffix(".yaml"))
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return _debaters(opts) + ["judge"]
+
+
+def turn_shape(opts: WorkflowOptions) -> TurnShape:
+    """What the planner sizes a step by: every debater answers, then revises R times, all at once each
+    round; then the judge."""
+    rounds = opts.max_rounds + 1
+    return TurnShape({"debater": opts.own(Options).debaters * rounds, "judge": 1}, rounds + 1)
 
 
 def _debaters(opts: WorkflowOptions) -> list[str]:

@@ -1,17 +1,10 @@
 """The choices of config keys that several learner modules name, as Enums, in a leaf module:
-learners.sections types the config with them, and the modules that implement them (the schedules, the backend
-registry) import them too, so neither imports the other for a name."""
+learners.sections types the config with them, and the modules that implement them (the schedules) import them
+too, so neither imports the other for a name."""
 
 from __future__ import annotations
 
 from enum import StrEnum
-
-
-class LearnerBackendName(StrEnum):
-    """`learner.backend`: the keys of BACKENDS (the config schema's type for the key)."""
-
-    torch = "torch"
-    deepspeed = "deepspeed"
 
 
 class Schedule(StrEnum):

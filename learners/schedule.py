@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from learners.choices import Schedule
 from learners.sections import OptimSection
+from marl.registry import Registry
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0, *,
@@ -21,13 +23,24 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     """
     if warmup > 0 and step < warmup:
         return (step if start_zero else step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
+    return SCHEDULES[schedule](step, warmup, total, min_ratio, clamp)
+
+
+def _constant(step: int, warmup: int, total: int, min_ratio: float, clamp: bool) -> float:
+    return 1.0
+
+
+def _cosine(step: int, warmup: int, total: int, min_ratio: float, clamp: bool) -> float:
     if clamp:
         progress = min(max(step - warmup, 0) / max(total - warmup - 1, 1), 1.0)
     else:
         progress = (step - warmup) / max(total - warmup, 1)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# After warmup: fn(step, warmup, total, min_ratio, clamp) -> the lr factor (lr_factor's arguments).
+SCHEDULES: Registry[Callable[[int, int, int, float, bool], float]] = Registry(
+    "learner.optim.schedule", {"cosine": _cosine, "constant": _constant}, names=Schedule)
 
 
 def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) -> int:
@@ -49,8 +62,3 @@ def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0
                          start_zero=optim.warmup_start_zero, clamp=optim.cosine_clamp)
 
     return factor
-
-
-SCHEDULES = ("cosine", "constant")
-
-

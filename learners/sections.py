@@ -10,19 +10,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol
 
-from learners.choices import LearnerBackendName, Schedule, ScheduleUnit
+from learners.choices import Schedule, ScheduleUnit
 from learners.update.advantages import AdvantageEstimator
 from learners.update.losses import KlEstimator, LossAggregation
 from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
-
-
-class Dtype(StrEnum):
-    """`model.dtype`: what engines serve and learners load
-    (learners.state.weights.DTYPES maps them to torch's)."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+from marl.dtypes import Dtype
 
 
 class OldLogprobs(StrEnum):
@@ -72,7 +64,7 @@ class DiagnosticsSection(Protocol):
 
 
 class LearnerSection(Protocol):
-    backend: LearnerBackendName
+    backend: str
     ranks: int
     rank_num_cpus: float
     rank_num_gpus: float

@@ -1,15 +1,15 @@
 """The engine contract: `EngineMember`, what every backend's engine implements (shaped after vLLM) and what an
 EngineGroup and the weight sync call on it, the request types, and the engines' registry (`rollout.backend`):
 each engine class declares what it can serve (`EngineCapabilities`), which the config checks read instead of
-the backend's name. Built-in classes are imported on first use (marl/registry.py); another joins with
-`ENGINES.register(name, cls)`."""
+the backend's name. Built-in classes are imported on first use (marl/registry.py); another joins as a module
+declaring its class as `ENGINE`, named by its path in `rollout.backend`, or with `ENGINES.register(name, cls)`
+in one process."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from marl.registry import Registry
@@ -22,13 +22,6 @@ if TYPE_CHECKING:  # the contract needs no torch to import
     from cluster.buckets import Meta
     from cluster.payloads import AdapterPayload, LoraDelta
     from cluster.transport import Report
-
-class EngineBackendName(StrEnum):
-    """`rollout.backend`: the keys of ENGINES (the config schema's type for the key)."""
-
-    hf = "hf"
-    vllm = "vllm"
-
 
 @dataclass(frozen=True, kw_only=True)
 class EngineCapabilities:
@@ -172,10 +165,11 @@ def served_by(adapter: str | None, loaded: Mapping[str, object], own: str) -> st
 BASE_MODEL = "<base model>"
 
 
-ENGINES: Registry[EngineBackendName, EngineMember] = Registry(EngineBackendName, "rollout.backend", {
-    EngineBackendName.hf: "rollout.hf_engine:HFEngine",
-    EngineBackendName.vllm: "rollout.vllm.engine:VLLMEngine",
-})
+# Open: `rollout.backend` also takes a module path, whose module declares its class as ENGINE.
+ENGINES: Registry[type[EngineMember]] = Registry("rollout.backend", {
+    "hf": "rollout.hf_engine:HFEngine",
+    "vllm": "rollout.vllm.engine:VLLMEngine",
+}, declares="ENGINE")
 
 
 def engine_capabilities(backend: str) -> EngineCapabilities:

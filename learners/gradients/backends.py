@@ -8,8 +8,9 @@ one all-reduce, AdamW, clipping) and DeepSpeed (learners/gradients/deepspeed_bac
 idle passes, ZeRO-3's weight snapshot and checkpoint layout). Each backend class declares what it can run
 (`BackendCapabilities`); the config checks and the planner read that, never the backend's name. The registry
 names the built-ins' classes as strings and imports one on first use, so the config reads BACKENDS on a
-machine without deepspeed. A new backend is its own module plus one line in `BACKENDS` and
-`LearnerBackendName`, or, from outside this package, `BACKENDS.register(name, cls)` (marl/registry.py).
+machine without deepspeed. A new backend is its own module plus one line in `BACKENDS`; from outside this
+package, a module that declares its class as `BACKEND`, named by its path in `learner.backend` (every rank
+imports it, a Ray actor too), or `BACKENDS.register(name, cls)` in one process (marl/registry.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from learners.choices import LearnerBackendName
 from marl.registry import Registry
 
 if TYPE_CHECKING:  # the config imports this module; models and optimizers are the ranks' business
@@ -152,10 +152,11 @@ class GradientBackend(Protocol):
 
 
 
-BACKENDS: Registry[LearnerBackendName, GradientBackend] = Registry(LearnerBackendName, "learner.backend", {
-    LearnerBackendName.torch: "learners.gradients.torch_backend:TorchBackend",
-    LearnerBackendName.deepspeed: "learners.gradients.deepspeed_backend:DeepSpeedBackend",
-})
+# Open: `learner.backend` also takes a module path, whose module declares its class as BACKEND.
+BACKENDS: Registry[type[GradientBackend]] = Registry("learner.backend", {
+    "torch": "learners.gradients.torch_backend:TorchBackend",
+    "deepspeed": "learners.gradients.deepspeed_backend:DeepSpeedBackend",
+}, declares="BACKEND")
 
 
 def capabilities(backend: str) -> BackendCapabilities:

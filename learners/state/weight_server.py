@@ -26,14 +26,8 @@ from cluster.sketch import sketch
 from cluster.weight_transfer import IpcSender, Layout, SendChannel
 from learners.gradients.backends import GradientBackend
 from learners.state.export import serving_layout, serving_tensors
-from learners.state.weights import (
-    DTYPES,
-    MergedSketch,
-    export_hf,
-    serving_adapter,
-    serving_weights,
-    update_lost,
-)
+from learners.state.weights import MergedSketch, export_hf, serving_adapter, serving_weights, update_lost
+from marl.dtypes import DTYPES
 
 
 class WeightServer:

@@ -13,9 +13,9 @@ from cluster.packing import pack
 from cluster.payloads import AdapterPayload
 from cluster.sketch import low_rank_sketch, probes, sketch
 from learners.sections import LoraSection
+from marl.dtypes import DTYPES
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # A policy's trainable module: a transformers PreTrainedModel, or a peft PeftModel around one. Typed no
 # further: their methods (gradient_checkpointing_enable, peft_config, ...) are not torch.nn.Module's.
 PolicyModel = Any

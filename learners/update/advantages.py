@@ -17,6 +17,7 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
+from marl.registry import Registry
 from marl.types import Episode, Turn
 from marl.workflows import slot_roles
 
@@ -142,7 +143,7 @@ class AdvantageEstimator(StrEnum):
     rloo = "rloo"
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+ADVANTAGE_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("algo.advantage", {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
-}
+}, names=AdvantageEstimator)

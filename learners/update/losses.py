@@ -17,6 +17,8 @@ from enum import StrEnum
 import torch
 from torch import Tensor
 
+from marl.registry import Registry
+
 _FULL_PRECISION = (torch.float32, torch.float64)
 
 
@@ -95,16 +97,10 @@ class LossAggregation(StrEnum):
     seq_mean_token_mean = "seq_mean_token_mean"
 
 
-LOSS_AGGREGATIONS: dict[str, Aggregation] = {
+LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("algo.loss_agg", {
     "token_mean": Aggregation(_token_mean, lambda mask: mask.sum()),
     "seq_mean_token_mean": Aggregation(_seq_mean_token_mean, lambda mask: mask.any(-1).sum()),
-}
-
-
-def _aggregation(agg: str) -> Aggregation:
-    if agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"loss aggregation must be one of {list(LOSS_AGGREGATIONS)}, got {agg!r}")
-    return LOSS_AGGREGATIONS[agg]
+}, names=LossAggregation)
 
 
 def local_normalizer(mask: Tensor, agg: str) -> float:
@@ -112,7 +108,7 @@ def local_normalizer(mask: Tensor, agg: str) -> float:
 
     mask [B, T] bool → float. The caller sums it over micro-batches and ranks.
     """
-    return float(_aggregation(agg).count(mask))
+    return float(LOSS_AGGREGATIONS[agg].count(mask))
 
 
 def ppo_clip_loss(
@@ -163,7 +159,7 @@ def ppo_clip_loss(
         }
     if dual_clip_c > 0:
         per_token, metrics["dual_clip_frac_sum"] = dual_clip(per_token, advantages, mask, dual_clip_c)
-    return _aggregation(agg).reduce(per_token, mask, norm), metrics
+    return LOSS_AGGREGATIONS[agg].reduce(per_token, mask, norm), metrics
 
 
 def dual_clip(per_token: Tensor, advantages: Tensor, mask: Tensor, c: float) -> tuple[Tensor, Tensor]:
@@ -198,7 +194,8 @@ class KlEstimator(StrEnum):
     k3 = "k3"
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry(
+    "algo.kl_estimator", {"k1": _k1, "k2": _k2, "k3": _k3}, names=KlEstimator)
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
@@ -206,8 +203,6 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
 
     k1 = lp − ref; k2 = ½ (lp − ref)²; k3 = exp(ref − lp) − (ref − lp) − 1.
     """
-    if kind not in KL_ESTIMATORS:
-        raise ValueError(f"kl kind must be one of {list(KL_ESTIMATORS)}, got {kind!r}")
     return KL_ESTIMATORS[kind](logprobs, ref_logprobs)
 
 

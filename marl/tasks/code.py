@@ -93,6 +93,7 @@ class CodeFamily:
     that raises when the sandbox cannot work on this machine."""
 
     name = "code"
+    prompt_kind = "code"
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int = 0):
         self.pool = SandboxPool(limits, workers)

@@ -17,6 +17,7 @@ class DigitFamily:
     """
 
     name = "digit"
+    prompt_kind = "math"  # the math wording, with no instruction
 
     def instruction(self) -> str:
         return ""

@@ -125,6 +125,7 @@ class MathFamily:
     rule that gives small models that ignore the format a reward signal. Scoring: math-verify equivalence."""
 
     name = "math"
+    prompt_kind = "math"
 
     def __init__(self, fallback: str = "none"):
         if fallback not in ANSWER_FALLBACKS:

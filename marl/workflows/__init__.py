@@ -1,8 +1,9 @@
 """The workflows by name (the `marl.workflow` config key): the built-in ones, or the user's own module.
 
 A workflow is a module with `ROLES`, `agents(opts)` and an async `run(task, client, family, opts,
-sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`) and `OPTIONS`, the dataclass of
-its own options (set as `marl.options.<name>`, read as `opts.own(OPTIONS)`; marl/workflows/options.py).
+sample_index) -> Episode`, and optionally `SLOT_ROLES` (see `slot_roles`), `OPTIONS`, the dataclass of
+its own options (set as `marl.options.<name>`, read as `opts.own(OPTIONS)`; marl/workflows/options.py), and
+`turn_shape(opts)`, its turns per role at the caps, which the planner reads (marl/workflows/turns.py).
 Agent names are a role, or a role followed by a number (`generator0`). `marl.workflow` takes a built-in
 name, a dotted module path (`my_pkg.debate`) or a file path (`examples/debate.py`); a module is imported and
 checked on first use (at config load), so a missing attribute, a `run` that is not async or an agent of no
@@ -27,6 +28,7 @@ from marl.workflows import eval_opt, orch_workers, single_agent, voting
 from marl.workflows.common import PROMPT_SETS
 from marl.workflows.options import WorkflowOptions, WorkflowSettings, own_options
 from marl.workflows.prompt_check import PromptSpec, check_set, check_wording
+from marl.workflows.turns import TurnShape, agents_shape
 
 
 class Workflow(Protocol):
@@ -90,7 +92,7 @@ def workflow_problem(module: ModuleType) -> str | None:
     unknown = [r for r in getattr(module, "SLOT_ROLES", ()) if r not in roles]
     if unknown:
         return f"SLOT_ROLES names {unknown}, which are not in ROLES {tuple(roles)}"
-    return _options_problem(module) or _agents_problem(module, roles)
+    return _options_problem(module) or _agents_problem(module, roles) or _shape_problem(module, roles)
 
 
 def _options_problem(module: ModuleType) -> str | None:
@@ -117,6 +119,30 @@ def _agents_problem(module: ModuleType, roles: tuple[str, ...]) -> str | None:
     if strays:
         return f"agents() returns {strays}, whose roles are not in ROLES {tuple(roles)}"
     return None
+
+
+def _shape_problem(module: ModuleType, roles: tuple[str, ...]) -> str | None:
+    """What is wrong with the turn shape its default options give, if it declares one."""
+    if not hasattr(module, "turn_shape"):
+        return None
+    try:
+        shape = module.turn_shape(WorkflowOptions())
+    except Exception as e:  # noqa: BLE001 - whatever the user's code raises is reported, not propagated
+        return f"turn_shape(WorkflowOptions()) raised {type(e).__name__}: {e}"
+    if not isinstance(shape, TurnShape):
+        return f"turn_shape() must return a marl.workflows.turns.TurnShape; got {shape!r}"
+    strays = [r for r in shape.per_role if r not in roles]
+    return f"turn_shape() counts turns of {strays}, which are not in ROLES {tuple(roles)}" if strays else None
+
+
+def turn_shape(name: str, opts: WorkflowOptions) -> TurnShape:
+    """Workflow `name`'s turns per role at the caps and how many run one after another, as its module
+    declares them (`turn_shape(opts)`); a module declaring none: each of its agents once, in turn."""
+    module = get_workflow(name)
+    if hasattr(module, "turn_shape"):
+        shape: TurnShape = module.turn_shape(opts)
+        return shape
+    return agents_shape(module.agents(opts), agent_role)
 
 
 def workflow_options(name: str, settings: WorkflowSettings, own: Mapping[str, Any] | None = None
@@ -186,6 +212,7 @@ def check_prompts(spec: str, workflow: str) -> None:
         raise ValueError(f"marl.prompts={spec}: {e}") from None
 
 
-__all__ = ["PROMPT_SETS", "WORKFLOWS", "Workflow", "WorkflowOptions", "WorkflowSettings", "agent_role",
-           "check_prompts", "check_wording", "get_workflow", "roles_of", "slot_roles", "workflow_options",
-           "workflow_guards", "workflow_own_options", "workflow_problem"]
+__all__ = ["PROMPT_SETS", "WORKFLOWS", "TurnShape", "Workflow", "WorkflowOptions", "WorkflowSettings",
+           "agent_role", "check_prompts", "check_wording", "get_workflow", "roles_of", "slot_roles",
+           "turn_shape",
+           "workflow_options", "workflow_guards", "workflow_own_options", "workflow_problem"]

@@ -24,11 +24,6 @@ from marl.workflows.options import WorkflowOptions as WorkflowOptions  # what ev
 PROMPT_SETS: tuple[str, ...] = BUILTIN_SETS
 
 
-def prompt_kind(family: TaskFamily) -> str:
-    """The kind of task a wording is written for: code, or math (every other family)."""
-    return "code" if family.name == "code" else "math"
-
-
 def wording(
     opts: WorkflowOptions, workflow: str, family: TaskFamily, own_file: str | None = None
 ) -> WorkflowWording:
@@ -37,7 +32,7 @@ def wording(
     prompt_set = load_prompt_set(opts.prompts)
     if own_file is not None and workflow not in prompt_set.workflows:
         prompt_set = load_prompt_set(own_file)
-    return prompt_set.wording(workflow, prompt_kind(family))
+    return prompt_set.wording(workflow, family.prompt_kind)
 
 
 def system(content: str) -> Message:

@@ -31,6 +31,7 @@ from marl.workflows.common import (
     user,
     wording,
 )
+from marl.workflows.turns import TurnShape
 
 NAME = "eval_opt"
 ROLES: tuple[str, ...] = ("generator", "evaluator")
@@ -49,6 +50,11 @@ HISTORIES: tuple[str, ...] = ("separate", "shared")  # the set's `settings: {his
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return ["generator", "evaluator"]
+
+
+def turn_shape(opts: WorkflowOptions) -> TurnShape:
+    """At the caps every round runs: a generator turn, then an evaluator turn, R times."""
+    return TurnShape({"generator": opts.max_rounds, "evaluator": opts.max_rounds}, 2 * opts.max_rounds)
 
 
 def guards(opts: WorkflowOptions) -> dict[str, Guard]:

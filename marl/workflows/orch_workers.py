@@ -27,6 +27,7 @@ from marl.workflows.common import (
     user,
     wording,
 )
+from marl.workflows.turns import TurnShape
 
 NAME = "orch_workers"
 ROLES: tuple[str, ...] = ("orchestrator", "worker", "synthesizer")
@@ -43,6 +44,11 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
 def agents(opts: WorkflowOptions) -> list[str]:
     """Every agent that may speak; fewer workers run when fewer strategies are proposed."""
     return ["orchestrator"] + [f"worker{i}" for i in range(opts.max_strategies)] + ["synthesizer"]
+
+
+def turn_shape(opts: WorkflowOptions) -> TurnShape:
+    """The orchestrator, then a worker per strategy (at most max_strategies) at once, then the synthesizer."""
+    return TurnShape({"orchestrator": 1, "worker": opts.max_strategies, "synthesizer": 1}, 3)
 
 
 # A strategy line of the orchestrator's guard: at most this many characters, its first one neither a space nor

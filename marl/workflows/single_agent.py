@@ -5,6 +5,7 @@ from __future__ import annotations
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows.common import WorkflowOptions, ask, asking, set_final_answer, user, wording
+from marl.workflows.turns import TurnShape
 
 NAME = "single_agent"
 ROLES: tuple[str, ...] = ("solver",)
@@ -15,6 +16,10 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {"solver": {"user": ("probl
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return ["solver"]
+
+
+def turn_shape(opts: WorkflowOptions) -> TurnShape:
+    return TurnShape({"solver": 1}, 1)
 
 
 async def run(

@@ -31,6 +31,7 @@ from marl.workflows.common import (
     user,
     wording,
 )
+from marl.workflows.turns import TurnShape
 
 NAME = "voting"
 ROLES: tuple[str, ...] = ("generator", "aggregator")
@@ -50,6 +51,11 @@ PROMPT_SPEC: dict[str, dict[str, tuple[str, ...]]] = {
 
 def agents(opts: WorkflowOptions) -> list[str]:
     return [f"generator{i}" for i in range(opts.num_generators)] + ["aggregator"]
+
+
+def turn_shape(opts: WorkflowOptions) -> TurnShape:
+    """K generators at once, then the aggregator."""
+    return TurnShape({"generator": opts.num_generators, "aggregator": 1}, 2)
 
 
 def guards(opts: WorkflowOptions) -> dict[str, Guard]:

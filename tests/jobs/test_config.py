@@ -94,31 +94,30 @@ def test_a_removed_key_names_its_replacement():
 
 
 def test_choices_are_the_enums_beside_their_registries():
-    """A registry's names are the values of the Enum beside it, the schema's type for its key (a variant is
-    registered in both); a bad value names the key and the choices, a good one reads back as its string."""
+    """A closed registry holds exactly the values of the Enum beside it, the schema's type for its key (its
+    construction refuses anything else); the tables not yet a Registry are checked here. A bad value names
+    the key and the choices, a good one reads back as its string."""
     from cluster.bundles import STRATEGIES
     from jobs.config.schema import PlacementStrategy
-    from learners.choices import Schedule
     from learners.schedule import SCHEDULES
     from learners.update.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
-    from learners.update.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, KlEstimator, LossAggregation
+    from learners.update.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+    from marl.dtypes import DTYPES
     from marl.engine_map import ENGINE_SCOPES, EngineScope
-    from marl.tasks import FAMILIES, TaskName
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
     from rollout.clients import ROLLOUT_MODES, RolloutModeName
 
-    for enum, registry in (
-        (AdvantageEstimator, ADVANTAGE_ESTIMATORS),
-        (LossAggregation, LOSS_AGGREGATIONS),
-        (KlEstimator, KL_ESTIMATORS),
+    for registry in (ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, KL_ESTIMATORS, SCHEDULES, DTYPES):
+        assert registry.enum is not None and registry.names() == tuple(m.value for m in registry.enum)
+        with pytest.raises(ValueError, match="is closed"):
+            registry.register("other", registry[registry.names()[0]])
+    for enum, table in (
         (RolloutModeName, ROLLOUT_MODES),
         (PlacementStrategy, STRATEGIES),
-        (Schedule, SCHEDULES),
         (EngineScope, ENGINE_SCOPES),
-        (TaskName, FAMILIES),
         (AnswerFallback, ANSWER_FALLBACKS),
     ):
-        assert [m.value for m in enum] == list(registry), enum
+        assert [m.value for m in enum] == list(table), enum
     with pytest.raises(ConfigError, match=r"algo\.advantage must be one of grpo, rloo; got 'mean'"):
         load_config(TINY, ["algo.advantage=mean"])
     cfg = load_config(

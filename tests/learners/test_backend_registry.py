@@ -1,7 +1,8 @@
 """A learner backend from outside the package, defined in this file alone: registered with
-`learners.gradients.backends.BACKENDS.register`, it is a value of `learner.backend` like a built-in;
-the config checks and the planner read its declared capabilities, and a rank trains with it. No
-other source file names it."""
+`learners.gradients.backends.BACKENDS.register` (a registry call: no Enum is edited), it is a value of
+`learner.backend` like a built-in; the config checks and the planner read its declared capabilities, and a
+rank trains with it. No other source file names it. And a backend in a module of its own
+(tests/learners/user_backend.py), named by its module path: a rank hosted by a Ray actor imports it there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from jobs.config import ConfigError, load_config
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
-from learners.choices import LearnerBackendName
 from learners.gradients.backends import BACKENDS, BackendCapabilities
 from learners.gradients.torch_backend import TorchBackend
 from learners.learner import Learner
@@ -41,7 +41,7 @@ class CountingBackend(TorchBackend):
 
 
 @pytest.fixture
-def counting() -> Iterator[LearnerBackendName]:
+def counting() -> Iterator[str]:
     name = BACKENDS.register(NAME, CountingBackend)
     yield name
     BACKENDS.unregister(NAME)
@@ -49,8 +49,8 @@ def counting() -> Iterator[LearnerBackendName]:
 
 def test_the_registered_name_is_a_choice_of_the_key_while_registered(counting):
     cfg = load_config(TINY, [f"learner.backend={NAME}"])
-    assert cfg.learner.backend is counting and f"{cfg.learner.backend}" == NAME
-    assert BACKENDS[NAME] is CountingBackend and NAME in [m.value for m in LearnerBackendName]
+    assert cfg.learner.backend == counting == NAME
+    assert BACKENDS[NAME] is CountingBackend and NAME in BACKENDS.names()
     with pytest.raises(ValueError, match="is registered already"):
         BACKENDS.register(NAME, TorchBackend)
     with pytest.raises(ValueError, match="is built in"):
@@ -58,7 +58,7 @@ def test_the_registered_name_is_a_choice_of_the_key_while_registered(counting):
 
 
 def test_a_name_not_registered_is_refused_with_the_choices():
-    refusal = r"learner\.backend must be one of torch, deepspeed; got 'counting'"
+    refusal = r"learner\.backend must be one of torch, deepspeed, or a module path .*; got 'counting'"
     with pytest.raises(ConfigError, match=refusal):
         load_config(TINY, [f"learner.backend={NAME}"])
     with pytest.raises(ValueError, match=refusal):
@@ -100,3 +100,34 @@ def test_a_rank_trains_a_step_with_it(counting):
     metrics = update(learner, make_batch(ROWS))
     assert CountingBackend.steps == 1 and metrics
     assert any(not torch.equal(before[k], v) for k, v in learner.model.named_parameters())
+
+
+USER_BACKEND = "tests.learners.user_backend"
+
+
+def test_a_backend_module_named_in_the_config_trains_a_rank_in_a_ray_actor(ray_cluster):
+    """The rank is a Ray actor: it imports the module `learner.backend` names and steps with its class. Its
+    weights after one update are an in-process rank's of the same backend, and not the torch backend's."""
+    from tests.learners.test_learner_group import ROWS as GROUP_ROWS
+    from tests.learners.test_learner_group import make_batch as group_batch
+    from tests.learners.test_learner_group import make_group, max_abs_diff, weights
+
+    assert load_config(TINY, [f"learner.backend={USER_BACKEND}"]).learner.backend == USER_BACKEND
+    groups = {"actor": make_group(f"learner.backend={USER_BACKEND}", "learner.ranks=1"),
+              "local": make_group(f"learner.backend={USER_BACKEND}"), "adamw": make_group()}
+    try:
+        for group in groups.values():
+            group.update(group_batch(GROUP_ROWS))
+        after = {name: weights(group) for name, group in groups.items()}
+    finally:
+        for group in groups.values():
+            group.shutdown()
+    assert max_abs_diff(after["actor"], after["local"]) < 1e-5
+    assert max_abs_diff(after["actor"], after["adamw"]) > 1e-4
+
+
+def test_a_backend_module_that_declares_none_is_refused(tmp_path):
+    empty = tmp_path / "no_backend.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(ConfigError, match=rf"learner\.backend={empty}: {empty} declares no BACKEND"):
+        load_config(TINY, [f"learner.backend={empty}"])

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from marl.tasks import FAMILIES, DigitFamily, MathFamily, get_family
+from marl.tasks import TASKS, DigitFamily, MathFamily, get_family
 from marl.tasks.math import MAX_ANSWER_CHARS, last_boxed
 from marl.types import Task
 
@@ -126,12 +126,15 @@ def test_digit_family():
 
 
 def test_get_family():
-    assert set(FAMILIES) == {"math", "digit", "code"}
+    assert TASKS.names() == ("math", "digit", "code")
     assert get_family("math").name == "math"
+    assert [get_family(name).prompt_kind for name in TASKS] == ["math", "math", "code"]
+    assert [TASKS[name].eval_source("") for name in TASKS] == ["gsm8k", "digit", "humaneval"]
+    assert TASKS["math"].eval_source("reasoning_gym:chain_sum") == "reasoning_gym:chain_sum"
     from jobs.config.schema import SandboxConfig
 
     assert get_family("code", sandbox=SandboxConfig(timeout_s=3, workers=1)).pool.limits.timeout_s == 3
-    with pytest.raises(ValueError, match="data.task"):
+    with pytest.raises(ValueError, match=r"data\.task must be one of math, digit, code, or a module path"):
         get_family("chess")
 
 

@@ -189,6 +189,8 @@ def broadcast_nccl(src: Group[WeightSender], dsts: Sequence[Group[WeightReceiver
     layout = src.submit_to([0], WeightSender.weight_layout).result(timeout)[0]
     sent = src.submit_to([0], WeightSender.nccl_send, version)
     pendings = [(dst, dst.submit(WeightReceiver.nccl_receive, version, layout)) for dst in dsts]
+    for _, pending in pendings:  # a receiver that fails fails the sync now, not at the sender's deadline
+        pending.result(_left(deadline))
     expected = sent.result(_left(deadline))[0]["fingerprint"]
     from cluster.transport import collect_reports  # driver side only: it imports Ray
 

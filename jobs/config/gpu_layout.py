@@ -13,6 +13,7 @@ from __future__ import annotations
 from jobs.config.colocation import colocated
 from jobs.config.policies import engine_map_of, policy_configs, policy_map_of
 from jobs.config.schema import TrainConfig
+from learners.gradients.backends import capabilities
 
 # The seam to the weight-transfer engines: under sync.transport=ipc the sync calls cluster.weight_transfer.
 # <IPC_SENDER>(learner group, engine groups, version, timeout_s, bucket_bytes) -> its report
@@ -82,6 +83,18 @@ def transport_problem(cfg: TrainConfig) -> str | None:
     if not ipc_available():
         return ("sync.transport=ipc needs vLLM's IPC weight-transfer engine (cluster.weight_transfer."
                 f"{IPC_SENDER}), which this installation lacks; use sync.transport=object_store")
+    return _ipc_ranks_problem(cfg)
+
+
+def _ipc_ranks_problem(cfg: TrainConfig) -> str | None:
+    """Every learner rank hands whole weights to the engine on its GPU; a ZeRO-3 rank but rank 0 holds a
+    partition (rank 0 keeps the gathered snapshot: learners/gradients/deepspeed_backend.py)."""
+    ranks = max(n for _, n, _ in learner_ranks(cfg))
+    stage = capabilities(cfg.learner.backend).zero_stage(cfg.learner.deepspeed.zero_stage)
+    if stage == 3 and ranks > 1:
+        return (f"sync.transport=ipc with learner.deepspeed.zero_stage=3 and {ranks} learner ranks: each "
+                "rank hands the engine on its GPU whole weights, and under ZeRO-3 only rank 0 keeps them "
+                "gathered; use learner.deepspeed.zero_stage=2 (or one rank)")
     return None
 
 

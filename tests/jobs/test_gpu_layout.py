@@ -42,6 +42,10 @@ QWEN4B = "builtin:qwen3-4b-shape?vocab=151936"
          # the layout's rules pass (the IPC sender exists: cluster.weight_transfer.broadcast_ipc); this
          # machine's lack of CUDA is what refuses it
          "config: sync.transport=ipc needs CUDA; use object_store on this machine"),
+        ([*MULTI, COLOCATED, "sync.transport=ipc", "rollout.backend=vllm", "rollout.engine_num_gpus=0.5",
+          "learner.rank_num_gpus=0.5", "learner.backend=deepspeed", "learner.deepspeed.zero_stage=3",
+          "rollout.engines_per_role=2", "learner.ranks=2"],
+         "sync.transport=ipc with learner.deepspeed.zero_stage=3 and 2 learner ranks"),
         ([*MULTI, COLOCATED, "rollout.backend=vllm"], "needs rollout.engine_num_gpus > 0"),
         ([*MULTI, COLOCATED, "learner.backend=deepspeed", "learner.deepspeed.offload_optimizer=true"],
          "learner.deepspeed.offload_optimizer: under rollout.layout=colocated"),

@@ -123,8 +123,10 @@ def export(dry: bool) -> dict[str, Any]:
     from learners.state.export import snapshot_by_module
 
     model = TINY.format(vocab=4096) if dry else SHAPE_4B
+    # LoRA keeps the optimizer small on one GPU; the frozen base is partitioned and gathered all the same
     learner = _learner(model, ["learner.deepspeed.zero_stage=3", "learner.max_tokens_per_micro_batch=1024",
-                               "algo.max_len=1024"], dry)
+                               "algo.max_len=1024", "model.lora.enabled=true", "model.lora.rank=64",
+                               "model.lora.alpha=32"], dry)
     learner.backend.build()
     params = list(learner.model.parameters())
     base = _allocated()

@@ -22,14 +22,13 @@ from jobs.driver import run_checkpoints as ckpt
 from jobs.models.resolve import resolve_model
 from learners.batch import empty_batch
 from learners.group import LearnerGroup
-from learners.member import LearnerSpec
+from tests.builders import learner_spec
 
 
 def _group(model: str, lora_rank: int) -> tuple[LearnerGroup, str]:
     lora = [f"model.lora.enabled={lora_rank > 0}", f"model.lora.rank={max(lora_rank, 1)}"]
     cfg = load_config("jobs/configs/tiny.yaml", [f"model.path={model}", "learner.ranks=0", *lora])
-    spec = LearnerSpec(policy_id="p", model_path=resolve_model(model), model=cfg.model, learner=cfg.learner,
-                       algo=cfg.algo, temperature=0.7, total_steps=10, seed=0)
+    spec = learner_spec(cfg, resolve_model(model), temperature=0.7)
     group = LearnerGroup(spec, "bench")
     group.update(empty_batch("p", 0))  # zero gradients still give the optimizer its moments
     return group, to_yaml(cfg)

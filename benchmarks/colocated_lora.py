@@ -37,10 +37,9 @@ def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch
 
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
-    from learners.batch import TrainBatch
     from learners.gradients.colocated import colocated_groups
     from learners.group import LearnerGroup
-    from learners.member import LearnerSpec
+    from tests.builders import learner_spec, random_batch
 
     torch.set_num_threads(1)
     cfg = load_config(
@@ -61,33 +60,16 @@ def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch
     )
     path = resolve_model(MODEL)
     imported = _rss_kib("VmRSS:")
-    specs = [LearnerSpec(policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
-                         temperature=1.0, total_steps=10, seed=0, num_policies=policies, policy_index=i)
+    specs = [learner_spec(cfg, path, policy_id=pid, num_policies=policies, policy_index=i)
              for i, pid in enumerate(ROLES[:policies])]
     t0 = time.perf_counter()
     groups = (colocated_groups(specs, "bench", "bench:learner:colocated") if colocate
               else {s.policy_id: LearnerGroup(s, "bench") for s in specs})
     built_s = time.perf_counter() - t0
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 49152, (ROWS, WIDTH), generator=gen)
-    mask = torch.zeros(ROWS, WIDTH, dtype=torch.bool)
-    mask[:, PROMPT:] = True
+    batches = {pid: random_batch(ROWS, WIDTH, PROMPT, 49152, policy_id=pid, roles=(pid,)) for pid in groups}
     t0 = time.perf_counter()
     for pid, group in groups.items():
-        group.update(
-            TrainBatch(
-                policy_id=pid,
-                input_ids=ids,
-                attention_mask=torch.ones_like(mask),
-                loss_mask=mask,
-                rollout_logprobs=torch.zeros(ROWS, WIDTH),
-                advantages=torch.linspace(-1, 1, ROWS),
-                rewards=torch.zeros(ROWS),
-                roles=[pid] * ROWS,
-                agents=[pid + "0"] * ROWS,
-                pad_id=0,
-            )
-        )
+        group.update(batches[pid])
     update_s = time.perf_counter() - t0
     return {"peak": _rss_kib("VmHWM:") * 1024.0, "imported": imported * 1024.0, "build_s": built_s,
             "update_s": update_s}

@@ -27,7 +27,6 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, build_batches
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.update.losses import local_normalizer
 from learners.update.ppo_plan import UpdatePlan
 from marl.guard_grammar import grammar_text
@@ -38,6 +37,7 @@ from marl.workflows import eval_opt
 from marl.workflows.common import WorkflowOptions
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
+from tests.builders import learner_spec
 
 QUESTIONS = ["2 + 3 = 5", "7 * 6 = 41", "12 - 5 = 7", "9 / 3 = 4", "15 + 27 = 42", "8 * 8 = 64",
              "100 - 1 = 98", "3 ^ 2 = 9"]
@@ -125,8 +125,7 @@ def main() -> None:
               f"{', '.join(f'{v:.1f}' for v in values)})")
     cfg = load_config("jobs/configs/tiny.yaml", ["learner.ranks=0", "model.dtype=float32", "algo.kl_coef=0.0",
                                                  f"learner.torch_threads={torch.get_num_threads()}"])
-    learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=args.temperature, total_steps=100, seed=0))
+    learner = Learner(learner_spec(cfg, path, temperature=args.temperature, total_steps=100))
     pad = engine.pad_id
     mixed = batch_of([("evaluator", c) for c in held] + [("generator", c) for c in free], pad,
                      {"evaluator": text})

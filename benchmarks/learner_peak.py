@@ -59,11 +59,10 @@ def measure_one(
 
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
-    from learners.batch import TrainBatch
     from learners.learner import Learner
-    from learners.member import LearnerSpec
     from learners.update.losses import local_normalizer
     from learners.update.ppo_plan import UpdatePlan
+    from tests.builders import learner_spec, random_batch
 
     torch.set_num_threads(1)
     overrides = ["model.dtype=float32", "model.lora.enabled=false", "learner.role_grad_diagnostics=false",
@@ -72,36 +71,11 @@ def measure_one(
                  f"learner.padding_free={layout == 'packed'}"]
     cfg = load_config("jobs/configs/tiny.yaml", overrides)
     learner = Learner(
-        LearnerSpec(
-            policy_id="p",
-            model_path=resolve_model(MODEL),
-            model=cfg.model,
-            learner=cfg.learner,
-            algo=cfg.algo,
-            temperature=1.0,
-            total_steps=10,
-            seed=0,
-        )
+        learner_spec(cfg, resolve_model(MODEL))
     )
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, shape_of(MODEL).vocab, (rows, width), generator=gen)
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, PROMPT:] = True
-    attended = torch.ones_like(mask)
+    batch = random_batch(rows, width, PROMPT, shape_of(MODEL).vocab)
     if layout != "even":
-        attended[-1, width - SHORT:] = mask[-1, width - SHORT:] = False
-    batch = TrainBatch(
-        policy_id="p",
-        input_ids=ids,
-        attention_mask=attended,
-        loss_mask=mask,
-        rollout_logprobs=torch.zeros(rows, width),
-        advantages=torch.linspace(-1, 1, rows),
-        rewards=torch.zeros(rows),
-        roles=["solver"] * rows,
-        agents=["solver0"] * rows,
-        pad_id=0,
-    )
+        batch.attention_mask[-1, width - SHORT:] = batch.loss_mask[-1, width - SHORT:] = False
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS (Linux)
         f.write("5")
     before = _rss_kib("VmRSS:")

@@ -92,15 +92,14 @@ def child(run: Run) -> dict[str, object]:
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
     from learners.learner import Learner
-    from learners.member import LearnerSpec
     from learners.update.losses import local_normalizer
     from learners.update.ppo_plan import UpdatePlan
+    from tests.builders import learner_spec
 
     path = resolve_model(run.model)
     cfg = load_config("jobs/configs/tiny.yaml", [f"algo.max_len={run.tokens}", "learner.ranks=0",
                                                  "model.dtype=float32", *run.overrides])
-    learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    learner = Learner(learner_spec(cfg, path))
     vocab = learner.model.get_output_embeddings().weight.shape[0]
     batch = make_batch(run.rows, run.tokens, run.prompt, vocab)
     plan = UpdatePlan.whole(len(batch), local_normalizer(batch.loss_mask[:, 1:], "token_mean"))

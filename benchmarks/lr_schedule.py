@@ -30,6 +30,7 @@ from learners.schedule import lr_factor, schedule_position
 from learners.update.ppo_plan import num_mini_batches
 from marl.policy_map import PolicyMap
 from marl.workflows import roles_of
+from tests.builders import random_batch
 
 UNITS = ("step", "optimizer_step", "update_call")
 AGENTS = {"orchestrator": 1, "worker": 3, "synthesizer": 1}  # orch_workers: rows per episode, by role
@@ -78,34 +79,22 @@ def expected_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
 
 def rows_of(pid: str, vocab: int) -> TrainBatch:
     """AGENTS[pid] x EPISODES short rows, advantages +-1, one agent instance per slot."""
-    n, seq = AGENTS[pid] * EPISODES, 6
-    g = torch.Generator().manual_seed(0)
-    loss_mask = torch.zeros(n, seq, dtype=torch.bool)
-    loss_mask[:, 3:] = True
-    return TrainBatch(
-        policy_id=pid,
-        input_ids=torch.randint(0, vocab, (n, seq), generator=g),
-        attention_mask=torch.ones(n, seq, dtype=torch.bool),
-        loss_mask=loss_mask,
-        rollout_logprobs=torch.zeros(n, seq),
-        advantages=torch.tensor([1.0, -1.0] * (n // 2)),
-        rewards=torch.zeros(n),
-        roles=[pid] * n,
-        agents=[f"{pid}{i // EPISODES}" for i in range(n)],
-    )
+    n = AGENTS[pid] * EPISODES
+    return random_batch(n, 6, 3, vocab, policy_id=pid, roles=(pid,),
+                        agents=[f"{pid}{i // EPISODES}" for i in range(n)],
+                        advantages=torch.tensor([1.0, -1.0] * (n // 2)))
 
 
 def logged_lrs(cfg: TrainConfig) -> dict[str, list[float]]:
     """The `lr/<policy>` each real learner logs, driven as the run's step drives them (one call per step)."""
     from jobs.models.resolve import resolve_model
     from learners.group import LearnerGroup
-    from learners.member import LearnerSpec
+    from tests.builders import learner_spec
 
     path, policies = resolve_model(cfg.model.path), PolicyMap.isolated(roles_of(cfg.marl.workflow)).policies
-    groups = {pid: LearnerGroup(LearnerSpec(
-        policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo, temperature=1.0,
-        total_steps=cfg.steps, seed=0, num_policies=len(policies), policy_index=i), "lr") for i, pid in
-        enumerate(policies)}
+    groups = {pid: LearnerGroup(learner_spec(cfg, path, policy_id=pid, total_steps=cfg.steps,
+                                             num_policies=len(policies), policy_index=i), "lr")
+              for i, pid in enumerate(policies)}
     vocab = 64  # builtin:tiny's vocabulary is larger; any ids below it will do
     out: dict[str, list[float]] = {pid: [] for pid in policies}
     for t in range(cfg.steps):

@@ -24,9 +24,9 @@ from benchmarks.update import make_batch
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.update.losses import local_normalizer
 from learners.update.ppo_plan import UpdatePlan
+from tests.builders import learner_spec
 
 
 def lost_per_step(
@@ -48,8 +48,7 @@ def lost_per_step(
             f"learner.torch_threads={torch.get_num_threads()}",
         ],
     )
-    learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=1.0, total_steps=steps, seed=0))
+    learner = Learner(learner_spec(cfg, path, total_steps=steps))
     lost = []
     for step in range(steps):
         batch = make_batch(rows, seq, seq // 4, vocab, seed=step)

@@ -66,37 +66,20 @@ def make_learner(model: str, settings: list[str]):
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
     from learners.learner import Learner
-    from learners.member import LearnerSpec
+    from tests.builders import learner_spec
 
     cfg = load_config("jobs/configs/tiny.yaml", settings)
-    return Learner(LearnerSpec(policy_id="p", model_path=resolve_model(model), model=cfg.model,
-                               learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    return Learner(learner_spec(cfg, resolve_model(model)))
 
 
 def random_batch(model: str, rows: int, width: int):
     """(TrainBatch, UpdatePlan) of `rows` random rows of `width` ids, every position attended, the loss on the
     last four fifths (a fifth prompt, the rest response: as the paper's math caps, 20,480 / 5,120)."""
-    import torch
-
-    from learners.batch import TrainBatch
     from learners.update.losses import local_normalizer
     from learners.update.ppo_plan import UpdatePlan
+    from tests import builders
 
-    ids = torch.randint(0, shape_of(model).vocab, (rows, width), generator=torch.Generator().manual_seed(0))
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, width // 5:] = True
-    batch = TrainBatch(
-        policy_id="p",
-        input_ids=ids,
-        attention_mask=torch.ones_like(mask),
-        loss_mask=mask,
-        rollout_logprobs=torch.zeros(rows, width),
-        advantages=torch.linspace(-1, 1, rows),
-        rewards=torch.zeros(rows),
-        roles=["solver"] * rows,
-        agents=["solver0"] * rows,
-        pad_id=0,
-    )
+    batch = builders.random_batch(rows, width, width // 5, shape_of(model).vocab)
     return batch, UpdatePlan.whole(rows, local_normalizer(batch.loss_mask[:, 1:], "token_mean"))
 
 

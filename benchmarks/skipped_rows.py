@@ -36,17 +36,16 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.diagnostic_sample import sample_diagnostics, sample_size
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.state.weights import load_policy_model
 from learners.update.ppo_plan import plan_update
+from tests.builders import learner_spec
 
 
 def step_of(
     path: str, overrides: list[str], batch, keep: torch.Tensor, metrics_pass: bool
 ) -> Callable[[], object]:
     cfg = load_config("jobs/configs/tiny.yaml", overrides)
-    learner = Learner(LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
+    learner = Learner(learner_spec(cfg, path, total_steps=1000))
     (rows,), (plan,) = plan_update(batch.loss_mask[:, 1:], keep, 1, 0, 1, cfg.algo.loss_agg, 0,
                                    sorted(set(batch.roles)))
     if not metrics_pass:  # the learner before the metrics-only pass: dropped rows were never sent

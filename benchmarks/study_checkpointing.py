@@ -40,13 +40,12 @@ def measure_one(rows: int, tokens: int, prompt: int, checkpointing: bool) -> Mea
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
     from learners.learner import Learner
-    from learners.member import LearnerSpec
     from learners.update.losses import local_normalizer
     from learners.update.ppo_plan import UpdatePlan
+    from tests.builders import learner_spec
 
     cfg = load_config(str(CONFIG), [f"learner.gradient_checkpointing={checkpointing}", "learner.ranks=0"])
-    spec = LearnerSpec(policy_id="p", model_path=resolve_model(cfg.model.path), model=cfg.model,
-                       learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0)
+    spec = learner_spec(cfg, resolve_model(cfg.model.path))
     learner = Learner(spec)
     vocab = learner.model.get_output_embeddings().weight.shape[0]
     batch = make_batch(rows, tokens, prompt, vocab)

@@ -32,25 +32,18 @@ from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
 from learners.diagnostic_sample import sample_diagnostics, sample_size
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.state.weights import load_policy_model
 from learners.update.losses import local_normalizer, token_logprobs
 from learners.update.ppo_plan import UpdatePlan
+from tests.builders import learner_spec, random_batch
 
 ROLES = ("generator", "evaluator")
 
 
 def make_batch(rows: int, seq: int, prompt: int, vocab: int, seed: int = 0) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    loss_mask = torch.zeros(rows, seq, dtype=torch.bool)
-    loss_mask[:, prompt:] = True
-    return TrainBatch(
-        policy_id="p", input_ids=torch.randint(0, vocab, (rows, seq), generator=g),
-        attention_mask=torch.ones(rows, seq, dtype=torch.bool), loss_mask=loss_mask,
-        rollout_logprobs=torch.zeros(rows, seq),
-        advantages=torch.randint(0, 2, (rows,), generator=g).float() * 2 - 1, rewards=torch.zeros(rows),
-        roles=[ROLES[i % 2] for i in range(rows)], agents=[f"{ROLES[i % 2]}0" for i in range(rows)],
-    )
+    """Random rows of the two roles in turn, advantages ±1 drawn from the ids' generator."""
+    return random_batch(rows, seq, prompt, vocab, seed=seed, roles=ROLES,
+                        advantages=lambda g: torch.randint(0, 2, (rows,), generator=g).float() * 2 - 1)
 
 
 def device() -> torch.device:
@@ -90,8 +83,7 @@ def plain_step(model_path: str, cfg, batch: TrainBatch) -> Callable[[], None]:
 def learner_step(model_path: str, cfg, batch: TrainBatch, role_grads: bool) -> Callable[[], object]:
     """One training step of the project's Learner over `batch` (one optimizer step over every row), its
     diagnostics' sample drawn as LearnerGroup draws it (`learner.diagnostics.sample_rows`)."""
-    learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=1.0, total_steps=1000, seed=0))
+    learner = Learner(learner_spec(cfg, model_path, total_steps=1000))
     payload, norm = batch, local_normalizer(batch.loss_mask[:, 1:], cfg.algo.loss_agg)
     roles = sorted(set(batch.roles)) if role_grads else None
     plan = UpdatePlan.whole(len(batch), norm, roles)

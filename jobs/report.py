@@ -156,26 +156,33 @@ def _cliff_note(run: RunRecord, xs: list[int], ys: list[float], event: CliffEven
     return f"{run.label}: terminal {where}; {final}"
 
 
+def _plot_curve(ax: Any, run: RunRecord, color: str) -> str | None:
+    """One run's accuracy curve on `ax`, its peak, final point and cliffs marked; returns its note (no
+    held-out accuracy, or the first cliff), None when there is none."""
+    xs, ys = eval_curve(run.rows)
+    if not ys:
+        return f"{run.label}: no eval/accuracy recorded"
+    ax.plot(xs, ys, run.line_style, color=color, marker=".", label=run.label)
+    peak = max(range(len(ys)), key=ys.__getitem__)
+    ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
+    ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
+    drop, window, relative = run.cliff[0], int(run.cliff[1]), run.cliff[2]
+    event = first_cliff(ys, drop=drop, window=window, relative_drop=relative)
+    if event is None:
+        return None
+    cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
+    ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
+    return _cliff_note(run, xs, ys, event)
+
+
 def plot_accuracy(runs: list[RunRecord], out: Path) -> list[str]:
     """accuracy.png with every run's curve; returns notes (runs without held-out accuracy, cliffs found)."""
     fig, notes = _figure(8.0, 4.5), []
     ax = fig.add_subplot()
     for i, run in enumerate(runs):
-        xs, ys = eval_curve(run.rows)
-        if not ys:
-            notes.append(f"{run.label}: no eval/accuracy recorded")
-            continue
-        color = f"C{i % 10}"
-        ax.plot(xs, ys, run.line_style, color=color, marker=".", label=run.label)
-        peak = max(range(len(ys)), key=ys.__getitem__)
-        ax.plot(xs[peak], ys[peak], "*", color=color, markersize=14, markeredgecolor="black")
-        ax.plot(xs[-1], ys[-1], "o", color=color, markersize=8, markeredgecolor="black")
-        drop, window, relative = run.cliff[0], int(run.cliff[1]), run.cliff[2]
-        event = first_cliff(ys, drop=drop, window=window, relative_drop=relative)
-        if event is not None:
-            cliffs = detect(ys, drop=drop, window=window, relative_drop=relative)
-            ax.plot([xs[c] for c in cliffs], [ys[c] for c in cliffs], "X", color="red", markersize=11)
-            notes.append(_cliff_note(run, xs, ys, event))
+        note = _plot_curve(ax, run, f"C{i % 10}")
+        if note is not None:
+            notes.append(note)
     ax.set(
         title="Held-out accuracy\n"
         "(★ peak, ● final, ✖ cliff; solid shared, dashed isolated, dash-dot one role)",

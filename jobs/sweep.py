@@ -226,18 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 every trial finished, 2 sweep or config error (or a cluster that does not answer), 4 some
     trial failed, 130 interrupted
     (trials left unfinished: rerun with --resume)."""
-    parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="sweep YAML (jobs/configs/sweeps/*.yaml)")
-    parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate, print every cell's bundles and memory plan per GPU, exit")
-    parser.add_argument(
-        "--markdown",
-        action="store_true",
-        help="with --dry-run: the scaling tables (docs/scaling.md) instead of the per-cell plans",
-    )
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
-    args = parser.parse_intermixed_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     try:
         spec = load_sweep(args.config, args.overrides)
         all_cells = validate(spec)
@@ -259,6 +248,21 @@ def main(argv: list[str] | None = None) -> int:
     if spec.compare:
         print(compare([Path(setup_of(spec).out_dir)], root / "report"))
     return 4 if results.num_errors else 130 if unfinished else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="sweep YAML (jobs/configs/sweeps/*.yaml)")
+    parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate, print every cell's bundles and memory plan per GPU, exit")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --dry-run: the scaling tables (docs/scaling.md) instead of the per-cell plans",
+    )
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the sweep file")
+    return parser
 
 
 if __name__ == "__main__":

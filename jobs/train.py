@@ -57,10 +57,7 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     newest committed checkpoint, up to `checkpoint.max_failures` times."""
     t_start = time.perf_counter()
     quiet_logs(cfg.tracking.verbose)
-    run_dir = Path(cfg.out_dir) / cfg.run_name
-    (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
-    version = {**code_version(), **prompt_version(cfg.marl.prompts)}
-    (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
+    run_dir, version = _run_dir(cfg)
     resume = _initial_resume(cfg, run_dir)
     with connect(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.include_dashboard, cfg.ray.connect_timeout_s,
                  quiet=not cfg.tracking.verbose), sigterm_stops():
@@ -83,6 +80,16 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
     return summary
 
 
+def _run_dir(cfg: TrainConfig) -> tuple[Path, dict[str, str | bool]]:
+    """The run's folder, made, with its config.yaml headed by the code's and the prompts' version (returned:
+    the layout's record is added once the cluster is connected)."""
+    run_dir = Path(cfg.out_dir) / cfg.run_name
+    (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+    version = {**code_version(), **prompt_version(cfg.marl.prompts)}
+    (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
+    return run_dir, version
+
+
 def _attempts(
     cfg: TrainConfig,
     assets: RunAssets,
@@ -94,16 +101,9 @@ def _attempts(
     """Attempts until one finishes: (its summary, failures survived, steps lost to them)."""
     fresh, failures, lost = assets.sampler.state(), 0, 0
     while True:
-        run = RunState(
-            cfg,
-            assets,
-            run_dir,
-            ckpt.root_dir(cfg, run_dir),
-            log,
-            callbacks,
-            Progress(sampler=fresh),
-            CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop),
-        )
+        cliff = CliffTracker(cfg.cliff.drop, cfg.cliff.window, cfg.cliff.relative_drop)
+        progress = Progress(sampler=fresh)
+        run = RunState(cfg, assets, run_dir, ckpt.root_dir(cfg, run_dir), log, callbacks, progress, cliff)
         try:
             return attempt(run, resume), failures, lost
         except GroupError as e:
@@ -182,16 +182,7 @@ def _refuse_unfit(cfg: TrainConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 2 config error (or a cluster that does not answer, or resources it cannot hold),
     3 model/data error, 4 training failure, 143 stopped by SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML config (jobs/configs/*.yaml)")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the memory plan per GPU and the step-time estimates, exit (2 if it does not fit)",
-    )
-    parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
         if args.plan:
@@ -203,6 +194,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    return _train_exit_code(cfg)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config (jobs/configs/*.yaml)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan per GPU and the step-time estimates, exit (2 if it does not fit)",
+    )
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    return parser
+
+
+def _train_exit_code(cfg: TrainConfig) -> int:
+    """Trains `cfg`; each failure class is reported on stderr and mapped to its exit code (main's)."""
     try:
         train(cfg)
     except ConfigError as e:  # what the cluster's GPUs refuse (refuse_on_cluster), before any actor starts

@@ -90,6 +90,16 @@ class SampledRows:
     counts: dict[str, float]
 
 
+def _unmeasured(roles: Sequence[str], tokens: Tensor, left: list[int]) -> TokenSums:
+    """The loss tokens of the skipped rows left out of the sample (global rows `left`), in all and per role:
+    the diagnostics' denominators still count them."""
+    terms = [(roles[g], float(tokens[g])) for g in left]
+    total = 0.0
+    for _, t in terms:  # term by term, as the ranks' sums add up
+        total += t
+    return TokenSums(tokens=total, roles=RoleSums().added(tokens=terms))
+
+
 def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int]], plans: list[UpdatePlan],
                        size: int | None, seeds: tuple[int, int], recompute: bool) -> SampledRows:
     """The scatter of learners.update.ppo_plan.plan_update (rows[r]: trained rows, then skipped ones; plans[r]
@@ -106,12 +116,7 @@ def sample_diagnostics(roles: Sequence[str], tokens: Tensor, rows: list[list[int
         return SampledRows(rows, plans, TokenSums(), every)
     skipped = stratified_sample(roles, [g for d in dropped for g in d], size, seeds[0])
     move = stratified_sample(roles, [g for m in moved for g in m], size, seeds[1])
-    left = [g for d in dropped for g in d if size and g not in skipped]
-    terms = [(roles[g], float(tokens[g])) for g in left]
-    total = 0.0
-    for _, t in terms:  # term by term, as the ranks' sums add up
-        total += t
-    unmeasured = TokenSums(tokens=total, roles=RoleSums().added(tokens=terms))
+    unmeasured = _unmeasured(roles, tokens, [g for d in dropped for g in d if size and g not in skipped])
     any_metric = bool(skipped)
     out_rows, out_plans = [], []
     for k, d, plan in zip(kept, dropped, plans, strict=True):

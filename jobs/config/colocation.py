@@ -44,6 +44,12 @@ def colocate_problem(cfg: TrainConfig) -> str | None:
             "the "
             "shared base inside one engine, and each policy has its own; use learner.deepspeed.zero_stage=2"
         )
+    return _shared_override(cfg)
+
+
+def _shared_override(cfg: TrainConfig) -> str | None:
+    """The first per-policy override of a key colocated policies share (SHARED_KEYS; a key ending in "." names
+    its whole section), as a refusal; None when there is none."""
     for pid in cfg.marl.policies:
         for key in override_keys(cfg, pid):
             if any(key == k or (k.endswith(".") and key.startswith(k)) for k in SHARED_KEYS):

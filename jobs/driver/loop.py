@@ -122,14 +122,7 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
         while run.progress.step < cfg.steps:
             if _step(run, handles, source):
                 break
-        final = timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
-        acc_after = final["eval/accuracy"]
-        final.update(final_cliff_guard(cfg, run.cliff, run.progress.step, acc_after))
-        for pid, learner in handles.learners.items():
-            learner.export(str(run.run_dir / "export" / pid))
-        if run.assets.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
-            final.update(_evaluate_whole_split(run, handles, acc_after))
-        run.log.log(cfg.steps, final)
+        final, acc_after = _finish(run, handles)
     except StopRequested:
         stop.acknowledge()  # the checkpoint's own waits must not raise it again
         _checkpoint_on_stop(run, handles)
@@ -142,6 +135,22 @@ def attempt(run: RunState, resume: Path | None) -> dict[str, float]:
     return {"eval/accuracy_before": run.progress.acc_before, "eval/accuracy_after": acc_after,
             "train/rollbacks": float(run.progress.rollbacks), **run.cliff.metrics(),
             **{k: v for k, v in final.items() if k.startswith("eval/full/")}}
+
+
+def _finish(run: RunState, handles: RunHandles) -> tuple[dict[str, float], float]:
+    """The end of a run that trained to its last step (or its cliff guard's stop): the final evaluation with
+    its cliff guard, every policy's export and, when asked, the whole split's evaluation, logged. Returns
+    (those metrics, the final accuracy)."""
+    cfg = run.cfg
+    final = timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, run.progress.step)
+    acc_after = final["eval/accuracy"]
+    final.update(final_cliff_guard(cfg, run.cliff, run.progress.step, acc_after))
+    for pid, learner in handles.learners.items():
+        learner.export(str(run.run_dir / "export" / pid))
+    if run.assets.full_eval_tasks:  # after the export: evaluating the peak serves the peak's weights
+        final.update(_evaluate_whole_split(run, handles, acc_after))
+    run.log.log(cfg.steps, final)
+    return final, acc_after
 
 
 def _evaluate_whole_split(run: RunState, handles: RunHandles, final_accuracy: float) -> dict[str, float]:
@@ -209,25 +218,11 @@ def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
     version = run.progress.weight_version + 1
     metrics = train_step(handles, cfg, source, step, run.assets.pad_ids, run.run_dir, version,
                          before_update=run.mark_learners_ahead)
-    accuracy, stop, flagged = None, False, False
-    if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-        metrics.update(timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, step + 1))
-        accuracy = metrics["eval/accuracy"]
-        stop, guard = cliff_guard(cfg, run.cliff, step + 1, accuracy)
-        metrics.update(guard)
-        flagged = guard["cliff/flagged"] == 1.0
-    if accuracy is not None and math.isnan(accuracy):
-        accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
+    accuracy, stop, flagged = _periodic_eval(run, handles, step, metrics)
     best = max(run.progress.best_accuracy, accuracy if accuracy is not None else -math.inf)
-    run.progress = dataclasses.replace(
-        run.progress,
-        step=step + 1,
-        weight_version=version,
-        eval_accuracy=accuracy,
-        sampler=source.sampler_state,
-        cliff=run.cliff.state(),
-        best_accuracy=best,
-    )
+    run.progress = dataclasses.replace(run.progress, step=step + 1, weight_version=version,
+                                       eval_accuracy=accuracy, sampler=source.sampler_state,
+                                       cliff=run.cliff.state(), best_accuracy=best)
     if flagged and cfg.cliff.action == "rollback":
         metrics.update(_rollback(run, handles, source))
     if step == 0:  # the run's data and its base model's held-out accuracy (the curve's point at 0 steps)
@@ -243,6 +238,23 @@ def _step(run: RunState, handles: RunHandles, source: RolloutSource) -> bool:
         cb.on_step(step, metrics, folder)
     run.log.progress(step, metrics)
     return stop
+
+
+def _periodic_eval(run: RunState, handles: RunHandles, step: int,
+                   metrics: dict[str, float]) -> tuple[float | None, bool, bool]:
+    """After step `step`, when `eval_every` falls on it (not on the last step, evaluated by `_finish`): the
+    held-out evaluation and its cliff guard, added to `metrics`. Returns (the accuracy, None when not
+    evaluated or with no held-out tasks; whether the guard stops the run; whether it flagged a cliff)."""
+    cfg, accuracy, stop, flagged = run.cfg, None, False, False
+    if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+        metrics.update(timed_evaluate(handles, cfg, run.assets.eval_tasks, run.run_dir, step + 1))
+        accuracy = metrics["eval/accuracy"]
+        stop, guard = cliff_guard(cfg, run.cliff, step + 1, accuracy)
+        metrics.update(guard)
+        flagged = guard["cliff/flagged"] == 1.0
+    if accuracy is not None and math.isnan(accuracy):
+        accuracy = None  # no held-out tasks: nothing to rank this checkpoint by
+    return accuracy, stop, flagged
 
 
 def cliff_guard(

@@ -197,15 +197,8 @@ def plan_update(loss_mask: Tensor, keep: Tensor, world: int, mini_batch_size: in
         local = {g: j for j, g in enumerate(kept)}
         rows_out.append(kept + dropped)
         metric_rows = list(range(len(kept), len(kept) + len(dropped))) if any_dropped else None
-        plans.append(
-            UpdatePlan(
-                [[local[g] for g in step if g in local] for step in steps],
-                normalizers,
-                roles,
-                epochs,
-                metric_rows,
-            )
-        )
+        own_steps = [[local[g] for g in step if g in local] for step in steps]
+        plans.append(UpdatePlan(own_steps, normalizers, roles, epochs, metric_rows))
     return rows_out, plans
 
 

@@ -80,15 +80,12 @@ def _synthesis_prompt(task: Task, strategies: list[str], solutions: list[str], w
     return w.fill("user", problem=task.prompt, solutions="\n\n".join(parts))
 
 
-async def run(
-    task: Task, client: PolicyClient, family: TaskFamily, opts: WorkflowOptions, sample_index: int
-) -> Episode:
-    episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
-    w = wording(opts, NAME, family)
-    orch, worker, synth = (w.role(r) for r in ROLES)
-    ask_plan = orch.fill("user", problem=task.prompt, max_strategies=opts.max_strategies)
-    plan_msgs = [*orch.opening(), user(ask_plan)]
-    plan = await ask(client, "orchestrator", "orchestrator", 0, plan_msgs)
+async def _strategies(episode: Episode, client: PolicyClient, orch: RoleWording,
+                      opts: WorkflowOptions) -> list[str]:
+    """The orchestrator's turn and the strategies it proposes, with how its plan was read, in `episode`;
+    none when the episode ends there (its failure set: no plan read, or more strategies than allowed)."""
+    ask_plan = orch.fill("user", problem=episode.task.prompt, max_strategies=opts.max_strategies)
+    plan = await ask(client, "orchestrator", "orchestrator", 0, [*orch.opening(), user(ask_plan)])
     episode.turns.append(plan)
     strategies, read_as = parse_plan(plan.text)
     episode.score_info["plan_format"] = read_as  # strategy | numbered | lines | none: how the parser read it
@@ -96,9 +93,19 @@ async def run(
         episode.note_parse_failure("orchestrator")
     if not strategies:
         episode.failure = "unparsable_plan"
-        return episode
-    if len(strategies) > opts.max_strategies:
+    elif len(strategies) > opts.max_strategies:
         episode.failure = "too_many_strategies"
+    return strategies if not episode.failure else []
+
+
+async def run(
+    task: Task, client: PolicyClient, family: TaskFamily, opts: WorkflowOptions, sample_index: int
+) -> Episode:
+    episode = Episode(task=task, sample_index=sample_index, workflow=NAME)
+    w = wording(opts, NAME, family)
+    orch, worker, synth = (w.role(r) for r in ROLES)
+    strategies = await _strategies(episode, client, orch, opts)
+    if not strategies:
         return episode
     instruction = family.instruction()
     names = [f"worker{i}" for i in range(len(strategies))]

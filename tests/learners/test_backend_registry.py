@@ -19,9 +19,9 @@ from jobs.plan.planner import make_plan
 from learners.gradients.backends import BACKENDS, BackendCapabilities
 from learners.gradients.torch_backend import TorchBackend
 from learners.learner import Learner
-from learners.member import LearnerSpec
+from tests.builders import learner_spec, rows_batch
 from tests.learners.test_deepspeed import update
-from tests.learners.test_learner import BASE, ROWS, make_batch
+from tests.learners.test_learner import BASE, ROWS
 
 TINY = "jobs/configs/tiny.yaml"
 NAME = "counting"
@@ -92,12 +92,11 @@ def test_the_planner_sizes_it_by_its_capabilities(counting):
 
 def test_a_rank_trains_a_step_with_it(counting):
     cfg = load_config(TINY, [*BASE, f"learner.backend={NAME}"])
-    spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                       learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0)
+    spec = learner_spec(cfg, resolve_model("builtin:tiny"))
     learner = Learner(spec)
     assert type(learner.backend) is CountingBackend
     before = {k: v.detach().clone() for k, v in learner.model.named_parameters()}
-    metrics = update(learner, make_batch(ROWS))
+    metrics = update(learner, rows_batch(ROWS))
     assert CountingBackend.steps == 1 and metrics
     assert any(not torch.equal(before[k], v) for k, v in learner.model.named_parameters())
 
@@ -109,7 +108,6 @@ def test_a_backend_module_named_in_the_config_trains_a_rank_in_a_ray_actor(ray_c
     """The rank is a Ray actor: it imports the module `learner.backend` names and steps with its class. Its
     weights after one update are an in-process rank's of the same backend, and not the torch backend's."""
     from tests.learners.test_learner_group import ROWS as GROUP_ROWS
-    from tests.learners.test_learner_group import make_batch as group_batch
     from tests.learners.test_learner_group import make_group, max_abs_diff, weights
 
     assert load_config(TINY, [f"learner.backend={USER_BACKEND}"]).learner.backend == USER_BACKEND
@@ -117,7 +115,7 @@ def test_a_backend_module_named_in_the_config_trains_a_rank_in_a_ray_actor(ray_c
               "local": make_group(f"learner.backend={USER_BACKEND}"), "adamw": make_group()}
     try:
         for group in groups.values():
-            group.update(group_batch(GROUP_ROWS))
+            group.update(rows_batch(GROUP_ROWS))
         after = {name: weights(group) for name, group in groups.items()}
     finally:
         for group in groups.values():

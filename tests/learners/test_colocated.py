@@ -12,7 +12,8 @@ from jobs.models.resolve import resolve_model
 from learners.gradients.colocated import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerMember, LearnerSpec
-from tests.learners.test_learner_group import BASE, ROWS, TIMEOUT, make_batch
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner_group import BASE, ROWS, TIMEOUT
 from tests.process_group import leave_process_group
 
 POLICIES = ("generator", "evaluator")
@@ -26,16 +27,15 @@ def specs(*overrides: str) -> list[LearnerSpec]:
                                                  "learner.micro_batch_size=2", "algo.ppo_mini_batch_size=2",
                                                  *overrides])
     path = resolve_model("builtin:tiny")
-    return [LearnerSpec(policy_id=pid, model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
-                        temperature=0.7, total_steps=10, seed=0, num_policies=len(POLICIES), policy_index=i)
-            for i, pid in enumerate(POLICIES)]
+    return [learner_spec(cfg, path, policy_id=pid, temperature=0.7, num_policies=len(POLICIES),
+                         policy_index=i) for i, pid in enumerate(POLICIES)]
 
 
 def batch_of(pid: str, step: int):
     """Each policy's own rows (different advantages per policy and step, so the adapters move apart)."""
     sign = 1.0 if pid == "generator" else -1.0
     rows = [(p, r, a * sign * (step + 1), role) for p, r, a, role in ROWS]
-    return make_batch(rows)
+    return rows_batch(rows)
 
 
 def adapter(group: LearnerGroup) -> dict[str, torch.Tensor]:

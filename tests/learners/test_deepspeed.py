@@ -19,11 +19,11 @@ from learners.gradients.backends import BACKENDS
 from learners.gradients.deepspeed_backend import DeepSpeedBackend, deepspeed_config
 from learners.gradients.torch_backend import TorchBackend
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.rank_metrics import RankMetrics, merge_rank_metrics
 from learners.update.losses import local_normalizer
 from learners.update.ppo_plan import UpdatePlan
-from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, max_abs_diff
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner import BASE, LORA, ROWS, max_abs_diff
 from tests.process_group import leave_process_group
 
 # With CUDA, DeepSpeed runs on the GPU while the torch learner stays on the CPU: fp32 on two devices sums in
@@ -51,8 +51,7 @@ def model_path():
 
 def make(model_path, backend: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, f"learner.backend={backend}", *overrides])
-    learner = Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
-                                  algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    learner = Learner(learner_spec(cfg, model_path))
     assert isinstance(learner.backend, BACKENDS[backend])
     return learner
 
@@ -106,7 +105,7 @@ def test_zero2_in_process_matches_torch_with_role_gradients(model_path):
     # micro_batch_size=2: three micro-batches per step, summed without any rescaling by their number.
     plain, ds = make(model_path, "torch", "learner.micro_batch_size=2"), make(model_path, "deepspeed",
                                                                               "learner.micro_batch_size=2")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     initial = copy(plain.get_weights())
     for _ in range(2):  # the second step also checks Adam state and the schedule advanced alike
         m_plain, m_ds = update(plain, batch, roles=True), update(ds, batch, roles=True)
@@ -122,7 +121,7 @@ def test_zero2_in_process_matches_torch_with_role_gradients(model_path):
 def test_zero2_gradient_accumulation_1x8_equals_8x1(model_path):
     one, eight = make(model_path, "deepspeed", "learner.micro_batch_size=8"), make(
         model_path, "deepspeed", "learner.micro_batch_size=1")
-    batch = make_batch(ROWS8)
+    batch = rows_batch(ROWS8)
     m_one, m_eight = update(one, batch), update(eight, batch)
     assert m_eight.sums.loss == pytest.approx(m_one.sums.loss, rel=1e-5, abs=1e-7)
     assert m_eight.step.grad_norm == pytest.approx(m_one.step.grad_norm, rel=1e-5)
@@ -141,9 +140,9 @@ def test_empty_batch_still_steps(model_path):
 def test_a_skipped_empty_step_leaves_the_engine_untouched(model_path):
     # algo.skip_empty_optimizer_steps: the group marks the step; no rank enters backward or engine.step().
     ds = make(model_path, "deepspeed")
-    update(ds, make_batch(ROWS))
+    update(ds, rows_batch(ROWS))
     before = copy(ds.get_weights())
-    batch = make_batch([(p, r, 0.0, role) for p, r, _, role in ROWS])
+    batch = rows_batch([(p, r, 0.0, role) for p, r, _, role in ROWS])
     norm = local_normalizer(batch.loss_mask[:, 1:], "token_mean")
     m = ds.update(batch, UpdatePlan([list(range(len(ROWS)))], [norm], skip=(True,)))
     assert ds.backend.engine.global_steps == 1 and m.step.skipped_steps == 1.0 and m.sums.move == 0.0
@@ -151,7 +150,7 @@ def test_a_skipped_empty_step_leaves_the_engine_untouched(model_path):
 
 
 def test_save_and_load_state_resume_the_same_trajectory(model_path, tmp_path):
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     first = make(model_path, "deepspeed", *LORA)
     update(first, batch)
     first.save_state(str(tmp_path))
@@ -168,7 +167,7 @@ def test_zero2_lora_with_kl_anchor_matches_torch(model_path):
     # The reference here is the base with the adapter disabled, run through the module outside the engine.
     extra = (*LORA, "marl.workflow=eval_opt", "algo.kl_coef=0.1", "algo.kl_anchor_roles={evaluator: 1.0}")
     plain, ds = make(model_path, "torch", *extra), make(model_path, "deepspeed", *extra)
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     for advantages in (batch.advantages.clone(), torch.zeros(len(ROWS))):  # the second step is KL alone
         batch.advantages = advantages
         m_plain, m_ds = update(plain, batch, roles=True), update(ds, batch, roles=True)
@@ -185,7 +184,7 @@ def test_two_mini_batches_match_torch(model_path, roles):
     # against them; the scheduler (outside the engine) advances once.
     plain, ds = make(model_path, "torch", "learner.micro_batch_size=2"), make(model_path, "deepspeed",
                                                                               "learner.micro_batch_size=2")
-    batch = make_batch(ROWS8)
+    batch = rows_batch(ROWS8)
     steps = [[6, 1, 3, 4], [0, 7, 2, 5]]
     mask = batch.loss_mask[:, 1:]
     plan = UpdatePlan(steps, [local_normalizer(mask[s], "token_mean") for s in steps],
@@ -202,7 +201,7 @@ def test_zero3_lora_weights_come_with_their_merge_rounding(model_path):
     # measured like the torch learner's.
     plain = make(model_path, "torch", *LORA)
     ds = make(model_path, "deepspeed", *LORA, "learner.deepspeed.zero_stage=3")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     update(plain, batch)
     update(ds, batch)
     assert max_abs_diff(copy(plain.get_weights()), ds.get_weights()) < WEIGHT_TOL
@@ -225,7 +224,7 @@ def test_chunked_head_and_token_budget_match_the_unchunked_torch_update(model_pa
         "algo.max_len=16",
         "learner.max_tokens_per_micro_batch=16",
     )
-    batch = make_batch(ROWS8)
+    batch = rows_batch(ROWS8)
     m_plain, m_ds = update(plain, batch), update(ds, batch)
     def values(m: RankMetrics) -> list[float]:
         entropy = m.sums.roles.entropy

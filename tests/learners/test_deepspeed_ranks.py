@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.group import LearnerGroup
-from learners.member import LearnerSpec
+from tests.builders import learner_spec, rows_batch
 from tests.learners.test_learner import LORA
-from tests.learners.test_learner_group import BASE, ROWS, make_batch, make_group, max_abs_diff, weights
+from tests.learners.test_learner_group import BASE, ROWS, make_group, max_abs_diff, weights
 
 pytestmark = pytest.mark.slow
 WEIGHT_TOL = 1e-5
@@ -51,16 +51,16 @@ def test_two_deepspeed_ranks_match_the_torch_learner(ray_cluster, tmp_path, stag
         "learner.backend=deepspeed", "learner.ranks=2", f"learner.deepspeed.zero_stage={stage}", *extra
     )
     try:
-        m = assert_same_update(plain, ds, make_batch(ROWS), stage)
+        m = assert_same_update(plain, ds, rows_batch(ROWS), stage)
         assert {"loss/p", "grad/norm/p", "clip_frac/role/generator", "entropy/evaluator"} <= set(m)
         if stage == 2 and "learner.role_grad_diagnostics=false" not in extra:
             assert {"grad/role_norm/generator", "grad/cos/evaluator__generator"} <= set(m)
-        assert_same_update(plain, ds, make_batch(ROWS[:1]), stage)  # rank 1 has no rows at all
+        assert_same_update(plain, ds, rows_batch(ROWS[:1]), stage)  # rank 1 has no rows at all
         # ZeRO-3 gathers weights inside forward: rank 1 matches rank 0's metrics-only pass idly
         if stage == 3:
             zero = ([50, 51], [60, 61, 62], 0.0, "generator")
             assert (
-                assert_same_update(plain, ds, make_batch([zero, *ROWS[:3]]), stage)[
+                assert_same_update(plain, ds, rows_batch([zero, *ROWS[:3]]), stage)[
                     "batch/dropped_zero_adv/p"
                 ]
                 == 1
@@ -86,18 +86,17 @@ def test_zero3_checkpoint_round_trip_on_two_ranks(ray_cluster, tmp_path):
     )
 
     def group(run_name: str) -> LearnerGroup:  # two groups alive at once: their actors need distinct names
-        spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                           learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0)
+        spec = learner_spec(cfg, resolve_model("builtin:tiny"), temperature=0.7)
         return LearnerGroup(spec, run_name)
 
     first, resumed = group("first"), None
     try:
-        first.update(make_batch(ROWS))
+        first.update(rows_batch(ROWS))
         first.save(str(tmp_path))
         resumed = group("resumed")
         resumed.load(str(tmp_path))
         assert max_abs_diff(weights(resumed), weights(first)) == 0.0
-        m_first, m_resumed = first.update(make_batch(ROWS)), resumed.update(make_batch(ROWS))
+        m_first, m_resumed = first.update(rows_batch(ROWS)), resumed.update(rows_batch(ROWS))
         assert m_resumed == pytest.approx(m_first, rel=1e-6)
         assert max_abs_diff(weights(resumed), weights(first)) < 1e-7
     finally:

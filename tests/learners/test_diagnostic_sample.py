@@ -12,7 +12,8 @@ from jobs.config import ConfigError, load_config
 from learners.diagnostic_sample import role_quotas, sample_diagnostics, sample_size, stratified_sample
 from learners.rank_metrics import TokenSums
 from learners.update.ppo_plan import UpdatePlan
-from tests.learners.test_learner_group import make_batch, make_group, weights
+from tests.builders import rows_batch
+from tests.learners.test_learner_group import make_group, weights
 
 
 def test_sample_size_reads_all_zero_and_counts():
@@ -94,7 +95,7 @@ def with_advantages(rows, skipped: int):
 
 
 def test_sampled_entropy_is_unbiased_on_a_fixed_batch():
-    batch = make_batch(ZERO_ROWS)
+    batch = rows_batch(ZERO_ROWS)
     fixed = ("algo.skip_empty_optimizer_steps=true", "learner.role_grad_diagnostics=false")
     every = make_group(*fixed, "learner.diagnostics.sample_rows=all").update(batch)
     sampled = make_group(*fixed, "learner.diagnostics.sample_rows=4")
@@ -109,7 +110,7 @@ def test_sampled_entropy_is_unbiased_on_a_fixed_batch():
 
 
 def test_weights_are_bit_identical_with_diagnostics_all_sampled_and_off():
-    batch = make_batch(with_advantages(ZERO_ROWS, 12))
+    batch = rows_batch(with_advantages(ZERO_ROWS, 12))
     final, metrics = {}, {}
     for mode in ("all", "3", "0"):
         group = make_group(f"learner.diagnostics.sample_rows={mode}", "algo.ppo_mini_batch_size=6")
@@ -126,7 +127,7 @@ def test_weights_are_bit_identical_with_diagnostics_all_sampled_and_off():
 
 def test_a_sample_of_every_row_measures_what_all_measures():
     # More rows asked for than there are: every row sampled at weight 1, through the sampled code paths.
-    batch = make_batch(with_advantages(ZERO_ROWS[:12], 6))
+    batch = rows_batch(with_advantages(ZERO_ROWS[:12], 6))
     every = make_group("learner.diagnostics.sample_rows=all", "algo.ppo_mini_batch_size=4").update(batch)
     many = make_group("learner.diagnostics.sample_rows=50", "algo.ppo_mini_batch_size=4").update(batch)
     assert set(many) == set(every)

@@ -14,8 +14,9 @@ from learners.rank_metrics import merge_rank_metrics
 from learners.update.empty_steps import empty_steps
 from learners.update.losses import local_normalizer, token_logprobs
 from learners.update.ppo_plan import UpdatePlan
+from tests.builders import rows_batch
 from tests.learners import test_minibatch_update
-from tests.learners.test_learner import ROWS, make_batch, max_abs_diff
+from tests.learners.test_learner import ROWS, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights
 
 make_learner = test_minibatch_update.make_learner  # the fixture, shared
@@ -51,7 +52,7 @@ def state(learner) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("skip", [False, True])
 def test_a_zero_advantage_step_coasts_unless_skipped(make_learner, skip):
     learner = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
-    live, empty = make_batch(ROWS), make_batch(ZERO)
+    live, empty = rows_batch(ROWS), rows_batch(ZERO)
     whole = list(range(len(ROWS)))
     learner.update(live, plan(live, [whole]))  # AdamW now holds momentum
     before, sched = state(learner), learner.scheduler.last_epoch
@@ -69,7 +70,7 @@ def test_a_zero_advantage_step_coasts_unless_skipped(make_learner, skip):
 def test_only_the_empty_mini_batch_is_skipped(make_learner):
     rows = [ROWS[0], ROWS[1], ZERO[2], ZERO[3]]
     a, b = make_learner("learner.optim.lr=1e-2"), make_learner("learner.optim.lr=1e-2")
-    batch = make_batch(rows)
+    batch = rows_batch(rows)
     ma = a.update(batch, plan(batch, [[0, 1], [2, 3]], skip=(False, True)))
     b.update(batch, plan(batch, [[0, 1]]))  # the live mini-batch alone
     assert max_abs_diff(a.model.state_dict(), b.model.state_dict()) == 0.0
@@ -81,12 +82,12 @@ def test_only_the_empty_mini_batch_is_skipped(make_learner):
 def test_group_skips_the_same_empty_mini_batches_on_every_rank():
     group = make_group("algo.skip_empty_optimizer_steps=true", "algo.ppo_mini_batch_size=2",
                        "algo.skip_zero_advantage=false")
-    m = group.update(make_batch([ZERO[0], ZERO[1], ZERO[2], ZERO[3]]))
+    m = group.update(rows_batch([ZERO[0], ZERO[1], ZERO[2], ZERO[3]]))
     assert (
         m["update/skipped_steps/p"] == 2.0 and m["optim/steps/p"] == 0.0 and m["update/policy_move/p"] == 0.0
     )
     before = weights(group)
-    m = group.update(make_batch(ROWS[:4]))
+    m = group.update(rows_batch(ROWS[:4]))
     assert m["update/skipped_steps/p"] == 0.0 and m["optim/steps/p"] == 2.0
     assert max_abs_diff(weights(group), before) > 0.0 and m["update/policy_move/p"] > 0.0
 
@@ -95,7 +96,7 @@ def test_group_skips_the_same_empty_mini_batches_on_every_rank():
 @pytest.mark.parametrize("old", ["recompute", "rollout"])
 def test_policy_move_is_the_mean_abs_logprob_shift(make_learner, steps, old):
     learner = make_learner("learner.optim.lr=1e-2", f"algo.old_logprobs={old}")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     model = copy.deepcopy(learner.model)
     m = learner.update(batch, plan(batch, steps))
     # Measured rows: all of them when recomputed; else those of the first step, the only ones seen unmoved.
@@ -116,7 +117,7 @@ def test_policy_move_is_the_mean_abs_logprob_shift(make_learner, steps, old):
 
 def test_policy_move_off(make_learner):
     learner = make_learner("learner.policy_move=false")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     assert learner.update(batch, plan(batch, [list(range(len(ROWS)))])).sums.move is None
 
 
@@ -124,7 +125,7 @@ def test_a_resumed_learner_continues_a_run_with_skipped_steps(make_learner, tmp_
     # The counters a skip leaves behind (the training step advanced, AdamW's step count and an optimizer-step
     # schedule not) are in the checkpoint: the resumed learner takes the same next step.
     first = make_learner("learner.optim.lr=1e-2", "learner.optim.schedule_unit=optimizer_step")
-    live, empty = make_batch(ROWS), make_batch(ZERO)
+    live, empty = rows_batch(ROWS), rows_batch(ZERO)
     whole = list(range(len(ROWS)))
     first.update(live, plan(live, [whole]))
     first.update(empty, plan(empty, [whole], skip=(True,)))

@@ -20,11 +20,11 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import build_batches
 from learners.group import LearnerGroup
-from learners.member import LearnerSpec
 from marl.policy_map import PolicyMap
 from marl.types import Completion, Episode, Task, Turn
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
+from tests.builders import learner_spec
 
 TEMPERATURE = 0.7
 DIFF_TOL = 1e-5
@@ -63,16 +63,7 @@ def learner_gap(model_path: str, completions: list[Completion], advantages: list
         ],
     )
     group = LearnerGroup(
-        LearnerSpec(
-            policy_id="p",
-            model_path=model_path,
-            model=cfg.model,
-            learner=cfg.learner,
-            algo=cfg.algo,
-            temperature=temperature,
-            total_steps=2,
-            seed=0,
-        ),
+        learner_spec(cfg, model_path, temperature=temperature, total_steps=2),
         "logprobs",
     )
     try:

@@ -10,7 +10,8 @@ from jobs.config import ConfigError, load_config
 from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
 from learners.update.losses import LOSS_AGGREGATIONS, ppo_clip_loss
 from learners.update.mitigations import kl_coefficients, uses_kl
-from tests.learners.test_learner_group import ROWS, make_batch, make_group
+from tests.builders import rows_batch
+from tests.learners.test_learner_group import ROWS, make_group
 
 EVAL_OPT = "marl.workflow=eval_opt"  # roles generator and evaluator, as in ROWS
 
@@ -52,10 +53,10 @@ def test_config_validates_the_anchor():
 def test_anchor_pulls_back_only_the_anchored_role():
     group = make_group(EVAL_OPT, "algo.kl_anchor_roles={evaluator: 1.0}")
     assert not group.drop_zero_advantage  # the anchored rows need their KL term even at zero advantage
-    first = group.update(make_batch(ROWS))  # moves the policy away from the reference (both roles)
+    first = group.update(rows_batch(ROWS))  # moves the policy away from the reference (both roles)
     assert first["kl/generator"] == pytest.approx(0.0, abs=1e-6)
     zero = [(prompt, response, 0.0, role) for prompt, response, _, role in ROWS]
-    second = group.update(make_batch(zero))  # zero advantages: only the anchor's KL term has a gradient
+    second = group.update(rows_batch(zero))  # zero advantages: only the anchor's KL term has a gradient
     assert second["kl/generator"] > 1e-6 and second["kl/evaluator"] > 1e-6  # both drifted and are reported
     assert second["grad/role_norm/generator"] == 0.0
     assert second["grad/role_norm/evaluator"] > 1e-4

@@ -12,12 +12,12 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.rank_metrics import RankMetrics
 from learners.schedule import lr_factor
 from learners.state.weights import merge_for_serving, take_snapshot
 from learners.update.losses import local_normalizer, token_logprobs
 from learners.update.ppo_plan import UpdatePlan
+from tests.builders import learner_spec, rows_batch
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [
@@ -41,32 +41,9 @@ def model_path():
 def make_learner(model_path):
     def make(*overrides: str, total_steps: int = 10) -> Learner:
         cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-        return Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
-                                   algo=cfg.algo, temperature=1.0, total_steps=total_steps, seed=0))
+        return Learner(learner_spec(cfg, model_path, total_steps=total_steps))
 
     return make
-
-
-def make_batch(rows, pad_id=0):
-    """rows: (prompt ids, response ids, advantage, role[, tail ids]) → right-padded TrainBatch.
-
-    The loss mask covers the response only; a tail is attended to but never a loss token.
-    """
-    seqs = [list(r[0]) + list(r[1]) + list(r[4] if len(r) > 4 else []) for r in rows]
-    shape = (len(rows), max(len(s) for s in seqs))
-    input_ids = torch.full(shape, pad_id, dtype=torch.long)
-    attention = torch.zeros(shape, dtype=torch.bool)
-    loss_mask = torch.zeros(shape, dtype=torch.bool)
-    for i, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
-        input_ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = True
-        loss_mask[i, len(row[0]) : len(row[0]) + len(row[1])] = True
-    return TrainBatch(
-        policy_id="p", input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
-        rollout_logprobs=torch.zeros(shape), advantages=torch.tensor([float(r[2]) for r in rows]),
-        rewards=torch.zeros(len(rows)), roles=[r[3] for r in rows], agents=[r[3] + "0" for r in rows],
-        pad_id=pad_id,
-    )
 
 
 # Six rows of different lengths (so micro-batches and padding differ), two roles, mixed advantages.
@@ -104,7 +81,7 @@ def grads(learner: Learner) -> list[torch.Tensor]:
 
 def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):
     learner = make_learner()
-    batch = make_batch(
+    batch = rows_batch(
         [([10, 11, 12], [20, 21, 22], 1.0, "generator"), ([50, 51], [60, 61, 62], -1.0, "evaluator")]
     )
     before = response_logprob(learner.model, batch)
@@ -116,7 +93,7 @@ def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):
 
 def test_one_optimizer_step_per_update_whatever_the_micro_batches(make_learner):
     learner = make_learner("learner.micro_batch_size=1", "learner.optim.warmup_steps=4")
-    batch = make_batch(ROWS)  # six micro-batches of one row
+    batch = rows_batch(ROWS)  # six micro-batches of one row
     lrs = [update(learner, batch).step.lr for _ in range(2)]
     assert learner.step == 2
     assert learner.scheduler.last_epoch == 2
@@ -128,7 +105,7 @@ def test_one_optimizer_step_per_update_whatever_the_micro_batches(make_learner):
 def test_micro_batch_size_does_not_change_the_update(make_learner):
     small, large = make_learner("learner.micro_batch_size=1"), make_learner("learner.micro_batch_size=8")
     initial = {k: v.clone() for k, v in small.get_weights().items()}
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     m_small, m_large = update(small, batch), update(large, batch)
     w_small, w_large = small.get_weights(), large.get_weights()
     assert max_abs_diff(w_small, initial) > LR / 2  # Adam's first step moves weights by ~lr
@@ -149,12 +126,12 @@ def test_tokens_outside_the_loss_mask_do_not_change_the_gradient(make_learner):
     grads_per_tail = []
     for tail in tails:
         learner = make_learner()
-        update(learner, make_batch([(*r, tail) for r in rows]))
+        update(learner, rows_batch([(*r, tail) for r in rows]))
         grads_per_tail.append(grads(learner))
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(*grads_per_tail, strict=True))
 
     learner = make_learner()  # the same tail, now inside the loss mask: the gradient must change
-    batch = make_batch([(*r, tails[0]) for r in rows])
+    batch = rows_batch([(*r, tails[0]) for r in rows])
     batch.loss_mask[:, 3:] = batch.attention_mask[:, 3:]
     update(learner, batch)
     diff = max(float((a - b).abs().max()) for a, b in zip(grads(learner), grads_per_tail[0], strict=True))
@@ -164,17 +141,17 @@ def test_tokens_outside_the_loss_mask_do_not_change_the_gradient(make_learner):
 def test_zero_advantage_rows_contribute_no_gradient(make_learner):
     trained = ([10, 11, 12], [20, 21, 22], 1.0, "generator")
     with_zero, alone = make_learner(), make_learner()
-    both = make_batch([trained, ([50, 51, 52, 53], [60, 61, 62, 63, 64], 0.0, "evaluator")])
+    both = rows_batch([trained, ([50, 51, 52, 53], [60, 61, 62, 63, 64], 0.0, "evaluator")])
     norm = local_normalizer(both.loss_mask[:, 1:], "token_mean")  # the same global normaliser for both
     with_zero.update(both, UpdatePlan.whole(2, norm))
-    alone.update(make_batch([trained]), UpdatePlan.whole(1, norm))
+    alone.update(rows_batch([trained]), UpdatePlan.whole(1, norm))
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads(with_zero), grads(alone), strict=True))
     assert max(float(g.abs().max()) for g in grads(alone)) > 1e-4
 
 
 def test_per_role_metrics(make_learner):
     learner = make_learner()
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     lp = token_logprobs(
         learner.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].detach(),
         batch.input_ids[:, 1:],
@@ -207,7 +184,7 @@ def test_kl_penalty_full_finetune(make_learner):
     learner = make_learner("algo.kl_coef=0.5")
     assert learner.reference is not None
     reference = {k: v.clone() for k, v in learner.reference.state_dict().items()}
-    batch = make_batch(ROWS[:2])
+    batch = rows_batch(ROWS[:2])
     first = update(learner, batch)
     # policy == reference before any step
     assert first.sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)
@@ -223,7 +200,7 @@ def test_kl_penalty_full_finetune(make_learner):
 def test_kl_penalty_lora_uses_the_base_as_reference(make_learner):
     learner = make_learner("algo.kl_coef=0.5", *LORA)
     assert learner.reference is None  # the adapter is switched off instead of holding a second copy
-    batch = make_batch(ROWS[:2])
+    batch = rows_batch(ROWS[:2])
     assert update(learner, batch).sums.roles.kl["generator"] == pytest.approx(0.0, abs=1e-6)
     batch.advantages.zero_()
     second = update(learner, batch)
@@ -241,7 +218,7 @@ def test_lora_trains_only_adapters_and_exposes_base_names(make_learner, model_pa
     assert set(weights) == set(base)
     assert max_abs_diff(weights, base) == 0.0  # lora_B starts at zero
 
-    update(learner, make_batch(ROWS))
+    update(learner, rows_batch(ROWS))
     weights = learner.get_weights()
     q = "model.layers.0.self_attn.q_proj.weight"
     assert float((weights[q] - base[q]).abs().max()) > 1e-6
@@ -251,7 +228,7 @@ def test_lora_trains_only_adapters_and_exposes_base_names(make_learner, model_pa
 
 def test_export_full_is_a_loadable_hf_folder(make_learner, tmp_path):
     learner = make_learner()
-    update(learner, make_batch(ROWS))
+    update(learner, rows_batch(ROWS))
     out = learner.export(str(tmp_path / "full"))
     loaded = AutoModelForCausalLM.from_pretrained(out).state_dict()
     assert max_abs_diff(loaded, learner.get_weights()) == 0.0
@@ -263,7 +240,7 @@ def test_export_lora_writes_merged_model_and_adapter(make_learner, model_path, t
     from peft import PeftModel
 
     learner = make_learner(*LORA)
-    update(learner, make_batch(ROWS))
+    update(learner, rows_batch(ROWS))
     out = learner.export(str(tmp_path / "lora"))
     merged = learner.get_weights()
     assert max_abs_diff(AutoModelForCausalLM.from_pretrained(out).state_dict(), merged) == 0.0
@@ -298,7 +275,7 @@ def test_the_merged_sketch_is_the_served_merges_from_the_module_or_its_snapshot(
 def test_gradient_checkpointing_leaves_the_update_bit_identical(make_learner, overrides):
     """Checkpointing recomputes each layer's forward in the backward pass with the same kernels on the same
     inputs: what it changes is memory and time, never a weight (a study relies on this to fit its box)."""
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     learners = [make_learner(*overrides, f"learner.gradient_checkpointing={on}") for on in ("false", "true")]
     assert [learner.model.is_gradient_checkpointing for learner in learners] == [False, True]
     metrics = [update(learner, batch) for learner in learners]

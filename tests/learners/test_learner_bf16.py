@@ -19,12 +19,12 @@ from cluster.fingerprint import fingerprint
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.rank_metrics import RankMetrics, merge_rank_metrics
 from learners.update.losses import token_logprobs
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
-from tests.learners.test_learner import BASE, LORA, ROWS, make_batch, update
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner import BASE, LORA, ROWS, update
 
 EMULATED_BF16 = ["model.dtype=bfloat16", "model.allow_emulated_bf16=true"]
 
@@ -36,8 +36,7 @@ def model_path():
 
 def _learner(model_path: str, *overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-    return Learner(LearnerSpec(policy_id="p", model_path=model_path, model=cfg.model, learner=cfg.learner,
-                               algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    return Learner(learner_spec(cfg, model_path))
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -47,7 +46,7 @@ def _flat(tensors) -> torch.Tensor:
 def _one_update(learner: Learner) -> tuple[torch.Tensor, torch.Tensor, RankMetrics]:
     """(the update of every weight [P], the step's gradient [P], metrics) of one update on ROWS."""
     before = _flat(learner.params).clone()
-    metrics = update(learner, make_batch(ROWS))
+    metrics = update(learner, rows_batch(ROWS))
     return _flat(learner.params) - before, _flat(p.grad for p in learner.params), metrics
 
 
@@ -57,7 +56,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_bf16_keeps_fp32_master_weights_and_optimizer_state_and_computes_in_bf16(model_path):
     learner = _learner(model_path, *EMULATED_BF16)
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     assert {p.dtype for p in learner.model.parameters()} == {torch.float32}
     autocast, learner.passes.autocast = learner.passes.autocast, None
     fp32 = learner.passes.logprobs(batch)[0]
@@ -85,7 +84,7 @@ def test_a_bf16_update_is_close_to_the_fp32_one(model_path):
 
 def test_bf16_weights_are_served_rounded_once_and_a_bf16_hf_engine_verifies_them(model_path):
     learner = _learner(model_path, *EMULATED_BF16)
-    update(learner, make_batch(ROWS))
+    update(learner, rows_batch(ROWS))
     weights = learner.get_weights()
     master = learner.model.state_dict()
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
@@ -98,7 +97,7 @@ def test_bf16_weights_are_served_rounded_once_and_a_bf16_hf_engine_verifies_them
 
 def test_bf16_lora_trains_fp32_adapters_on_the_frozen_bf16_base_and_serves_the_merge_in_bf16(model_path):
     learner = _learner(model_path, *EMULATED_BF16, *LORA)
-    update(learner, make_batch(ROWS))
+    update(learner, rows_batch(ROWS))
     trained = {n for n, p in learner.model.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)
     assert {p.dtype for p in learner.params} == {torch.float32}
@@ -112,7 +111,7 @@ def test_bf16_lora_trains_fp32_adapters_on_the_frozen_bf16_base_and_serves_the_m
 
 def test_the_engine_learner_logprob_gap_is_reported_under_bf16(model_path):
     fp32, bf16 = _learner(model_path), _learner(model_path, *EMULATED_BF16)
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     with torch.no_grad():  # an fp32 engine's logprobs: what the bf16 learner's own differ from
         logits = fp32.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
     batch.rollout_logprobs[:, 1:] = torch.where(

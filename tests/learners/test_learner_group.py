@@ -8,8 +8,9 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch, empty_batch
 from learners.group import LearnerGroup
-from learners.member import LearnerMember, LearnerSpec
+from learners.member import LearnerMember
 from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
+from tests.builders import learner_spec, rows_batch
 
 # Everything these tests rely on, pinned here so edits to tiny.yaml cannot change what they check.
 BASE = [
@@ -21,24 +22,6 @@ TIMEOUT = 120.0
 # Measured 1.9e-6 on weights, 5e-7 on metrics: two ranks' summed gradients differ from one pass only in
 # float summation order.
 WEIGHT_TOL = 1e-5
-
-
-def make_batch(rows):
-    """rows: (prompt ids, response ids, advantage, role) → right-padded TrainBatch, loss on the response."""
-    seqs = [list(p) + list(r) for p, r, _, _ in rows]
-    shape = (len(rows), max(len(s) for s in seqs))
-    input_ids = torch.zeros(shape, dtype=torch.long)
-    attention = torch.zeros(shape, dtype=torch.bool)
-    loss_mask = torch.zeros(shape, dtype=torch.bool)
-    for i, (seq, (prompt, _, _, _)) in enumerate(zip(seqs, rows, strict=True)):
-        input_ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = True
-        loss_mask[i, len(prompt) : len(seq)] = True
-    return TrainBatch(
-        policy_id="p", input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
-        rollout_logprobs=torch.zeros(shape), advantages=torch.tensor([float(r[2]) for r in rows]),
-        rewards=torch.zeros(len(rows)), roles=[r[3] for r in rows], agents=[r[3] + "0" for r in rows],
-    )
 
 
 ROWS = [
@@ -53,8 +36,7 @@ ROWS = [
 def make_group(*overrides: str) -> LearnerGroup:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.micro_batch_size=2", *overrides])
     path = resolve_model("builtin:tiny")
-    spec = LearnerSpec(policy_id="p", model_path=path, model=cfg.model, learner=cfg.learner, algo=cfg.algo,
-                       temperature=0.7, total_steps=10, seed=0)
+    spec = learner_spec(cfg, path, temperature=0.7)
     return LearnerGroup(spec, "test")
 
 
@@ -138,7 +120,7 @@ def test_in_process_group_steps_on_an_empty_batch():
         "update/diag_rows/p": 0.0,
         "update/policy_move_rows/p": 0.0,
     }
-    assert group.update(make_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
+    assert group.update(rows_batch(ROWS))["lr/p"] == pytest.approx(1e-3)
     group.shutdown()
 
 
@@ -171,7 +153,7 @@ LAST = {f"last/{k}" for k in ("grad/norm/p", "lr/p", "grad/role_norm/generator",
 
 
 def test_two_ranks_match_one_learner(one_and_two_ranks):
-    m = assert_same_update(*one_and_two_ranks, make_batch(ROWS))
+    m = assert_same_update(*one_and_two_ranks, rows_batch(ROWS))
     assert {"loss/p", "grad/norm/p", "lr/p", "clip_frac/p", "entropy/generator", "entropy/evaluator",
             "rollout/logprob_diff/generator", "rollout/logprob_diff/evaluator", "batch/dropped_zero_adv/p",
             "grad/role_norm/generator", "grad/role_norm/evaluator",
@@ -186,7 +168,7 @@ def test_two_ranks_match_one_learner(one_and_two_ranks):
 
 def test_two_ranks_with_one_row(one_and_two_ranks):
     # Rank 1 gets an empty shard: it still joins the all-reduce and the step.
-    m = assert_same_update(*one_and_two_ranks, make_batch(ROWS[:1]))
+    m = assert_same_update(*one_and_two_ranks, rows_batch(ROWS[:1]))
     assert set(m) >= {"entropy/generator"} and "entropy/evaluator" not in m
 
 
@@ -199,7 +181,7 @@ def test_two_ranks_with_an_empty_batch(one_and_two_ranks):
 
 def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
     rows = [*ROWS, ([50, 51], [60, 61, 62, 63, 64, 65], 0.0, "generator"), ([52], [66, 67], 0.0, "evaluator")]
-    batch = make_batch(rows)
+    batch = rows_batch(rows)
     dropping, keeping = make_group(), make_group("algo.skip_zero_advantage=false")
     assert dropping.drop_zero_advantage and not keeping.drop_zero_advantage
     m_drop, m_keep = dropping.update(batch), keeping.update(batch)
@@ -212,20 +194,20 @@ def test_dropping_zero_advantage_rows_leaves_the_update_unchanged():
                 "rollout/logprob_diff/evaluator", "clip_frac/p", "clip_frac/role/generator"):
         assert m_drop[key] == pytest.approx(m_keep[key], rel=1e-5), key
     assert m_drop["entropy/generator"] != pytest.approx(
-        make_group().update(make_batch(ROWS))["entropy/generator"]
+        make_group().update(rows_batch(ROWS))["entropy/generator"]
     )
 
 
 def test_two_ranks_with_a_skipped_row_on_one_rank(one_and_two_ranks):
     # Rank 0's shard holds the zero-advantage row: only it runs the metrics-only pass.
     rows = [([50, 51], [60, 61, 62], 0.0, "generator"), *ROWS[:3]]
-    m = assert_same_update(*one_and_two_ranks, make_batch(rows))
+    m = assert_same_update(*one_and_two_ranks, rows_batch(rows))
     assert m["batch/dropped_zero_adv/p"] == 1.0
 
 
 def test_zero_advantage_rows_are_kept_when_a_kl_term_needs_them():
     group = make_group("algo.kl_coef=0.1")
-    assert group.update(make_batch(ROWS))["batch/dropped_zero_adv/p"] == 0.0
+    assert group.update(rows_batch(ROWS))["batch/dropped_zero_adv/p"] == 0.0
     assert not group.drop_zero_advantage
 
 
@@ -235,5 +217,5 @@ def test_two_ranks_draw_the_one_rank_sample(one_and_two_ranks):
     # movement).
     skipped = [([50 + i, 51], [60 + i, 61, 62][: 1 + i % 3], 0.0, "generator" if i % 2 else "evaluator")
                for i in range(9)]
-    m = assert_same_update(*one_and_two_ranks, make_batch([*skipped[:5], *ROWS, *skipped[5:]]))
+    m = assert_same_update(*one_and_two_ranks, rows_batch([*skipped[:5], *ROWS, *skipped[5:]]))
     assert m["update/diag_rows/p"] == 5.0 + 8.0 and m["update/policy_move_rows/p"] == 5.0

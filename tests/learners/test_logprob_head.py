@@ -12,10 +12,10 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.compute.logprob_head import head_logprobs
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.rank_metrics import TokenSums
 from learners.update.losses import entropy_from_logits, token_logprobs
-from tests.learners.test_learner import BASE, LORA, ROWS, make_batch
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner import BASE, LORA, ROWS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -57,8 +57,7 @@ def test_head_logprobs_without_grad_or_entropy():
 
 def _learner(*overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
-    return Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                               learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0))
+    return Learner(learner_spec(cfg, resolve_model("builtin:tiny")))
 
 
 def _grads_and_metrics(learner, batch, temperature):
@@ -76,7 +75,7 @@ def _grads_and_metrics(learner, batch, temperature):
                          ids=["full-tied", "lora", "lora-head"])
 def test_learner_loss_gradients_and_metrics_equal_the_unchunked_path(overrides):
     """builtin:tiny ties its head to the embedding: the head's gradient lands in that one Parameter."""
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     batch = dataclasses.replace(batch, rollout_logprobs=-torch.rand(batch.input_ids.shape) * batch.loss_mask)
     results = []
     for chunk in (0, 5):  # 5 divides no row's window

@@ -7,7 +7,8 @@ import torch
 from jobs.config import ConfigError, load_config
 from learners.compute.padding_free import pack, packed_index
 from learners.update.micro_batches import micro_batch_rows, padding
-from tests.learners.test_learner import ROWS, grads, make_batch, update
+from tests.builders import rows_batch
+from tests.learners.test_learner import ROWS, grads, update
 from tests.learners.test_logprob_head import _learner
 
 
@@ -65,7 +66,7 @@ def test_a_token_budget_gives_the_update_of_row_count_micro_batches():
         _learner("learner.micro_batch_size=6"),
         _learner("learner.max_tokens_per_micro_batch=16", "algo.max_len=16"),
     )
-    batch = make_batch(ROWS)  # rows of 7, 4, 7, 7, 4, 4 tokens: three micro-batches of at most 16 tokens
+    batch = rows_batch(ROWS)  # rows of 7, 4, 7, 7, 4, 4 tokens: three micro-batches of at most 16 tokens
     m_rows, m_tokens = update(by_rows, batch), update(by_tokens, batch)
     for a, b in zip(grads(by_rows), grads(by_tokens), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
@@ -77,7 +78,7 @@ def test_a_token_budget_gives_the_update_of_row_count_micro_batches():
 
 
 def test_packing_bookkeeping_keeps_every_target_in_its_row():
-    batch = make_batch(ROWS[:3])  # lengths 7, 4, 7
+    batch = rows_batch(ROWS[:3])  # lengths 7, 4, 7
     ids, positions, offsets = pack(batch.input_ids, batch.attention_mask)
     assert offsets.tolist() == [0, 7, 11] and ids.shape == positions.shape == (1, 18)
     assert positions[0].tolist() == [*range(7), *range(4), *range(7)]
@@ -92,7 +93,7 @@ def test_padding_free_rows_give_the_padded_update():
     detection from position ids)."""
     padded, packed = _learner("learner.logits_chunk_tokens=4"), _learner("learner.logits_chunk_tokens=4",
                                                                          "learner.padding_free=true")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     m_padded, m_packed = update(padded, batch), update(packed, batch)
     for a, b in zip(grads(padded), grads(packed), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

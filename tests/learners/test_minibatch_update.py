@@ -13,10 +13,10 @@ from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.batch import TrainBatch
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.update.losses import local_normalizer, ppo_clip_loss, token_logprobs
 from learners.update.ppo_plan import UpdatePlan
-from tests.learners.test_learner import BASE, ROWS, make_batch, max_abs_diff
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner import BASE, ROWS, max_abs_diff
 from tests.learners.test_learner_group import make_group, weights
 
 LR = 1e-2  # large, so that one optimizer step moves the log-probs the second mini-batch is clipped against
@@ -29,16 +29,7 @@ def make_learner():
     def make(*overrides: str) -> Learner:
         cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *overrides])
         return Learner(
-            LearnerSpec(
-                policy_id="p",
-                model_path=path,
-                model=cfg.model,
-                learner=cfg.learner,
-                algo=cfg.algo,
-                temperature=1.0,
-                total_steps=10,
-                seed=0,
-            )
+            learner_spec(cfg, path)
         )
 
     return make
@@ -82,7 +73,7 @@ def reference_update(model: torch.nn.Module, batch: TrainBatch, steps: list[list
 
 @pytest.mark.parametrize("steps", [[[0, 1, 2, 3, 4, 5]], [[4, 0, 2], [1, 5, 3]]], ids=["whole", "two"])
 def test_update_matches_the_written_out_reference(learner, steps):
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     reference = copy.deepcopy(learner.model)
     m = learner.update(batch, plan_of(batch, steps))
     reference_update(reference, batch, steps, LR)
@@ -92,7 +83,7 @@ def test_update_matches_the_written_out_reference(learner, steps):
 
 
 def test_second_mini_batch_is_clipped_against_the_old_policy(learner, make_learner):
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     m = learner.update(batch, plan_of(batch, [[0, 1, 2], [3, 4, 5]]))
     assert m.sums.clip_frac > 0  # ratio ≠ 1 in the second step: the clip bounds act
     whole = make_learner(f"learner.optim.lr={LR}", "learner.micro_batch_size=2")
@@ -101,7 +92,7 @@ def test_second_mini_batch_is_clipped_against_the_old_policy(learner, make_learn
 
 
 def test_rollout_logprobs_as_old(make_learner):
-    batch = make_batch(ROWS)  # engine logprobs of 0 (probability 1): every ratio is far below 1
+    batch = rows_batch(ROWS)  # engine logprobs of 0 (probability 1): every ratio is far below 1
     rollout = make_learner("algo.old_logprobs=rollout")
     m = rollout.update(batch, plan_of(batch, [list(range(6))]))
     negative = sum(int(batch.loss_mask[i, 1:].sum()) for i, r in enumerate(ROWS) if r[2] < 0)
@@ -111,7 +102,7 @@ def test_rollout_logprobs_as_old(make_learner):
 @pytest.mark.parametrize("unit,expected", [("step", 1), ("optimizer_step", 3)])
 def test_schedule_unit(make_learner, unit, expected):
     learner = make_learner(f"learner.optim.schedule_unit={unit}", "learner.optim.warmup_steps=4")
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     m = learner.update(batch, plan_of(batch, [[0, 1], [2, 3], [4, 5]]))
     assert learner.scheduler.last_epoch == expected
     # warmup 4: step 0 gets 1/4 of the lr; per optimizer step the three steps get 1/4, 2/4, 3/4.
@@ -120,7 +111,7 @@ def test_schedule_unit(make_learner, unit, expected):
 
 
 def test_mini_batch_size_of_the_whole_batch_is_todays_update():
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     whole, zero = make_group("algo.ppo_mini_batch_size=6"), make_group("algo.ppo_mini_batch_size=0")
     m_whole, m_zero = whole.update(batch), zero.update(batch)
     assert max_abs_diff(weights(whole), weights(zero)) < 1e-6
@@ -133,7 +124,7 @@ def voting_batch(role: str, slots: int, per_slot: int) -> TrainBatch:
     rows = [
         ([10 + i % 5, 11], [20 + i % 7, 21], 1.0 if i % 2 else -1.0, role) for i in range(slots * per_slot)
     ]
-    batch = make_batch(rows)
+    batch = rows_batch(rows)
     return dataclasses.replace(batch, agents=[f"{role}{i // per_slot}" for i in range(len(rows))])
 
 
@@ -154,10 +145,8 @@ def test_update_call_schedule_of_the_second_of_three_policies():
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.optim.schedule_unit=update_call",
                                                  "learner.optim.warmup_steps=4",
                                                  "learner.optim.warmup_start_zero=true"])
-    learner = Learner(LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                                  learner=cfg.learner, algo=cfg.algo, temperature=1.0, total_steps=10, seed=0,
-                                  num_policies=3, policy_index=1))
-    batch = make_batch(ROWS)
+    learner = Learner(learner_spec(cfg, resolve_model("builtin:tiny"), num_policies=3, policy_index=1))
+    batch = rows_batch(ROWS)
     lrs = [learner.update(batch, plan_of(batch, [[0, 1], [2, 3, 4, 5]])).step.lr for _ in range(2)]
     assert lrs == pytest.approx([1e-3 / 4, 1e-3])  # both optimizer steps of a call share its position
     assert learner.scheduler.last_epoch == 2  # one tick per update call
@@ -169,21 +158,12 @@ def test_verl_fixed_chunks_and_nominal_normaliser_reach_the_update():
     # No gradient clipping: a clipped step would hide the normaliser's scale.
     verl = ["algo.ppo_mini_batch_size=4", "algo.minibatch_shuffle=false", "algo.loss_agg=seq_mean_token_mean",
             "learner.optim.grad_clip=0.0", "algo.minibatch_chunks=fixed", "algo.loss_normalizer=nominal"]
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     group = make_group(*verl)
     m = group.update(batch)
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, *verl])
     learner = Learner(
-        LearnerSpec(
-            policy_id="p",
-            model_path=resolve_model("builtin:tiny"),
-            model=cfg.model,
-            learner=cfg.learner,
-            algo=cfg.algo,
-            temperature=0.7,
-            total_steps=10,
-            seed=0,
-        )
+        learner_spec(cfg, resolve_model("builtin:tiny"), temperature=0.7)
     )
     learner.update(batch, UpdatePlan([[0, 1, 2, 3], [4, 5]], [4.0, 4.0], sorted(set(batch.roles))))
     assert m["optim/steps/p"] == 2.0

@@ -14,7 +14,8 @@ import torch
 from jobs.driver.updates import SkippedStepsError, check_skipped_steps
 from jobs.telemetry.tracking import NONFINITE_SENTINEL, RunLog, _scalars, nonfinite_flags
 from learners.rank_metrics import merge_rank_metrics
-from tests.learners.test_learner import ROWS, make_batch, make_learner, model_path, update  # noqa: F401
+from tests.builders import rows_batch
+from tests.learners.test_learner import ROWS, make_learner, model_path, update  # noqa: F401
 
 
 def _weights(learner) -> dict[str, torch.Tensor]:
@@ -27,8 +28,8 @@ def test_a_non_finite_gradient_is_skipped_and_counted(make_learner, role_grads):
     before = _weights(learner)
     param = next(p for p in learner.model.parameters() if p.requires_grad)
     hook = param.register_hook(lambda g: torch.full_like(g, float("inf")))  # a gradient that overflowed
-    first = merge_rank_metrics([update(learner, make_batch(ROWS))], "p")
-    second = merge_rank_metrics([update(learner, make_batch(ROWS))], "p")
+    first = merge_rank_metrics([update(learner, rows_batch(ROWS))], "p")
+    second = merge_rank_metrics([update(learner, rows_batch(ROWS))], "p")
     after = _weights(learner)
     assert all(torch.equal(before[k], after[k]) for k in before)  # no NaN written, nothing moved
     assert math.isinf(second["grad/norm/p"])
@@ -36,7 +37,7 @@ def test_a_non_finite_gradient_is_skipped_and_counted(make_learner, role_grads):
     assert (second["update/nonfinite_steps/p"], second["update/nonfinite_run/p"]) == (1.0, 2.0)
     assert second["update/skipped_steps/p"] == 1.0 and second["optim/steps/p"] == 1.0
     hook.remove()
-    third = merge_rank_metrics([update(learner, make_batch(ROWS))], "p")
+    third = merge_rank_metrics([update(learner, rows_batch(ROWS))], "p")
     assert third["update/nonfinite_steps/p"] == 0.0 and third["update/nonfinite_run/p"] == 0.0
     assert math.isfinite(third["grad/norm/p"])
     assert any(not torch.equal(before[k], v) for k, v in _weights(learner).items())  # it trains again

@@ -10,18 +10,17 @@ import torch
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
 from learners.learner import Learner
-from learners.member import LearnerSpec
 from learners.policy_move import abs_shift_sums
 from learners.update.ppo_plan import UpdatePlan
-from tests.learners.test_learner_group import BASE, ROWS, make_batch
+from tests.builders import learner_spec, rows_batch
+from tests.learners.test_learner_group import BASE, ROWS
 
 TOL = 1e-6
 
 
 def make_learner(*overrides: str) -> Learner:
     cfg = load_config("jobs/configs/tiny.yaml", [*BASE, "learner.micro_batch_size=2", *overrides])
-    spec = LearnerSpec(policy_id="p", model_path=resolve_model("builtin:tiny"), model=cfg.model,
-                       learner=cfg.learner, algo=cfg.algo, temperature=0.7, total_steps=10, seed=0)
+    spec = learner_spec(cfg, resolve_model("builtin:tiny"), temperature=0.7)
     return Learner(spec)
 
 
@@ -31,7 +30,7 @@ def whole_plan(batch) -> UpdatePlan:
 
 @pytest.mark.parametrize("sample", ["all", "2"])
 def test_trained_rows_diagnostics_from_the_training_forward_equal_their_own_pass(sample):
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     learner = make_learner(f"learner.diagnostics.sample_rows={sample}")
     # a pass of their own, on the same weights
     own = learner.passes.skipped_row_metrics(batch, list(range(len(batch))))
@@ -45,7 +44,7 @@ def test_trained_rows_diagnostics_from_the_training_forward_equal_their_own_pass
 
 
 def test_policy_move_before_from_the_training_forward_equals_its_own_pass():
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     learner = make_learner("learner.diagnostics.sample_rows=all")
     before = [learner.passes.policy_logprobs(mb) for mb in learner.passes.micro_batches(batch)]
     got = learner.update(batch, whole_plan(batch))
@@ -59,7 +58,7 @@ def test_policy_move_before_from_the_training_forward_equals_its_own_pass():
 
 def test_the_sampled_movement_weights_a_subset_of_the_same_rows():
     # Every row at weight 1 through the sampled path measures what `all` measures.
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     every = make_learner("learner.diagnostics.sample_rows=all")
     sampled = make_learner("learner.diagnostics.sample_rows=8")
     plan = whole_plan(batch)

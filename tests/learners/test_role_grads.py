@@ -10,7 +10,8 @@ import torch
 from learners.role_grads import advantage_mass, role_grad_metrics, step_role_shares
 from learners.update.losses import tis_weights
 from learners.update.mitigations import parallel_agent_weights, role_balance_weights
-from tests.learners.test_learner_group import ROWS, make_batch, make_group, max_abs_diff, weights
+from tests.builders import rows_batch
+from tests.learners.test_learner_group import ROWS, make_group, max_abs_diff, weights
 
 
 def test_role_grad_metrics_by_hand():
@@ -64,8 +65,8 @@ def test_tis_weights_truncate_the_ratio():
 
 def test_per_role_gradients_sum_to_the_plain_update():
     with_diag, without = make_group(), make_group("learner.role_grad_diagnostics=false")
-    m = with_diag.update(make_batch(ROWS))
-    without.update(make_batch(ROWS))
+    m = with_diag.update(rows_batch(ROWS))
+    without.update(rows_batch(ROWS))
     assert {"grad/role_norm/generator", "grad/role_norm/evaluator", "grad/dominance/p"} <= set(m)
     assert max_abs_diff(weights(with_diag), weights(without)) < 1e-5
 
@@ -76,7 +77,7 @@ IDENTICAL = ([10, 11, 12], [20, 21, 22, 23], 1.0)
 def _parallel_batch():
     """Role 'generator' has 3 parallel agents answering the identical prompt identically (same advantage);
     role 'evaluator' has one agent with the very same row."""
-    batch = make_batch([(*IDENTICAL, "generator")] * 3 + [(*IDENTICAL, "evaluator")])
+    batch = rows_batch([(*IDENTICAL, "generator")] * 3 + [(*IDENTICAL, "evaluator")])
     batch.agents = ["generator0", "generator1", "generator2", "evaluator"]
     return batch
 

@@ -10,7 +10,8 @@ import ray
 import torch
 
 from learners.state.state_io import MODEL, OPTIMIZER, SCHEDULER, StateError, rng_file
-from tests.learners.test_learner_group import ROWS, make_batch, make_group, weights
+from tests.builders import rows_batch
+from tests.learners.test_learner_group import ROWS, make_group, weights
 
 
 def _step_and_weights(group, batch):
@@ -19,7 +20,7 @@ def _step_and_weights(group, batch):
 
 
 def test_restore_continues_bit_for_bit(tmp_path):
-    batch = make_batch(ROWS)
+    batch = rows_batch(ROWS)
     group = make_group("learner.optim.warmup_steps=3")
     group.update(batch)
     group.save(str(tmp_path))
@@ -51,12 +52,12 @@ def test_rng_states_are_restored(tmp_path):
 
 def test_lora_checkpoint_holds_only_the_adapter(tmp_path):
     group = make_group("model.lora.enabled=true", "model.lora.rank=4")
-    group.update(make_batch(ROWS))
+    group.update(rows_batch(ROWS))
     group.save(str(tmp_path))
     saved = torch.load(tmp_path / MODEL, weights_only=False)["weights"]
     assert saved and all("lora_" in k for k in saved)
     before = weights(group)
-    group.update(make_batch(ROWS))
+    group.update(rows_batch(ROWS))
     group.load(str(tmp_path))
     assert all(torch.equal(before[k], v) for k, v in weights(group).items())
     group.shutdown()
@@ -91,7 +92,7 @@ def test_state_of_another_model_shape_is_refused(tmp_path):
 def test_two_ranks_write_their_own_rng_and_restore_together(tmp_path):
     ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
-        batch = make_batch(ROWS)
+        batch = rows_batch(ROWS)
         group = make_group("learner.ranks=2")
         group.update(batch)
         group.save(str(tmp_path))

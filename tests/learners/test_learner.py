@@ -76,7 +76,11 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 def grads(learner: Learner) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in learner.params]  # left in place by `update` (after clipping)
+    out = []
+    for p in learner.params:  # left in place by `update` (after clipping)
+        assert p.grad is not None
+        out.append(p.grad.clone())
+    return out
 
 
 def test_positive_advantage_raises_and_negative_lowers_logprob(make_learner):

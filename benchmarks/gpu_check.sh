@@ -123,8 +123,8 @@ train_run() {  # a short training run, Qwen3-0.6B-shaped: vLLM engine, DeepSpeed
     share=0.5; [ "$ngpu" -ge 2 ] && share=1
     step 1200 train $PY -m jobs.train --config jobs/configs/tiny.yaml \
         model.path=builtin:qwen3-0.6b-shape model.dtype=bfloat16 marl.workflow=single_agent marl.sharing=shared \
-        rollout.backend=vllm rollout.engines_per_role=1 rollout.engine_num_gpus=$share rollout.kv_cache_gb=0 \
-        rollout.gpu_memory_utilization=0.35 rollout.prompts_per_step=16 rollout.samples_per_prompt=4 \
+        rollout.backend=vllm rollout.engines_per_role=1 rollout.engine_num_gpus=$share rollout.vllm.kv_cache_gb=0 \
+        rollout.vllm.gpu_memory_utilization=0.35 rollout.prompts_per_step=16 rollout.samples_per_prompt=4 \
         rollout.sampling.max_new_tokens=256 learner.backend=deepspeed learner.ranks=1 \
         learner.rank_num_gpus=$share sync.transport=$transport steps=4 data.eval_size=0 run_name=gpu_check \
         out_dir="$run_dir" "$@"

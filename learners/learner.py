@@ -48,7 +48,6 @@ from learners.schedule import lr_lambda
 from learners.state.weight_server import WeightServer
 from learners.state.weights import PolicyModel, is_lora, load_policy_model
 from learners.update.micro_batches import padding
-from learners.update.mitigations import uses_kl
 from learners.update.policy_loss import policy_loss
 from learners.update.ppo_plan import UpdatePlan, mean_and_last
 
@@ -59,7 +58,7 @@ class Learner:
 
     def __init__(self, spec: LearnerSpec, rank: int = 0, module: PolicyModel | None = None):
         """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
-        policy's adapter bound on a base other policies share: learners/gradients/colocated.py)."""
+        policy's adapter bound on a base other policies share: learners/colocated_group.py)."""
         model, learner, algo = spec.model, spec.learner, spec.algo
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
@@ -88,7 +87,7 @@ class Learner:
             load_policy_model(self.model_path, self.master_dtype, model.lora, attention)
             .eval()
             .requires_grad_(False)
-            if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(self.model)
+            if algo.uses_kl and not is_lora(self.model)
             else None
         )
         self.backend: GradientBackend = backend(LearnerParts(
@@ -128,7 +127,6 @@ class Learner:
         self.offloads.check_resident("update")
         self.model.train()
         self.nonfinite_steps = 0
-        self.passes.pad_id = batch.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
         if plan.move_weights is not None:  # the policy movement's sample (learners/diagnostic_sample.py)
             weights = torch.tensor(plan.move_weights, device=data.advantages.device)
@@ -260,9 +258,7 @@ class Learner:
         self.move.capture(mb, lp)
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
         algo = self.algo
-        reference = (
-            self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
-        )
+        reference = self.passes.reference_logprobs(mb) if algo.uses_kl else None
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
         loss, sums = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],
                                     mb.roles, ref_logprobs=reference, entropy=entropy, algo=algo,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from learners.sections import OptimSection
+from learners.config import OptimConfig
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0, *,
@@ -38,7 +38,7 @@ def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) 
     return ticks * policies + index if unit == "update_call" else ticks
 
 
-def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
+def lr_lambda(optim: OptimConfig, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
     """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section
     (schedule, warmup_steps, min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the
     run's `total` training steps."""

@@ -9,7 +9,7 @@ from marl.tasks.base import AsyncScoring, Scored, TaskFamily
 from marl.tasks.code import CodeFamily
 from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
-from marl.tasks.sandbox.limits import SandboxSection
+from marl.tasks.sandbox.limits import SandboxConfig
 
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {
     "math": MathFamily,
@@ -26,7 +26,7 @@ class TaskName(StrEnum):
     code = "code"
 
 
-def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxSection | None = None) -> TaskFamily:
+def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxConfig | None = None) -> TaskFamily:
     """A fresh TaskFamily for `name`; unknown names raise ValueError listing the known ones.
     `answer_fallback` applies to the math family only, `sandbox` (the `data.sandbox` section: workers and
     limits) to the code family only."""

@@ -128,7 +128,7 @@ def test_digit_family():
 def test_get_family():
     assert set(FAMILIES) == {"math", "digit", "code"}
     assert get_family("math").name == "math"
-    from jobs.config.schema import SandboxConfig
+    from marl.tasks.sandbox.limits import SandboxConfig
 
     assert get_family("code", sandbox=SandboxConfig(timeout_s=3, workers=1)).pool.limits.timeout_s == 3
     with pytest.raises(ValueError, match="data.task"):

@@ -5,7 +5,8 @@ What it counts, the same way before and after a change (read-only; prints Markdo
 - config fields restated as Protocols (annotated attributes of `*Section` Protocol classes) against the leaf
   keys of the schema (annotated fields of the config dataclasses, nested sections not counted);
 - hand-written range checks: `if` tests in the config modules that compare a value with a number literal
-  (bounds written as field metadata are not counted: they are data);
+  (bounds written as field metadata are not counted: they are data; declared rules that compare with a
+  number are counted apart);
 - the files an algorithm setting touches beyond its reader: for a recent one (`algo.log_ratio_clamp`), the
   files of the packages and docs that name it;
 - imports that run up from a folder to one above it in the same package (`learners/update/x.py` importing
@@ -84,6 +85,18 @@ def range_checks(root: Path) -> dict[str, int]:
     return out
 
 
+def declared_numeric_rules(root: Path) -> int:
+    """Declared rules (`Rule(...)` calls) whose check compares a value with a number literal: range checks
+    that are data, counted apart from the hand-written ones."""
+    n = 0
+    for path in _config_files(root):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rule":
+                n += any(isinstance(c, ast.Compare) and any(_numeric(e) for e in [c.left, *c.comparators])
+                         for c in ast.walk(node))
+    return n
+
+
 def setting_files(root: Path) -> list[str]:
     paths = [*_sources(root), *sorted((root / "docs").glob("*.md"))]
     return [str(p.relative_to(root)) for p in paths if SETTING in p.read_text()]
@@ -145,6 +158,7 @@ def main() -> None:
     checks = range_checks(root)
     print(f"- hand-written range checks: {sum(checks.values())} ("
           + ", ".join(f"{p} {n}" for p, n in checks.items()) + ")")
+    print(f"- declared rules comparing with a number: {declared_numeric_rules(root)}")
     files = setting_files(root)
     print(f"- files naming algo.{SETTING}: {len(files)} ({', '.join(files)})")
     up = upward_imports(root)

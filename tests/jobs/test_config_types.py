@@ -1,6 +1,6 @@
 """mypy sees the config's types end to end: a misspelt key is an error where a typed section is
-read, on the driver side (the schema's dataclasses) and on the learner side (learners.sections,
-what a LearnerSpec carries)."""
+read, on the driver side and on the learner side (learners/config.py's sections, what a LearnerSpec
+carries)."""
 
 from __future__ import annotations
 

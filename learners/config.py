@@ -48,6 +48,28 @@ def as_section(section: object, cls: type[T]) -> T:
     return cast(T, OmegaConf.to_object(cast(DictConfig, section)))
 
 
+# Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
+# model.chat_template_kwargs holds template variables only (enable_thinking, ...).
+_CHAT_TEMPLATE_ARGS = (
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+)
+
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = False
@@ -73,6 +95,17 @@ class ModelConfig:
     # Extra variables of the tokenizer's chat template, for every engine's prompt rendering (the learner
     # trains on the token ids the engine rendered), e.g. {enable_thinking: false}: Qwen3 with thinking off.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    RULES: ClassVar[tuple[Rule[ModelConfig], ...]] = (
+        Rule(("chat_template_kwargs",), "{p}chat_template_kwargs takes chat template variables only (e.g. "
+             "enable_thinking), no argument the engines set themselves ("
+             + ", ".join(_CHAT_TEMPLATE_ARGS) + ")",
+             lambda m: not set(m.chat_template_kwargs) & set(_CHAT_TEMPLATE_ARGS),
+             message=lambda m, p: next(
+                 f"{p}chat_template_kwargs.{k} is an argument the engines set themselves; this mapping takes "
+                 "chat template variables only (e.g. enable_thinking)"
+                 for k in m.chat_template_kwargs if k in _CHAT_TEMPLATE_ARGS)),
+    )
 
 
 

@@ -11,7 +11,6 @@ guards, per-policy configs, GPU layouts).
 
 from __future__ import annotations
 
-import importlib.util
 from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -31,12 +30,10 @@ from jobs.config.policies import (
     policy_map_of,
 )
 from jobs.config.precision import dtype_problem
-from jobs.config.schema import TrainConfig, as_node
+from jobs.config.schema import TrainConfig
 from learners.gradients.backends import capabilities
 from marl.field_rules import Rule
 from marl.rewards import load_shaping
-from marl.tasks.data import CODE_SOURCES
-from marl.tasks.rows import FILE_SUFFIXES
 from marl.workflows import check_prompts, get_workflow, roles_of, workflow_own_options
 from rollout.config import RolloutConfig
 from rollout.engine import ENGINES, engine_capabilities
@@ -114,27 +111,6 @@ def to_yaml(cfg: TrainConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-# Arguments of `apply_chat_template` itself (and the template's own `messages`): the engines set these, so
-# model.chat_template_kwargs holds template variables only (enable_thinking, ...).
-_CHAT_TEMPLATE_ARGS = (
-    "conversation",
-    "messages",
-    "tools",
-    "documents",
-    "chat_template",
-    "add_generation_prompt",
-    "continue_final_message",
-    "tokenize",
-    "padding",
-    "truncation",
-    "max_length",
-    "return_tensors",
-    "return_dict",
-    "return_assistant_tokens_mask",
-    "tokenizer_kwargs",
-)
-
-
 def validate(cfg: TrainConfig) -> None:
     """Value checks OmegaConf's types cannot express: the sections' own (their fields' bounds and choices,
     their declared rules), then the rules that span sections. Raises ConfigError naming the first bad key."""
@@ -143,11 +119,9 @@ def validate(cfg: TrainConfig) -> None:
         problem = check(cfg)
         if problem:
             raise ConfigError(f"config: {problem}")
-    _check_task_sources(cfg)
-    _check_serving(cfg)
+    _check_sync(cfg)
     _check_gpu_layout(cfg)
     _check_kl_anchor_roles(cfg)
-    _check_tracking(cfg)
     _check_role_caps(cfg)
     _check_guards(cfg)
     _check_reward_shaping(cfg)
@@ -306,14 +280,6 @@ def _check_reward_shaping(cfg: TrainConfig) -> None:
         raise ConfigError(f"config: marl.reward_shaping.{e}") from None
 
 
-def _check_tracking(cfg: TrainConfig) -> None:
-    """Optional tracking packages are imported only when enabled; a missing one fails here, naming the key."""
-    for key, module in (("tracking.mlflow.enabled", "mlflow"), ("tracking.wandb.enabled", "wandb")):
-        if OmegaConf.select(as_node(cfg), key) and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"config: {key}=true needs the `{module}` package, which is not installed "
-                              "(pip install -e '.[tracking]')")
-
-
 def _check_kl_anchor_roles(cfg: TrainConfig) -> None:
     roles = roles_of(cfg.marl.workflow)
     for role in cfg.algo.kl_anchor_roles:
@@ -324,13 +290,8 @@ def _check_kl_anchor_roles(cfg: TrainConfig) -> None:
             )
 
 
-def _check_serving(cfg: TrainConfig) -> None:
-    for key in cfg.model.chat_template_kwargs:
-        if key in _CHAT_TEMPLATE_ARGS:
-            raise ConfigError(
-                f"config: model.chat_template_kwargs.{key} is an argument the engines set "
-                "themselves; this mapping takes chat template variables only (e.g. enable_thinking)"
-            )
+def _check_sync(cfg: TrainConfig) -> None:
+    """The weight sync's transport against the layout, the machine and the engines that receive it."""
     backend = cfg.rollout.backend
     problem = transport_problem(cfg)  # the layout's transports (jobs/config/gpu_layout.py)
     if problem:
@@ -345,18 +306,6 @@ def _check_serving(cfg: TrainConfig) -> None:
             receiving = " or ".join(b for b in ENGINES if engine_capabilities(b).weight_channel)
             raise ConfigError(f"config: sync.transport=nccl needs engines that receive weights over NCCL "
                               f"(rollout.backend={receiving}); got rollout.backend={backend}")
-
-
-def _check_task_sources(cfg: TrainConfig) -> None:
-    """Code sources need data.task=code, and the code task reads only code sources (or files of code rows)."""
-    specs = {"data.train": cfg.data.train, **({"data.eval": cfg.data.eval} if cfg.data.eval_size else {})}
-    for key, spec in specs.items():
-        is_code = spec in CODE_SOURCES
-        if cfg.data.task == "code" and not (is_code or spec.endswith(FILE_SUFFIXES)):
-            raise ConfigError(f"config: {key} must be one of {', '.join(CODE_SOURCES)} or a data file when "
-                              f"data.task=code; got {spec!r}")
-        if cfg.data.task != "code" and is_code:
-            raise ConfigError(f"config: {key}={spec} is a code source; set data.task=code")
 
 
 def max_response_tokens(rollout: RolloutConfig) -> int:

@@ -6,6 +6,7 @@ jobs.config loads, validates and freezes it."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, cast
@@ -16,8 +17,9 @@ from learners.config import AlgoConfig, LearnerConfig, ModelConfig
 from marl.field_rules import Rule, at_least, interval, non_negative, positive
 from marl.policy_map import Sharing
 from marl.tasks import TaskName
-from marl.tasks.data import is_generated
+from marl.tasks.data import CODE_SOURCES, is_generated
 from marl.tasks.math import AnswerFallback
+from marl.tasks.rows import FILE_SUFFIXES
 from marl.tasks.sandbox.limits import SandboxConfig
 from marl.workflows.options import WorkflowSettings
 from rollout.config import RolloutConfig
@@ -68,6 +70,19 @@ class PlacementStrategy(StrEnum):
     STRICT_SPREAD = "STRICT_SPREAD"
 
 
+def _source_problem(data: DataConfig, prefix: str) -> str | None:
+    """Code sources need data.task=code, and the code task reads only code sources (or files of code rows)."""
+    specs = {"train": data.train, **({"eval": data.eval} if data.eval_size else {})}
+    for key, spec in specs.items():
+        is_code = spec in CODE_SOURCES
+        if data.task == "code" and not (is_code or spec.endswith(FILE_SUFFIXES)):
+            return (f"{prefix}{key} must be one of {', '.join(CODE_SOURCES)} or a data file when "
+                    f"{prefix}task=code; got {spec!r}")
+        if data.task != "code" and is_code:
+            return f"{prefix}{key}={spec} is a code source; set {prefix}task=code"
+    return None
+
+
 @dataclass
 class DataConfig:
     task: TaskName = TaskName.math  # task family: math | digit | code
@@ -105,6 +120,10 @@ class DataConfig:
         Rule(("train_size", "train"), "{p}train_size=0 takes every row of a listing source: a generated "
              "{p}train needs {p}train_size > 0",
              lambda d: not (d.train_size == 0 and is_generated(d.train)), lambda d: f"{d.train!r}"),
+        Rule(("task", "train", "eval"), f"{{p}}train and {{p}}eval (with {{p}}eval_size > 0) are code "
+             f"sources ({', '.join(CODE_SOURCES)}) or data files when {{p}}task=code, and only then code "
+             "sources",
+             lambda d: _source_problem(d, "") is None, message=lambda d, p: _source_problem(d, p) or ""),
     )
 
 
@@ -231,6 +250,13 @@ class TrackingConfig:
     verbose: bool = False
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    # Optional tracking packages are imported only when enabled; a missing one fails at load, naming the key.
+    RULES: ClassVar[tuple[Rule[TrackingConfig], ...]] = tuple(
+        Rule((f"{sink}.enabled",), f"{{p}}{sink}.enabled=true needs the `{sink}` package, which is not "
+             "installed (pip install -e '.[tracking]')",
+             lambda t, sink=sink: not getattr(t, sink).enabled or importlib.util.find_spec(sink) is not None)
+        for sink in ("mlflow", "wandb"))
 
 
 @dataclass

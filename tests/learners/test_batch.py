@@ -296,7 +296,7 @@ def test_balanced_order_reorders_the_whole_batch_before_the_policy_split():
         batch.advantages.tolist() == [2.0, 1.0, 4.0, 3.0] and batch.roles == ["aggregator", "generator"] * 2
     )
     isolated = build_batches(
-        episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PAD, balance_ranks=2
+        episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PADS, balance_ranks=2
     )[0]
     # each policy keeps the global order's rows
     assert isolated["generator"].advantages.tolist() == [1.0, 3.0]

@@ -7,6 +7,7 @@ jobs.config loads, validates and freezes it."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, cast
@@ -235,6 +236,11 @@ class WandbConfig:
     run_name: str = ""  # "" = the run's run_name
 
 
+def _installed_when_enabled(sink: str) -> Callable[[TrackingConfig], bool]:
+    """The rule of tracking.<sink>.enabled: off, or its package importable."""
+    return lambda t: not getattr(t, sink).enabled or importlib.util.find_spec(sink) is not None
+
+
 @dataclass
 class TrackingConfig:
     # metrics.jsonl is always written; these are the other sinks (jobs/telemetry/tracking.py).
@@ -254,8 +260,7 @@ class TrackingConfig:
     # Optional tracking packages are imported only when enabled; a missing one fails at load, naming the key.
     RULES: ClassVar[tuple[Rule[TrackingConfig], ...]] = tuple(
         Rule((f"{sink}.enabled",), f"{{p}}{sink}.enabled=true needs the `{sink}` package, which is not "
-             "installed (pip install -e '.[tracking]')",
-             lambda t, sink=sink: not getattr(t, sink).enabled or importlib.util.find_spec(sink) is not None)
+             "installed (pip install -e '.[tracking]')", _installed_when_enabled(sink))
         for sink in ("mlflow", "wandb"))
 
 

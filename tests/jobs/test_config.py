@@ -288,3 +288,14 @@ def test_vllm_settings_moved_into_their_section_and_the_old_keys_say_where(old, 
     value = old.split("=")[1]
     cfg = load_config(TINY, [f"{new}={value}"])
     assert str(OmegaConf.select(as_node(cfg), new)) == value
+
+
+def test_an_enabled_tracking_sink_needs_its_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^config: tracking\.wandb\.enabled=true needs the `wandb`"):
+        load_config(TINY, ["tracking.wandb.enabled=true"])
+    assert not load_config(TINY).tracking.wandb.enabled  # off: the package is never looked for

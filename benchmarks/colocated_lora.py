@@ -1,5 +1,5 @@
 """Peak memory of R isolated LoRA policies: R separate learners (R copies of the base) against one colocated
-learner group (`learner.lora_colocate`: one base, R adapters; learners/gradients/colocated.py), side by side.
+learner group (`learner.lora_colocate`: one base, R adapters; learners/colocated_group.py), side by side.
 
 Each layout and R runs in a fresh subprocess (`--one`), so one layout's allocations do not hide another's: it
 builds the R policies' in-process learner groups, runs one update of each on the same small batch (so every
@@ -37,7 +37,7 @@ def measure_one(policies: int, colocate: bool, dtype: str, backend: str = "torch
 
     from jobs.config import load_config
     from jobs.models.resolve import resolve_model
-    from learners.gradients.colocated import colocated_groups
+    from learners.colocated_group import colocated_groups
     from learners.group import LearnerGroup
     from tests.builders import learner_spec, random_batch
 

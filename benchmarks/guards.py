@@ -62,7 +62,7 @@ def batch_of(completions: list[tuple[str, Completion]], pad: int, guards: dict[s
                         turns=[Turn(role, role, 0, [], c)]) for i, (role, c) in enumerate(completions)]
     advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(len(completions))])
     roles = tuple(sorted({role for role, _ in completions}))
-    batches, _ = build_batches(episodes, PolicyMap.shared(roles, "p"), advantages, pad, guards=guards)
+    batches, _ = build_batches(episodes, PolicyMap.shared(roles, "p"), advantages, {"p": pad}, guards=guards)
     return batches["p"]
 
 

@@ -174,7 +174,7 @@ def main() -> None:
     cfg = load_config("jobs/configs/quickstart.yaml", [
         "out_dir=/tmp/marl-lora-sync", f"model.path={args.model}", f"model.lora.rank={args.rank}",
         f"model.lora.alpha={2 * args.rank}", "rollout.engines_per_role=0", "learner.ranks=0",
-        f"rollout.vllm_sync_path={args.sync_path}", "marl.sharing=shared"])
+        f"rollout.vllm.sync_path={args.sync_path}", "marl.sharing=shared"])
     handles = build_handles(run_layout(cfg), resolve_model(cfg.model.path), get_family("math"))
     try:
         (learners,), (engines,) = handles.learners.values(), handles.engines.values()

@@ -129,7 +129,7 @@ def run_cell(a: argparse.Namespace, roles: int, mode: str, out: str) -> dict:
         f"rollout.prompts_per_step={a.prompts}",
         f"rollout.samples_per_prompt={a.n}",
         f"rollout.sampling.max_new_tokens={a.tokens}",
-        "rollout.kv_cache_gb=0.5",
+        "rollout.vllm.kv_cache_gb=0.5",
         "learner.ranks=0",
         "learner.micro_batch_size=8",
         f"steps={a.steps}",

@@ -49,7 +49,7 @@ def _engines(args: argparse.Namespace, path: str, workflow: str) -> dict[str, En
             f"rollout.backend={args.backend}",
             f"rollout.engines_per_role={args.engines}",
             f"rollout.torch_threads={args.threads}",
-            "rollout.kv_cache_gb=1",
+            "rollout.vllm.kv_cache_gb=1",
             "rollout.engine_num_cpus=0",
             "rollout.max_batch_size=64",
             "data.train=digit",
@@ -66,7 +66,7 @@ def _collect(engines: dict[str, EngineGroup], workflow: str, mode: str, tasks: l
              seed: int) -> dict[str, float]:
     collector = Collector(engines, workflow, get_family("math"), WorkflowOptions(), mode=mode)
     t0 = time.perf_counter()
-    episodes, timings = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed))
+    episodes, _, timings = collector.collect(tasks, args.n, Sampling(1.0, 1.0, args.tokens, seed=seed))
     wall = time.perf_counter() - t0
     tokens = sum(len(t.completion.response_ids) for e in episodes for t in e.turns)
     return {

@@ -13,7 +13,7 @@ Every engine gets the same cores. Medians over `reps` after one warm-up call. En
 Then sync: the time of one verified broadcast (object store, fingerprint on both sides) into the engine
 actor, for the full weights and for a LoRA adapter (multi-LoRA serving), against the bytes moved.
 `--sync-only`: full-weight syncs into a vLLM engine actor through vLLM's reload
-(rollout.vllm_sync_path=reload) and in place (fast), the payload packed into one buffer first
+(rollout.vllm.sync_path=reload) and in place (fast), the payload packed into one buffer first
 (before) or shared, each tensor's bytes copied into the object store once (after), into the HF
 stand-in, a LoRA adapter-delta sync (merged serving) both ways, and the parts of a load inside an
 in-process vLLM engine, in one run.
@@ -66,8 +66,8 @@ def _median_rate(run: Callable[[int], int], reps: int, name: str) -> float:
 def _rollout_cfg(args: argparse.Namespace, lora: bool, backend: str = "vllm", sync_path: str = "fast",
                  lora_serving: str = "multi") -> Any:
     overrides = [f"model.path={args.model}", f"rollout.backend={backend}", "rollout.engines_per_role=1",
-                 f"rollout.vllm_sync_path={sync_path}",
-                 f"rollout.torch_threads={args.threads}", f"rollout.kv_cache_gb={args.kv_cache_gb}",
+                 f"rollout.vllm.sync_path={sync_path}",
+                 f"rollout.torch_threads={args.threads}", f"rollout.vllm.kv_cache_gb={args.kv_cache_gb}",
                  "rollout.max_batch_size=1024", "rollout.engine_num_cpus=0",
                  # no tasks drawn; the schema needs one
                  "data.train=digit", "data.train_size=1", "data.eval_size=0"]

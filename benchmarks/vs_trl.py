@@ -44,7 +44,7 @@ def _overrides(a: argparse.Namespace, out: str) -> list[str]:
         f"rollout.samples_per_prompt={a.n}",
         f"rollout.sampling.max_new_tokens={a.tokens}",
         "rollout.sampling.temperature=1.0",
-        "rollout.kv_cache_gb=1.0",
+        "rollout.vllm.kv_cache_gb=1.0",
         "algo.kl_coef=0.0",
         "learner.ranks=0",
         "learner.micro_batch_size=16",

@@ -19,6 +19,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from marl.field_rules import at_least
 from marl.guards import Guard, boxed_choices
 from marl.prompts import RoleWording, WorkflowWording
 from marl.tasks.base import TaskFamily
@@ -34,7 +35,6 @@ from marl.workflows.common import (
     user,
     wording,
 )
-from marl.workflows.options import at_least
 from marl.workflows.turns import TurnShape
 from marl.workflows.voting import choices
 

@@ -252,7 +252,7 @@ def build_batches(
     episodes: list[Episode],
     policy_map: PolicyMap,
     advantages: Tensor,
-    pad_id: int | Mapping[str, int],
+    pad_ids: Mapping[str, int],
     max_len: int | None = None,
     max_prompt_len: int | None = None,
     balance_ranks: int = 0,
@@ -261,8 +261,8 @@ def build_batches(
     """One TrainBatch per policy from every turn; returns (batches, stats).
 
     advantages [N] holds one value per turn in flattened order (as `group_keys`). Each turn becomes a row of
-    batch policy_map[turn.role] (padded with `pad_id`, or with that policy's entry when it is a mapping policy
-    -> pad id: policies on different base models have their own tokenizers): prompt_ids + response_ids, cut to
+    batch policy_map[turn.role], padded with that policy's `pad_ids` entry (policy -> pad id: policies on
+    different base models have their own tokenizers): prompt_ids + response_ids, cut to
     the first `max_len` tokens if given (loss mask and logprobs cut with them). Turns with no response token
     left (empty response, or cut away entirely) are dropped, and so are turns whose prompt is longer than
     `max_prompt_len` (if given). Batches are keyed in policy_map.policies order; a policy with no rows is
@@ -296,8 +296,8 @@ def build_batches(
     per_policy: dict[str, list[_Row]] = {p: [] for p in policy_map.policies}
     for row in kept:
         per_policy[policy_map[row.turn.role]].append(row)
-    pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(per_policy, pad_id)
-    return {p: _stack_rows(p, rows, pads[p], guards or {}) for p, rows in per_policy.items() if rows}, stats
+    batches = {p: _stack_rows(p, rows, pad_ids[p], guards or {}) for p, rows in per_policy.items() if rows}
+    return batches, stats
 
 
 class RoleDropError(RuntimeError):

@@ -13,7 +13,6 @@ from learners.gradients.backends import GradientBackend, LearnerParts
 from learners.member import LearnerSpec
 from learners.schedule import lr_lambda
 from learners.state.weights import PolicyModel, is_lora, load_policy_model
-from learners.update.mitigations import uses_kl
 
 
 def precision(spec: LearnerSpec, backend: type[GradientBackend]) -> tuple[torch.dtype | None, str]:
@@ -43,7 +42,7 @@ def build_parts(spec: LearnerSpec, rank: int, master_dtype: str, module: PolicyM
         load_policy_model(spec.model_path, master_dtype, spec.model.lora, attention)
         .eval()
         .requires_grad_(False)
-        if uses_kl(algo.kl_coef, algo.kl_anchor_roles) and not is_lora(model)
+        if algo.uses_kl and not is_lora(model)
         else None
     )
     return LearnerParts(spec=spec, rank=rank, model=model, params=params, optimizer=optimizer,

@@ -1,5 +1,5 @@
 """The choices of config keys that several learner modules name, as Enums, in a leaf module:
-learners.sections types the config with them, and the modules that implement them (the schedules) import them
+learners/config.py types the config with them, and the modules that implement them (the schedules) import them
 too, so neither imports the other for a name."""
 
 from __future__ import annotations

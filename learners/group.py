@@ -22,7 +22,7 @@ from learners.member import LearnerMember, LearnerSpec
 from learners.rank_metrics import RankMetrics, TokenSums, merge_rank_metrics
 from learners.role_grads import advantage_mass
 from learners.update.empty_steps import empty_steps
-from learners.update.mitigations import parallel_agent_weights, role_balance_weights, uses_kl
+from learners.update.mitigations import parallel_agent_weights, role_balance_weights
 from learners.update.ppo_plan import Cut, UpdatePlan, effective_mini_batch_size, plan_update
 from marl.names import group_name
 from marl.seeds import derive_seed
@@ -49,20 +49,18 @@ class LearnerGroup:
     def __init__(self, spec: LearnerSpec, run_name: str, placement: GroupPlacement | None = None,
                  group: Group[LearnerMember] | None = None):
         """`group`: ranks already built and joined (a colocated policy's view of the shared ranks,
-        learners/gradients/colocated.py); else this policy's own are started here."""
+        learners/colocated_group.py); else this policy's own are started here."""
         policy_id, learner, algo, seed = spec.policy_id, spec.learner, spec.algo, spec.seed
         self.policy_id = policy_id
         self.algo_agg = algo.loss_agg
         # Without a KL term a zero-advantage row contributes exactly zero gradient: drop it before the
         # forward pass (the normaliser still counts it, so the update is unchanged).
-        self.drop_zero_advantage = algo.skip_zero_advantage and not uses_kl(
-            algo.kl_coef, algo.kl_anchor_roles
-        )
+        self.drop_zero_advantage = algo.skip_zero_advantage and not algo.uses_kl
         self.algo = algo
         self.diagnostics = learner.role_grad_diagnostics
         self.seed = seed
         # With a KL term a zero-advantage row still has a gradient: no step is empty.
-        self.skip_empty = algo.skip_empty_optimizer_steps and not uses_kl(algo.kl_coef, algo.kl_anchor_roles)
+        self.skip_empty = algo.skip_empty_optimizer_steps and not algo.uses_kl
         self.timeout = learner.update_timeout_s
         self.sample_rows = sample_size(learner.diagnostics.sample_rows)
         self.policy_move = learner.policy_move

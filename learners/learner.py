@@ -55,7 +55,7 @@ class Learner:
 
     def __init__(self, spec: LearnerSpec, rank: int = 0, module: PolicyModel | None = None):
         """`module`: the policy module to train instead of one loaded from `spec.model_path` (a colocated LoRA
-        policy's adapter bound on a base other policies share: learners/gradients/colocated.py)."""
+        policy's adapter bound on a base other policies share: learners/colocated_group.py)."""
         learner = spec.learner
         if learner.torch_threads:
             torch.set_num_threads(learner.torch_threads)
@@ -113,7 +113,6 @@ class Learner:
         self.offloads.check_resident("update")
         self.model.train()
         self.stepper.nonfinite_steps = 0
-        self.passes.pad_id = batch.pad_id
         data = self.passes.with_old_logprobs(self.backend.prepare(batch), plan)
         if plan.move_weights is not None:  # the policy movement's sample (learners/diagnostic_sample.py)
             weights = torch.tensor(plan.move_weights, device=data.advantages.device)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from cluster.collective import CollectiveMember
 from cluster.weight_transfer import WeightSender
-from learners.sections import AlgoSection, LearnerSection, ModelSection
+from learners.config import AlgoConfig, LearnerConfig, ModelConfig, as_section
 
 if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
     from torch import Tensor
@@ -25,13 +25,14 @@ if TYPE_CHECKING:  # the contract itself needs no torch or model code to import
 @dataclass(frozen=True, kw_only=True)
 class LearnerSpec:
     """One policy's learner: its model folder and the config sections its ranks read (plain values and
-    read-only config sections, typed by learners.sections, so it pickles to the rank actors)."""
+    the sections as instances of their classes, learners/config.py, so it pickles to the rank actors and the
+    sections' derived properties are at hand)."""
 
     policy_id: str
     model_path: str
-    model: ModelSection  # the policy's `model` config section (dtype, lora)
-    learner: LearnerSection  # its `learner` section (optim, micro-batch, backend, ...)
-    algo: AlgoSection  # the `algo` section (clipping, KL, loss aggregation, ...)
+    model: ModelConfig  # the policy's `model` config section (dtype, lora)
+    learner: LearnerConfig  # its `learner` section (optim, micro-batch, backend, ...)
+    algo: AlgoConfig  # the `algo` section (clipping, KL, loss aggregation, ...)
     # the rollout sampling temperature (logprobs are of the temperature-scaled distribution)
     temperature: float
     total_steps: int  # training steps of the run (the LR schedule's length)
@@ -43,6 +44,11 @@ class LearnerSpec:
     # learner.gradient_checkpointing as the run layout resolved it (jobs/plan/layout.py); None: the learner
     # section's own value, auto as off (a spec built without a layout: tests, benchmarks).
     gradient_checkpointing: bool | None = None
+
+    def __post_init__(self) -> None:
+        # A loaded config's sections are DictConfigs shaped by these classes: the ranks get the classes.
+        for name, cls in (("model", ModelConfig), ("learner", LearnerConfig), ("algo", AlgoConfig)):
+            object.__setattr__(self, name, as_section(getattr(self, name), cls))
 
 
 class LearnerMember(CollectiveMember, WeightSender, Protocol):

@@ -16,14 +16,13 @@ import torch
 
 from cluster import collective
 from learners.batch import TrainBatch
+from learners.config import AlgoConfig
 from learners.gradients.backends import GradientBackend
 from learners.passes import PolicyPasses
 from learners.policy_move import PolicyMove
 from learners.rank_metrics import TokenSums
 from learners.role_grads import flat_autograd, role_grad_metrics
-from learners.sections import AlgoSection
 from learners.update.micro_batches import padding
-from learners.update.mitigations import uses_kl
 from learners.update.policy_loss import policy_loss
 
 
@@ -32,7 +31,7 @@ class OptimizerStep:
     their log-probs before the update offered to `move`."""
 
     def __init__(self, passes: PolicyPasses, backend: GradientBackend, move: PolicyMove,
-                 params: list[torch.nn.Parameter], algo: AlgoSection, policy_id: str):
+                 params: list[torch.nn.Parameter], algo: AlgoConfig, policy_id: str):
         self.passes, self.backend, self.move = passes, backend, move
         self.params, self.algo, self.policy_id = params, algo, policy_id
         # Optimizer steps that left the weights as they were (a non-finite gradient): this training step's,
@@ -118,7 +117,7 @@ class OptimizerStep:
         padded, positions = padding(mb.attention_mask.sum(-1).tolist())
         algo = self.algo
         reference = (
-            self.passes.reference_logprobs(mb) if uses_kl(algo.kl_coef, algo.kl_anchor_roles) else None
+            self.passes.reference_logprobs(mb) if algo.uses_kl else None
         )
         old = mb.old_logprobs[:, 1:] if mb.old_logprobs is not None else None
         loss, sums = policy_loss(lp, old, mb.rollout_logprobs[:, 1:], mb.advantages, mb.loss_mask[:, 1:],

@@ -21,9 +21,9 @@ import torch
 from learners.batch import TrainBatch
 from learners.compute.guard_masks import GuardReplay, LossMasks
 from learners.compute.logprob_head import sequence_logprobs
+from learners.config import AlgoConfig, LearnerConfig
 from learners.gradients.backends import GradientBackend
 from learners.rank_metrics import TokenSums
-from learners.sections import AlgoSection, LearnerSection
 from learners.update.micro_batches import micro_batch_rows
 from learners.update.policy_loss import diagnostic_terms
 from learners.update.ppo_plan import UpdatePlan
@@ -45,11 +45,10 @@ class PolicyPasses:
     model: Any
     reference: Any
     backend: GradientBackend
-    cfg: LearnerSection
-    algo: AlgoSection
+    cfg: LearnerConfig
+    algo: AlgoConfig
     temperature: float
     autocast: torch.dtype | None
-    pad_id: int = 0  # a token id for idle passes; the batch's own once one arrives
     # the policy's model folder: its tokenizer replays guarded rows' grammars
     # (learners/compute/guard_masks.py)
     model_path: str = ""
@@ -117,8 +116,9 @@ class PolicyPasses:
     def idle_loss(self) -> torch.Tensor:
         """A zero loss whose graph reaches every weight: this rank's share of a pass it has no rows
         for. It runs the same head path as a real pass (no loss token: a ZeRO-3 head runs the
-        chunks the other ranks run)."""
-        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.backend.device)
+        chunks the other ranks run). Its tokens are id 0, in every vocabulary: the loss is scaled to zero, so
+        which token it reads does not matter."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.backend.device)
         ones = torch.ones_like(ids, dtype=torch.bool)
         return (
             self._sequence_logprobs(self.model, self.backend.runner(False), ids, ones, ~ones)[0].sum() * 0.0

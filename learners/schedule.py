@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 
 from learners.choices import Schedule
-from learners.sections import OptimSection
+from learners.config import OptimConfig
 from marl.registry import Registry
 
 
@@ -51,7 +51,7 @@ def schedule_position(ticks: int, unit: str, policies: int = 1, index: int = 0) 
     return ticks * policies + index if unit == "update_call" else ticks
 
 
-def lr_lambda(optim: OptimSection, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
+def lr_lambda(optim: OptimConfig, total: int, policies: int = 1, index: int = 0) -> Callable[[int], float]:
     """The LambdaLR multiplier of a learner's scheduler, from its `learner.optim` section
     (schedule, warmup_steps, min_lr_ratio, schedule_unit, warmup_start_zero, cosine_clamp) and the
     run's `total` training steps."""

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
 from marl.types import Completion, Message
 from rollout.engine import Sampling
@@ -146,18 +146,13 @@ class BatchingClient:
                 fut.set_result(out)
 
 
-# rollout.mode: how turns reach the engines
-RolloutMode = Literal["streaming", "lockstep"]
-ROLLOUT_MODES: tuple[RolloutMode, ...] = get_args(RolloutMode)
-
-
-class RolloutModeName(StrEnum):
-    """`rollout.mode`: the names of ROLLOUT_MODES (the config schema's type for the key)."""
+class RolloutMode(StrEnum):
+    """`rollout.mode`: how turns reach the engines, each the name of its client in CLIENTS."""
 
     streaming = "streaming"
     lockstep = "lockstep"
 
 
-CLIENTS: dict[str, type[StreamingClient] | type[BatchingClient]] = {
-    "streaming": StreamingClient, "lockstep": BatchingClient,
+CLIENTS: dict[RolloutMode, type[StreamingClient] | type[BatchingClient]] = {
+    RolloutMode.streaming: StreamingClient, RolloutMode.lockstep: BatchingClient,
 }

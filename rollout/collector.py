@@ -13,15 +13,16 @@ from marl.rewards import RewardShaping
 from marl.tasks.base import TaskFamily
 from marl.types import Episode, Task
 from marl.workflows.common import WorkflowOptions
-from rollout.clients import CLIENTS, ROLLOUT_MODES, Engines, EpisodeClient, TurnClient
+from rollout.clients import CLIENTS, Engines, EpisodeClient, RolloutMode, TurnClient
 from rollout.engine import Sampling
 
 
 class Collected(NamedTuple):
-    """A collection's episodes, and its metrics: `generate_s` (the wall time during which at least one engine
-    call was in flight) and the engine metrics (rollout.rollout_stats)."""
+    """A collection's episodes, the wall time during which at least one engine call was in flight, and the
+    engine metrics (rollout.rollout_stats)."""
 
     episodes: list[Episode]
+    generate_s: float
     metrics: dict[str, float]
 
 
@@ -29,11 +30,12 @@ class Collector:
     """Runs `samples_per_prompt` episodes of `workflow` for each task and returns them scored."""
 
     def __init__(self, engines: Mapping[str, Engines], workflow: str, family: TaskFamily,
-                 options: WorkflowOptions, shaping: RewardShaping | None = None, mode: str = "streaming"):
+                 options: WorkflowOptions, shaping: RewardShaping | None = None,
+                 mode: RolloutMode | str = RolloutMode.streaming):
         if mode not in CLIENTS:
-            raise ValueError(f"rollout.mode must be one of {ROLLOUT_MODES}, got {mode!r}")
+            raise ValueError(f"rollout.mode must be one of {', '.join(CLIENTS)}, got {mode!r}")
         self.engines, self.workflow, self.family = engines, workflow, family
-        self.options, self.shaping, self.mode = options, shaping, mode
+        self.options, self.shaping, self.mode = options, shaping, RolloutMode(mode)
 
     def collect(self, tasks: list[Task], samples_per_prompt: int, sampling: Sampling,
                 on_episode: Callable[[int, int], None] | None = None) -> Collected:
@@ -58,4 +60,4 @@ class Collector:
         episodes = await asyncio.gather(
             *(tracked(t, task, i) for t, task in enumerate(tasks) for i in range(n))
         )
-        return Collected(list(episodes), {"generate_s": client.clock.generate_s, **client.clock.metrics()})
+        return Collected(list(episodes), client.clock.generate_s, client.clock.metrics())

@@ -23,15 +23,15 @@ from cluster.placement import GroupPlacement
 from cluster.threads import thread_env, threads_for
 from marl.engine_map import EngineGroupSpec
 from marl.types import Completion, JsonRecord, Message
+from rollout.config import RolloutConfig
 from rollout.engine import ENGINES, EngineMember, Sampling
-from rollout.sections import RolloutSection
 from rollout.stall import StallWatch
 
 # Catches member `index` of a group up to the weights its policies' engines serve (after a replacement).
 Resync = Callable[["EngineGroup", int], None]
 
 
-def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weight_channel: str,
+def _engine_kwargs(rollout: RolloutConfig, adapters: int, lora_rank: int, weight_channel: str,
                    chat_template_kwargs: Mapping[str, Any]) -> JsonRecord:
     # Every backend renders prompts with the same template variables: the HF engine's ids are vLLM's ids.
     chat = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}
@@ -39,24 +39,24 @@ def _engine_kwargs(rollout: RolloutSection, adapters: int, lora_rank: int, weigh
         return chat
     return {
         **chat,
-        "kv_cache_gb": rollout.kv_cache_gb,
-        "gpu_memory_utilization": rollout.gpu_memory_utilization,
-        "max_model_len": rollout.max_model_len,
+        "kv_cache_gb": rollout.vllm.kv_cache_gb,
+        "gpu_memory_utilization": rollout.vllm.gpu_memory_utilization,
+        "max_model_len": rollout.vllm.max_model_len,
         "max_loras": adapters,
         "max_lora_rank": lora_rank,
         "weight_channel": weight_channel,
-        "sync_path": rollout.vllm_sync_path,
+        "sync_path": rollout.vllm.sync_path,
         "sleep_mode": rollout.layout == "colocated",
     }
 
 
-def _engine_env(rollout: RolloutSection, slot: int) -> dict[str, str]:
+def _engine_env(rollout: RolloutConfig, slot: int) -> dict[str, str]:
     """Environment of engine actor `slot`, set before it imports anything (its class's `actor_env`)."""
     threads = threads_for(rollout.engine_num_cpus, rollout.torch_threads)
     return ENGINES[rollout.backend].actor_env(slot, threads)
 
 
-def _engine_threads(rollout: RolloutSection) -> int:
+def _engine_threads(rollout: RolloutConfig) -> int:
     """Torch threads per engine. vLLM drops torch to one thread unless told, so engines get their count
     explicitly: an actor's from its CPUs, an in-process engine's (engines_per_role 0) the caller's cores."""
     if rollout.engines_per_role:
@@ -72,7 +72,7 @@ class EngineGroup:
         self,
         spec: EngineGroupSpec,
         model_path: str,
-        rollout: RolloutSection,
+        rollout: RolloutConfig,
         dtype: str,
         first_slot: int = 0,
         placement: GroupPlacement | None = None,

@@ -1,4 +1,4 @@
-"""Colocated LoRA policies (`learner.lora_colocate`, learners/gradients/colocated.py) as the run sees them:
+"""Colocated LoRA policies (`learner.lora_colocate`, learners/colocated_group.py) as the run sees them:
 when the option applies, what the policies must share, and the name of the one learner group that replaces
 their separate ones."""
 

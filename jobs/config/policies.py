@@ -40,8 +40,8 @@ POLICY_KEYS = (
     "rollout.engine_num_cpus",
     "rollout.engine_num_gpus",
     "rollout.engine_resources.",
-    "rollout.kv_cache_gb",
-    "rollout.gpu_memory_utilization",
+    "rollout.vllm.kv_cache_gb",
+    "rollout.vllm.gpu_memory_utilization",
 )
 # Under multi-LoRA serving one engine group serves every policy as an adapter on one base model.
 ENGINE_KEYS = ("model.path", "model.dtype", "model.lora.enabled", "model.chat_template_kwargs.", "rollout.")

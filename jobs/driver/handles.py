@@ -19,7 +19,7 @@ from jobs.driver.resources import build_placement
 from jobs.driver.weight_sync import WeightSync, resync_through, sync_all
 from jobs.models.resolve import resolve_model
 from jobs.plan.layout import RunLayout
-from learners.gradients.colocated import colocated_groups
+from learners.colocated_group import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerSpec
 from marl.policy_map import PolicyMap

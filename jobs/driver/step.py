@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs.config.guards import role_guards, run_guards
-from jobs.config.schema import RolloutConfig, TrainConfig
+from jobs.config.schema import TrainConfig
 from jobs.driver.handles import RunHandles
 from jobs.driver.served import check_served
 from jobs.driver.updates import run_concurrently, update_all
@@ -27,6 +27,7 @@ from marl.guards import guard_metrics
 from marl.seeds import derive_seed
 from marl.tasks.sampler import PromptSampler
 from marl.types import Episode, Task
+from rollout.config import RolloutConfig
 from rollout.engine import Sampling
 from rollout.storage import write_episodes
 
@@ -119,10 +120,10 @@ class RolloutSource:
                 on_episode: Callable[[int, int], None] | None = None) -> StepRollout:
         t0 = time.perf_counter()
         versions = self.handles.weight_versions()
-        episodes, timings = self.handles.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
-                                                          self.sampling(step), on_episode)
-        return StepRollout(episodes, time.perf_counter() - t0, timings.pop("generate_s", 0.0), timings,
-                           versions)
+        collected = self.handles.collector.collect(tasks, self.cfg.rollout.samples_per_prompt,
+                                                   self.sampling(step), on_episode)
+        return StepRollout(collected.episodes, time.perf_counter() - t0, collected.generate_s,
+                           collected.metrics, versions)
 
     def take(self, step: int, timer: PhaseTimer) -> StepRollout:
         """Step `step`'s episodes: prefetched during the previous update, or
@@ -160,28 +161,28 @@ def train_step(
     cfg: TrainConfig,
     source: RolloutSource,
     step: int,
-    pad_id: int | Mapping[str, int],
+    pad_ids: Mapping[str, int],
     run_dir: Path,
     version: int | None = None,
     before_update: Callable[[], None] | None = None,
 ) -> dict:
-    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_id`: one for every
-    policy, or policy -> pad id (policies on different base models). `before_update` runs once the batches
-    passed their checks, just before any learner changes."""
+    """One step; the engines serve weight `version` (default step + 1) afterwards. `pad_ids`: policy -> its
+    tokenizer's pad id (policies on different base models have their own). `before_update` runs once the
+    batches passed their checks, just before any learner changes."""
     timer, phases = PhaseTimer(), handles.phases  # phases: no-ops unless rollout.layout=colocated
     rollout = source.take(step, timer)
     check_served(rollout.episodes, handles.policy_map, rollout.versions, step)
     with timer.phase("store"):
         write_episodes(rollout.episodes, step, run_dir / "rollouts" / f"step_{step:06d}.parquet")
     with timer.phase("advantage"):
-        batches, batch_stats = step_batches(handles, cfg, rollout.episodes, step, pad_id)
+        batches, batch_stats = step_batches(handles, cfg, rollout.episodes, step, pad_ids)
         if before_update is not None:
             before_update()
     with timer.phase("sleep"):
         moved = {**phases.sleep_engines(), **phases.reload_learners()}
     with timer.phase("update"):
         concurrent = run_concurrently(cfg.learner, len(handles.learners))
-        updated, prefetch_s = update_all(handles.learners, batches, step, pad_id, concurrent,
+        updated, prefetch_s = update_all(handles.learners, batches, step, pad_ids, concurrent,
                                          source.during_update(step))
     timer.add("prefetch", prefetch_s)
     with timer.phase("offload"):
@@ -197,7 +198,7 @@ def train_step(
 
 
 def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode], step: int,
-                 pad_id: int | Mapping[str, int]) -> tuple[dict[str, TrainBatch], dict[str, int]]:
+                 pad_ids: Mapping[str, int]) -> tuple[dict[str, TrainBatch], dict[str, int]]:
     """Advantages (grouped per algo.group_by) and each policy's TrainBatch, checked for rows lost to length
     caps before any update trains on the rest."""
     keys = keys_to_ids(group_keys(episodes, cfg.algo.group_by))
@@ -208,7 +209,7 @@ def step_batches(handles: RunHandles, cfg: TrainConfig, episodes: list[Episode],
         episodes,
         handles.policy_map,
         advantages,
-        pad_id,
+        pad_ids,
         cfg.algo.max_len,
         cfg.rollout.max_prompt_tokens or None,
         balance_ranks=balance_ranks(cfg),

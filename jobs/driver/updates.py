@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from cluster.threads import threads_for
-from jobs.config.schema import LearnerConfig
 from learners.batch import TrainBatch, empty_batch
+from learners.config import LearnerConfig
 from learners.group import LearnerGroup
 
 
@@ -29,15 +29,13 @@ def run_concurrently(learner: LearnerConfig, policies: int, cores: int | None = 
 
 
 def update_all(learners: dict[str, LearnerGroup], batches: dict[str, TrainBatch], step: int,
-               pad_id: int | Mapping[str, int], concurrent: bool,
+               pad_ids: Mapping[str, int], concurrent: bool,
                during: Callable[[], None] | None = None) -> tuple[dict[str, float], float]:
     """Runs every policy's update for training step `step` and, meanwhile in this thread, `during` (the next
-    step's rollout). `pad_id`: one for every policy, or each policy's. Returns (the updates' metrics, seconds
-    `during` took)."""
-    pads = pad_id if isinstance(pad_id, Mapping) else dict.fromkeys(learners, pad_id)
-
+    step's rollout). `pad_ids`: policy -> its tokenizer's pad id (an empty batch's). Returns (the updates'
+    metrics, seconds `during` took)."""
     def batch(pid: str) -> TrainBatch:
-        return batches.get(pid) or empty_batch(pid, pads[pid])
+        return batches.get(pid) or empty_batch(pid, pad_ids[pid])
 
     if concurrent:
         pending = [lg.submit_update(batch(pid), step) for pid, lg in learners.items()]

@@ -2,14 +2,15 @@
 the schema.
 
 Every key of `jobs/config/schema.py`'s `TrainConfig`, section by section: its type and default (from the
-dataclasses), what config load checks of it (the choices and bounds its field carries,
-jobs/config/field_rules.py, and the rule each other check of `jobs/config/loading.py` states in its error
-message), whether a policy may set it for itself (`jobs/config/policies.py`), and its comment in the source of
-the class that declares it (the schema, or for the `marl` section's inherited workflow settings
-marl/workflows/options.py): the comment on the field's line and the block right above it (dataclass fields
-carry no docstrings, so the source is read with `tokenize`). A field without a comment of its own that
-directly follows a commented field, with no blank line between, points at the field whose comment covers it.
-Without --write the command prints the page; tests/jobs/test_config_reference.py checks the page equals it.
+dataclasses), what config load checks of it (the choices and bounds its field carries, the rules its section
+declares and those spanning sections, jobs/config/loading.py's CROSS_RULES, each as declared), whether a
+policy may set it for itself (`jobs/config/policies.py`), and its comment in the source of the class that
+declares it (learners/config.py, rollout/config.py, the schema, or for the `marl` section's inherited
+workflow settings marl/workflows/options.py): the comment on the field's line and the block right above it
+(dataclass fields carry no docstrings, so the source is read with `tokenize`). A field without a comment of
+its own that directly follows a commented field, with no blank line between, points at the field whose
+comment covers it. Without --write the command prints the page; tests/jobs/test_config_reference.py checks
+the page equals it.
 """
 
 from __future__ import annotations
@@ -31,20 +32,13 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from jobs.config import loading as config_module
 from jobs.config import schema
-from jobs.config.field_rules import enum_type, schema_rules
+from jobs.config.field_rules import enum_type, schema_rules, section_rule_texts
+from jobs.config.loading import CROSS_RULES
 from jobs.config.policies import per_policy_key
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs/config.md"
-# The leading keys of a check's message: `<key>[.<name>][=value] [and <key> ...]<rule>`.
-KEY = r"[a-z_]+(?:\.[a-z_]+)+"  # dotted: a message opening with a plain word names no key
-RULE = re.compile(rf"(?P<keys>{KEY}(?:\.\{{\.\.\.\}})?(?:=\S+)?(?: and {KEY})*) .+")
-# A value the message computes at run time: `= {...} + {...}` and `(0 = {...})` say nothing without it.
-COMPUTED = re.compile(r" = \{\.\.\.\}(?: \+ \{\.\.\.\})*| \([^()]*\{\.\.\.\}[^()]*\)")
-
-
 @dataclasses.dataclass(frozen=True)
 class Key:
     key: str  # dotted path from the top of the config
@@ -127,64 +121,14 @@ def _walk(cls: type, prefix: str) -> Iterator[Key]:
         yield Key(f"{prefix}{f.name}", kind, default, text or (f"See `{prefix}{head}`." if head else ""))
 
 
-def message_rules(source: str) -> dict[str, list[str]]:
-    """key -> the rules jobs/config/loading.py's ConfigError messages state for it (`<key> must be ...`,
-    `<key>=x needs ...`), read from its source: each message that opens with keys, up to `; got`, for each key
-    it opens with. A loop over a literal tuple (`for key in ("a.b", ...)`) states its rule once for each of
-    its values; values computed at run time show as `…`."""
-    rules: dict[str, list[str]] = defaultdict(list)
-    for call, bindings in _raises(ast.parse(source), [{}]):
-        for binding in bindings:
-            text = COMPUTED.sub(
-                "", _message(call, binding).removeprefix("config: ").split("; got")[0].strip()
-            )
-            match = RULE.fullmatch(text)
-            for key in re.findall(KEY, match["keys"]) if match else []:
-                if text.replace("{...}", "…") not in rules[key]:
-                    rules[key].append(text.replace("{...}", "…"))
+def declared_rules() -> dict[str, list[str]]:
+    """key -> the rules declared over it beyond its field's own: its section's (each section class's
+    RULES) and those spanning sections (jobs/config/loading.py's CROSS_RULES), as they state them."""
+    rules = section_rule_texts()
+    for rule in CROSS_RULES:
+        for key in rule.keys:
+            rules.setdefault(key, []).append(rule.stated(""))
     return rules
-
-
-Binding = dict[str, str]  # a loop variable -> one of the literal values it takes
-
-
-def _raises(node: ast.AST, bindings: list[Binding]) -> Iterator[tuple[ast.Call, list[Binding]]]:
-    """Every `ConfigError(...)` call, with the values of the literal loops around it."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ConfigError":
-        yield node, bindings
-    if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
-        names = [t.id for t in (node.target.elts if isinstance(node.target, ast.Tuple) else [node.target])
-                 if isinstance(t, ast.Name)]
-        rows = [[e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None
-                 for e in (el.elts if isinstance(el, ast.Tuple) else [el])] for el in node.iter.elts]
-        if all(len(row) == len(names) and None not in row for row in rows):
-            bindings = [
-                {**b, **{n: str(v) for n, v in zip(names, row, strict=True)}}
-                for b in bindings
-                for row in rows
-            ]
-    for child in ast.iter_child_nodes(node):
-        yield from _raises(child, bindings)
-
-
-def _message(call: ast.Call, binding: Binding) -> str:
-    """The call's message, a loop variable's formatted value as its literal value, any other as `{...}`."""
-    if not call.args or not isinstance(call.args[0], ast.JoinedStr | ast.Constant):
-        return ""
-    arg = call.args[0]
-    text = ""
-    for part in arg.values if isinstance(arg, ast.JoinedStr) else [arg]:
-        if isinstance(part, ast.Constant):
-            text += str(part.value)
-        elif (
-            isinstance(part, ast.FormattedValue)
-            and isinstance(part.value, ast.Name)
-            and part.value.id in binding
-        ):
-            text += binding[part.value.id]
-        else:
-            text += "{...}"
-    return text
 
 
 def checks(key: str, rules: dict[str, list[str]]) -> list[str]:
@@ -267,7 +211,7 @@ def per_policy(key: str) -> bool:
 
 
 def page() -> str:
-    return render(list(schema_keys()), message_rules(Path(config_module.__file__).read_text()))
+    return render(list(schema_keys()), declared_rules())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,8 +33,8 @@ CELLS = {
                      "algo.max_len=20480"],
 }
 # The layout paper_base.yaml had before it was colocated: every member resident on half a GPU.
-FRACTIONAL = ["rollout.layout=separate", "rollout.engines_per_role=1", "rollout.gpu_memory_utilization=0.45",
-              "learner.ranks=1", "learner.lora_colocate=false"]
+FRACTIONAL = ["rollout.layout=separate", "rollout.engines_per_role=1",
+              "rollout.vllm.gpu_memory_utilization=0.45", "learner.ranks=1", "learner.lora_colocate=false"]
 LAYOUTS = {"colocated": [], "fractional": FRACTIONAL}
 
 

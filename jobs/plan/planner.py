@@ -43,7 +43,7 @@ from learners.compute.memory import (
 from learners.gradients.backends import capabilities
 from marl.policy_map import PolicyMap
 from marl.workflows import turn_shape, workflow_options
-from rollout.sections import kv_cache_bytes
+from rollout.config import kv_cache_bytes
 
 FIT_FRACTION = 0.9  # headroom for the allocator's fragmentation and what the estimates leave out
 # The memory rises checkpointing, ZeRO, LoRA, the token budget, the engine's share,
@@ -53,7 +53,7 @@ FIT_KEYS = (
     "learner.gradient_checkpointing",
     "learner.deepspeed.zero_stage",
     "model.lora.enabled",
-    "rollout.gpu_memory_utilization",
+    "rollout.vllm.gpu_memory_utilization",
     "rollout.engine_num_gpus",
     "learner.rank_num_gpus",
     "learner.logits_chunk_tokens",
@@ -208,7 +208,8 @@ def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
         pc = layout.engine_config(spec.policy)
         shape, r = shape_of(pc.model.path), pc.rollout
         adapters = len(spec.policies) if spec.multi_lora else 0
-        share = engine_share(r.kv_cache_gb, r.gpu_memory_utilization, r.engine_num_gpus > 0, shape, memory)
+        share = engine_share(r.vllm.kv_cache_gb, r.vllm.gpu_memory_utilization, r.engine_num_gpus > 0, shape,
+                             memory)
         mem = engine_memory(shape, share, pc.model.lora.rank, adapters, longest_sequence(pc))
         out += [Member(f"engine:{spec.key}#{i}", r.engine_num_gpus, mem.share, engine=mem)
                 for i in range(max(r.engines_per_role, 1))]
@@ -217,7 +218,7 @@ def _engine_members(layout: RunLayout, memory: float) -> list[Member]:
 
 def engine_share(kv_cache_gb: float | None, utilization: float, on_gpu: bool, shape: ModelShape,
                  memory: float) -> float:
-    """An engine's bytes as the engine sizes itself (rollout.sections.kv_cache_bytes, which the engine reads
+    """An engine's bytes as the engine sizes itself (rollout.config.kv_cache_bytes, which the engine reads
     too): a set KV cache plus weights and the reserve, else `utilization` of the GPU's `memory`."""
     kv = kv_cache_bytes(kv_cache_gb, on_gpu)
     if kv is None:
@@ -373,7 +374,7 @@ def check(plan: Plan) -> None:
             raise PlanError(
                 f"{m.name}: its share ({m.engine.share / GIB:.1f} GiB) leaves {m.engine.kv / GIB:.1f} GiB "
                 "of KV cache, less than one sequence of the longest prompt and response: raise "
-                "rollout.gpu_memory_utilization or lower rollout.max_prompt_tokens"
+                "rollout.vllm.gpu_memory_utilization or lower rollout.max_prompt_tokens"
             )
     for gpu, used in zip(plan.gpus, plan.gpu_bytes(), strict=True):
         if used <= FIT_FRACTION * plan.memory:

@@ -34,7 +34,7 @@ ENGINE_RESERVE = 2.0 * GIB
 class EngineMemory:
     """One engine's share of its GPU (bytes) and what it holds."""
 
-    share: float  # rollout.gpu_memory_utilization × GPU memory (vLLM's budget for the whole engine)
+    share: float  # rollout.vllm.gpu_memory_utilization × GPU memory (vLLM's budget for the whole engine)
     weights: float
     adapters: float  # multi-LoRA: max_loras slots of the largest rank, preallocated
     reserve: float

@@ -252,7 +252,7 @@ def with_pool(m: LearnerMemory, device: str) -> LearnerMemory:
 
 
 def colocated_memory(s: ModelShape, setups: list[LearnerSetup]) -> LearnerMemory:
-    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/gradients/colocated.py):
+    """One rank holding R LoRA policies on one base (learner.lora_colocate, learners/colocated_group.py):
         the frozen base
     once, every policy's adapter, gradients, AdamW state and role-gradient buffer, and the largest policy's
     activations and logits (the policies update in turn, one graph alive at a time). Torch backend or

@@ -92,7 +92,7 @@ class GradientBackend(Protocol):
         """Build what reduces and applies the gradients (DeepSpeed: its engine) on the joined
         process group, or on a one-rank group of this process's own; a no-op once built. A rank
         builds on `join` or on first use;
-        colocated policies build at once, each with its adapter bound (learners/gradients/colocated.py)."""
+        colocated policies build at once, each with its adapter bound (learners/colocated_group.py)."""
         ...
 
     def prepare(self, data: TrainBatch) -> TrainBatch:

@@ -13,7 +13,7 @@ backend changes how gradients are reduced and applied:
   client state.
 - The engine runs on the torch.distributed group the ranks joined through cluster.collective (gloo on CPU,
   nccl on GPU); a lone rank makes a one-member group of its own. Colocated LoRA policies
-  (learners/gradients/colocated.py) build one engine each over their shared module, their own adapter bound.
+  (learners/colocated_group.py) build one engine each over their shared module, their own adapter bound.
 - The caller's global normaliser already makes micro-batch losses sum to the batch loss, so nothing is
   divided by accumulation steps (`scale_wrt_gas=False`); DeepSpeed averages gradients over ranks where the
   normaliser wants their sum, so each rank's loss is multiplied by the world size.
@@ -45,8 +45,8 @@ import torch.distributed as dist
 
 from cluster import collective
 from learners.batch import TrainBatch
+from learners.config import LearnerConfig
 from learners.gradients.backends import BackendCapabilities, LearnerParts
-from learners.sections import LearnerSection
 from learners.state.export import snapshot_by_module
 from learners.state.state_io import StateError, read_state, rng_file, write_fsynced
 from learners.state.weights import WeightSnapshot, is_lora
@@ -56,7 +56,7 @@ CHECKPOINT_TAG = "deepspeed"
 _JOIN_TIMEOUT_S = 300.0
 
 
-def deepspeed_config(learner: LearnerSection, dtype: str) -> JsonRecord:
+def deepspeed_config(learner: LearnerConfig, dtype: str) -> JsonRecord:
     """The engine's config from the learner section (`learner.deepspeed.*`,
     micro-batch, clipping) and dtype."""
     ds = learner.deepspeed

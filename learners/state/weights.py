@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 from cluster.packing import pack
 from cluster.payloads import AdapterPayload
 from cluster.sketch import low_rank_sketch, probes, sketch
-from learners.sections import LoraSection
+from learners.config import LoraConfig
 from marl.dtypes import DTYPES
 
 hf_logging.disable_progress_bar()  # one bar per weight load floods the driver log through Ray
@@ -21,7 +21,7 @@ hf_logging.disable_progress_bar()  # one bar per weight load floods the driver l
 PolicyModel = Any
 
 
-def load_policy_model(model_path: str, dtype: str, lora: LoraSection,
+def load_policy_model(model_path: str, dtype: str, lora: LoraConfig,
                       attention: str | None = None) -> PolicyModel:
     """The HF model at `model_path` (a transformers PreTrainedModel), wrapped with a LoRA adapter
     on all linear layers (a peft PeftModel) when enabled. `attention`: an attn_implementation, or

@@ -49,8 +49,3 @@ def kl_coefficients(roles: list[str], base: float, anchors: dict[str, float]) ->
     loss, so scaling a row's KL terms by its coefficient applies the anchor to that role's tokens alone.
     """
     return torch.tensor([base + anchors.get(r, 0.0) for r in roles], dtype=torch.float32)
-
-
-def uses_kl(kl_coef: float, anchors: dict[str, float]) -> bool:
-    """Whether any row gets a KL term (a reference model and zero-advantage rows are then needed)."""
-    return kl_coef > 0 or any(v > 0 for v in anchors.values())

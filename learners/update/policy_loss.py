@@ -14,8 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from learners.config import AlgoConfig
 from learners.rank_metrics import RoleSums, TokenSums
-from learners.sections import AlgoSection
 from learners.update.losses import LOSS_AGGREGATIONS, kl_penalty, ppo_clip_loss, tis_weights
 from learners.update.mitigations import kl_coefficients
 
@@ -30,7 +30,7 @@ def policy_loss(
     *,
     ref_logprobs: Tensor | None,
     entropy: Tensor,
-    algo: AlgoSection,
+    algo: AlgoConfig,
     normalizer: float,
 ) -> tuple[Tensor, TokenSums]:
     """(scalar loss, its sums over the loss tokens) of one micro-batch; the loss is normalised by the GLOBAL

@@ -17,7 +17,7 @@ from marl.tasks.code import CodeFamily
 from marl.tasks.data import is_generated, load_tasks
 from marl.tasks.digit import DigitFamily
 from marl.tasks.math import MathFamily
-from marl.tasks.sandbox.limits import SandboxSection
+from marl.tasks.sandbox.limits import SandboxConfig
 
 
 def _builtin(build: Callable[[FamilySettings], TaskFamily], kind: str, eval_split: str) -> TaskFamilySpec:
@@ -32,7 +32,7 @@ TASKS: Registry[TaskFamilySpec] = Registry("data.task", {
 }, declares="TASK_FAMILY", declared=TaskFamilySpec)
 
 
-def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxSection | None = None) -> TaskFamily:
+def get_family(name: str, answer_fallback: str = "none", sandbox: SandboxConfig | None = None) -> TaskFamily:
     """A fresh TaskFamily for `name` (a built-in's name or a module path); an unknown one raises ValueError
     listing the choices. `answer_fallback` applies to the math family only, `sandbox` (the `data.sandbox`
     section: workers and limits) to the code family only."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from marl.types import Task
 
 if TYPE_CHECKING:
-    from marl.tasks.sandbox.limits import SandboxSection
+    from marl.tasks.sandbox.limits import SandboxConfig
 
 
 class TaskFamily(Protocol):
@@ -57,7 +57,7 @@ class FamilySettings:
     """The `data` keys a family is built from; each family reads the ones it needs."""
 
     answer_fallback: str = "none"  # data.answer_fallback (math)
-    sandbox: SandboxSection | None = None  # data.sandbox (code); None: the sandbox's defaults
+    sandbox: SandboxConfig | None = None  # data.sandbox (code); None: the sandbox's defaults
 
 
 def listing(spec: str) -> bool:

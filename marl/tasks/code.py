@@ -31,7 +31,7 @@ from typing import Any
 
 from marl.tasks.base import Scored
 from marl.tasks.sandbox import Program, SandboxLimits, SandboxPool, SandboxResult
-from marl.tasks.sandbox.limits import SandboxSection, limits_of
+from marl.tasks.sandbox.limits import SandboxConfig, limits_of
 from marl.types import Task
 
 INSTRUCTION = "Write your solution as one complete Python program in a single ```python code block."
@@ -101,7 +101,7 @@ class CodeFamily:
         self._check_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, sandbox: SandboxSection | None = None) -> CodeFamily:
+    def from_config(cls, sandbox: SandboxConfig | None = None) -> CodeFamily:
         """From the `data.sandbox` config section (workers and the limits it sets); None: the defaults."""
         return cls(limits_of(sandbox), sandbox.workers) if sandbox is not None else cls()
 

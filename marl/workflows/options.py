@@ -3,8 +3,8 @@ of the same names; the config schema's `marl` section extends this class) and a 
 (a dataclass its module names as `OPTIONS`, set under `marl.options.*`), each field with its bounds in its
 metadata.
 
-The bounds use the metadata keys the config schema's fields use (`above`: the value must be > it; `min`: >=
-it; `choices`), so config load checks these fields as it checks any key, and the config reference lists them.
+The bounds are marl/field_rules.py's field metadata, as every config section's are, so config load checks
+these fields as it checks any key, and the config reference lists them.
 """
 
 from __future__ import annotations
@@ -12,22 +12,13 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from marl.field_rules import bounds_problem, positive
 from marl.prompts import PromptSetError, load_prompt_set
 
 T = TypeVar("T")
-
-
-def positive(default: T) -> T:
-    """A field whose value must be > 0."""
-    return field(default=default, metadata={"above": 0})
-
-
-def at_least(default: T, low: float) -> T:
-    """A field whose value must be >= `low`."""
-    return field(default=default, metadata={"min": low})
 
 
 @dataclass
@@ -73,19 +64,6 @@ class WorkflowOptions(WorkflowSettings):
         if not isinstance(self.options, cls):
             raise TypeError(f"marl.options holds {type(self.options).__name__}, not {cls.__name__}")
         return self.options
-
-
-def bounds_problem(options: object, prefix: str) -> str | None:
-    """The first bound a field of the dataclass instance `options` breaks (a message naming the key)."""
-    for f in dataclasses.fields(options):  # type: ignore[arg-type]
-        value, meta, key = getattr(options, f.name), f.metadata, f"{prefix}{f.name}"
-        if "choices" in meta and value not in meta["choices"]:
-            return f"{key} must be one of {', '.join(map(str, meta['choices']))}; got {value!r}"
-        if "above" in meta and not value > meta["above"]:
-            return f"{key} must be > {meta['above']:g}; got {value!r}"
-        if "min" in meta and not value >= meta["min"]:
-            return f"{key} must be >= {meta['min']:g}; got {value!r}"
-    return None
 
 
 def own_options(cls: type | None, values: Mapping[str, Any], workflow: str) -> object:

@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # annotations only: vllm is imported where an engine starts
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
-SYNC_PATHS = ("fast", "reload")  # rollout.vllm_sync_path
+SYNC_PATHS = ("fast", "reload")  # rollout.vllm.sync_path
 # vLLM keeps per-process state (current config, in-place reload bookkeeping) that two engines of one process
 # corrupt when called from two threads (in-process groups run each member on its own thread): in-process
 # engines take turns. A Ray actor holds one engine, so this lock is never contended there.
@@ -113,7 +113,7 @@ class VLLMEngine(ChatServing):
         `sync_path`: fast (in place, rollout.vllm.repack) or reload (vLLM's reload_weights) for new
         weights. `sleep_mode`: built with vLLM's sleep mode (rollout.layout=colocated; CUDA only)."""
         if sync_path not in SYNC_PATHS:
-            raise ValueError(f"rollout.vllm_sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
+            raise ValueError(f"rollout.vllm.sync_path: {sync_path!r} is not one of {SYNC_PATHS}")
         self.sync_path = sync_path
         for key, value in engine_env("nobind", default_cache_root()).items():
             os.environ.setdefault(key, value)  # in-process engines: no binding, the caller's process shares

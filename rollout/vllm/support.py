@@ -15,7 +15,7 @@ from cluster.fingerprint import fingerprint_terms
 from cluster.payloads import AdapterPayload
 from marl.guard_grammar import merged_eos
 from marl.types import JsonRecord
-from rollout.sections import kv_cache_bytes
+from rollout.config import kv_cache_bytes
 
 
 def engine_env(cpu_bind: str, cache_root: str) -> dict[str, str]:
@@ -45,7 +45,7 @@ def default_cache_root() -> str:
 
 def memory_kwargs(kv_cache_gb: float | None, gpu_memory_utilization: float, max_model_len: int,
                   on_gpu: bool) -> JsonRecord:
-    """`LLM(...)`'s memory arguments: the KV cache as rollout.sections.kv_cache_bytes resolves it."""
+    """`LLM(...)`'s memory arguments: the KV cache as rollout.config.kv_cache_bytes resolves it."""
     out: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
     kv = kv_cache_bytes(kv_cache_gb, on_gpu)
     if kv is not None:

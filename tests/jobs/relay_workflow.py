@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marl.field_rules import positive
 from marl.types import Episode, PolicyClient, Task
 from marl.workflows.common import WorkflowOptions, ask, set_final_answer, user
-from marl.workflows.options import positive
 from marl.workflows.turns import TurnShape
 
 NAME = "relay"

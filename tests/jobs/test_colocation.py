@@ -1,4 +1,4 @@
-"""learner.lora_colocate (jobs/config/colocation.py, learners/gradients/colocated.py): what the option
+"""learner.lora_colocate (jobs/config/colocation.py, learners/colocated_group.py): what the option
 refuses, the one learner group it places, and a run through the driver that equals separate learners and
 resumes across the option."""
 

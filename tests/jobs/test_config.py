@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from omegaconf import OmegaConf
 from omegaconf.errors import ReadonlyConfigError
 
 from jobs.config import ConfigError, load_config, to_yaml
+from jobs.config.schema import as_node
 from jobs.train import main
 
 TINY = "jobs/configs/tiny.yaml"
@@ -60,10 +64,10 @@ def test_loaded_config_is_frozen():
         ("marl.sharing=custom", "marl.policy_map"),
         ("algo.clip_low=1.5", "algo.clip_low"),
         ("rollout.backend=sglang", "rollout.backend"),
-        ("rollout.kv_cache_gb=-1", "rollout.kv_cache_gb"),
-        ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
-        ("rollout.max_model_len=-8", "rollout.max_model_len"),
-        ("rollout.vllm_sync_path=inplace", "rollout.vllm_sync_path"),
+        ("rollout.vllm.kv_cache_gb=-1", "rollout.vllm.kv_cache_gb"),
+        ("rollout.vllm.gpu_memory_utilization=0", "rollout.vllm.gpu_memory_utilization"),
+        ("rollout.vllm.max_model_len=-8", "rollout.vllm.max_model_len"),
+        ("rollout.vllm.sync_path=inplace", "rollout.vllm.sync_path"),
         ("learner.rank_num_gpus=1", "learner.backend=deepspeed"),
         ("algo.ppo_mini_batch_size=-1", "algo.ppo_mini_batch_size"),
         ("algo.ppo_epochs=0", "algo.ppo_epochs"),
@@ -105,14 +109,14 @@ def test_choices_are_the_enums_beside_their_registries():
     from marl.dtypes import DTYPES
     from marl.engine_map import ENGINE_SCOPES, EngineScope
     from marl.tasks.math import ANSWER_FALLBACKS, AnswerFallback
-    from rollout.clients import ROLLOUT_MODES, RolloutModeName
+    from rollout.clients import CLIENTS, RolloutMode
 
     for registry in (ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, KL_ESTIMATORS, SCHEDULES, DTYPES):
         assert registry.enum is not None and registry.names() == tuple(m.value for m in registry.enum)
         with pytest.raises(ValueError, match="is closed"):
             registry.register("other", registry[registry.names()[0]])
     for enum, table in (
-        (RolloutModeName, ROLLOUT_MODES),
+        (RolloutMode, CLIENTS),
         (PlacementStrategy, STRATEGIES),
         (EngineScope, ENGINE_SCOPES),
         (AnswerFallback, ANSWER_FALLBACKS),
@@ -134,7 +138,7 @@ def test_choices_are_the_enums_beside_their_registries():
 
 def test_a_prompt_cap_needs_room_for_a_whole_response_in_max_len():
     # tiny: max_new_tokens 8
-    with pytest.raises(ConfigError, match=r"algo\.max_len must be >= .* = 100 \+ 8; got 107"):
+    with pytest.raises(ConfigError, match=r"algo\.max_len must be >= .*; got 107 < 100 \+ 8"):
         load_config(TINY, ["rollout.max_prompt_tokens=100", "algo.max_len=107"])
     cfg = load_config(TINY, ["rollout.max_prompt_tokens=100", "algo.max_len=108"])
     assert (cfg.rollout.max_prompt_tokens, cfg.algo.max_role_drop_frac) == (100, 0.05)
@@ -149,7 +153,7 @@ def test_role_caps_name_their_role_and_count_in_max_len():
         ConfigError, match=r"rollout.role_max_new_tokens.aggregator must be in \(0, algo.max_len"
     ):
         load_config(TINY, ["marl.workflow=voting", "rollout.role_max_new_tokens={aggregator: 0}"])
-    with pytest.raises(ConfigError, match=r"algo.max_len must be >= .* = 100 \+ 96"):
+    with pytest.raises(ConfigError, match=r"algo.max_len must be >= .*; got 150 < 100 \+ 96"):
         load_config(
             TINY,
             [
@@ -255,10 +259,42 @@ def test_every_bound_a_schema_field_carries_is_checked():
 
     base = OmegaConf.structured(TrainConfig)
     assert check_fields(base) is None
-    bounded = [r for r in schema_rules().values() if r.above is not None or r.min is not None]
-    assert {"steps", "learner.optim.lr", "algo.clip_low", "ray.gpu_memory_gb"} <= {r.key for r in bounded}
+    bounded = [r for r in schema_rules().values() if r.low_bound() or r.high_bound()]
+    assert {"steps", "learner.optim.lr", "algo.clip_low", "ray.gpu_memory_gb", "rollout.sampling.top_p",
+            "checkpoint.keep_last"} <= {r.key for r in bounded}
     for rule in bounded:
-        edge = rule.above if rule.above is not None else (rule.min or 0) - 1
-        cfg = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{rule.key}={edge}"]))
-        sign = ">" if rule.above is not None else ">="
-        assert check_fields(cfg) == f"{rule.key} must be {sign} 0; got {OmegaConf.select(cfg, rule.key)!r}"
+        low = rule.above if rule.above is not None else (rule.min or 0) - 1
+        high = [rule.below] if rule.below is not None else [rule.max + 1] if rule.max is not None else []
+        for edge in [low, *high]:
+            cfg = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{rule.key}={edge}"]))
+            got = OmegaConf.select(cfg, rule.key)
+            assert check_fields(cfg) == f"{rule.key} must be {rule.bounds_label()}; got {got!r}"
+    labels = {r.key: r.bounds_label() for r in bounded}
+    assert (labels["steps"], labels["rollout.sampling.top_p"], labels["algo.clip_low"],
+            labels["checkpoint.keep_last"]) == ("> 0", "in (0, 1]", "in [0, 1)", ">= 1")
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("rollout.kv_cache_gb=1.5", "rollout.vllm.kv_cache_gb"),
+    ("rollout.gpu_memory_utilization=0.5", "rollout.vllm.gpu_memory_utilization"),
+    ("rollout.max_model_len=64", "rollout.vllm.max_model_len"),
+    ("rollout.vllm_sync_path=reload", "rollout.vllm.sync_path"),
+])
+def test_vllm_settings_moved_into_their_section_and_the_old_keys_say_where(old, new):
+    with pytest.raises(ConfigError, match=rf"^config: {re.escape(old.split('=')[0])} was removed; use "
+                                          rf"{re.escape(new)}$"):
+        load_config(TINY, [old])
+    value = old.split("=")[1]
+    cfg = load_config(TINY, [f"{new}={value}"])
+    assert str(OmegaConf.select(as_node(cfg), new)) == value
+
+
+def test_an_enabled_tracking_sink_needs_its_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^config: tracking\.wandb\.enabled=true needs the `wandb`"):
+        load_config(TINY, ["tracking.wandb.enabled=true"])
+    assert not load_config(TINY).tracking.wandb.enabled  # off: the package is never looked for

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from omegaconf import OmegaConf
 
-from jobs.config import loading
+from jobs.config import ConfigError, load_config
 from jobs.config.field_rules import schema_rules
 from jobs.config.schema import TrainConfig
 from jobs.pages import config_reference
-from jobs.pages.config_reference import field_comments, message_rules, page, schema_keys
+from jobs.pages.config_reference import declared_rules, field_comments, page, schema_keys
 
 
 def _leaves(tree: object, prefix: str = "") -> set[str]:
@@ -33,7 +34,7 @@ def test_every_schema_key_is_listed_once():
 def test_every_key_the_check_tables_name_is_listed():
     keys = {k.key for k in schema_keys()}
     assert set(schema_rules()) <= keys
-    assert set(message_rules(open(loading.__file__).read())) <= keys
+    assert set(declared_rules()) <= keys
 
 
 SCHEMA = textwrap.dedent('''
@@ -66,26 +67,25 @@ def test_an_uncommented_field_points_only_at_a_comment_above_that_names_it():
     assert field_comments(schema)[("Section", "other")] == ("", "drop")
 
 
-CHECKS = textwrap.dedent('''
-    def check(cfg):
-        if cfg.a.b < 0:
-            raise ConfigError(f"config: a.b must be >= 0 (0 = {'auto' if x else 'off'}); got {cfg.a.b!r}")
-        for key, module in (("t.one", "m1"), ("t.two", "m2")):
-            raise ConfigError(f"config: {key}=true needs `{module}`")
-        for key in cfg.choices:
-            raise ConfigError(f"config: {key} must be one of them")
-        raise ConfigError("config: x.y and x.z must be >= 0")
-        raise ConfigError(f"config: m.n must be <= m.k = {cfg.m.k}; got {cfg.m.n}")
-''')
+def test_rules_are_listed_as_declared_under_every_key_they_name():
+    rules = declared_rules()
+    # a section's own rule, at the section's place
+    verl = "algo.minibatch_order=verl_balanced orders the rows for verl's in-order split; set " \
+           "algo.minibatch_shuffle=false"
+    assert verl in rules["algo.minibatch_order"] and verl in rules["algo.minibatch_shuffle"]
+    assert "learner.deepspeed.offload_param needs learner.deepspeed.zero_stage=3" in rules[
+        "learner.deepspeed.zero_stage"]
+    # a rule spanning sections (jobs/config/loading.py's CROSS_RULES)
+    assert any(r.startswith("cliff.action=rollback needs") for r in rules["checkpoint.every"])
+    text = page()
+    assert "| `rollout.sampling.top_p` | `float` | `1.0` | in (0, 1] |" in text
+    assert "| `algo.clip_low` | `float` | `0.2` | in [0, 1) |" in text
 
 
-def test_rules_are_read_from_the_messages_of_the_checks():
-    assert message_rules(CHECKS) == {
-        "a.b": ["a.b must be >= 0"],
-        "t.one": ["t.one=true needs `m1`"], "t.two": ["t.two=true needs `m2`"],
-        "x.y": ["x.y and x.z must be >= 0"], "x.z": ["x.y and x.z must be >= 0"],
-        "m.n": ["m.n must be <= m.k"],
-    }
+def test_a_declared_rule_is_the_message_of_a_config_that_breaks_it():
+    with pytest.raises(ConfigError) as e:
+        load_config("jobs/configs/tiny.yaml", ["algo.minibatch_order=verl_balanced"])
+    assert str(e.value) == "config: " + declared_rules()["algo.minibatch_order"][0]
 
 
 def test_a_key_shows_its_type_default_checks_and_whether_a_policy_sets_it():

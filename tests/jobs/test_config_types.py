@@ -1,6 +1,6 @@
 """mypy sees the config's types end to end: a misspelt key is an error where a typed section is
-read, on the driver side (the schema's dataclasses) and on the learner side (learners.sections,
-what a LearnerSpec carries)."""
+read, on the driver side and on the learner side (learners/config.py's sections, what a LearnerSpec
+carries)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from mypy import api
 ROOT = Path(__file__).resolve().parents[2]
 SNIPPET = '''
 from jobs.config import load_config
-from learners.sections import AlgoSection
+from learners.config import AlgoConfig
 
 
-def clip(algo: AlgoSection) -> float:
+def clip(algo: AlgoConfig) -> float:
     return algo.clip_high + algo.clip_hgih
 
 
@@ -32,6 +32,6 @@ def test_mypy_flags_a_misspelt_config_key(tmp_path):
     errors = [line.split("snippet.py:", 1)[1] for line in out.splitlines() if ": error: " in line]
     assert status == 1, out + err
     assert errors == [
-        '7: error: "AlgoSection" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
+        '7: error: "AlgoConfig" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
         '11: error: "AlgoConfig" has no attribute "clip_hgih"; maybe "clip_high"?  [attr-defined]',
     ], out

@@ -37,8 +37,10 @@ QWEN4B = "builtin:qwen3-4b-shape?vocab=151936"
         ([*MULTI, COLOCATED, "sync.transport=nccl"], "sync.transport=nccl cannot run under rollout.layout"),
         ([*MULTI, "sync.transport=ipc"], "sync.transport=ipc hands CUDA memory to a process on the same GPU"),
         ([*MULTI, COLOCATED, "sync.transport=ipc"], "sync.transport=ipc needs rollout.backend=vllm engines"),
+        # (learner.backend=deepspeed: rank_num_gpus > 0 needs a backend that trains on GPUs, a section rule
+        # config load checks before the transport)
         ([*MULTI, COLOCATED, "sync.transport=ipc", "rollout.backend=vllm", "rollout.engine_num_gpus=0.5",
-          "learner.rank_num_gpus=0.5", "learner.lora_colocate=true"],
+          "learner.rank_num_gpus=0.5", "learner.lora_colocate=true", "learner.backend=deepspeed"],
          # the layout's rules pass (the IPC sender exists: cluster.weight_transfer.broadcast_ipc); this
          # machine's lack of CUDA is what refuses it
          "config: sync.transport=ipc needs CUDA; use object_store on this machine"),

@@ -27,7 +27,7 @@ GPU = [
     "learner.ranks=1",
     "learner.micro_batch_size=4",
     "algo.max_len=2048",
-    "rollout.gpu_memory_utilization=0.3",
+    "rollout.vllm.gpu_memory_utilization=0.3",
     "learner.role_grad_diagnostics=false",
 ]
 
@@ -68,7 +68,8 @@ def test_a_cpu_run_is_not_planned_and_auto_stays_off():
 def test_auto_checkpointing_turns_on_only_where_the_gpu_needs_it():
     on, off = learner_bytes(True), learner_bytes(False)
     assert on < off
-    # The engine beside it takes rollout.gpu_memory_utilization (0.3) of the GPU: the learner has 0.9 - 0.3.
+    # The engine beside it takes rollout.vllm.gpu_memory_utilization (0.3) of the GPU: the learner has
+    # 0.9 - 0.3.
     between = (on + off) / 2 / (FIT_FRACTION - 0.3) / GIB  # fits with checkpointing only
     assert checkpointing(*GPU, f"ray.gpu_memory_gb={between}") == {"shared": True}
     roomy = off / (FIT_FRACTION - 0.3) / GIB * 1.01  # fits without it
@@ -82,15 +83,15 @@ def test_auto_checkpointing_turns_on_only_where_the_gpu_needs_it():
 def test_a_plan_that_does_not_fit_names_the_keys_to_change():
     msg = str(refused(*GPU, "ray.gpu_memory_gb=16"))
     for key in ("ray.gpu_memory_gb", "learner.gradient_checkpointing", "learner.deepspeed.zero_stage",
-                "model.lora.enabled", "rollout.gpu_memory_utilization", "learner.rank_num_gpus"):
+                "model.lora.enabled", "rollout.vllm.gpu_memory_utilization", "learner.rank_num_gpus"):
         assert key in msg
     assert "engine:solver#0" in msg and "learner:shared#0" in msg  # what shares the GPU
 
 
 def test_an_engine_share_without_one_whole_sequence_is_refused():
-    with pytest.raises(PlanError, match="less than one sequence.*rollout.gpu_memory_utilization"):
+    with pytest.raises(PlanError, match="less than one sequence.*rollout.vllm.gpu_memory_utilization"):
         refuse_unfit(run_layout(load_config(TINY, [*GPU, "ray.gpu_memory_gb=80",
-                                                   "rollout.gpu_memory_utilization=0.02"])))
+                                                   "rollout.vllm.gpu_memory_utilization=0.02"])))
 
 
 def test_a_policy_of_its_own_gets_its_own_resolution():

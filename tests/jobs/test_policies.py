@@ -212,7 +212,8 @@ def test_heterogeneous_voting_trains_and_exports(ray_cluster, tmp_path, backend,
     vLLM engines; every sync is fingerprint-verified on every engine. A shaping hook gives the random models'
     turns differing rewards, so both policies really move."""
     cfg = _cfg(f"out_dir={tmp_path}", WIDE, "marl.policies.aggregator.learner.optim.lr=5e-4",
-               "learner.optim.schedule=constant", f"rollout.backend={backend}", "rollout.kv_cache_gb=0.25",
+               "learner.optim.schedule=constant", f"rollout.backend={backend}",
+               "rollout.vllm.kv_cache_gb=0.25",
                f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", "rollout.prompts_per_step=2",
                "rollout.samples_per_prompt=4", "data.eval_size=2", *(f"marl.reward_shaping.{role}={PARITY}"
                                                                      for role in ("generator", "aggregator")))

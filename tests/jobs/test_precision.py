@@ -24,7 +24,7 @@ GPU_RUN = [
     "rollout.backend=vllm",
     "rollout.engines_per_role=1",
     "rollout.engine_num_gpus=0.25",
-    "rollout.kv_cache_gb=0",
+    "rollout.vllm.kv_cache_gb=0",
 ]
 
 

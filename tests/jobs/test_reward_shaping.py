@@ -53,7 +53,8 @@ def test_format_penalty_shapes_its_role_in_a_step(tmp_path):
     try:
         (tmp_path / "rollouts").mkdir()
         source = RolloutSource(handles, cfg, PromptSampler(digit_tasks(8, 0)[:2], 0))
-        train_step(handles, cfg, source, 0, pad_id=0, run_dir=tmp_path)
+        train_step(handles, cfg, source, 0, pad_ids=dict.fromkeys(handles.policy_map.policies, 0),
+                   run_dir=tmp_path)
     finally:
         handles.shutdown()
     rows = pq.read_table(tmp_path / "rollouts" / "step_000000.parquet").to_pylist()

@@ -108,7 +108,7 @@ def test_quickstart_eval_is_held_out():
 
 @pytest.mark.parametrize(("override", "message"), [
     # tiny.yaml trains on the digit generator
-    ("data.train_size=0", r"data\.train_size=0 .* generates tasks"),
+    ("data.train_size=0", r"data\.train_size=0 takes every row of a listing source: a generated data\.train"),
     ("data.max_overlap=1.5", r"data\.max_overlap"),
     ("data.train_size=-1", r"data\.train_size must be >= 0"),
 ])

@@ -91,7 +91,7 @@ class FakeCollector:
 
     def collect(self, tasks, n, sampling, on_episode=None):  # noqa: ARG002 - Collector signature
         self.calls.append(([t.task_id for t in tasks], sampling.seed))
-        return Collected([], {"generate_s": 0.5})
+        return Collected([], 0.5, {})
 
 
 def test_prefetching_collects_the_next_step_during_the_update_and_checkpoints_before_its_prompts(tmp_path):

@@ -328,7 +328,7 @@ def test_a_cell_whose_plan_does_not_fit_is_refused_before_anything_runs(tmp_path
     gpu = ["model.path=builtin:qwen3-0.6b-shape?vocab=151936", "marl.workflow=single_agent",
            "marl.sharing=shared", "learner.backend=deepspeed", "learner.rank_num_gpus=0.5",
            "rollout.engine_num_gpus=0.5", "rollout.engines_per_role=1", "learner.ranks=1",
-           "learner.micro_batch_size=4", "algo.max_len=2048", "rollout.gpu_memory_utilization=0.3"]
+           "learner.micro_batch_size=4", "algo.max_len=2048", "rollout.vllm.gpu_memory_utilization=0.3"]
     listed = "".join(f"  - {o}\n" for o in gpu)
     path = _sweep_file(tmp_path, f"overrides:\n{listed}grid:\n  ray.gpu_memory_gb: [80, 16]\n")
     validate(load_sweep(path))  # every cell is a valid config

@@ -126,7 +126,8 @@ def test_reward_is_learned_through_the_whole_cycle(ray_cluster, tmp_path, sharin
     data = write_seven_tasks(tmp_path)
     cfg = _cfg(tmp_path, "marl.workflow=voting", f"marl.sharing={sharing}", "steps=40", f"data.train={data}",
                f"rollout.engines_per_role={actors}", f"learner.ranks={actors}", f"rollout.backend={backend}",
-               "rollout.kv_cache_gb=0.25", f"data.eval={data}", "data.eval_size=8", "learner.optim.lr=1e-2",
+               "rollout.vllm.kv_cache_gb=0.25", f"data.eval={data}", "data.eval_size=8",
+               "learner.optim.lr=1e-2",
                "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "ray.num_cpus=2")
     summary = train(cfg)
     rows = read_metrics(tmp_path / "tiny")
@@ -147,7 +148,8 @@ def test_isolated_policy_changes_only_from_its_own_roles_turns(ray_cluster, tmp_
     before = {pid: _weights(handles, pid) for pid in handles.policy_map.policies}
     (tmp_path / "tiny" / "rollouts").mkdir(parents=True)
     tasks = _load_digit_tasks()[:4]
-    train_step(handles, cfg, RolloutSource(handles, cfg, PromptSampler(tasks, 0)), 0, pad_id=0,
+    train_step(handles, cfg, RolloutSource(handles, cfg, PromptSampler(tasks, 0)), 0,
+               pad_ids=dict.fromkeys(handles.policy_map.policies, 0),
                run_dir=tmp_path / "tiny")
     after = {pid: _weights(handles, pid) for pid in handles.policy_map.policies}
     assert all(torch.equal(before["aggregator"][k], after["aggregator"][k]) for k in before["aggregator"])

@@ -2,6 +2,8 @@
 
 import dataclasses
 import pickle
+from collections import defaultdict
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ from marl.policy_map import PolicyMap
 from marl.types import Completion, Episode, Task, Turn
 
 PAD = 0
+# every policy's pad id (build_batches pads each policy with its own tokenizer's)
+PADS: Mapping[str, int] = defaultdict(lambda: PAD)
 ROLES = ["generator", "evaluator"]
 
 
@@ -66,11 +70,11 @@ def _assert_same(a: TrainBatch, b: TrainBatch):
 
 
 def _generator_batch() -> TrainBatch:
-    return build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)[0]["generator"]
+    return build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS)[0]["generator"]
 
 
 def test_isolated_map_splits_rows_with_masks_over_responses_and_aligned_logprobs():
-    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS)
     assert list(batches) == ["generator", "evaluator"]
     assert stats == {
         "batch/rows": 3,
@@ -104,7 +108,7 @@ def test_each_policy_is_padded_with_its_own_tokenizers_pad_id():
 
 
 def test_shared_map_gives_one_batch_in_flat_order():
-    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, pad_id=-1)
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, {"shared": -1})
     assert list(batches) == ["shared"]
     b = batches["shared"]
     assert b.roles == ["generator", "evaluator", "generator"]
@@ -115,17 +119,17 @@ def test_shared_map_gives_one_batch_in_flat_order():
 
 def test_policy_without_rows_is_absent():
     pmap = PolicyMap.isolated(["generator", "evaluator", "aggregator"])
-    assert list(build_batches(_episodes(), pmap, ADV, PAD)[0]) == ["generator", "evaluator"]
+    assert list(build_batches(_episodes(), pmap, ADV, PADS)[0]) == ["generator", "evaluator"]
 
 
 def test_max_len_truncates_from_the_right_and_drops_rows_without_response():
-    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_len=4)
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS, max_len=4)
     gen = batches["generator"]
     assert gen.input_ids.tolist() == [[1, 2, 3, 4], [1, 2, 9, 0]]
     assert gen.loss_mask.tolist() == [[False, False, True, True], [False, False, True, False]]
     assert torch.allclose(gen.rollout_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [0, 0, -0.6, 0]]))
     assert stats["batch/truncated"] == 1
-    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_len=2)
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS, max_len=2)
     assert list(batches) == ["evaluator"] and batches["evaluator"].input_ids.tolist() == [[6, 7]]
     assert stats == {
         "batch/rows": 1,
@@ -138,7 +142,7 @@ def test_max_len_truncates_from_the_right_and_drops_rows_without_response():
 
 def test_a_prompt_over_the_cap_trains_no_row_and_is_counted_for_its_role():
     # Prompts: generator 2 and 2 tokens, evaluator 1 and 3 (the second evaluator turn is empty anyway).
-    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=1)
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS, max_prompt_len=1)
     assert list(batches) == ["evaluator"] and batches["evaluator"].input_ids.tolist() == [[6, 7, 8]]
     assert stats == {
         "batch/rows": 1,
@@ -148,13 +152,13 @@ def test_a_prompt_over_the_cap_trains_no_row_and_is_counted_for_its_role():
         **_per_role(generator=(0, 0, 2, 0), evaluator=(1, 1, 0, 0)),
     }
     # A prompt exactly at the cap is kept whole.
-    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD, max_prompt_len=2)
+    batches, stats = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS, max_prompt_len=2)
     assert batches["generator"].input_ids.tolist() == [[1, 2, 3, 4, 5], [1, 2, 9, 0, 0]]
     assert stats["batch/dropped_truncated"] == 0 and stats["batch/rows/generator"] == 2
 
 
 def test_roles_without_turns_still_have_their_keys():
-    _, stats = build_batches(_episodes(), PolicyMap.isolated([*ROLES, "aggregator"]), ADV, PAD)
+    _, stats = build_batches(_episodes(), PolicyMap.isolated([*ROLES, "aggregator"]), ADV, PADS)
     assert [stats[f"{k}/aggregator"] for k in STAT_KEYS] == [0, 0, 0, 0]
 
 
@@ -183,11 +187,11 @@ def test_check_role_drops_names_the_role_that_lost_the_largest_share():
 
 def test_build_batches_validates_lengths():
     with pytest.raises(ValueError, match="advantages"):
-        build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV[:3], PAD)
+        build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV[:3], PADS)
     bad = _episodes()
     bad[0].turns[0].completion.logprobs.pop()
     with pytest.raises(ValueError, match="logprobs"):
-        build_batches(bad, PolicyMap.isolated(ROLES), ADV, PAD)
+        build_batches(bad, PolicyMap.isolated(ROLES), ADV, PADS)
 
 
 def test_flat_rewards_in_flat_order():
@@ -204,7 +208,7 @@ def test_select_reorders_and_trims_trailing_padding():
 
 
 def test_shard_is_contiguous_balanced_and_concat_restores():
-    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PAD)
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PADS)
     b = batches["shared"]
     shards = [b.shard(r, 2) for r in range(2)]
     assert [len(s) for s in shards] == [2, 1] and shards[1].roles == ["generator"]
@@ -226,7 +230,7 @@ def test_empty_shard_has_shape_zero_by_one_and_concat_ignores_it():
 
 
 def test_micro_batches_round_trip_and_pad_to_min_count():
-    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PAD)
+    batches, _ = build_batches(_episodes(), PolicyMap.shared(ROLES), ADV, PADS)
     b = batches["shared"]
     mbs = b.micro_batches(2)
     assert [len(m) for m in mbs] == [2, 1]
@@ -236,7 +240,7 @@ def test_micro_batches_round_trip_and_pad_to_min_count():
 
 
 def test_concat_rejects_mixed_policies_and_pickle_round_trip():
-    batches, _ = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PAD)
+    batches, _ = build_batches(_episodes(), PolicyMap.isolated(ROLES), ADV, PADS)
     with pytest.raises(ValueError, match="policy_id"):
         TrainBatch.concat([batches["generator"], batches["evaluator"]])
     # What crossing Ray does to a batch: a TrainBatch comes back whole.
@@ -253,7 +257,7 @@ def _of_lengths(lengths):
     """A shared-policy batch whose row i holds lengths[i] tokens (1 prompt token, the rest response)."""
     rows = [_turn("generator", [1], list(range(2, n + 1)), [-0.1] * (n - 1), 1.0) for n in lengths]
     episodes = [Episode(Task(f"t{i}", "q", "a"), 0, "eval_opt", [t]) for i, t in enumerate(rows)]
-    batches, _ = build_batches(episodes, PolicyMap.shared(ROLES), torch.ones(len(lengths)), PAD)
+    batches, _ = build_batches(episodes, PolicyMap.shared(ROLES), torch.ones(len(lengths)), PADS)
     return batches["shared"]
 
 
@@ -284,15 +288,15 @@ def test_balanced_order_reorders_the_whole_batch_before_the_policy_split():
                                                            turn("generator", 4), turn("aggregator", 3)])]
     adv = torch.tensor([1.0, 2.0, 3.0, 4.0])
     shared = PolicyMap.shared(["generator", "aggregator"])
-    (batch,) = build_batches(episodes, shared, adv, PAD, balance_ranks=2)[0].values()
-    given = build_batches(episodes, shared, adv, PAD)[0]["shared"]
+    (batch,) = build_batches(episodes, shared, adv, PADS, balance_ranks=2)[0].values()
+    given = build_batches(episodes, shared, adv, PADS)[0]["shared"]
     assert given.advantages.tolist() == [1.0, 2.0, 3.0, 4.0]
     assert batch.attention_mask.sum(-1).tolist() == [2, 5, 3, 4]
     assert (
         batch.advantages.tolist() == [2.0, 1.0, 4.0, 3.0] and batch.roles == ["aggregator", "generator"] * 2
     )
     isolated = build_batches(
-        episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PAD, balance_ranks=2
+        episodes, PolicyMap.isolated(["generator", "aggregator"]), adv, PADS, balance_ranks=2
     )[0]
     # each policy keeps the global order's rows
     assert isolated["generator"].advantages.tolist() == [1.0, 3.0]

@@ -1,4 +1,4 @@
-"""Colocated LoRA policies (learners/gradients/colocated.py): the same batches through R separate
+"""Colocated LoRA policies (learners/colocated_group.py): the same batches through R separate
 LearnerGroups and through one colocated group (one base, R adapters) give the same losses, metrics, adapters
 and served weights, and a checkpoint written by either layout restores the other; on the torch backend and on
 DeepSpeed ZeRO-2 (one engine per policy over the shared module, in-process on a one-rank gloo group here; two
@@ -9,7 +9,7 @@ import torch
 
 from jobs.config import load_config
 from jobs.models.resolve import resolve_model
-from learners.gradients.colocated import colocated_groups
+from learners.colocated_group import colocated_groups
 from learners.group import LearnerGroup
 from learners.member import LearnerMember, LearnerSpec
 from tests.builders import learner_spec, rows_batch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from learners.gradients.colocated import colocated_groups
+from learners.colocated_group import colocated_groups
 from learners.group import LearnerGroup
 from tests.learners.test_colocated import DEEPSPEED, POLICIES, TOL, adapter, batch_of, max_diff, specs, train
 from tests.learners.test_learner_group import weights

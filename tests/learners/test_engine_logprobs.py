@@ -50,7 +50,8 @@ def learner_gap(model_path: str, completions: list[Completion], advantages: list
     batch carrying `guards` (role -> grammar text) when given."""
     pad = AutoTokenizer.from_pretrained(model_path).pad_token_id or 0
     batches, _ = build_batches(
-        episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), pad, guards=guards
+        episodes_of(completions), PolicyMap.shared(ROLES, "p"), torch.tensor(advantages), {"p": pad},
+        guards=guards
     )
     cfg = load_config(
         "jobs/configs/tiny.yaml",

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from jobs.config import ConfigError, load_config
+from learners.config import AlgoConfig
 from learners.rank_metrics import RankMetrics, RoleSums, StepMetrics, TokenSums, merge_rank_metrics
 from learners.update.losses import LOSS_AGGREGATIONS, ppo_clip_loss
-from learners.update.mitigations import kl_coefficients, uses_kl
+from learners.update.mitigations import kl_coefficients
 from tests.builders import rows_batch
 from tests.learners.test_learner_group import ROWS, make_group
 
@@ -20,6 +21,10 @@ def test_kl_coefficients_by_hand():
     coef = kl_coefficients(["generator", "evaluator", "generator"], 0.1, {"evaluator": 0.5})
     assert torch.allclose(coef, torch.tensor([0.1, 0.6, 0.1]))
     assert torch.allclose(kl_coefficients(["generator"], 0.2, {}), torch.tensor([0.2]))
+
+    def uses_kl(coef: float, anchors: dict[str, float]) -> bool:
+        return AlgoConfig(kl_coef=coef, kl_anchor_roles=anchors).uses_kl
+
     assert uses_kl(0.0, {"evaluator": 0.5}) and uses_kl(0.1, {}) and not uses_kl(0.0, {"evaluator": 0.0})
 
 

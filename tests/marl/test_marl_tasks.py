@@ -131,7 +131,7 @@ def test_get_family():
     assert [get_family(name).prompt_kind for name in TASKS] == ["math", "math", "code"]
     assert [TASKS[name].eval_source("") for name in TASKS] == ["gsm8k", "digit", "humaneval"]
     assert TASKS["math"].eval_source("reasoning_gym:chain_sum") == "reasoning_gym:chain_sum"
-    from jobs.config.schema import SandboxConfig
+    from marl.tasks.sandbox.limits import SandboxConfig
 
     assert get_family("code", sandbox=SandboxConfig(timeout_s=3, workers=1)).pool.limits.timeout_s == 3
     with pytest.raises(ValueError, match=r"data\.task must be one of math, digit, code, or a module path"):

@@ -121,7 +121,7 @@ def test_unparsable_judge_falls_back_and_is_counted():
 
 OWN_OPTIONS = GOOD + """
 from dataclasses import dataclass, field
-from marl.workflows.options import at_least
+from marl.field_rules import at_least
 
 @dataclass(frozen=True)
 class Options:

@@ -6,13 +6,13 @@ the HF stand-in."""
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cluster.payloads import AdapterPayload
 from jobs.models.resolve import resolve_model
+from learners.config import LoraConfig
 from learners.state.weights import adapter_payload, load_policy_model
 from rollout.engine import Sampling
 from rollout.hf_engine import HFEngine
@@ -33,7 +33,7 @@ def tiny() -> str:
 
 def _adapter(tiny: str, policy_id: str, seed: int) -> AdapterPayload:
     """A LoRA adapter of the learner's shape with random (visibly non-zero) A and B, as a sync payload."""
-    lora = SimpleNamespace(enabled=True, rank=RANK, alpha=16, dropout=0.0, target_modules="all-linear")
+    lora = LoraConfig(enabled=True, rank=RANK, alpha=16, dropout=0.0, target_modules="all-linear")
     model = load_policy_model(tiny, "float32", lora)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -29,7 +29,7 @@ def test_reward_is_learned_with_multi_lora_serving(ray_cluster, tmp_path):
         f"out_dir={tmp_path}", f"model.path={WIDE_TINY}", "marl.workflow=voting", "marl.sharing=isolated",
         "steps=20", f"data.train={data}",
         f"data.eval={data}", "data.eval_size=8", "rollout.engines_per_role=0", "learner.ranks=0",
-        f"rollout.backend={backend}", "rollout.kv_cache_gb=0.25", "rollout.lora_serving=multi",
+        f"rollout.backend={backend}", "rollout.vllm.kv_cache_gb=0.25", "rollout.lora_serving=multi",
         "model.lora.enabled=true", "model.lora.rank=8", "model.lora.alpha=16", "learner.optim.lr=2e-2",
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "ray.num_cpus=2"])
     summary = train(cfg)

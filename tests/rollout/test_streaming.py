@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from marl.tasks import get_family
 from marl.types import Task
 from marl.workflows.common import WorkflowOptions
 from rollout.collector import Collector
+from rollout.config import RolloutConfig
 from rollout.engine import Sampling
 from rollout.engine_group import EngineGroup
 from rollout.hf_engine import HFEngine
@@ -40,18 +40,9 @@ def threads():
     torch.set_num_threads(saved)
 
 
-def _rollout() -> SimpleNamespace:
-    return SimpleNamespace(
-        backend="hf",
-        engines_per_role=0,
-        engine_num_cpus=0.5,
-        torch_threads=1,
-        max_batch_size=4,
-        stall_timeout_s=60.0,
-        start_timeout_s=600.0,
-        lora_serving="single",
-        replace_dead_engines=True,
-    )
+def _rollout() -> RolloutConfig:
+    return RolloutConfig(backend="hf", engine_num_cpus=0.5, torch_threads=1, max_batch_size=4,
+                         stall_timeout_s=60.0)
 
 
 def _groups(tiny: str, roles: list[str]) -> dict[str, EngineGroup]:

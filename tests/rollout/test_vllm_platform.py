@@ -1,5 +1,5 @@
 """The vLLM engine's options by platform (rollout/vllm/platform.py) and the KV-cache setting as the engine and
-the planner both resolve it (rollout/sections.py kv_cache_bytes): pure, no vllm import."""
+the planner both resolve it (rollout/config.py kv_cache_bytes): pure, no vllm import."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from jobs.plan.layout import run_layout
 from jobs.plan.planner import make_plan
 from jobs.plan.rollout_estimate import ENGINE_RESERVE
 from learners.compute.memory import GIB
-from rollout.sections import CPU_KV_CACHE_GB, kv_cache_bytes
+from rollout.config import CPU_KV_CACHE_GB, kv_cache_bytes
 from rollout.vllm.platform import Platform, engine_options
 from rollout.vllm.support import memory_kwargs
 
@@ -34,7 +34,7 @@ def test_an_unset_kv_cache_is_the_cpu_default_on_cpu_and_the_utilization_on_gpu(
     assert kv_cache_bytes(None, on_gpu=True) is None  # vLLM sizes it from gpu_memory_utilization
     assert kv_cache_bytes(2.0, on_gpu=True) == kv_cache_bytes(2.0, on_gpu=False) == 2 * GIB
     assert kv_cache_bytes(0.0, on_gpu=True) is None
-    with pytest.raises(ValueError, match="rollout.kv_cache_gb=0"):
+    with pytest.raises(ValueError, match="rollout.vllm.kv_cache_gb=0"):
         kv_cache_bytes(0.0, on_gpu=False)
 
 
@@ -49,7 +49,7 @@ def test_the_engines_memory_arguments_follow_the_resolution():
 GPU_ENGINE = ["model.path=builtin:qwen3-0.6b-shape?vocab=151936", "marl.workflow=single_agent",
               "marl.sharing=shared", "rollout.engines_per_role=1", "rollout.engine_num_gpus=1",
               "learner.ranks=1", "learner.rank_num_gpus=1", "learner.backend=deepspeed",
-              "rollout.gpu_memory_utilization=0.5",
+              "rollout.vllm.gpu_memory_utilization=0.5",
               "ray.gpu_memory_gb=80", "learner.gradient_checkpointing=true"]
 
 
@@ -59,8 +59,8 @@ def _engine_share(*overrides: str) -> float:
 
 
 def test_the_planner_sizes_an_engine_as_the_engine_sizes_itself():
-    assert load_config("jobs/configs/tiny.yaml").rollout.kv_cache_gb is None  # auto by default
+    assert load_config("jobs/configs/tiny.yaml").rollout.vllm.kv_cache_gb is None  # auto by default
     assert _engine_share() == pytest.approx(0.5 * 80 * GIB)  # unset: the utilization's share of the GPU
     weights = 2.0 * 0.6e9  # bf16 weights of the 0.6B shape, about
-    share = _engine_share("rollout.kv_cache_gb=4")  # set: the KV cache vLLM reserves, weights, reserve
+    share = _engine_share("rollout.vllm.kv_cache_gb=4")  # set: the KV cache vLLM reserves, weights, reserve
     assert share == pytest.approx(4 * GIB + weights + ENGINE_RESERVE, rel=0.05)

@@ -7,8 +7,8 @@ import math
 import os
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Protocol
 
+from marl.field_rules import non_negative, positive
 from marl.types import JsonRecord
 
 # ok: every test ran and passed. failed: a test failed, the program raised or exited early, or an output
@@ -135,24 +135,36 @@ class SandboxLimits:
         }
 
 
-class SandboxSection(Protocol):
-    """The `data.sandbox` config section as the code family reads it: the limits a run may set,
-    and `workers` (jobs/config/schema.SandboxConfig satisfies it; marl cannot import jobs, so
-    the contract is stated here)."""
+@dataclass
+class SandboxConfig:
+    """The `data.sandbox` config section, declared beside the code family that reads it: the limits a run
+    may set (limits_of), and `workers`; the config schema composes it."""
 
-    timeout_s: float
-    timeout_per_test_s: float
-    memory_mb: int
-    max_output_bytes: int
-    file_size_mb: int
-    max_processes: int
-    site_packages: bool
-    prelude: bool
-    output_match: OutputMatch
-    workers: int
+    # code only: limits of one sandboxed execution of an answer's tests (marl.tasks.sandbox.SandboxLimits)
+    timeout_s: float = positive(10.0)  # wall clock for all of one answer's tests, start-up included
+    # The paper's per-test rule: with t > 0, an answer with n tests gets min((t + 1)·n + 5,
+    # timeout_s) seconds (timeout_s is then the cap), so long test suites are not cut short by a
+    # limit sized for short ones. 0 = off.
+    timeout_per_test_s: float = non_negative(0.0)
+    memory_mb: int = positive(1024)  # address space (RLIMIT_AS)
+    max_output_bytes: int = positive(1048576)  # stdout + stderr (and each stdin/stdout case's output)
+    file_size_mb: int = positive(64)  # largest file the program may write (RLIMIT_FSIZE)
+    max_processes: int = positive(4)  # tasks (processes + threads) of the sandbox's own uid (RLIMIT_NPROC)
+    site_packages: bool = False  # let answers import third-party packages (numpy); off: stdlib only
+    # The LiveCodeBench harness's prelude before each answer (marl/tasks/sandbox/prelude.py): star-imports of
+    # string, re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools, functools,
+    # operator, io, sys, json (and builtins, typing), the modules by name, and sys.setrecursionlimit(50000).
+    prelude: bool = False
+    # How a stdin/stdout case's output is compared: lines = as right-stripped lines; lines_decimal =
+    # LiveCodeBench's, lines stripped at both ends and a differing line still equal when its tokens are equal
+    # as Decimals ("0.50" = "0.5").
+    output_match: OutputMatch = OutputMatch.lines
+    # Executions at once (each a thread driving one child process); 0 = one per CPU
+    # the scoring process may use.
+    workers: int = non_negative(0)
 
 
-def limits_of(section: SandboxSection) -> SandboxLimits:
+def limits_of(section: SandboxConfig) -> SandboxLimits:
     """The SandboxLimits a config section sets; the rest (open files, privileges, interpreter) keep their
     defaults. Raises ValueError naming a limit out of bounds."""
     return SandboxLimits(timeout_s=section.timeout_s, timeout_per_test_s=section.timeout_per_test_s,

@@ -32,18 +32,10 @@ class SyncError(RuntimeError):
     """A destination did not end up on the version that was sent."""
 
 
-def broadcast(
-    src: Group[S],
-    get: Callable[[S], X],
-    dsts: Sequence[Group[D]],
-    load: Callable[[D, X, int], Report],
-    version: int,
-    timeout: float,
-    fingerprint: Callable[[X], float] | None = None,
-    indices: Sequence[int] | None = None,
-    expect: Callable[[S], Any] | None = None,
-    compare: Compare | None = None,
-) -> dict[str, float]:
+def broadcast(src: Group[S], get: Callable[[S], X], dsts: Sequence[Group[D]],
+              load: Callable[[D, X, int], Report], version: int, timeout: float,
+              fingerprint: Callable[[X], float] | None = None, indices: Sequence[int] | None = None,
+              expect: Callable[[S], Any] | None = None, compare: Compare | None = None) -> dict[str, float]:
     """Send get(src[0]) to every dst member's load(payload, version); `get` and `load` are member methods
     (`Source.method`, `Destination.method`).
 
@@ -59,8 +51,23 @@ def broadcast(
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     payload = src.submit_to([0], get).payload(timeout)
-    remote_payload = payload if not src.local else None
-    pendings = []
+    pendings = _submit_loads(payload, not src.local, dsts, load, version, indices, deadline)
+    if expect is not None:
+        expected: Any = src.submit_to([0], expect).result(_left(deadline))[0]
+    else:
+        expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
+    moved, verified = collect_reports(pendings, version, expected, deadline, compare)
+    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
+
+
+def _submit_loads(payload: Any, remote: bool, dsts: Sequence[Group[D]], load: Callable[[D, X, int], Report],
+                  version: int, indices: Sequence[int] | None,
+                  deadline: float) -> list[tuple[Group[Any], Pending[Report]]]:
+    """Each destination's load(payload, version) submitted to its members (`indices`, or all): a local group
+    gets the payload itself, remote ones one shared object-store copy (put once; the payload as it is when
+    the source was remote)."""
+    remote_payload = payload if remote else None
+    pendings: list[tuple[Group[Any], Pending[Report]]] = []
     for dst in dsts:
         if dst.local:
             arg = payload
@@ -73,12 +80,7 @@ def broadcast(
             arg = remote_payload
         every = range(dst.size) if indices is None else indices
         pendings.append((dst, dst.submit_to(every, load, arg, version)))
-    if expect is not None:
-        expected: Any = src.submit_to([0], expect).result(_left(deadline))[0]
-    else:
-        expected = _expected_fingerprint(fingerprint, src, payload, deadline) if fingerprint else None
-    moved, verified = collect_reports(pendings, version, expected, deadline, compare)
-    return {"sync_s": time.perf_counter() - t0, "bytes": float(moved), "verified": float(verified)}
+    return pendings
 
 
 def collect_reports(pendings: Sequence[tuple[Group[Any], Pending[Report]]], version: int, expected: Any,

@@ -99,16 +99,8 @@ class WeightSync:
               indices: list[int] | None = None) -> dict[str, float]:
         src, dsts, timeout = self.learner.group, [e.group for e in engines], self.timeout_s
         if self.multi_lora:  # adapters are small: always through the object store
-            return broadcast(
-                src,
-                LearnerMember.get_adapter,
-                dsts,
-                EngineMember.load_adapter,
-                version,
-                timeout,
-                fingerprint=adapter_fingerprint,
-                indices=indices,
-            )
+            return broadcast(src, LearnerMember.get_adapter, dsts, EngineMember.load_adapter, version,
+                             timeout, fingerprint=adapter_fingerprint, indices=indices)
         if self.transport == "nccl" and indices is None:
             return broadcast_nccl(src, dsts, version, timeout)
         if self.transport == "ipc" and indices is None:  # colocated: CUDA IPC to the engine on the same GPU
@@ -116,27 +108,11 @@ class WeightSync:
             return send(src, dsts, version, timeout, self.bucket_bytes)
         if self.lora_delta and self.transport == "object_store":
             # Merged serving of a LoRA policy: the adapter travels, each engine merges it into its own base.
-            return broadcast(
-                src,
-                LearnerMember.get_lora_delta,
-                dsts,
-                EngineMember.load_lora_delta,
-                version,
-                timeout,
-                expect=LearnerMember.merged_sketch,
-                compare=served_as_merged,
-                indices=indices,
-            )
-        return broadcast(
-            src,
-            LearnerMember.get_packed_weights,
-            dsts,
-            EngineMember.load_weights,
-            version,
-            timeout,
-            fingerprint=fingerprint,
-            indices=indices,
-        )
+            return broadcast(src, LearnerMember.get_lora_delta, dsts, EngineMember.load_lora_delta, version,
+                             timeout, expect=LearnerMember.merged_sketch, compare=served_as_merged,
+                             indices=indices)
+        return broadcast(src, LearnerMember.get_packed_weights, dsts, EngineMember.load_weights, version,
+                         timeout, fingerprint=fingerprint, indices=indices)
 
 
 def served_as_merged(report: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:

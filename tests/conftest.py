@@ -138,3 +138,20 @@ def ray_cluster(request: pytest.FixtureRequest):
     yield
     if not _CLUSTER.left_clean():
         _CLUSTER.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_gpus():
+    """A Ray instance for the gpu tier's NCCL tests between two devices (the running one, or a local one for
+    the module); skipped below two GPUs, as NCCL refuses two ranks on one device."""
+    import ray
+    import torch  # here, not at the top: the conftest is imported by every test run
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address="local", include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()

@@ -30,7 +30,7 @@ from marl.workflows.common import parse_verdict
 from studies.cpu_smollm2.collect import _fmt, _table
 from studies.cpu_smollm2_v2.collect import copy_runs
 from studies.cpu_smollm2_v3.decisions import decision_measures, graded_by_episode, voting_decisions
-from studies.cpu_smollm2_v3.gate import COORDINATING, FAILURES, parsed_turns, wilson
+from studies.cpu_smollm2_v3.gate import COORDINATING, FAILURES, _cap, parsed_turns, wilson
 from studies.cpu_smollm2_v4.mechanics import synthesizer_decisions
 
 HERE = Path(__file__).resolve().parent
@@ -84,11 +84,6 @@ def decision(first: dict[str, Any], role: str, path: Path) -> str:
     prefix = "" if decider == role else "synthesizer "
     return (f"{prefix}{_fmt(get(f'choice/accuracy/{decider}'))} of "
             f"{int(get(f'choice/available/{decider}'))} ({base})")
-
-
-def _cap(path: Path, role: str) -> str:
-    return str(OmegaConf.select(OmegaConf.load(path / "config.yaml"), f"rollout.role_max_new_tokens.{role}",
-                                default="?"))
 
 
 def _guarded(path: Path, role: str) -> bool:

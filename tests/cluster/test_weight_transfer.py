@@ -308,17 +308,3 @@ class NcclReceiver(Receiver):
         buckets.receive(layout, self.group, self.bucket_bytes, torch.device("cuda"), self._store)
         self.served = {n: t.cpu() for n, t in self.served.items()}
         return self._report(version)
-
-
-@pytest.fixture(scope="module")
-def ray_gpus():
-    import ray
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(address="local", include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()

@@ -53,14 +53,7 @@ def test_engine_receives_a_bucketed_broadcast_inside_its_worker_and_verifies_it(
 
 
 @pytest.mark.gpu
-def test_nccl_into_a_vllm_engine_on_another_gpu():
-    import ray
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs: NCCL refuses two ranks on one device")
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(address="local", include_dashboard=False)
+def test_nccl_into_a_vllm_engine_on_another_gpu(ray_gpus):
     gpu = MemberOptions(num_cpus=1, num_gpus=1)
     state = {k: v.cuda() for k, v in _other_state().items()}
     src = Group(
@@ -80,5 +73,3 @@ def test_nccl_into_a_vllm_engine_on_another_gpu():
     finally:
         src.shutdown()
         dst.shutdown()
-        if owned:
-            ray.shutdown()

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import ast
-import statistics
 from collections import Counter
 from pathlib import Path
+
+import function_sizes  # the sibling script: one way to count a function's lines
+from function_sizes import summary
 
 PACKAGES = ("cluster", "marl", "rollout", "learners", "jobs")
 # The modules that declare or check config sections, before and after sections moved beside their readers.
@@ -136,15 +138,6 @@ def upward_imports(root: Path) -> Counter[str]:
     return out
 
 
-def function_sizes(root: Path) -> list[int]:
-    sizes = []
-    for path in _sources(root):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                sizes.append((node.end_lineno or node.lineno) - node.lineno + 1)
-    return sizes
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("."))
@@ -164,10 +157,7 @@ def main() -> None:
     up = upward_imports(root)
     print(f"- imports up to a folder above, per folder: {sum(up.values())} ("
           + ", ".join(f"{f} {n}" for f, n in sorted(up.items())) + ")")
-    sizes = function_sizes(root)
-    p90 = statistics.quantiles(sizes, n=10)[8]
-    print(f"- function lines: median {statistics.median(sizes):g}, p90 {p90:g}, max {max(sizes)}, "
-          f"> 30: {sum(s > 30 for s in sizes)}, > 40: {sum(s > 40 for s in sizes)} (of {len(sizes)})")
+    print(f"- function lines: {summary([n for n, _ in function_sizes.measure(root)[0]])}")
 
 
 if __name__ == "__main__":

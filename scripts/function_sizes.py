@@ -45,6 +45,13 @@ def measure(root: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     return functions, classes
 
 
+def summary(sizes: list[int]) -> str:
+    """The distribution line both this script and scripts/config_measures.py print."""
+    p90 = statistics.quantiles(sizes, n=10)[8]
+    return (f"median {statistics.median(sizes):g}, p90 {p90:g}, max {max(sizes)}, "
+            f"> 30: {sum(s > 30 for s in sizes)}, > 40: {sum(s > 40 for s in sizes)} (of {len(sizes)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("."))
@@ -52,11 +59,7 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=5, help="list this many of the longest classes")
     args = parser.parse_args()
     functions, classes = measure(args.root)
-    sizes = [n for n, _ in functions]
-    p90 = statistics.quantiles(sizes, n=10)[8]
-    print(f"function lines over {', '.join(PACKAGES)}: median {statistics.median(sizes):g}, p90 {p90:g}, "
-          f"max {max(sizes)}, > 30: {sum(s > 30 for s in sizes)}, > 40: {sum(s > 40 for s in sizes)} "
-          f"(of {len(sizes)})")
+    print(f"function lines over {', '.join(PACKAGES)}: {summary([n for n, _ in functions])}")
     print(f"\nfunctions over {args.over} lines:")
     for n, name in sorted(functions, key=lambda f: (-f[0], f[1])):
         if n > args.over:

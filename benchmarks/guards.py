@@ -7,7 +7,8 @@ One HF engine and one in-process Learner (fp32, the model settings of jobs/confi
 step over every row) on the same weights. `rows` evaluator-style requests are sampled twice per round, with
 and without eval_opt's built-in evaluator guard (its free-text budget set to `budget` characters); the two
 alternate, so load on the shared machine hits both alike. Prints:
-- generation tokens/s with and without the guard (median over rounds);
+- generation tokens/s with and without the guard (median over rounds), with the seconds a batch took, the
+  response lengths and how full the batches were;
 - the engine–learner log-prob gap (mean and max |learner − engine| per token) on the guarded rows and on the
   unguarded rows of one batch, and the first mini-batch's PPO ratio under `algo.old_logprobs=rollout`
   (exp(learner − engine) before any step: max |ratio − 1|); then the same guarded rows with the replay off;
@@ -50,10 +51,25 @@ def requests(rows: int) -> list[list[dict[str, str]]]:
 
 
 def sample(engine: HFEngine, reqs: list, sampling: Sampling) -> tuple[list[Completion], float]:
-    """(completions, generated tokens/s)."""
+    """(completions, seconds the batch took)."""
     t0 = time.perf_counter()
     out = engine.generate(reqs, sampling)
-    return out, sum(len(c.response_ids) for c in out) / (time.perf_counter() - t0)
+    return out, time.perf_counter() - t0
+
+
+def speed_line(name: str, rounds: list[tuple[list[Completion], float]]) -> str:
+    """Tokens/s per round and their median, beside what they depend on: the HF engine decodes a batch until
+    its longest row ends, so rows that end early leave idle slots and a batch of equal lengths is fuller."""
+    lengths = [len(c.response_ids) for out, _ in rounds for c in out]
+    rates = [sum(len(c.response_ids) for c in out) / seconds for out, seconds in rounds]
+    longest = [max(len(c.response_ids) for c in out) for out, _ in rounds]
+    fill = statistics.fmean(sum(len(c.response_ids) for c in out) / (len(out) * top)
+                            for (out, _), top in zip(rounds, longest, strict=True))
+    return (f"generation {name}: {statistics.median(rates):.1f} tokens/s (rounds: "
+            f"{', '.join(f'{v:.1f}' for v in rates)}); "
+            f"{statistics.median(seconds for _, seconds in rounds):.1f} s a batch; "
+            f"response tokens mean {statistics.fmean(lengths):.1f}, longest {max(longest)}; "
+            f"batch fill {fill:.2f} (tokens / rows x longest)")
 
 
 def batch_of(completions: list[tuple[str, Completion]], pad: int, guards: dict[str, str]) -> TrainBatch:
@@ -114,15 +130,14 @@ def main() -> None:
     guard = Guard(own.kind, own.text, args.budget, own.format_chars)
     text, cap = grammar_text(guard), args.budget + guard.longest() + 1
     engine, reqs = HFEngine(path, policy_id="p"), requests(args.rows)
-    speed: dict[str, list[float]] = {"free": [], "guarded": []}
+    speed: dict[str, list[tuple[list[Completion], float]]] = {"free": [], "guarded": []}
     for r in range(args.rounds):
-        free, tps = sample(engine, reqs, Sampling(args.temperature, max_new_tokens=cap, seed=r))
-        speed["free"].append(tps)
-        held, tps = sample(engine, reqs, Sampling(args.temperature, max_new_tokens=cap, seed=r, guard=text))
-        speed["guarded"].append(tps)
-    for name, values in speed.items():
-        print(f"generation {name}: {statistics.median(values):.1f} tokens/s (rounds: "
-              f"{', '.join(f'{v:.1f}' for v in values)})")
+        speed["free"].append(sample(engine, reqs, Sampling(args.temperature, max_new_tokens=cap, seed=r)))
+        speed["guarded"].append(sample(engine, reqs, Sampling(args.temperature, max_new_tokens=cap, seed=r,
+                                                              guard=text)))
+    for name, rounds in speed.items():
+        print(speed_line(name, rounds))
+    free, held = speed["free"][-1][0], speed["guarded"][-1][0]
     cfg = load_config("jobs/configs/tiny.yaml", ["learner.ranks=0", "model.dtype=float32", "algo.kl_coef=0.0",
                                                  f"learner.torch_threads={torch.get_num_threads()}"])
     learner = Learner(learner_spec(cfg, path, temperature=args.temperature, total_steps=100))

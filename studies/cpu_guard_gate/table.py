@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from jobs.report import find_runs, load_run
 from marl.workflows.common import parse_verdict
 from studies.cpu_smollm2.collect import _fmt, _table
-from studies.cpu_smollm2_v2.collect import copy_runs
+from studies.cpu_smollm2_v3.collect import copy_runs
 from studies.cpu_smollm2_v3.decisions import decision_measures, graded_by_episode, voting_decisions
 from studies.cpu_smollm2_v3.gate import COORDINATING, FAILURES, _cap, parsed_turns, wilson
 from studies.cpu_smollm2_v4.mechanics import synthesizer_decisions
@@ -135,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.cpu_guard_gate.table",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="guarded gate run dirs, or the sweep folder")
-    parser.add_argument("--export", type=Path, help="copy the runs (metrics, config, curve) into DIR first")
+    parser.add_argument("--export", type=Path,
+                        help="copy the runs (metrics, config, curve, evaluation turns) into DIR first")
     args = parser.parse_args(argv)
     paths = args.paths
     if args.export:
         for sweep in args.paths:
-            print("exported:", ", ".join(copy_runs(sweep, args.export, "gate")))
+            # Any commit, each run's own recorded in its metrics (the gate is not a pinned study), on a clean
+            # tree; the slim evaluation turns go with them, as study 3's gate runs did.
+            print("exported:", ", ".join(copy_runs(sweep, args.export, gate=True, commit=None)))
         paths = [args.export]
     print(table([*paths, *unguarded_runs(paths)]), end="")
     return 0

@@ -64,16 +64,17 @@ class ProvenanceError(ValueError):
     """A run that did not run from the study's commit, on a clean tree."""
 
 
-def check_provenance(path: Path, commit: str = STUDY_COMMIT) -> int:
+def check_provenance(path: Path, commit: str | None = STUDY_COMMIT) -> int:
     """How many times the run at `path` started (its rows carrying `code/commit`); ProvenanceError when any
-    start recorded another commit, uncommitted changes, or no commit at all."""
+    start recorded another commit (any commit passes when `commit` is None), uncommitted changes, or no commit
+    at all."""
     # Raw lines: load_run merges a re-logged step's rows, and with them two starts' commit keys.
     lines = (path / "metrics.jsonl").read_text().splitlines()
     starts = [row for line in lines if line.strip() and "code/commit" in (row := json.loads(line))]
     if not starts:
         raise ProvenanceError(f"{path}: no code/commit recorded")
     for row in starts:
-        if row["code/commit"] != commit or row.get("code/dirty") is not False:
+        if (commit is not None and row["code/commit"] != commit) or row.get("code/dirty") is not False:
             raise ProvenanceError(f"{path}: ran at {row['code/commit']} (dirty: {row.get('code/dirty')}), "
                                   f"not the study's commit {commit} on a clean tree")
     return len(starts)
@@ -91,7 +92,7 @@ def slim_turns(run_dir: Path) -> pa.Table | None:
     return table.drop_columns(["response_ids"]).append_column("response_tokens", lengths)
 
 
-def copy_runs(sweep: Path, root: Path, gate: bool = False, commit: str = STUDY_COMMIT) -> list[str]:
+def copy_runs(sweep: Path, root: Path, gate: bool = False, commit: str | None = STUDY_COMMIT) -> list[str]:
     """Study 2's copy (files, curve, destination by arm and seed; gate runs by workflow, role and cap), after
     each run's provenance check against `commit`, plus the slim evaluation turns."""
     for path in find_runs([sweep]):

@@ -43,3 +43,32 @@ def test_each_guarded_run_is_shown_beside_study_3s_run_of_its_role_at_its_cap_or
     runs = table.unguarded_runs([GATE / "voting-aggregator-64", guarded])
     assert [p.name for p in runs] == ["voting-aggregator-64", "orch_workers-orchestrator-64"]
     assert table.row(guarded)[2:4] == ["guarded", "232"]
+
+
+def test_the_verdict_split_adds_up_to_the_verdicts_accuracy():
+    run = GATE / "eval_opt-evaluator-64"
+    pairs = table.verdict_pairs(run)
+    on_right, right, on_wrong, wrong = table.verdict_split(pairs)
+    assert right + wrong == len(pairs) == 123 and right == sum(g for _, g in pairs)
+    accuracy = (on_right + wrong - on_wrong) / len(pairs)
+    assert accuracy == table.regraded(run, "evaluator")["verdict/accuracy/evaluator"]
+    shown = f"Correct on {on_right} / {right} right answers, {on_wrong} / {wrong} wrong ones"
+    assert shown in table.row(run)[5]
+
+
+def test_the_guarded_gates_recorded_decisions_are_those_of_its_committed_turns():
+    """The trainer's eval/before/* decision metrics of each committed guarded run, against the same graded
+    again from its turns by the study code: two independent paths to one number."""
+    for name, role in (("eval_opt-evaluator-64", "evaluator"), ("voting-aggregator-64", "aggregator"),
+                       ("orch_workers-orchestrator-232", "orchestrator")):
+        run = table.HERE / "runs" / name
+        first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+        for key, value in table.regraded(run, role).items():
+            assert abs(first[table.B + key] - value) < 1e-12, (name, key)
+
+
+def test_the_readme_shows_the_table_of_the_committed_runs():
+    readme = (table.HERE / "README.md").read_text()
+    shown = readme.split("<!-- table:guarded-gate -->\n")[1].split("<!-- /table:guarded-gate -->")[0]
+    runs = [table.HERE / "runs"]
+    assert shown == table.table([*runs, *table.unguarded_runs(runs)])

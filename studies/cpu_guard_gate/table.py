@@ -8,7 +8,8 @@ Decisions, all from the base evaluation's metrics (eval/before/*, jobs/driver/ev
 - voting's aggregator: its choice accuracy on the episodes where some generator was right, against a random
   pick, always the first response shown, and a majority vote over the generators (marl.episode_metrics);
 - eval-opt's evaluator: its verdicts' accuracy against the true grade of the answer it judged, against a judge
-  always giving the more common grade;
+  always giving the more common grade, and how often it says Correct on right and on wrong answers (from the
+  turns, where a run has them);
 - the orchestrator decides no answer: its plans' strategy counts are shown, and the synthesizer's choice
   accuracy downstream of them against its baselines.
 """
@@ -66,6 +67,15 @@ def verdict_pairs(path: Path) -> list[tuple[bool, bool]]:
             for t in sorted(rows, key=lambda t: (t["episode"], t["round"]))]
 
 
+def verdict_split(pairs: list[tuple[bool, bool]]) -> tuple[int, int, int, int]:
+    """(Correct verdicts on right answers, right answers, Correct verdicts on wrong answers, wrong answers):
+    whether the verdicts tell the grades apart at all, which their accuracy against the majority grade hides
+    when nearly every answer is wrong."""
+    right = [v for v, g in pairs if g]
+    wrong = [v for v, g in pairs if not g]
+    return sum(right), len(right), sum(wrong), len(wrong)
+
+
 def decision(first: dict[str, Any], role: str, path: Path) -> str:
     """The role's decisions against their baselines, as one cell: 'accuracy (baseline a, baseline b, ...)'."""
     known = {k.removeprefix(B): v for k, v in first.items() if k.startswith(B)}
@@ -74,8 +84,12 @@ def decision(first: dict[str, Any], role: str, path: Path) -> str:
             known.setdefault(key, value)
     get = lambda key: float(known.get(key, math.nan))  # noqa: E731
     if role == "evaluator":
+        split = ""
+        if (path / "eval_turns.parquet").is_file():
+            on_right, right, on_wrong, wrong = verdict_split(verdict_pairs(path))
+            split = f"; Correct on {on_right} / {right} right answers, {on_wrong} / {wrong} wrong ones"
         return (f"{_fmt(get('verdict/accuracy/evaluator'))} of {int(get('verdict/judged/evaluator') or 0)} "
-                f"verdicts (majority grade {_fmt(get('verdict/majority/evaluator'))})")
+                f"verdicts (majority grade {_fmt(get('verdict/majority/evaluator'))}{split})")
     decider = "aggregator" if role == "aggregator" else "synthesizer"
     if math.isnan(get(f"choice/accuracy/{decider}")):
         return "not recorded"

@@ -3,6 +3,7 @@ seeds, the refusal to run off the pinned commit, and the declared paired tests b
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import pytest
@@ -117,3 +118,24 @@ def test_sign_flip_interval_holds_the_mean_and_widens_with_the_spread():
     wide = sign_flip_interval([x * 3 for x in d])
     assert wide[1] - wide[0] > 2.5 * (high - low)
     assert sign_flip_interval([0.1, 0.2]) == (float("-inf"), float("inf"))  # 2 seeds never reject at 0.05
+
+
+def test_mean_strategies_counts_the_plans_of_one_to_three_strategies():
+    from studies.cpu_smollm2_v4.figures import mean_strategies
+
+    shares = {"plans 1": 0.25, "plans 2": 0.25, "plans 3": 0.25, "plans >3": 0.125, "plans 0": 0.125}
+    assert mean_strategies(shares) == 2.0
+    assert mean_strategies({**shares, "plans 1": 0.5, "plans 3": 0.0}) == (0.5 + 0.5) / 0.75
+    assert math.isnan(mean_strategies(dict.fromkeys(shares, 0.0)))
+
+
+def test_the_pilots_mechanics_are_drawn_from_its_committed_cells(tmp_path):
+    from studies.cpu_smollm2_v4 import collect, figures
+
+    runs = collect.committed(collect.HERE / "pilot")
+    assert {r.arm for r in runs} == {collect.SA, collect.SP, collect.IP}
+    ratios = figures.at_evals(next(r for r in runs if r.arm == collect.IP),
+                              [1.0] * 4, base=False)
+    assert ratios == ([10, 20, 30, 40], [1.0] * 4)  # the IP ratios sit at the evaluations after the base
+    out = figures.draw(runs, tmp_path / "pilot.png", "pilot")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -49,19 +49,23 @@ def mean_curve(curves: list[list[float]]) -> list[float]:
     return [statistics.fmean(v) if (v := [x for x in col if x == x]) else math.nan for col in columns]
 
 
-def _draw_arms(ax: Any, runs: list[Run], series: Callable[[Run], tuple[list[int], list[float]]],
-               voting_only: bool = False) -> None:
+def draw_arms(ax: Any, runs: list[Run], series: Callable[[Run], tuple[list[int], list[float]]],
+              colours: dict[str, str], keep: Callable[[str], bool] = lambda arm: True, linestyle: str = "-",
+              label: str = "") -> None:
+    """One arm's colour: a thin line per seed and a thick one for their mean, for the arms `keep` takes."""
     for arm, group in by_arm(runs).items():
-        if voting_only and not arm.startswith("voting"):
+        if not keep(arm):
             continue
-        colour = COLOURS.get(arm, "tab:green")
+        colour = colours.get(arm, "tab:green")
         curves = [series(r) for r in group]
         for xs, ys in curves:
             # Markers keep the points between NaNs (steps without a gradient) visible.
-            ax.plot(xs, ys, color=colour, alpha=0.35, linewidth=0.8, marker=".", markersize=3)
+            ax.plot(xs, ys, color=colour, alpha=0.35, linewidth=0.8, marker=".", markersize=3,
+                    linestyle=linestyle)
         shortest = min(curves, key=lambda c: len(c[0]))[0]  # the mean stops where a seed's curve does
         ax.plot(shortest, mean_curve([ys for _, ys in curves]), color=colour, linewidth=2.2, marker=".",
-                label=f"{arm} ({len(group)} seed{'s' if len(group) > 1 else ''})")
+                linestyle=linestyle,
+                label=label or f"{arm} ({len(group)} seed{'s' if len(group) > 1 else ''})")
 
 
 def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]], str], list[float]],
@@ -89,7 +93,8 @@ def draw(runs: list[Run], out: Path, parse_rate: Callable[[list[dict[str, Any]],
          lambda r: share_per_step(r.record.rows, "grad/step_norm_share/aggregator"), True),
     ]
     for ax, (title, ylabel, series, voting_only) in zip(axes.flat, panels, strict=False):
-        _draw_arms(ax, runs, series, voting_only)
+        draw_arms(ax, runs, series, COLOURS, (lambda arm: arm.startswith("voting")) if voting_only
+                  else (lambda arm: True))
         ax.set(title=title, xlabel="training steps done", ylabel=ylabel)
         ax.grid(alpha=0.3)
     move = axes.flat[6]

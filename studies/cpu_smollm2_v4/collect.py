@@ -1,8 +1,8 @@
 """Study 4's tables from the exported cells: `python -m studies.cpu_smollm2_v4.collect [--root DIR]` reads
 `<root>/runs/<arm>/seed<s>/` (the study) and `<root>/pilot/<arm>/seed100/` (the pilot, in no test) and writes
 `<root>/results.md`: the arm table, the paired differences SP - IP with the declared tests (README,
-"Analysis"), the cliffs, and the per-role mechanics per evaluation (mechanics.py). It only reads
-runs; each was checked against the pinned commit when it was exported.
+"Analysis"), the cliffs, and the per-role mechanics per evaluation (mechanics.py), drawn beside it
+(figures.py). It only reads runs; each was checked against the pinned commit when it was exported.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from jobs.report import eval_curve
 from studies.cpu_smollm2.collect import _fmt, _table
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, cliff, cliff_comparison, load
 from studies.cpu_smollm2_v2.stats import last_mean
-from studies.cpu_smollm2_v4 import mechanics
+from studies.cpu_smollm2_v4 import figures, mechanics
 from studies.cpu_smollm2_v4.stats import differences, holm, sign_flip_interval, sign_flip_p, wilcoxon_p
 
 HERE = Path(__file__).resolve().parent
 SA, SP, IP = "single_agent-shared", "orch_workers-shared", "orch_workers-isolated"
 ROLES = ("orchestrator", "worker", "synthesizer")
+FIGURES = {"runs": "cpu_smollm2_v4_mechanics.png", "pilot": "cpu_smollm2_v4_pilot_mechanics.png"}
 PEAK_NOTE = ("The peak is the highest of a run's five evaluations, a maximum over noisy values: it exceeds "
              "the run's true best accuracy on average (by about one binomial SE, ~0.05 at 64 tasks). "
              "Not tested.")
@@ -199,7 +200,8 @@ def results(root: Path) -> str:
            "cells.*\n"]
     for folder, title in (("runs", "Study"), ("pilot", "Pilot (seed 100, in no test)")):
         runs = committed(root / folder)
-        out.append(f"\n## {title}\n\n" + ("" if runs else "*No cell exported.*\n"))
+        out.append(f"\n## {title}\n\n" + (f"![The per-role mechanics]({FIGURES[folder]})\n" if runs
+                                            else "*No cell exported.*\n"))
         for heading, table in SECTIONS if runs else ():
             if folder == "pilot" and table in (seeds_table, tests_table):
                 continue
@@ -215,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args.root / "results.md"
     path.write_text(results(args.root))
     print(f"wrote {path}")
+    for folder, title in (("runs", "Study 4"), ("pilot", "Study 4's pilot (seed 100)")):
+        if runs := committed(args.root / folder):
+            print(f"drew {figures.draw(runs, args.root / FIGURES[folder], title)}")
     return 0
 
 

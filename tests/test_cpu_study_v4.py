@@ -139,3 +139,10 @@ def test_the_pilots_mechanics_are_drawn_from_its_committed_cells(tmp_path):
     assert ratios == ([10, 20, 30, 40], [1.0] * 4)  # the IP ratios sit at the evaluations after the base
     out = figures.draw(runs, tmp_path / "pilot.png", "pilot")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_committed_results_are_those_of_the_exported_cells():
+    from studies.cpu_smollm2_v4 import collect
+
+    assert (collect.HERE / "results.md").read_text() == collect.results(collect.HERE), (
+        "results.md is stale: run python -m studies.cpu_smollm2_v4.collect")

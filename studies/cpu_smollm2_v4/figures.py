@@ -74,6 +74,20 @@ def _by_role(ax: Any, runs: list[Run], prefix: str, series: Callable[[str], Seri
         draw_arms(ax, runs, series(role), COLOURS, keep, STYLES.get(role, "-."), label=role)
 
 
+def _synthesizer_panel(ax: Any, runs: list[Run]) -> None:
+    orch = lambda arm: arm.startswith("orch_workers")  # noqa: E731
+    draw_arms(ax, runs, synthesizer("decision"), COLOURS, orch)
+    draw_arms(ax, runs, synthesizer("random"), COLOURS, orch, ":", label="random worker")
+
+
+def _ratio_panel(ax: Any, runs: list[Run]) -> None:
+    ax.axhspan(*AUTHORS_RATIO, color="tab:red", alpha=0.1)
+    for role in ("orchestrator", "synthesizer"):
+        def series(r: Run, role: str = role) -> tuple[list[int], list[float]]:
+            return at_evals(r, mechanics.role_norm_ratio(r.record.rows, role), base=False)
+        draw_arms(ax, runs, series, COLOURS, lambda arm: arm == IP, STYLES[role], label=role)
+
+
 def _panels(runs: list[Run]) -> list[tuple[str, str, Callable[[Any], None]]]:
     orch = lambda arm: arm.startswith("orch_workers")  # noqa: E731
     return [
@@ -84,8 +98,7 @@ def _panels(runs: list[Run]) -> list[tuple[str, str, Callable[[Any], None]]]:
         ("Episodes with a right worker (of 64)", "episodes",
          lambda ax: draw_arms(ax, runs, synthesizer("available"), COLOURS, orch)),
         ("Synthesizer on those: its answer (solid)\nagainst a random worker (dotted)", "accuracy",
-         lambda ax: (draw_arms(ax, runs, synthesizer("decision"), COLOURS, orch),
-                     draw_arms(ax, runs, synthesizer("random"), COLOURS, orch, ":", label="random worker"))),
+         lambda ax: _synthesizer_panel(ax, runs)),
         ("Response tokens per role (evaluations)\n- orchestrator/solver, -- worker, : synthesizer", "tokens",
          lambda ax: _by_role(ax, runs, "eval/response_len/", lambda role: lambda r: at_evals(
              r, eval_series(r.record.rows, f"eval/response_len/{role}")), lambda arm: True)),
@@ -94,11 +107,7 @@ def _panels(runs: list[Run]) -> list[tuple[str, str, Callable[[Any], None]]]:
          lambda ax: _by_role(ax, runs, "grad/step_mass_share/", lambda role: lambda r: share_per_step(
              r.record.rows, f"grad/step_mass_share/{role}"), lambda arm: arm == SP)),
         ("IP: role's gradient norm over the workers'\n(window medians; band: the authors' 5-8x)", "ratio",
-         lambda ax: (ax.axhspan(*AUTHORS_RATIO, color="tab:red", alpha=0.1),
-                     [draw_arms(ax, runs, lambda r, role=role: at_evals(
-                         r, mechanics.role_norm_ratio(r.record.rows, role), base=False), COLOURS,
-                         lambda arm: arm == IP, STYLES[role], label=role)
-                      for role in ("orchestrator", "synthesizer")])),
+         lambda ax: _ratio_panel(ax, runs)),
         ("Policy movement per step\n(IP: a line style per role's policy)", "mean |Δ log-prob|",
          lambda ax: _by_role(ax, runs, "update/policy_move/", lambda policy: lambda r: per_step(
              r.record.rows, f"update/policy_move/{policy}"), lambda arm: True)),

@@ -18,10 +18,10 @@ from studies.cpu_smollm2.collect import _fmt, _table
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, cliff, cliff_comparison, load
 from studies.cpu_smollm2_v2.stats import last_mean
 from studies.cpu_smollm2_v4 import figures, mechanics
+from studies.cpu_smollm2_v4.mechanics import IP, SA, SP
 from studies.cpu_smollm2_v4.stats import differences, holm, sign_flip_interval, sign_flip_p, wilcoxon_p
 
 HERE = Path(__file__).resolve().parent
-SA, SP, IP = "single_agent-shared", "orch_workers-shared", "orch_workers-isolated"
 ROLES = ("orchestrator", "worker", "synthesizer")
 FIGURES = {"runs": "cpu_smollm2_v4_mechanics.png", "pilot": "cpu_smollm2_v4_pilot_mechanics.png"}
 PEAK_NOTE = ("The peak is the highest of a run's five evaluations, a maximum over noisy values: it exceeds "
@@ -127,7 +127,7 @@ def plans_table(runs: list[Run]) -> str:
     """Orchestrator-workers arms: the plan count and format shares and the episodes ended, per evaluation."""
     rows = []
     for arm, group in by_arm(runs).items():
-        if arm.startswith("orch_workers"):
+        if mechanics.is_orch(arm):
             per_run = [list(mechanics.plan_measures(r.record.path).values()) for r in group]
             for key in [f"plans {c}" for c in mechanics.PLAN_COUNTS] + [
                     f"format {f}" for f in mechanics.PLAN_FORMATS] + ["ended"]:
@@ -145,7 +145,7 @@ def synthesizer_table(runs: list[Run]) -> str:
               "majority": "majority over workers, all (ties split)"}
     rows = []
     for arm, group in by_arm(runs).items():
-        if arm.startswith("orch_workers"):
+        if mechanics.is_orch(arm):
             per_run = [list(mechanics.synthesizer_measures(r.record.path).values()) for r in group]
             for key, label in labels.items():
                 rows.append([arm, label, *_columns([[m[key] for m in run] for run in per_run])])
@@ -177,9 +177,7 @@ def lengths_table(runs: list[Run]) -> str:
 
     rows = []
     for arm, group in by_arm(runs).items():
-        roles = sorted({k.rsplit("/", 1)[1] for r in group for row in r.record.rows for k in row
-                        if k.startswith("eval/response_len/")})
-        for role in roles:
+        for role in mechanics.roles_of([r.record.rows for r in group], "eval/response_len/"):
             key = f"eval/response_len/{role}"
             rows.append([arm, f"{role} tokens", *_columns([eval_series(r.record.rows, key) for r in group])])
     return _table(_header(runs), rows)

@@ -24,8 +24,8 @@ from studies.cpu_smollm2_v2.collect import Run
 from studies.cpu_smollm2_v3.collect import eval_series
 from studies.cpu_smollm2_v3.figures import draw_arms, per_step, share_per_step
 from studies.cpu_smollm2_v4 import mechanics
+from studies.cpu_smollm2_v4.mechanics import IP, SA, SP, is_orch
 
-SA, SP, IP = "single_agent-shared", "orch_workers-shared", "orch_workers-isolated"
 COLOURS = {SA: "tab:gray", SP: "tab:blue", IP: "tab:orange"}
 STYLES = {"orchestrator": "-", "worker": "--", "synthesizer": ":", "solver": "-"}
 AUTHORS_RATIO = (5.0, 8.0)  # the authors' "5-8x larger grad norms" of supervisory roles under IP
@@ -63,21 +63,15 @@ def synthesizer(measure: str) -> Series:
     return series
 
 
-def roles_of(runs: list[Run], prefix: str) -> list[str]:
-    return sorted({k.rsplit("/", 1)[1] for r in runs for row in r.record.rows for k in row
-                   if k.startswith(prefix)})
-
-
 def _by_role(ax: Any, runs: list[Run], prefix: str, series: Callable[[str], Series],
              keep: Callable[[str], bool]) -> None:
-    for role in roles_of([r for r in runs if keep(r.arm)], prefix):
+    for role in mechanics.roles_of([r.record.rows for r in runs if keep(r.arm)], prefix):
         draw_arms(ax, runs, series(role), COLOURS, keep, STYLES.get(role, "-."), label=role)
 
 
 def _synthesizer_panel(ax: Any, runs: list[Run]) -> None:
-    orch = lambda arm: arm.startswith("orch_workers")  # noqa: E731
-    draw_arms(ax, runs, synthesizer("decision"), COLOURS, orch)
-    draw_arms(ax, runs, synthesizer("random"), COLOURS, orch, ":", label="random worker")
+    draw_arms(ax, runs, synthesizer("decision"), COLOURS, is_orch)
+    draw_arms(ax, runs, synthesizer("random"), COLOURS, is_orch, ":", label="random worker")
 
 
 def _ratio_panel(ax: Any, runs: list[Run]) -> None:
@@ -89,14 +83,13 @@ def _ratio_panel(ax: Any, runs: list[Run]) -> None:
 
 
 def _panels(runs: list[Run]) -> list[tuple[str, str, Callable[[Any], None]]]:
-    orch = lambda arm: arm.startswith("orch_workers")  # noqa: E731
     return [
         ("Held-out accuracy (64 tasks)", "accuracy",
          lambda ax: draw_arms(ax, runs, lambda r: at_evals(r, r.curve), COLOURS)),
         ("Orchestrator: strategies per plan\n(mean over plans of 1-3)", "strategies",
-         lambda ax: draw_arms(ax, runs, plans, COLOURS, orch)),
+         lambda ax: draw_arms(ax, runs, plans, COLOURS, is_orch)),
         ("Episodes with a right worker (of 64)", "episodes",
-         lambda ax: draw_arms(ax, runs, synthesizer("available"), COLOURS, orch)),
+         lambda ax: draw_arms(ax, runs, synthesizer("available"), COLOURS, is_orch)),
         ("Synthesizer on those: its answer (solid)\nagainst a random worker (dotted)", "accuracy",
          lambda ax: _synthesizer_panel(ax, runs)),
         ("Response tokens per role (evaluations)\n- orchestrator/solver, -- worker, : synthesizer", "tokens",

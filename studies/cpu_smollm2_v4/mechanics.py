@@ -25,8 +25,15 @@ from marl.workflows.common import parse_plan
 from studies.cpu_smollm2_v2.collect import _config as config_of
 from studies.cpu_smollm2_v3.decisions import Decision, decision_measures, graded_by_episode
 
+# The arms' folder names (<arm>/seed<s>/), as the export writes them.
+SA, SP, IP = "single_agent-shared", "orch_workers-shared", "orch_workers-isolated"
 PLAN_COUNTS = ("1", "2", "3", ">3", "0")
 PLAN_FORMATS = ("strategy", "numbered", "lines", "none")
+
+
+def is_orch(arm: str) -> bool:
+    """An orchestrator-workers arm (SP or IP)."""
+    return arm.startswith("orch_workers")
 
 
 def plan_measures(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -105,3 +112,9 @@ def role_norm_ratio(rows: list[dict[str, Any]], role: str, base: str = "worker")
             out.append(statistics.median(ratios) if ratios else math.nan)
             ratios = []
     return out
+
+
+def roles_of(rows_of_runs: list[list[dict[str, Any]]], prefix: str) -> list[str]:
+    """The roles (or policies) that logged a metric `<prefix><role>` in any of the runs' rows."""
+    return sorted({k.rsplit("/", 1)[1] for rows in rows_of_runs for row in rows for k in row
+                   if k.startswith(prefix)})

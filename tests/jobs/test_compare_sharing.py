@@ -67,7 +67,6 @@ def test_one_override_makes_the_comparison_orchestrator_workers():
     assert (spec.name, cfg.run_name, cfg.marl.workflow) == ("compare_orch_workers",) * 2 + ("orch_workers",)
     assert [c["marl.sharing"] for c in cells] == ["shared", "isolated"] and spec.compare
     assert cfg.learner.gradient_checkpointing is True  # three learners do not fit 24 GB without it
-    assert cfg.learner.gradient_checkpointing is True  # three learners do not fit 24 GB without it
 
 
 # The slow test runs the compare sweep cut to 2 steps and 16 held-out tasks (the whole one takes ~22

@@ -146,3 +146,21 @@ def test_the_committed_results_are_those_of_the_exported_cells():
 
     assert (collect.HERE / "results.md").read_text() == collect.results(collect.HERE), (
         "results.md is stale: run python -m studies.cpu_smollm2_v4.collect")
+
+
+def test_the_cost_counts_training_and_both_kinds_of_evaluation_and_projects_the_cells_left():
+    from studies.cpu_smollm2_v4 import collect
+
+    rows = [{"step": 0, "time/eval_before_s": 60.0, "time/step_s": 120.0},
+            {"step": 1, "time/step_s": 180.0, "time/eval_s": 30.0}, {"step": 2, "time/eval_s": None}]
+    assert collect.cell_minutes(rows) == (5.0, 1.5)
+    runs = collect.committed(collect.HERE / "pilot")
+    table = collect.cost_table(runs, planned=3).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:3 + len(runs)]]
+    logged = {row[0]: row for row in cells}
+    for run in runs:  # one pilot cell per arm, so two left of three, at that cell's minutes
+        minutes = sum(collect.cell_minutes(run.record.rows))
+        assert logged[run.arm][5] == "2"
+        assert float(logged[run.arm][6]) == pytest.approx(2 * minutes / 60, abs=0.01)
+    assert float(logged["all"][4]) == pytest.approx(
+        sum(sum(collect.cell_minutes(r.record.rows)) for r in runs) / 60, abs=0.02)

@@ -12,6 +12,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from jobs.report import eval_curve
 from studies.cpu_smollm2.collect import _fmt, _table
@@ -19,6 +20,7 @@ from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, cliff, cliff
 from studies.cpu_smollm2_v2.stats import last_mean
 from studies.cpu_smollm2_v4 import figures, mechanics
 from studies.cpu_smollm2_v4.mechanics import IP, SA, SP
+from studies.cpu_smollm2_v4.run import SEEDS
 from studies.cpu_smollm2_v4.stats import differences, holm, sign_flip_interval, sign_flip_p, wilcoxon_p
 
 HERE = Path(__file__).resolve().parent
@@ -183,12 +185,43 @@ def lengths_table(runs: list[Run]) -> str:
     return _table(_header(runs), rows)
 
 
+def cell_minutes(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """(training, evaluating) minutes a cell's logged rows record: the sum of `time/step_s`, and of
+    `time/eval_s` with the base evaluation's `time/eval_before_s`. Start-up (Ray, the engines, the model) is
+    not logged; a resumed cell keeps only its surviving start's rows for the steps it ran again."""
+    total = {k: sum(float(r.get(k) or 0.0) for r in rows) for k in ("time/step_s", "time/eval_s",
+                                                                    "time/eval_before_s")}
+    return total["time/step_s"] / 60, (total["time/eval_s"] + total["time/eval_before_s"]) / 60
+
+
+def cost_table(runs: list[Run], planned: int = len(SEEDS)) -> str:
+    """Item 8's measured cost: per arm, the cells' logged minutes (median and range, training + evaluating),
+    their sum, and the cells still to run (`planned` per arm) at the arm's median; then the whole."""
+    rows, done, left = [], 0.0, 0.0
+    for arm, group in by_arm(runs).items():
+        minutes = [cell_minutes(r.record.rows) for r in group]
+        totals = [t + e for t, e in minutes]
+        median = statistics.median(totals)
+        todo = max(planned - len(group), 0)
+        done, left = done + sum(totals), left + todo * median
+        rows.append([arm, str(len(group)), f"{median:.1f} ({min(totals):.1f}-{max(totals):.1f})",
+                     f"{statistics.median(t for t, _ in minutes):.1f} + "
+                     f"{statistics.median(e for _, e in minutes):.1f}",
+                     f"{sum(totals) / 60:.2f}", str(todo), f"{todo * median / 60:.2f}"])
+    rows.append(["all", str(len(runs)), "", "", f"{done / 60:.2f}", "", f"{left / 60:.2f}"])
+    return _table(["arm", "cells", "minutes per cell, median (range)", "training + evaluating, medians",
+                   "hours logged", "cells to run", "hours to run, at the median"], rows) + (
+        "\nLogged minutes only: each start's Ray, engines and model add about 1-3 minutes a cell, and the "
+        "steps a cut start ran again are not counted.\n")
+
+
 SECTIONS: tuple[tuple[str, Callable[[list[Run]], str]], ...] = (
     ("Arms (mean ± SD over seeds). " + PEAK_NOTE, arms_table), ("Per seed", seeds_table),
     ("The declared tests", tests_table), ("Cliffs (study 2's rule)", cliffs_table),
     ("The orchestrator's plans (shares of its turns)", plans_table),
     ("The synthesizer's decisions", synthesizer_table), ("Response lengths", lengths_table),
     ("Over training (window means between evaluations)", training_table),
+    ("Cost (logged minutes of the box)", cost_table),
 )
 
 
@@ -203,7 +236,8 @@ def results(root: Path) -> str:
         for heading, table in SECTIONS if runs else ():
             if folder == "pilot" and table in (seeds_table, tests_table):
                 continue
-            out.append(f"\n### {heading}\n\n{table(runs)}")
+            text = cost_table(runs, 1) if folder == "pilot" and table is cost_table else table(runs)
+            out.append(f"\n### {heading}\n\n{text}")
     return "".join(out)
 
 

@@ -195,8 +195,9 @@ def cell_minutes(rows: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def cost_table(runs: list[Run], planned: int = len(SEEDS)) -> str:
-    """Item 8's measured cost: per arm, the cells' logged minutes (median and range, training + evaluating),
-    their sum, and the cells still to run (`planned` per arm) at the arm's median; then the whole."""
+    """The measured cost (README, "Budget"): per arm, the cells' logged minutes (median and range, training +
+    evaluating), their sum, and the cells still to run (`planned` per arm) at the arm's median; then the
+    whole."""
     rows, done, left = [], 0.0, 0.0
     for arm, group in by_arm(runs).items():
         minutes = [cell_minutes(r.record.rows) for r in group]

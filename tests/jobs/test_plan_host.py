@@ -46,10 +46,12 @@ def test_the_warning_at_start_comes_only_above_80_percent(tiny_plan, capsys):
     assert host.host_warning(tiny_plan, 0.0) is None  # not checked
 
 
-def fake_ray(nodes: list[dict], here: str) -> types.SimpleNamespace:
-    """What this_host_memory reads of a connected `ray` module: its nodes, and this machine's node IP."""
-    return types.SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes,
-                                 util=types.SimpleNamespace(get_node_ip_address=lambda: here))
+def fake_ray(nodes: list[dict], here: str) -> types.ModuleType:
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: True
+    ray.nodes = lambda: nodes
+    ray.util = types.SimpleNamespace(get_node_ip_address=lambda: here)
+    return ray
 
 
 def test_the_host_is_this_machine_only_where_every_member_must_live_on_it(monkeypatch):

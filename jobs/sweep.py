@@ -42,7 +42,6 @@ from jobs.config.sweep_spec import (
 )
 from jobs.driver.resources import arithmetic, trial_bundles
 from jobs.pages.scaling import configurations, scaling_markdown
-from jobs.plan.host import this_host_memory
 from jobs.plan.layout import RunLayout, run_layout
 from jobs.plan.planner import make_plan, refuse_unfit
 from jobs.plan.report import format_plan
@@ -193,8 +192,7 @@ def _dry_run(spec: SweepConfig, all_cells: list[dict[str, Any]]) -> None:
             f"{resources_of(setup, layout).bundles}"
         )
         print(f"  {arithmetic(layout, dict(setup.driver))}")
-        print("  " + format_plan(layout.cfg, make_plan(layout), this_host_memory(layout.cfg.ray.address))
-              .replace("\n", "\n  "))
+        print("  " + format_plan(layout.cfg, make_plan(layout)).replace("\n", "\n  "))
     print(f"{len(all_cells)} cells x {spec.num_samples} samples; search {sorted(spec.search)}; "
           f"runs in {setup.out_dir}")
 

@@ -30,7 +30,6 @@ from jobs.driver.provenance import code_version, config_header, layout_record, p
 from jobs.driver.run_checkpoints import Progress
 from jobs.driver.updates import SkippedStepsError
 from jobs.plan.cluster_check import refuse_on_cluster
-from jobs.plan.host import warn_host
 from jobs.telemetry.tracking import RunLog
 from learners.batch import RoleDropError
 from marl.cliff import CliffTracker
@@ -66,7 +65,6 @@ def train(cfg: TrainConfig, callbacks: tuple[StepCallback, ...] = ()) -> dict[st
         # (cluster/gpus.py), which a driver on a CPU head node does not have itself.
         assets = prepare(cfg)
         refuse_on_cluster(assets.layout)
-        warn_host(cfg, assets.layout)
         # The config keeps `auto` as null; what the plan resolved it to is recorded beside the code's version.
         version |= layout_record(assets.layout)
         (run_dir / "config.yaml").write_text(config_header(version) + to_yaml(cfg))
@@ -157,7 +155,6 @@ EXIT_CONFIG, EXIT_INPUT, EXIT_TRAINING, EXIT_STOPPED = 2, 3, 4, 143
 
 
 def _print_plan(cfg: TrainConfig) -> int:
-    from jobs.plan.host import this_host_memory
     from jobs.plan.layout import run_layout
     from jobs.plan.planner import make_plan
     from jobs.plan.report import format_plan
@@ -166,7 +163,7 @@ def _print_plan(cfg: TrainConfig) -> int:
         plan = make_plan(run_layout(cfg))
     except ValueError as e:  # a model the planner cannot size
         raise ConfigError(f"config: {e}") from None
-    print(format_plan(cfg, plan, this_host_memory(cfg.ray.address)))
+    print(format_plan(cfg, plan))
     return 0 if plan.fits() else EXIT_CONFIG
 
 

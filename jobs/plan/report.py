@@ -4,7 +4,6 @@ estimates (`python -m jobs.train --plan`, `python -m jobs.sweep --dry-run`)."""
 from __future__ import annotations
 
 from jobs.config.schema import TrainConfig
-from jobs.plan.host import host_line, host_planned
 from jobs.plan.phases import GpuPhases
 from jobs.plan.planner import FIT_FRACTION, Member, Plan, longest_sequence, member_share
 from jobs.plan.rollout_estimate import EXPECTED_FILL
@@ -40,9 +39,8 @@ def describe_member(m: Member, plan: Plan) -> str:
     )
 
 
-def format_plan(cfg: TrainConfig, plan: Plan, host: float = 0.0) -> str:
-    """The whole plan: memory per GPU, the CPU members against the `host`'s bytes (jobs/plan/host.py; 0: not
-    checked), then the per-step time estimates."""
+def format_plan(cfg: TrainConfig, plan: Plan) -> str:
+    """The whole plan: memory per GPU (and the CPU members), then the per-step time estimates."""
     limit = (
         f"{plan.memory / GIB:g} GiB GPUs, refused above {FIT_FRACTION:.0%} = "
         f"{gib(FIT_FRACTION * plan.memory)} GiB"
@@ -60,8 +58,9 @@ def format_plan(cfg: TrainConfig, plan: Plan, host: float = 0.0) -> str:
         lines += [f"  {describe_member(m, plan)}" for m in gpu]
     cpu = [m for m in plan.members if m.gpus <= 0]
     if cpu:
-        lines.append("CPU: " + "; ".join(f"{m.name} {gib(m.peak * member_share(m))} GiB" for m in cpu))
-        lines.append(host_line(host_planned(plan), host))
+        lines.append(
+            "CPU (not checked): " + "; ".join(f"{m.name} {gib(m.peak * member_share(m))} GiB" for m in cpu)
+        )
     if plan.times:
         lines.append(format_times(plan.times))
     lines.append("fits" if plan.fits() else "DOES NOT FIT")

@@ -327,10 +327,13 @@ def role_norms_table(runs: list[Run]) -> str:
                    "aggregator / generator"], rows)
 
 
-def run_minutes(rows: list[dict[str, Any]]) -> float:
-    """Minutes of a run's training steps and evaluations, summed from its metrics (time/step_s, time/eval_s,
-    time/eval_before_s): the work the run kept, without start-up, and without steps a resumed run redid."""
-    keys = ("time/step_s", "time/eval_s", "time/eval_before_s")
+RUN_TIME_KEYS = ("time/step_s", "time/eval_s", "time/eval_before_s")
+
+
+def run_minutes(rows: list[dict[str, Any]], keys: tuple[str, ...] = RUN_TIME_KEYS) -> float:
+    """Minutes of a run's training steps and evaluations, summed from its metrics (`keys`: by default
+    time/step_s, time/eval_s, time/eval_before_s): the work the run kept, without start-up, and without steps
+    a resumed run redid."""
     return sum(float(r[k]) for r in rows for k in keys if isinstance(r.get(k), int | float)) / 60
 
 

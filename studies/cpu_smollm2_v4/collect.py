@@ -18,6 +18,7 @@ from jobs.report import eval_curve
 from studies.cpu_smollm2.collect import _fmt, _table
 from studies.cpu_smollm2_v2.collect import Run, arms_table, by_arm, cliff, cliff_comparison, load
 from studies.cpu_smollm2_v2.stats import last_mean
+from studies.cpu_smollm2_v3.collect import run_minutes
 from studies.cpu_smollm2_v4 import figures, mechanics
 from studies.cpu_smollm2_v4.mechanics import IP, SA, SP
 from studies.cpu_smollm2_v4.run import SEEDS
@@ -189,9 +190,7 @@ def cell_minutes(rows: list[dict[str, Any]]) -> tuple[float, float]:
     """(training, evaluating) minutes a cell's logged rows record: the sum of `time/step_s`, and of
     `time/eval_s` with the base evaluation's `time/eval_before_s`. Start-up (Ray, the engines, the model) is
     not logged; a resumed cell keeps only its surviving start's rows for the steps it ran again."""
-    total = {k: sum(float(r.get(k) or 0.0) for r in rows) for k in ("time/step_s", "time/eval_s",
-                                                                    "time/eval_before_s")}
-    return total["time/step_s"] / 60, (total["time/eval_s"] + total["time/eval_before_s"]) / 60
+    return run_minutes(rows, ("time/step_s",)), run_minutes(rows, ("time/eval_s", "time/eval_before_s"))
 
 
 def cost_table(runs: list[Run], planned: int = len(SEEDS)) -> str:
